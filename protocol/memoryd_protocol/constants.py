@@ -1,0 +1,91 @@
+"""Protocol constants: identity, the track × scope grid, limits, and the error-code table.
+
+Every number here is part of dsh-memory-protocol v1 or of memoryd's wire contract
+(shared/design/wire-v1.md); changing one is a contract change.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+PROTOCOL: Final = "dsh-memory-protocol/v1"
+EXPORT_SCHEMA: Final = "memory-export-v1"
+EXPORT_PLUGIN: Final = "dsh-memento"
+#: The reference provider's store schema; memoryd keeps it so dsh-memento can still open
+#: a store that memoryd wrote (memoryd versions its own extra tables separately).
+STORE_SCHEMA_VERSION: Final = 4
+#: memoryd's own tables (frozen snapshots, ...) carry this version in meta.memoryd_schema.
+MEMORYD_SCHEMA_VERSION: Final = 1
+
+Track = Literal["user", "agent"]
+Scope = Literal["user-global", "workspace"]
+TRACKS: Final[tuple[Track, ...]] = ("user", "agent")
+SCOPES: Final[tuple[Scope, ...]] = ("user-global", "workspace")
+#: The order of budget rows and snapshot sections everywhere on the wire.
+GRID: Final[tuple[tuple[Track, Scope], ...]] = (
+    ("user", "user-global"),
+    ("user", "workspace"),
+    ("agent", "user-global"),
+    ("agent", "workspace"),
+)
+DEFAULT_BUDGETS: Final[dict[tuple[str, str], int]] = {
+    ("user", "user-global"): 2000,
+    ("user", "workspace"): 2000,
+    ("agent", "user-global"): 4000,
+    ("agent", "workspace"): 4000,
+}
+
+DEFAULT_SOURCE: Final = "dsh-memento"
+MAX_TAGS: Final = 16
+MAX_TAG_UNITS: Final = 32
+MAX_SOURCE_UNITS: Final = 64
+MAX_KEY_UNITS: Final = 4096
+MAX_CONSOLIDATE: Final = 20
+CONSOLIDATE_EXCERPT_UNITS: Final = 300
+AMBIGUOUS_SAMPLE_UNITS: Final = 200
+AMBIGUOUS_SAMPLE_COUNT: Final = 5
+QUERY_DEFAULT_LIMIT: Final = 20
+QUERY_HARD_CAP: Final = 1000
+MAX_IMPORT_ENTRIES: Final = 1000
+AUDIT_DEFAULT_LIMIT: Final = 100
+AUDIT_HARD_CAP: Final = 10000
+PROPOSAL_MAX_TEXT: Final = 2000
+PROPOSAL_MAX_PENDING: Final = 8
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_APPROVAL_TIMEOUT_S: Final = 300.0
+
+WritePolicy = Literal["ask", "auto", "off"]
+WRITE_POLICIES: Final[tuple[WritePolicy, ...]] = ("ask", "auto", "off")
+#: The only approval outcome that lets a write through.
+ALLOWED_ONCE: Final = "allowed-once"
+DENIAL_OUTCOMES: Final = ("rejected", "cancelled", "unavailable")
+
+# JSON-RPC 2.0 reserved codes (spec §5.1).
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+
+#: Protocol error code → JSON-RPC error code (wire-v1.md §7). memoryd's own codes live in
+#: the implementation-defined server range -32010..-32019.
+ERROR_CODES: Final[dict[str, int]] = {
+    "INVALID_INPUT": INVALID_PARAMS,
+    "WRITE_REQUIRES_AGENT": -32010,
+    "BUDGET_EXCEEDED": -32011,
+    "ENTRY_NOT_FOUND": -32012,
+    "AMBIGUOUS_MATCH": -32013,
+    "WRITE_DENIED": -32014,
+    "PROPOSAL_NOT_FOUND": -32015,
+    "STORE_CORRUPT": -32016,
+    "STORE_UNSUPPORTED_VERSION": -32017,
+    "ADAPTER_NOT_FOUND": -32018,
+    "ADAPTER_PAYLOAD": -32019,
+}
+#: data.code for the JSON-RPC-level failures, so every error a client sees has one shape.
+RPC_LEVEL_CODES: Final[dict[int, str]] = {
+    PARSE_ERROR: "PARSE_ERROR",
+    INVALID_REQUEST: "INVALID_REQUEST",
+    METHOD_NOT_FOUND: "METHOD_NOT_FOUND",
+    INTERNAL_ERROR: "INTERNAL_ERROR",
+}

@@ -1,0 +1,175 @@
+"""The protocol's structured errors: one class per code, one way onto and off the wire.
+
+Messages are English and stable (they are audit contracts); callers branch on ``code``.
+Messages never contain memory text: details carry match strings and samples only where the
+wire contract asks for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .constants import ERROR_CODES, INTERNAL_ERROR, RPC_LEVEL_CODES
+
+
+class ProtocolError(Exception):
+    """Base of every error that crosses the wire with a ``data.code``."""
+
+    CODE: ClassVar[str] = "INTERNAL_ERROR"
+    RPC_CODE: ClassVar[int] = INTERNAL_ERROR
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details if details is not None else {}
+
+    @property
+    def code(self) -> str:
+        return self.CODE
+
+    @property
+    def rpc_code(self) -> int:
+        return self.RPC_CODE
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-RPC ``error`` object."""
+        return {
+            "code": self.rpc_code,
+            "message": self.message,
+            "data": {"code": self.code, "message": self.message, "details": self.details},
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, details={self.details!r})"
+
+
+class InvalidInput(ProtocolError):
+    CODE = "INVALID_INPUT"
+    RPC_CODE = ERROR_CODES["INVALID_INPUT"]
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message, {"field": field} if field else {})
+
+
+class WriteRequiresAgent(ProtocolError):
+    CODE = "WRITE_REQUIRES_AGENT"
+    RPC_CODE = ERROR_CODES["WRITE_REQUIRES_AGENT"]
+
+    def __init__(self, message: str = "write requires an agent session", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details or {})
+
+
+class BudgetExceeded(ProtocolError):
+    CODE = "BUDGET_EXCEEDED"
+    RPC_CODE = ERROR_CODES["BUDGET_EXCEEDED"]
+
+
+class EntryNotFound(ProtocolError):
+    CODE = "ENTRY_NOT_FOUND"
+    RPC_CODE = ERROR_CODES["ENTRY_NOT_FOUND"]
+
+
+class AmbiguousMatch(ProtocolError):
+    CODE = "AMBIGUOUS_MATCH"
+    RPC_CODE = ERROR_CODES["AMBIGUOUS_MATCH"]
+
+
+class WriteDenied(ProtocolError):
+    CODE = "WRITE_DENIED"
+    RPC_CODE = ERROR_CODES["WRITE_DENIED"]
+
+
+class ProposalNotFound(ProtocolError):
+    CODE = "PROPOSAL_NOT_FOUND"
+    RPC_CODE = ERROR_CODES["PROPOSAL_NOT_FOUND"]
+
+
+class StoreCorrupt(ProtocolError):
+    CODE = "STORE_CORRUPT"
+    RPC_CODE = ERROR_CODES["STORE_CORRUPT"]
+
+
+class StoreUnsupportedVersion(ProtocolError):
+    CODE = "STORE_UNSUPPORTED_VERSION"
+    RPC_CODE = ERROR_CODES["STORE_UNSUPPORTED_VERSION"]
+
+
+class AdapterNotFound(ProtocolError):
+    CODE = "ADAPTER_NOT_FOUND"
+    RPC_CODE = ERROR_CODES["ADAPTER_NOT_FOUND"]
+
+
+class AdapterPayload(ProtocolError):
+    CODE = "ADAPTER_PAYLOAD"
+    RPC_CODE = ERROR_CODES["ADAPTER_PAYLOAD"]
+
+
+class RpcError(ProtocolError):
+    """A JSON-RPC-level failure (parse error, invalid request, unknown method, internal)."""
+
+    def __init__(self, rpc_code: int, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self._rpc_code = rpc_code
+
+    @property
+    def code(self) -> str:
+        return RPC_LEVEL_CODES.get(self._rpc_code, "RPC_ERROR")
+
+    @property
+    def rpc_code(self) -> int:
+        return self._rpc_code
+
+
+_BY_CODE: dict[str, type[ProtocolError]] = {
+    cls.CODE: cls
+    for cls in (
+        InvalidInput,
+        WriteRequiresAgent,
+        BudgetExceeded,
+        EntryNotFound,
+        AmbiguousMatch,
+        WriteDenied,
+        ProposalNotFound,
+        StoreCorrupt,
+        StoreUnsupportedVersion,
+        AdapterNotFound,
+        AdapterPayload,
+    )
+}
+
+
+def from_wire(error: Any) -> ProtocolError:
+    """Rebuild the typed exception from a JSON-RPC ``error`` object."""
+    if not isinstance(error, dict):
+        return RpcError(INTERNAL_ERROR, "malformed error object")
+    rpc_code = error.get("code")
+    message = str(error.get("message", ""))
+    data = error.get("data")
+    code = data.get("code") if isinstance(data, dict) else None
+    details = data.get("details") if isinstance(data, dict) else None
+    if not isinstance(details, dict):
+        details = {}
+    cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        return RpcError(rpc_code if isinstance(rpc_code, int) else INTERNAL_ERROR, message, details)
+    exc = cls.__new__(cls)
+    ProtocolError.__init__(exc, message, details)
+    return exc
+
+
+__all__ = [
+    "AdapterNotFound",
+    "AdapterPayload",
+    "AmbiguousMatch",
+    "BudgetExceeded",
+    "EntryNotFound",
+    "InvalidInput",
+    "ProposalNotFound",
+    "ProtocolError",
+    "RpcError",
+    "StoreCorrupt",
+    "StoreUnsupportedVersion",
+    "WriteDenied",
+    "WriteRequiresAgent",
+    "from_wire",
+]

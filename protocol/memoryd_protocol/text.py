@@ -1,0 +1,124 @@
+"""Counting, folding and normalizing text exactly as the reference provider does.
+
+The protocol counts in JavaScript string lengths (UTF-16 code units) and folds case in
+ASCII only (SQLite's ``lower()`` without ICU). Python's ``len`` and ``str.lower`` do
+neither, so nothing in memoryd may use them for budgets or matching.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from .constants import MAX_TAG_UNITS, MAX_TAGS
+from .errors import InvalidInput
+
+_ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units: what JavaScript's ``String.length`` returns."""
+    if text.isascii():
+        return len(text)
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def ascii_fold(text: str) -> str:
+    """Lower-case A–Z only; every other character, and the length, stay as they are."""
+    return text.translate(_ASCII_UPPER)
+
+
+def contains_folded(haystack: str, needle: str) -> bool:
+    return ascii_fold(needle) in ascii_fold(haystack)
+
+
+def cut_units(text: str, limit: int, ellipsis: str = "…") -> str:
+    """Cut ``text`` to at most ``limit`` UTF-16 units (never splitting a surrogate pair)."""
+    if utf16_len(text) <= limit:
+        return text
+    units = 0
+    for i, ch in enumerate(text):
+        units += 2 if ord(ch) > 0xFFFF else 1
+        if units > limit:
+            return text[:i] + ellipsis
+    return text  # pragma: no cover - the length check above makes this unreachable
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True for text SQLite cannot store as UTF-8 (a lone surrogate decoded from JSON)."""
+    return _SURROGATE.search(text) is not None
+
+
+def check_storable(text: str, field: str) -> None:
+    if has_lone_surrogate(text):
+        raise InvalidInput(f"{field} contains a lone UTF-16 surrogate", field)
+
+
+def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
+    """Trim, refuse empty/control/oversize tags, dedupe keeping first order, cap at 16."""
+    if tags is None:
+        return []
+    out: list[str] = []
+    seen: set[str] = set()
+    for raw in tags:
+        tag = raw.strip()
+        if not tag:
+            raise InvalidInput("tag must not be empty", field)
+        check_storable(tag, field)
+        if _CONTROL.search(tag):
+            raise InvalidInput("tag must not contain control characters", field)
+        if utf16_len(tag) > MAX_TAG_UNITS:
+            raise InvalidInput(f"tag longer than {MAX_TAG_UNITS} characters", field)
+        if tag not in seen:
+            seen.add(tag)
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise InvalidInput(f"more than {MAX_TAGS} tags", field)
+    return out
+
+
+def normalize_workspace_key(cwd: str | None) -> str:
+    """Normalized absolute cwd: POSIX paths as-is after normpath; Windows paths folded
+    (they are case-insensitive) with forward slashes. ``''`` for no cwd."""
+    if cwd is None:
+        return ""
+    cwd = cwd.strip()
+    if not cwd:
+        return ""
+    check_storable(cwd, "workspaceKey")
+    if _WINDOWS_DRIVE.match(cwd):
+        path = posixpath.normpath(cwd.replace("\\", "/"))
+        return ascii_fold(path).rstrip("/") or path
+    if not cwd.startswith("/"):
+        raise InvalidInput("cwd must be an absolute path", "workspaceKey")
+    path = posixpath.normpath(cwd)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    return path
+
+
+def normalize_agent_key(preset: str | None) -> str:
+    """Trimmed, ASCII-folded agentPreset; ``''`` is the shared layer."""
+    if preset is None:
+        return ""
+    key = ascii_fold(preset.strip())
+    check_storable(key, "agentKey")
+    if _CONTROL.search(key):
+        raise InvalidInput("agentKey must not contain control characters", "agentKey")
+    return key
+
+
+__all__ = [
+    "ascii_fold",
+    "check_storable",
+    "contains_folded",
+    "cut_units",
+    "has_lone_surrogate",
+    "normalize_agent_key",
+    "normalize_tags",
+    "normalize_workspace_key",
+    "utf16_len",
+]

@@ -1,0 +1,453 @@
+"""Wire types: every params, result and notification shape of wire-v1.md as msgspec Structs.
+
+Inputs a caller writes (entries, filters) forbid unknown fields, so a typo such as
+``tag`` for ``tags`` is an INVALID_INPUT instead of silently lost data. Envelope-level
+objects a harness fills in (``write``, ``session.header``, ``client``) accept unknown
+fields: harnesses put more there than memoryd reads.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from .constants import MAX_CONSOLIDATE, Scope, Track, WritePolicy
+
+NonEmpty = Annotated[str, Meta(min_length=1)]
+NonNegative = Annotated[int, Meta(ge=0)]
+Version = Annotated[int, Meta(ge=1)]
+Action = Literal["add", "replace", "remove", "consolidate", "seed"]
+ProposalStatus = Literal["pending", "approved", "dismissed"]
+
+
+class _In(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
+    """Caller-written input: strict."""
+
+
+class _Env(msgspec.Struct, rename="camel", kw_only=True):
+    """Envelope-level object: unknown fields ignored."""
+
+
+class _Out(msgspec.Struct, rename="camel", kw_only=True):
+    """Daemon output."""
+
+
+# --- protocol data -----------------------------------------------------------------------
+
+
+class Entry(_Out):
+    id: str
+    track: Track
+    scope: Scope
+    workspace_key: str
+    agent_key: str
+    text: str
+    source: str
+    tags: list[str]
+    version: Version
+    created_at: int
+    updated_at: int
+    last_recalled: int | None
+    recall_count: NonNegative
+    session_id: str | None
+
+
+class EntryInput(_In):
+    track: Track
+    scope: Scope
+    text: str
+    tags: list[str] | None = None
+    source: str | None = None
+    workspace_key: str | None = None
+    agent_key: str | None = None
+
+
+class BudgetRow(_Out):
+    track: Track
+    scope: Scope
+    used: NonNegative
+    limit: NonNegative
+
+
+class AuditRow(_Out):
+    seq: int
+    ts: int
+    action: str
+    track: str | None
+    scope: str | None
+    entry_id: str | None
+    text: str | None
+    outcome: str | None
+    source: str | None
+    session_id: str | None
+
+
+class Proposal(_Out):
+    id: str
+    kind: str
+    track: Track
+    scope: Scope
+    workspace_key: str
+    agent_key: str
+    text: str
+    source: str
+    session_id: str | None
+    status: ProposalStatus
+    created_at: int
+    decided_at: int | None
+
+
+class ExportEnvelope(_Env):
+    plugin: str
+    schema: str
+    exported_at: str
+    budgets: list[BudgetRow]
+    entries: list[Entry]
+
+
+# --- context objects ---------------------------------------------------------------------
+
+
+class Header(_Env):
+    cwd: str | None = None
+    agent_preset: str | None = None
+
+
+class Session(_Env):
+    id: str | None = None
+    header: Header | None = None
+
+
+class Agent(_Env):
+    session: Session | None = None
+
+
+class Write(_Env):
+    agent: Agent | None = None
+
+
+class ClientInfo(_Env):
+    name: str | None = None
+    version: str | None = None
+
+
+class Capabilities(_Env):
+    approvals: bool = True
+
+
+# --- method params -----------------------------------------------------------------------
+
+
+class InitializeParams(_Env):
+    protocol: str | None = None
+    client: ClientInfo | None = None
+    capabilities: Capabilities | None = None
+
+
+class AddParams(_Env):
+    input: EntryInput
+    write: Write
+
+
+class ReplaceInput(_In):
+    track: Track
+    scope: Scope
+    match: str
+    text: str
+    tags: list[str] | None = None
+
+
+class ReplaceParams(_Env):
+    input: ReplaceInput
+    write: Write
+
+
+class RemoveInput(_In):
+    track: Track
+    scope: Scope
+    match: str
+
+
+class RemoveParams(_Env):
+    input: RemoveInput
+    write: Write
+
+
+class ConsolidateInput(_In):
+    track: Track
+    scope: Scope
+    matches: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)]
+    text: str
+    tags: list[str] | None = None
+
+
+class ConsolidateParams(_Env):
+    input: ConsolidateInput
+    write: Write
+
+
+class SeedParams(_Env):
+    inputs: list[EntryInput]
+    write: Write
+
+
+class QueryFilter(_In):
+    track: Track | None = None
+    scope: Scope | None = None
+    text: str | None = None
+    limit: Annotated[int, Meta(ge=1)] | None = None
+
+
+class QueryOpts(_In):
+    session_id: str | None = None
+    agent_key: str | None = None
+    workspace_key: str | None = None
+
+
+class QueryParams(_Env):
+    filter: QueryFilter | None = None
+    opts: QueryOpts | None = None
+
+
+class EmptyParams(_Env):
+    pass
+
+
+class AuditListParams(_Env):
+    limit: Annotated[int, Meta(ge=1)] | None = None
+
+
+class SnapshotParams(_Env):
+    session: Session
+    language: Literal["en", "zh"] | None = None
+
+
+class ExportParams(_Env):
+    adapter: str | None = None
+
+
+class ImportParams(_Env):
+    write: Write
+    envelope: Any = None
+    adapter: str | None = None
+    payload: Any = None
+
+
+class ProposalInput(_In):
+    kind: NonEmpty
+    track: Track
+    scope: Scope
+    text: str
+    source: str | None = None
+
+
+class ProposalCreateParams(_Env):
+    input: ProposalInput
+    session: Session
+
+
+class ProposalListParams(_Env):
+    status: ProposalStatus | None = None
+
+
+class ProposalApproveParams(_Env):
+    id: str
+    write: Write
+
+
+class ProposalDismissParams(_Env):
+    id: str
+
+
+class ApprovalDecidedParams(_Env):
+    id: str
+    outcome: str
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+class ServerInfo(_Out):
+    name: str
+    version: str
+
+
+class InitializeResult(_Out):
+    protocol: str
+    server: ServerInfo
+    schema_version: int
+    write_policy: WritePolicy
+    budgets: list[BudgetRow]
+
+
+class WriteResult(_Out):
+    entry: Entry
+    usage: BudgetRow
+
+
+class ReplaceResult(_Out):
+    previous: Entry
+    entry: Entry
+    usage: BudgetRow
+
+
+class ConsolidateResult(_Out):
+    removed: list[Entry]
+    entry: Entry
+    usage: BudgetRow
+
+
+class SeedResult(_Out):
+    added: int
+    entries: list[Entry]
+
+
+class QueryResult(_Out):
+    entries: list[Entry]
+    total: int
+    truncated: bool
+
+
+class SnapshotResult(_Out):
+    text: str
+
+
+class AdapterInfo(_Out):
+    id: str
+    name: str
+    description: str
+    version: str
+    import_formats: list[str]
+    export_format: str
+
+
+class ProposalApproveResult(_Out):
+    proposal: Proposal
+    entry: Entry
+    usage: BudgetRow
+
+
+class StoreInfo(_Out):
+    path: str
+    schema_version: int
+
+
+class DaemonStatus(_Out):
+    version: str
+    uptime_s: float
+    connections: int
+    pending_approvals: int
+    queue_depth: int
+    store: StoreInfo
+
+
+class Empty(_Out):
+    pass
+
+
+# --- notifications (daemon → client) -----------------------------------------------------
+
+
+class ApprovalAsked(_Out, omit_defaults=True):
+    id: str
+    action: Action
+    track: str
+    scope: str
+    text: str
+    source: str
+    session_id: str | None
+    reason: str
+    count: int | None = None
+
+
+class ApprovalResolved(_Out):
+    id: str
+    outcome: str
+
+
+class MemoryAdded(_Out):
+    entry: Entry
+
+
+class MemoryUpdated(_Out):
+    previous: Entry
+    entry: Entry
+
+
+class MemoryRemoved(_Out):
+    entry: Entry
+
+
+class MemoryRecalled(_Out):
+    query: str
+    matches: list[Entry]
+    session_id: str | None
+
+
+class MemorySnapshot(_Out):
+    session_id: str
+    text: str
+
+
+#: method name → params type; the daemon builds one decoder per entry at start-up.
+PARAMS: dict[str, type[msgspec.Struct]] = {
+    "initialize": InitializeParams,
+    "memory/add": AddParams,
+    "memory/replace": ReplaceParams,
+    "memory/remove": RemoveParams,
+    "memory/consolidate": ConsolidateParams,
+    "memory/seed": SeedParams,
+    "memory/query": QueryParams,
+    "memory/budgets": EmptyParams,
+    "memory/list": EmptyParams,
+    "audit/list": AuditListParams,
+    "memory/snapshot": SnapshotParams,
+    "memory/export": ExportParams,
+    "memory/import": ImportParams,
+    "adapters/list": EmptyParams,
+    "proposals/create": ProposalCreateParams,
+    "proposals/list": ProposalListParams,
+    "proposals/approve": ProposalApproveParams,
+    "proposals/dismiss": ProposalDismissParams,
+    "approval/decided": ApprovalDecidedParams,
+    "approval/subscribe": EmptyParams,
+    "daemon/status": EmptyParams,
+}
+
+#: method name → result type (for schema generation and typed clients).
+RESULTS: dict[str, Any] = {
+    "initialize": InitializeResult,
+    "memory/add": WriteResult,
+    "memory/replace": ReplaceResult,
+    "memory/remove": WriteResult,
+    "memory/consolidate": ConsolidateResult,
+    "memory/seed": SeedResult,
+    "memory/query": QueryResult,
+    "memory/budgets": list[BudgetRow],
+    "memory/list": list[Entry],
+    "audit/list": list[AuditRow],
+    "memory/snapshot": SnapshotResult,
+    "memory/export": Any,
+    "memory/import": SeedResult,
+    "adapters/list": list[AdapterInfo],
+    "proposals/create": Proposal | None,
+    "proposals/list": list[Proposal],
+    "proposals/approve": ProposalApproveResult,
+    "proposals/dismiss": Proposal,
+    "approval/decided": Empty,
+    "approval/subscribe": Empty,
+    "daemon/status": DaemonStatus,
+}
+
+#: notification method → params type.
+NOTIFICATIONS: dict[str, type[msgspec.Struct]] = {
+    "approval/asked": ApprovalAsked,
+    "approval/resolved": ApprovalResolved,
+    "memory/added": MemoryAdded,
+    "memory/updated": MemoryUpdated,
+    "memory/removed": MemoryRemoved,
+    "memory/recalled": MemoryRecalled,
+    "memory/snapshot": MemorySnapshot,
+}

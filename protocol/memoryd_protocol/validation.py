@@ -1,0 +1,177 @@
+"""Input validation beyond what the msgspec types check: text, keys, visibility, budgets.
+
+Every function here is pure and raises a ProtocolError subclass; nothing is written before
+all of them have passed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .constants import AMBIGUOUS_SAMPLE_COUNT, AMBIGUOUS_SAMPLE_UNITS, DEFAULT_SOURCE, MAX_SOURCE_UNITS
+from .errors import AmbiguousMatch, BudgetExceeded, EntryNotFound, InvalidInput, WriteRequiresAgent
+from .text import (
+    ascii_fold,
+    check_storable,
+    cut_units,
+    normalize_agent_key,
+    normalize_workspace_key,
+    utf16_len,
+)
+from .types import Session, Write
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """Who is writing or reading: the visible set is ``agent_key`` ∈ {'', own} and
+    ``workspace`` entries of ``workspace_key`` only."""
+
+    session_id: str | None
+    workspace_key: str
+    agent_key: str
+
+    def sees(self, scope: str, workspace_key: str, agent_key: str) -> bool:
+        if agent_key not in ("", self.agent_key):
+            return False
+        return scope == "user-global" or workspace_key == self.workspace_key
+
+
+def session_view(session: Session | None) -> SessionView:
+    if session is None:
+        return SessionView(None, "", "")
+    if session.id is not None:
+        check_storable(session.id, "sessionId")
+    header = session.header
+    return SessionView(
+        session.id,
+        normalize_workspace_key(header.cwd if header else None),
+        normalize_agent_key(header.agent_preset if header else None),
+    )
+
+
+def writer_view(write: Write | None) -> SessionView:
+    """The write context's session; WRITE_REQUIRES_AGENT when there is no agent."""
+    if write is None or write.agent is None:
+        raise WriteRequiresAgent()
+    return session_view(write.agent.session)
+
+
+def check_text(text: str, field: str = "text") -> str:
+    """Non-empty after trimming surrounding whitespace; storable as UTF-8."""
+    check_storable(text, field)
+    text = text.strip()
+    if not text:
+        raise InvalidInput(f"{field} must not be empty", field)
+    return text
+
+
+def check_match(match: str, field: str = "match") -> str:
+    check_storable(match, field)
+    if not match.strip():
+        raise InvalidInput(f"{field} must not be empty", field)
+    return match
+
+
+def check_source(source: str | None) -> str:
+    if source is None:
+        return DEFAULT_SOURCE
+    check_storable(source, "source")
+    source = source.strip()
+    if not source:
+        raise InvalidInput("source must not be empty", "source")
+    if _CONTROL.search(source):
+        raise InvalidInput("source must not contain control characters", "source")
+    if utf16_len(source) > MAX_SOURCE_UNITS:
+        raise InvalidInput(f"source longer than {MAX_SOURCE_UNITS} characters", "source")
+    return source
+
+
+def target_keys(
+    scope: str,
+    view: SessionView,
+    workspace_key: str | None,
+    agent_key: str | None,
+    *,
+    restricted: bool,
+) -> tuple[str, str]:
+    """The (workspaceKey, agentKey) an entry is written under.
+
+    Defaults come from the session. ``restricted`` writes (add, proposals) may only target
+    the session's visible set; seed and import keep explicit keys (a restore).
+    """
+    if scope == "user-global":
+        wk = normalize_workspace_key(workspace_key) if workspace_key else ""
+        if wk:
+            raise InvalidInput("user-global entries have no workspaceKey", "workspaceKey")
+    else:
+        wk = normalize_workspace_key(workspace_key) if workspace_key is not None else view.workspace_key
+        if not wk:
+            raise InvalidInput("workspace scope needs a workspace (session header.cwd)", "workspaceKey")
+        if restricted and wk != view.workspace_key:
+            raise InvalidInput("workspaceKey is outside the session's workspace", "workspaceKey")
+    ak = normalize_agent_key(agent_key) if agent_key is not None else view.agent_key
+    if restricted and ak not in ("", view.agent_key):
+        raise InvalidInput("agentKey is outside the session's visible set", "agentKey")
+    return wk, ak
+
+
+def resolve_one(
+    candidates: Iterable[tuple[str, str]],
+    track: str,
+    scope: str,
+    match: str,
+) -> str:
+    """The id of the one ``(id, text)`` whose text contains ``match`` (ASCII-folded)."""
+    needle = ascii_fold(match)
+    hits = [(entry_id, text) for entry_id, text in candidates if needle in ascii_fold(text)]
+    if not hits:
+        raise EntryNotFound("no memory entry matches", {"track": track, "scope": scope, "match": match})
+    if len(hits) > 1:
+        raise AmbiguousMatch(
+            f"match is ambiguous: {len(hits)} entries contain it; use a longer, unique substring",
+            {
+                "track": track,
+                "scope": scope,
+                "match": match,
+                "candidates": len(hits),
+                "sample": [cut_units(text, AMBIGUOUS_SAMPLE_UNITS) for _, text in hits[:AMBIGUOUS_SAMPLE_COUNT]],
+            },
+        )
+    return hits[0][0]
+
+
+def check_budget(track: str, scope: str, used: int, limit: int, delta: int) -> None:
+    """Refuse a write that would take ``track/scope`` over its limit. A write that does not
+    grow usage always passes, even when a lowered limit left the cell over budget."""
+    if delta > 0 and used + delta > limit:
+        raise BudgetExceeded(
+            f"memory budget exceeded: {track}/{scope} has {used}/{limit} characters used, this write needs {delta} more",
+            {"track": track, "scope": scope, "used": used, "limit": limit, "needed": delta},
+        )
+
+
+def check_batch_budget(
+    deltas: Mapping[tuple[str, str], int],
+    usage: Mapping[tuple[str, str], int],
+    limits: Mapping[tuple[str, str], int],
+) -> None:
+    for cell, delta in deltas.items():
+        check_budget(cell[0], cell[1], usage.get(cell, 0), limits[cell], delta)
+
+
+__all__ = [
+    "SessionView",
+    "check_batch_budget",
+    "check_budget",
+    "check_match",
+    "check_source",
+    "check_text",
+    "resolve_one",
+    "session_view",
+    "target_keys",
+    "writer_view",
+]
