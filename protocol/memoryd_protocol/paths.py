@@ -1,0 +1,37 @@
+"""Default locations shared by the daemon and its clients (so ``memoryctl`` finds the
+socket that ``memoryd serve`` opened without either importing the other)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+APP = "memoryd"
+
+
+def runtime_dir() -> Path:
+    """``$XDG_RUNTIME_DIR/memoryd``, else ``<tmp>/memoryd-<uid>``; created 0700 by the daemon."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / APP
+    return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
+
+
+def default_socket_path() -> Path:
+    return runtime_dir() / "memoryd.sock"
+
+
+def default_db_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir(APP)) / "memory.db"
+
+
+def default_config_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+__all__ = ["default_config_path", "default_db_path", "default_socket_path", "runtime_dir"]
