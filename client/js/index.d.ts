@@ -1,0 +1,663 @@
+// Type declarations for memoryd-client (wire contract: shared/design/wire-v1.md).
+// Every shape is camelCase, exactly as on the wire.
+
+/// <reference types="node" />
+
+import { EventEmitter } from 'node:events';
+import type { ChildProcess } from 'node:child_process';
+import type { Readable, Writable } from 'node:stream';
+
+// --- protocol data ------------------------------------------------------------------------
+
+export type Track = 'user' | 'agent';
+export type Scope = 'user-global' | 'workspace';
+export type WritePolicy = 'ask' | 'auto' | 'off';
+export type WriteAction = 'add' | 'replace' | 'remove' | 'consolidate' | 'seed';
+export type ProposalStatus = 'pending' | 'approved' | 'dismissed';
+/** `"allowed-once"` lets a write through; anything else denies it. */
+export type ApprovalOutcome = 'allowed-once' | 'rejected' | 'cancelled' | 'unavailable' | (string & {});
+
+export interface Entry {
+  id: string;
+  track: Track;
+  scope: Scope;
+  workspaceKey: string;
+  agentKey: string;
+  text: string;
+  source: string;
+  tags: string[];
+  version: number;
+  /** epoch ms */
+  createdAt: number;
+  /** epoch ms */
+  updatedAt: number;
+  lastRecalled: number | null;
+  recallCount: number;
+  sessionId: string | null;
+}
+
+export interface EntryInput {
+  track: Track;
+  scope: Scope;
+  text: string;
+  tags?: string[] | null;
+  source?: string | null;
+  workspaceKey?: string | null;
+  agentKey?: string | null;
+}
+
+export interface BudgetRow {
+  track: Track;
+  scope: Scope;
+  used: number;
+  limit: number;
+}
+
+export interface AuditRow {
+  seq: number;
+  ts: number;
+  action: string;
+  track: string | null;
+  scope: string | null;
+  entryId: string | null;
+  text: string | null;
+  outcome: string | null;
+  source: string | null;
+  sessionId: string | null;
+}
+
+export interface Proposal {
+  id: string;
+  kind: string;
+  track: Track;
+  scope: Scope;
+  workspaceKey: string;
+  agentKey: string;
+  text: string;
+  source: string;
+  sessionId: string | null;
+  status: ProposalStatus;
+  createdAt: number;
+  decidedAt: number | null;
+}
+
+export interface ExportEnvelope {
+  plugin: string;
+  schema: string;
+  /** ISO 8601 */
+  exportedAt: string;
+  budgets: BudgetRow[];
+  entries: Entry[];
+}
+
+// --- context objects ------------------------------------------------------------------------
+
+export interface SessionHeader {
+  cwd?: string | null;
+  agentPreset?: string | null;
+  [key: string]: unknown;
+}
+
+export interface Session {
+  id?: string | null;
+  header?: SessionHeader | null;
+  [key: string]: unknown;
+}
+
+/** The write context of every write method: `{agent: {session: {id, header}}}`. */
+export interface WriteContext {
+  agent?: { session?: Session | null; [key: string]: unknown } | null;
+  [key: string]: unknown;
+}
+
+export interface ClientInfo {
+  name?: string;
+  version?: string;
+  [key: string]: unknown;
+}
+
+export interface Capabilities {
+  /** false: this connection cannot answer approvals; its writes are asked of subscribed approvers. */
+  approvals?: boolean;
+  [key: string]: unknown;
+}
+
+// --- method params ----------------------------------------------------------------------------
+
+export interface InitializeParams {
+  protocol?: string;
+  client?: ClientInfo;
+  capabilities?: Capabilities;
+  [key: string]: unknown;
+}
+
+export interface ReplaceInput {
+  track: Track;
+  scope: Scope;
+  match: string;
+  text: string;
+  tags?: string[] | null;
+}
+
+export interface RemoveInput {
+  track: Track;
+  scope: Scope;
+  match: string;
+}
+
+export interface ConsolidateInput {
+  track: Track;
+  scope: Scope;
+  /** 1..20 unique substrings */
+  matches: string[];
+  text: string;
+  tags?: string[] | null;
+}
+
+export interface QueryFilter {
+  track?: Track | null;
+  scope?: Scope | null;
+  text?: string | null;
+  /** default 20 (daemon config), hard cap 1000 */
+  limit?: number | null;
+}
+
+export interface QueryOpts {
+  /** records a `recalled` audit row and a `memory/recalled` event */
+  sessionId?: string | null;
+  agentKey?: string | null;
+  workspaceKey?: string | null;
+}
+
+export interface AuditListParams {
+  /** default 100 */
+  limit?: number | null;
+}
+
+export interface SnapshotParams {
+  language?: 'en' | 'zh' | null;
+}
+
+export interface ExportParams {
+  adapter?: string | null;
+}
+
+export type ImportParams =
+  | { envelope: ExportEnvelope | Record<string, unknown>; adapter?: undefined; payload?: undefined; write?: WriteContext | null }
+  | { adapter: string; payload: unknown; envelope?: undefined; write?: WriteContext | null };
+
+export interface ProposalInput {
+  kind: string;
+  track: Track;
+  scope: Scope;
+  text: string;
+  source?: string | null;
+}
+
+export interface ProposalListParams {
+  status?: ProposalStatus | null;
+}
+
+// --- results ----------------------------------------------------------------------------------
+
+export interface InitializeResult {
+  protocol: string;
+  server: { name: string; version: string };
+  schemaVersion: number;
+  writePolicy: WritePolicy;
+  budgets: BudgetRow[];
+}
+
+export interface WriteResult {
+  entry: Entry;
+  usage: BudgetRow;
+}
+
+export interface ReplaceResult {
+  previous: Entry;
+  entry: Entry;
+  usage: BudgetRow;
+}
+
+export interface ConsolidateResult {
+  removed: Entry[];
+  entry: Entry;
+  usage: BudgetRow;
+}
+
+export interface SeedResult {
+  added: number;
+  entries: Entry[];
+}
+
+export interface QueryResult {
+  entries: Entry[];
+  total: number;
+  truncated: boolean;
+}
+
+export interface SnapshotResult {
+  text: string;
+}
+
+export interface AdapterInfo {
+  id: string;
+  name: string;
+  description: string;
+  version: string;
+  importFormats: string[];
+  exportFormat: string;
+}
+
+export interface ProposalApproveResult {
+  proposal: Proposal;
+  entry: Entry;
+  usage: BudgetRow;
+}
+
+export interface DaemonStatus {
+  version: string;
+  uptimeS: number;
+  connections: number;
+  pendingApprovals: number;
+  queueDepth: number;
+  store: { path: string; schemaVersion: number };
+}
+
+export type Empty = Record<string, never>;
+
+// --- notifications ----------------------------------------------------------------------------
+
+export interface ApprovalAsked {
+  id: string;
+  action: WriteAction;
+  track: string;
+  scope: string;
+  /** approve-what-you-see payload text */
+  text: string;
+  source: string;
+  sessionId: string | null;
+  reason: string;
+  /** seed only */
+  count?: number;
+}
+
+export interface ApprovalResolved {
+  id: string;
+  outcome: ApprovalOutcome;
+}
+
+export interface MemoryAdded {
+  entry: Entry;
+}
+
+export interface MemoryUpdated {
+  previous: Entry;
+  entry: Entry;
+}
+
+export interface MemoryRemoved {
+  entry: Entry;
+}
+
+export interface MemoryRecalled {
+  query: string;
+  matches: Entry[];
+  sessionId: string | null;
+}
+
+export interface MemorySnapshot {
+  sessionId: string;
+  text: string;
+}
+
+export interface NotificationMap {
+  'approval/asked': ApprovalAsked;
+  'approval/resolved': ApprovalResolved;
+  'memory/added': MemoryAdded;
+  'memory/updated': MemoryUpdated;
+  'memory/removed': MemoryRemoved;
+  'memory/recalled': MemoryRecalled;
+  'memory/snapshot': MemorySnapshot;
+}
+
+export type NotificationMethod = keyof NotificationMap;
+
+// --- errors -----------------------------------------------------------------------------------
+
+export type ProtocolErrorCode =
+  | 'INVALID_INPUT'
+  | 'WRITE_REQUIRES_AGENT'
+  | 'BUDGET_EXCEEDED'
+  | 'ENTRY_NOT_FOUND'
+  | 'AMBIGUOUS_MATCH'
+  | 'WRITE_DENIED'
+  | 'PROPOSAL_NOT_FOUND'
+  | 'STORE_CORRUPT'
+  | 'STORE_UNSUPPORTED_VERSION'
+  | 'ADAPTER_NOT_FOUND'
+  | 'ADAPTER_PAYLOAD';
+export type RpcLevelErrorCode = 'PARSE_ERROR' | 'INVALID_REQUEST' | 'METHOD_NOT_FOUND' | 'INTERNAL_ERROR';
+export type ClientErrorCode = 'CONNECTION_CLOSED' | 'CONNECTION_FAILED' | 'TIMEOUT' | 'ABORTED' | 'PROTOCOL_ERROR';
+export type ErrorCode = ProtocolErrorCode | RpcLevelErrorCode | ClientErrorCode | 'RPC_ERROR' | (string & {});
+
+export interface BudgetExceededDetails {
+  track: Track;
+  scope: Scope;
+  used: number;
+  limit: number;
+  needed: number;
+}
+
+export interface EntryNotFoundDetails {
+  track: Track;
+  scope: Scope;
+  match: string;
+}
+
+export interface AmbiguousMatchDetails {
+  track: Track;
+  scope: Scope;
+  match: string;
+  candidates: number;
+  sample: string[];
+}
+
+export interface WriteDeniedDetails {
+  outcome: ApprovalOutcome;
+}
+
+export declare const ERROR_CODES: Readonly<Record<ProtocolErrorCode, number>>;
+export declare const RPC_LEVEL_CODES: Readonly<Record<RpcLevelErrorCode, number>>;
+export declare const CLIENT_CODES: Readonly<{ [K in ClientErrorCode]: K }>;
+
+export declare const INVALID_INPUT: 'INVALID_INPUT';
+export declare const WRITE_REQUIRES_AGENT: 'WRITE_REQUIRES_AGENT';
+export declare const BUDGET_EXCEEDED: 'BUDGET_EXCEEDED';
+export declare const ENTRY_NOT_FOUND: 'ENTRY_NOT_FOUND';
+export declare const AMBIGUOUS_MATCH: 'AMBIGUOUS_MATCH';
+export declare const WRITE_DENIED: 'WRITE_DENIED';
+export declare const PROPOSAL_NOT_FOUND: 'PROPOSAL_NOT_FOUND';
+export declare const STORE_CORRUPT: 'STORE_CORRUPT';
+export declare const STORE_UNSUPPORTED_VERSION: 'STORE_UNSUPPORTED_VERSION';
+export declare const ADAPTER_NOT_FOUND: 'ADAPTER_NOT_FOUND';
+export declare const ADAPTER_PAYLOAD: 'ADAPTER_PAYLOAD';
+export declare const PARSE_ERROR: 'PARSE_ERROR';
+export declare const INVALID_REQUEST: 'INVALID_REQUEST';
+export declare const METHOD_NOT_FOUND: 'METHOD_NOT_FOUND';
+export declare const INTERNAL_ERROR: 'INTERNAL_ERROR';
+export declare const CONNECTION_CLOSED: 'CONNECTION_CLOSED';
+export declare const CONNECTION_FAILED: 'CONNECTION_FAILED';
+export declare const TIMEOUT: 'TIMEOUT';
+export declare const ABORTED: 'ABORTED';
+export declare const PROTOCOL_ERROR: 'PROTOCOL_ERROR';
+
+/** `-32011` → `'BUDGET_EXCEEDED'`; unknown codes → `'RPC_ERROR'`. */
+export declare function codeForRpcCode(rpcCode: number): ErrorCode;
+
+export interface MemorydErrorOptions<D> {
+  code?: ErrorCode;
+  rpcCode?: number | null;
+  details?: D;
+  data?: unknown;
+  cause?: unknown;
+}
+
+/** Every rejection from this client is a MemorydError (or one of its subclasses). */
+export declare class MemorydError<D extends object = Record<string, unknown>> extends Error {
+  constructor(message: string, opts?: MemorydErrorOptions<D>);
+  /** `error.data.code`, else a name derived from the JSON-RPC code, else a client code. */
+  code: ErrorCode;
+  /** The JSON-RPC numeric code; null for client-side failures (CONNECTION_CLOSED, TIMEOUT, …). */
+  rpcCode: number | null;
+  /** `error.data.details`, or `{}`. */
+  details: D;
+  /** The raw `error.data`, when the daemon sent one. */
+  data?: unknown;
+  static fromWire(error: unknown): MemorydError;
+}
+
+export declare class InvalidInputError extends MemorydError<{ field?: string }> {}
+export declare class WriteRequiresAgentError extends MemorydError {}
+export declare class BudgetExceededError extends MemorydError<BudgetExceededDetails> {}
+export declare class EntryNotFoundError extends MemorydError<EntryNotFoundDetails> {}
+export declare class AmbiguousMatchError extends MemorydError<AmbiguousMatchDetails> {}
+export declare class WriteDeniedError extends MemorydError<WriteDeniedDetails> {}
+export declare class ProposalNotFoundError extends MemorydError<{ id: string }> {}
+export declare class StoreCorruptError extends MemorydError<{ path: string }> {}
+export declare class StoreUnsupportedVersionError extends MemorydError<{ path: string }> {}
+export declare class AdapterNotFoundError extends MemorydError<{ adapterId: string }> {}
+export declare class AdapterPayloadError extends MemorydError<{ adapterId: string }> {}
+export declare class ParseError extends MemorydError {}
+export declare class InvalidRequestError extends MemorydError {}
+export declare class MethodNotFoundError extends MemorydError {}
+export declare class InternalError extends MemorydError {}
+export declare class ConnectionClosedError extends MemorydError {}
+export declare class ConnectionFailedError extends MemorydError {}
+export declare class CallTimeoutError extends MemorydError<{ method: string; timeoutMs: number }> {}
+export declare class AbortedError extends MemorydError<{ method: string }> {}
+
+export declare function errorClassFor(code: string): typeof MemorydError;
+export declare function clientError(code: string, message: string, details?: object, cause?: unknown): MemorydError;
+
+// --- framing ----------------------------------------------------------------------------------
+
+export declare class LineDecoder {
+  constructor(opts?: { maxLineBytes?: number; onOverflow?: () => void });
+  /** Feed a chunk; returns the complete lines so far (no terminator; blank lines skipped). */
+  push(chunk: Uint8Array | string): string[];
+  /** End of stream: returns a final unterminated line, if any. */
+  end(): string[];
+}
+
+export declare function encodeMessage(message: unknown): string;
+
+// --- client -----------------------------------------------------------------------------------
+
+export interface CallOptions {
+  /** Per-call timeout; 0 or Infinity disables it. Default: `client.timeoutMs` (30 s). */
+  timeoutMs?: number;
+  /** Abort waiting for the response (rejects with ABORTED; the daemon may still act). */
+  signal?: AbortSignal;
+}
+
+export interface WriteOptions extends CallOptions {
+  /** Explicit write context (null sends `write: null`, which the daemon refuses). */
+  write?: WriteContext | null;
+  /** Shorthand: `{agent: {session}}`. Ignored when `write` is given. */
+  session?: Session | null;
+  /** Default for writes: `client.writeTimeoutMs` (330 s, longer than the daemon's approval timeout). */
+  timeoutMs?: number;
+}
+
+export interface ApprovalContext {
+  /** Aborted when another approver decided first (`approval/resolved`) or the connection closed. */
+  signal: AbortSignal;
+  client: Client;
+}
+
+/**
+ * Decide an approval. Return an outcome string (`'allowed-once'` lets the write through;
+ * anything else denies it), or `true` (= 'allowed-once') / `false` or nothing (= 'rejected').
+ * A handler that throws answers 'rejected'.
+ */
+export type ApprovalHandler = (
+  payload: ApprovalAsked,
+  ctx: ApprovalContext,
+) => ApprovalOutcome | boolean | void | null | Promise<ApprovalOutcome | boolean | void | null>;
+
+export type EventHandler = <M extends string>(
+  method: M,
+  params: M extends NotificationMethod ? NotificationMap[M] : unknown,
+) => void;
+
+export interface ClientOptions {
+  /** Session used for the default write context, `snapshot()` and `proposalsCreate()`. */
+  session?: Session;
+  /** Full default write context; overrides the one derived from `session`. */
+  write?: WriteContext;
+  /** Sent in `initialize`; default `{approvals: true}`. */
+  capabilities?: Capabilities;
+  /** Sent in `initialize`; default `{name: 'memoryd-client', version}`. */
+  clientInfo?: ClientInfo;
+  /** Default per-call timeout (ms), default 30 000. */
+  timeoutMs?: number;
+  /** Default timeout of write calls (ms), default 330 000. */
+  writeTimeoutMs?: number;
+  onApproval?: ApprovalHandler;
+  /** Called with every daemon notification. */
+  onEvent?: EventHandler;
+  /** Incoming lines longer than this are dropped (reported as an `error` event). */
+  maxMessageBytes?: number;
+}
+
+export interface StreamClientOptions extends ClientOptions {
+  readable: Readable;
+  writable?: Writable;
+  /** Called by close() after pending calls are rejected; its result is close()'s result. */
+  shutdown?: () => Promise<unknown>;
+  /** Called by destroy(). */
+  destroyTransport?: () => void;
+}
+
+export interface ConnectOptions extends ClientOptions {
+  /** Default: `defaultSocketPath()`. */
+  socketPath?: string;
+  /** Timeout for connecting and `initialize` (default: timeoutMs). */
+  connectTimeoutMs?: number;
+  /** Extra/overriding `initialize` params. */
+  initialize?: InitializeParams;
+}
+
+export interface SpawnOptions extends ConnectOptions {
+  /** Default `'memoryd'`. */
+  command?: string;
+  /** Default `['serve', '--stdio']`. */
+  args?: string[];
+  /** Merged over process.env. */
+  env?: NodeJS.ProcessEnv;
+  cwd?: string;
+  /** Daemon stderr: passed through (default), collected into `client.stderrText`, or dropped. */
+  stderr?: 'inherit' | 'pipe' | 'ignore';
+  /** close(): how long to wait for exit after ending stdin before SIGTERM (default 5000). */
+  killAfterMs?: number;
+}
+
+export interface ExitInfo {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export interface ClientEvents {
+  'approval/asked': [ApprovalAsked];
+  'approval/resolved': [ApprovalResolved];
+  'memory/added': [MemoryAdded];
+  'memory/updated': [MemoryUpdated];
+  'memory/removed': [MemoryRemoved];
+  'memory/recalled': [MemoryRecalled];
+  'memory/snapshot': [MemorySnapshot];
+  notification: [method: string, params: unknown];
+  close: [reason: MemorydError];
+  error: [err: Error];
+  stderr: [chunk: string];
+}
+
+export declare class Client extends EventEmitter {
+  constructor(options: StreamClientOptions);
+
+  session: Session | undefined;
+  capabilities: Capabilities;
+  clientInfo: ClientInfo;
+  timeoutMs: number;
+  writeTimeoutMs: number;
+  /** The `initialize` result. */
+  serverInfo: InitializeResult | undefined;
+  closed: boolean;
+  closeReason: MemorydError | undefined;
+  /** The default write context (from `write` or `session`). */
+  writeContext: WriteContext | undefined;
+  readonly approvalHandler: ApprovalHandler | undefined;
+  readonly pendingCount: number;
+  /** connect() only. */
+  socketPath?: string;
+  /** spawn() only. */
+  process?: ChildProcess;
+  /** spawn() only: resolves when the daemon exits. */
+  exited?: Promise<ExitInfo>;
+  /** spawn() with stderr 'pipe': the daemon's stderr (last 1 MiB). */
+  stderrText?: string;
+
+  setApprovalHandler(handler: ApprovalHandler | undefined): this;
+
+  call<T = unknown>(method: string, params?: unknown, opts?: CallOptions): Promise<T>;
+  notify(method: string, params?: unknown): void;
+
+  initialize(params?: InitializeParams, opts?: CallOptions): Promise<InitializeResult>;
+  add(input: EntryInput, opts?: WriteOptions): Promise<WriteResult>;
+  replace(input: ReplaceInput, opts?: WriteOptions): Promise<ReplaceResult>;
+  remove(input: RemoveInput, opts?: WriteOptions): Promise<WriteResult>;
+  consolidate(input: ConsolidateInput, opts?: WriteOptions): Promise<ConsolidateResult>;
+  seed(inputs: EntryInput[], opts?: WriteOptions): Promise<SeedResult>;
+  query(filter?: QueryFilter | null, opts?: QueryOpts | null, call?: CallOptions): Promise<QueryResult>;
+  budgets(call?: CallOptions): Promise<BudgetRow[]>;
+  list(call?: CallOptions): Promise<Entry[]>;
+  auditList(params?: AuditListParams, call?: CallOptions): Promise<AuditRow[]>;
+  snapshot(session?: Session, params?: SnapshotParams, call?: CallOptions): Promise<SnapshotResult>;
+  export(params?: { adapter?: null }, call?: CallOptions): Promise<ExportEnvelope>;
+  export(params: ExportParams, call?: CallOptions): Promise<unknown>;
+  import(params: ImportParams, opts?: WriteOptions): Promise<SeedResult>;
+  adaptersList(call?: CallOptions): Promise<AdapterInfo[]>;
+  proposalsCreate(input: ProposalInput, session?: Session, call?: CallOptions): Promise<Proposal | null>;
+  proposalsList(params?: ProposalListParams, call?: CallOptions): Promise<Proposal[]>;
+  proposalsApprove(id: string, opts?: WriteOptions): Promise<ProposalApproveResult>;
+  proposalsDismiss(id: string, call?: CallOptions): Promise<Proposal>;
+  approvalDecided(id: string, outcome: ApprovalOutcome, call?: CallOptions): Promise<Empty>;
+  approvalSubscribe(call?: CallOptions): Promise<Empty>;
+  status(call?: CallOptions): Promise<DaemonStatus>;
+
+  /** Rejects pending calls (CONNECTION_CLOSED), then shuts the transport down. spawn(): resolves to the exit info. */
+  close(): Promise<ExitInfo | undefined>;
+  destroy(): void;
+  [Symbol.asyncDispose](): Promise<void>;
+
+  on<K extends keyof ClientEvents>(event: K, listener: (...args: ClientEvents[K]) => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  once<K extends keyof ClientEvents>(event: K, listener: (...args: ClientEvents[K]) => void): this;
+  once(event: string | symbol, listener: (...args: any[]) => void): this;
+  off<K extends keyof ClientEvents>(event: K, listener: (...args: ClientEvents[K]) => void): this;
+  off(event: string | symbol, listener: (...args: any[]) => void): this;
+  addListener<K extends keyof ClientEvents>(event: K, listener: (...args: ClientEvents[K]) => void): this;
+  addListener(event: string | symbol, listener: (...args: any[]) => void): this;
+  removeListener<K extends keyof ClientEvents>(event: K, listener: (...args: ClientEvents[K]) => void): this;
+  removeListener(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+// --- module functions ---------------------------------------------------------------------
+
+export declare const PROTOCOL: 'dsh-memory-protocol/v1';
+export declare const VERSION: string;
+export declare const DEFAULT_TIMEOUT_MS: number;
+export declare const DEFAULT_WRITE_TIMEOUT_MS: number;
+export declare const ALLOWED_ONCE: 'allowed-once';
+export declare const REJECTED: 'rejected';
+export declare const NOTIFICATIONS: readonly NotificationMethod[];
+
+/** `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`, else `<os.tmpdir()>/memoryd-<uid>/memoryd.sock`. */
+export declare function defaultSocketPath(env?: NodeJS.ProcessEnv): string;
+/** `{agent: {session}}` */
+export declare function writeContext(session: Session): WriteContext;
+/** Connect to a running daemon's Unix socket and `initialize`. */
+export declare function connect(options?: ConnectOptions): Promise<Client>;
+/** Spawn `memoryd serve --stdio` (or `command args`) and `initialize` over its stdio. */
+export declare function spawn(options?: SpawnOptions): Promise<Client>;
+
+declare const _default: {
+  connect: typeof connect;
+  spawn: typeof spawn;
+  Client: typeof Client;
+  MemorydError: typeof MemorydError;
+  defaultSocketPath: typeof defaultSocketPath;
+  writeContext: typeof writeContext;
+  PROTOCOL: typeof PROTOCOL;
+};
+export default _default;

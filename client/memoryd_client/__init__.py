@@ -1,0 +1,79 @@
+"""Python client for memoryd (dsh-memory-protocol v1 over JSON-RPC 2.0 / NDJSON).
+
+Async::
+
+    async with memoryd_client.connect(session=make_session("s-1", cwd="/proj")) as c:
+        result = await c.add({"track": "user", "scope": "user-global", "text": "Prefers tabs"})
+
+Blocking, for scripts::
+
+    with memoryd_client.connect_sync() as c:
+        print(c.budgets())
+
+Results are the protocol's msgspec Structs (``memoryd_protocol.types``); daemon-side failures
+raise the protocol's typed exceptions (re-exported here), transport failures a
+:class:`ClientError`.
+"""
+
+from __future__ import annotations
+
+from memoryd_protocol import types
+
+from .client import EVENT_METHODS, WRITE_METHODS, Client, Event, EventStream, __version__, connect, make_session, plain
+from .errors import (
+    AdapterNotFound,
+    AdapterPayload,
+    AmbiguousMatch,
+    BadResponse,
+    BudgetExceeded,
+    ClientError,
+    ConnectFailed,
+    ConnectionClosed,
+    EntryNotFound,
+    InvalidInput,
+    ProposalNotFound,
+    ProtocolError,
+    RpcError,
+    StoreCorrupt,
+    StoreUnsupportedVersion,
+    Timeout,
+    WriteDenied,
+    WriteRequiresAgent,
+    from_wire,
+)
+from .sync import SyncClient, SyncEventStream, connect_sync
+
+__all__ = [
+    "EVENT_METHODS",
+    "WRITE_METHODS",
+    "AdapterNotFound",
+    "AdapterPayload",
+    "AmbiguousMatch",
+    "BadResponse",
+    "BudgetExceeded",
+    "Client",
+    "ClientError",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "EntryNotFound",
+    "Event",
+    "EventStream",
+    "InvalidInput",
+    "ProposalNotFound",
+    "ProtocolError",
+    "RpcError",
+    "StoreCorrupt",
+    "StoreUnsupportedVersion",
+    "SyncClient",
+    "SyncEventStream",
+    "Timeout",
+    "WriteDenied",
+    "WriteRequiresAgent",
+    "__version__",
+    "connect",
+    "connect_sync",
+    "from_wire",
+    "make_session",
+    "plain",
+    "types",
+]

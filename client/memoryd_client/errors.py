@@ -1,0 +1,98 @@
+"""Errors a client can raise.
+
+Two families, on purpose:
+
+* :class:`memoryd_protocol.errors.ProtocolError` and its subclasses (``BudgetExceeded``,
+  ``AmbiguousMatch``, ``WriteDenied``, ...): the daemon answered and said no. They are rebuilt
+  from the wire's ``data.code`` by :func:`memoryd_protocol.errors.from_wire`, so ``.code`` and
+  ``.details`` are exactly what the daemon sent. Re-exported here.
+* :class:`ClientError` and its subclasses: the answer never arrived (no daemon, the
+  connection dropped, the wait timed out, the answer was not understood). They carry a
+  ``.code`` and ``.details`` too, so a caller can print either family the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from memoryd_protocol.errors import (
+    AdapterNotFound,
+    AdapterPayload,
+    AmbiguousMatch,
+    BudgetExceeded,
+    EntryNotFound,
+    InvalidInput,
+    ProposalNotFound,
+    ProtocolError,
+    RpcError,
+    StoreCorrupt,
+    StoreUnsupportedVersion,
+    WriteDenied,
+    WriteRequiresAgent,
+    from_wire,
+)
+
+
+class ClientError(Exception):
+    """Base of the client-side failures: the daemon's answer did not arrive or was unusable."""
+
+    CODE: ClassVar[str] = "CLIENT_ERROR"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details if details is not None else {}
+
+    @property
+    def code(self) -> str:
+        return self.CODE
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, details={self.details!r})"
+
+
+class ConnectFailed(ClientError, ConnectionError):
+    """No daemon accepted the connection (socket missing, refused, permission denied)."""
+
+    CODE = "CONNECT_FAILED"
+
+
+class ConnectionClosed(ClientError, ConnectionError):
+    """The connection dropped; every call still waiting for an answer fails with this."""
+
+    CODE = "CONNECTION_CLOSED"
+
+
+class Timeout(ClientError, TimeoutError):
+    """No answer within the call's timeout. The request may still complete on the daemon."""
+
+    CODE = "TIMEOUT"
+
+
+class BadResponse(ClientError):
+    """The daemon's answer does not fit the wire contract (wire-v1.md) for that method."""
+
+    CODE = "BAD_RESPONSE"
+
+
+__all__ = [
+    "AdapterNotFound",
+    "AdapterPayload",
+    "AmbiguousMatch",
+    "BadResponse",
+    "BudgetExceeded",
+    "ClientError",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "EntryNotFound",
+    "InvalidInput",
+    "ProposalNotFound",
+    "ProtocolError",
+    "RpcError",
+    "StoreCorrupt",
+    "StoreUnsupportedVersion",
+    "Timeout",
+    "WriteDenied",
+    "WriteRequiresAgent",
+    "from_wire",
+]

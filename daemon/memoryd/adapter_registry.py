@@ -1,0 +1,141 @@
+"""The daemon's adapter registry: the built-ins plus third-party adapters from entry points.
+
+A third-party package registers an adapter in the ``memoryd.adapters`` entry-point group::
+
+    [project.entry-points."memoryd.adapters"]
+    my-store = "my_package.memoryd_adapter:MyStoreAdapter"
+
+The entry point may load to an adapter instance, or to a class or zero-argument factory
+that returns one (see ``memoryd_protocol.adapters.Adapter``; subclassing ``AdapterBase`` is
+the easy way). Adapters are loaded once, at start-up, and a bad one is refused loudly: a
+load failure, a missing or mistyped attribute or method, an id that does not match
+``^[a-z0-9][a-z0-9._-]{0,63}$``, an ``info()`` that disagrees with the attributes, or an id
+that is already taken (by a built-in or another entry point) raises
+:class:`AdapterRegistryError` naming the entry point and the reason. The daemon does not
+start with an adapter set it was not asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
+from typing import Any, Final, Protocol, cast
+
+from memoryd_protocol.adapters import ADAPTER_ID_PATTERN, Adapter, builtin_adapters
+from memoryd_protocol.types import AdapterInfo
+
+#: The entry-point group third-party adapters register in.
+ENTRY_POINT_GROUP: Final = "memoryd.adapters"
+
+_STRING_ATTRIBUTES: Final = ("id", "name", "description", "version", "export_format")
+_METHODS: Final = ("adapt", "export", "info")
+
+
+class AdapterRegistryError(ValueError):
+    """A third-party adapter was refused at start-up."""
+
+
+class EntryPointLike(Protocol):
+    """The part of :class:`importlib.metadata.EntryPoint` the registry uses."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def value(self) -> str: ...
+
+    def load(self) -> Any: ...
+
+
+def discovered_entry_points() -> list[EntryPointLike]:
+    """The installed ``memoryd.adapters`` entry points."""
+    return list(entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _describe(ep: EntryPointLike) -> str:
+    return f"adapter entry point {ep.name!r} ({ep.value})"
+
+
+def _looks_like_adapter(obj: object) -> bool:
+    return all(hasattr(obj, attr) for attr in (*_STRING_ATTRIBUTES, "import_formats", *_METHODS))
+
+
+def _instantiate(ep: EntryPointLike) -> object:
+    where = _describe(ep)
+    try:
+        loaded = ep.load()
+    except Exception as exc:
+        raise AdapterRegistryError(f"{where} refused: it failed to load: {type(exc).__name__}: {exc}") from exc
+    if isinstance(loaded, type) or (callable(loaded) and not _looks_like_adapter(loaded)):
+        factory: Callable[[], object] = loaded
+        try:
+            return factory()
+        except Exception as exc:
+            raise AdapterRegistryError(
+                f"{where} refused: calling {getattr(loaded, '__name__', 'it')}() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return loaded
+
+
+def check_adapter(obj: object, where: str) -> Adapter:
+    """``obj`` as an :class:`Adapter`, or :class:`AdapterRegistryError` saying what is wrong."""
+
+    def refuse(reason: str) -> AdapterRegistryError:
+        return AdapterRegistryError(f"{where} refused: {reason}")
+
+    for attr in _STRING_ATTRIBUTES:
+        value = getattr(obj, attr, None)
+        if not isinstance(value, str):
+            raise refuse(f"attribute {attr!r} must be a string, got {type(value).__name__}")
+    formats = getattr(obj, "import_formats", None)
+    if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+        raise refuse("attribute 'import_formats' must be a list of strings")
+    for method in _METHODS:
+        if not callable(getattr(obj, method, None)):
+            raise refuse(f"method {method}() is missing")
+    adapter = cast(Adapter, obj)  # every member was checked above
+    adapter_id = adapter.id
+    if not ADAPTER_ID_PATTERN.fullmatch(adapter_id):
+        raise refuse(f"id {adapter_id!r} does not match ^[a-z0-9][a-z0-9._-]{{0,63}}$")
+    try:
+        info = adapter.info()
+    except Exception as exc:
+        raise refuse(f"info() failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(info, AdapterInfo):
+        raise refuse(f"info() must return memoryd_protocol.types.AdapterInfo, got {type(info).__name__}")
+    if info.id != adapter_id:
+        raise refuse(f"info().id {info.id!r} differs from the adapter's id {adapter_id!r}")
+    return adapter
+
+
+def load_adapters(sources: Iterable[EntryPointLike] | None = None) -> dict[str, Adapter]:
+    """The built-in adapters followed by the third-party ones, keyed by id.
+
+    ``sources`` defaults to the installed ``memoryd.adapters`` entry points; tests pass
+    their own (anything with ``name``, ``value`` and ``load()``). Third-party adapters are
+    added in entry-point name order so the ``adapters/list`` order does not depend on
+    installation order.
+    """
+    registry = builtin_adapters()
+    origin = {adapter_id: "the built-in adapter" for adapter_id in registry}
+    eps = discovered_entry_points() if sources is None else list(sources)
+    for ep in sorted(eps, key=lambda ep: (ep.name, ep.value)):
+        where = _describe(ep)
+        adapter = check_adapter(_instantiate(ep), where)
+        if adapter.id in registry:
+            raise AdapterRegistryError(
+                f"{where} refused: adapter id {adapter.id!r} is already registered by {origin[adapter.id]}"
+            )
+        registry[adapter.id] = adapter
+        origin[adapter.id] = where
+    return registry
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AdapterRegistryError",
+    "EntryPointLike",
+    "check_adapter",
+    "discovered_entry_points",
+    "load_adapters",
+]

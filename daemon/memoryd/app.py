@@ -1,0 +1,206 @@
+"""Assembly and lifecycle: open the store, start the writer, serve, shut down cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+from anyio.abc import SocketStream, TaskGroup
+from memoryd_protocol.paths import default_socket_path
+
+from . import store
+from .approvals import Approvals
+from .config import Config
+from .connection import Connection
+from .rpc import Dispatcher
+from .service import Service
+from .transports import FdStream, bind_unix, inherited_listener, listener_from, sd_notify
+from .writer import Writer, run_on
+
+log = logging.getLogger("memoryd")
+
+
+class StoreLocked(Exception):
+    pass
+
+
+def lock_store(path: Path) -> int:
+    """Hold an advisory flock on the db file for the daemon's lifetime. flock and SQLite's
+    own POSIX byte-range locks do not interact on Linux, so this only keeps a second
+    memoryd out; dsh-memento can still open the file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"store is in use by another memoryd: {path}") from None
+    return fd
+
+
+def _reader(path: Path) -> sqlite3.Connection:
+    conn = store.connect(path)
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+@dataclass
+class Daemon:
+    config: Config
+    writer_conn: aiosqlite.Connection
+    reader_conn: aiosqlite.Connection
+    writer: Writer
+    approvals: Approvals
+    service: Service
+    dispatcher: Dispatcher
+    lock_fd: int
+    connections: set[Connection] = field(default_factory=set)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+
+    @classmethod
+    async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None) -> Daemon:
+        path = config.db_path
+        store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
+        store.prepare_path(path)
+        lock_fd = lock_store(path)
+        try:
+            writer_conn = await aiosqlite.Connection(lambda: store.open_store(path)[0], 64)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        reader_conn = await aiosqlite.Connection(lambda: _reader(path), 64)
+        usage = await run_on(writer_conn, store.usage)
+        writer = Writer(writer_conn, usage)
+        approvals = Approvals()
+        service = Service(config, writer, reader_conn, approvals)
+        handlers: dict[str, Any] = {
+            "initialize": service.initialize,
+            "memory/add": service.add,
+            "memory/replace": service.replace,
+            "memory/remove": service.remove,
+            "memory/consolidate": service.consolidate,
+            "memory/seed": service.seed,
+            "memory/query": service.query,
+            "memory/budgets": service.budgets,
+            "memory/list": service.list,
+            "audit/list": service.audit_list,
+            "approval/decided": service.approval_decided,
+            "approval/subscribe": service.approval_subscribe,
+            "daemon/status": service.status,
+        }
+        handlers.update(extra_handlers or {})
+        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd)
+
+    def new_connection(self, send: Any, name: str) -> Connection:
+        return Connection(send, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
+
+    async def _serve_connection(self, conn: Connection, chunks: Any) -> None:
+        self.connections.add(conn)
+        self.service.connections = len(self.connections)
+        try:
+            await conn.serve(chunks)
+        finally:
+            self.connections.discard(conn)
+            self.service.connections = len(self.connections)
+
+    async def _serve_socket_client(self, stream: SocketStream) -> None:
+        async with stream:
+            conn = self.new_connection(stream.send, "socket")
+
+            async def chunks() -> Any:
+                while True:
+                    try:
+                        data = await stream.receive(65536)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return
+                    yield data
+
+            await self._serve_connection(conn, chunks())
+
+    async def run(self, *, stdio: bool) -> None:
+        async with anyio.create_task_group() as root:
+            root.start_soon(self.writer.run)
+            try:
+                async with anyio.create_task_group() as serving:
+                    serving.start_soon(self._watch_signals)
+                    if stdio:
+                        serving.start_soon(self._serve_stdio)
+                    else:
+                        await self._start_listener(serving)
+                    sd_notify("READY=1")
+                    log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
+                             self.config.db_path)
+                    await self.stopping.wait()
+                    sd_notify("STOPPING=1")
+                    await self._drain(serving)
+            finally:
+                self.writer.close()
+        await self.close()
+
+    async def _start_listener(self, tg: TaskGroup) -> None:
+        sock = inherited_listener()
+        if sock is None:
+            path = self.config.socket_path
+            sock = bind_unix(path, private_dir=path == default_socket_path())
+            self._socket_path: Path | None = path
+        else:
+            self._socket_path = None
+        listener = await listener_from(sock)
+        self._listener_scope = anyio.CancelScope()
+
+        async def accept() -> None:
+            with self._listener_scope:
+                async with listener:
+                    await listener.serve(self._serve_socket_client, task_group=tg)
+
+        tg.start_soon(accept)
+
+    async def _serve_stdio(self) -> None:
+        # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
+        # stderr, so a stray print() anywhere cannot corrupt the stream.
+        out_fd = os.dup(1)
+        os.dup2(2, 1)
+        fds = FdStream(0, out_fd)
+        conn = self.new_connection(fds.send, "stdio")
+        try:
+            await self._serve_connection(conn, fds.chunks())
+        finally:
+            self.stopping.set()
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                self.stopping.set()
+                return
+
+    async def _drain(self, serving: TaskGroup) -> None:
+        """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
+        scope = getattr(self, "_listener_scope", None)
+        if scope is not None:
+            scope.cancel()
+        path = getattr(self, "_socket_path", None)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.approvals.cancel_all("cancelled")
+        with anyio.move_on_after(10):
+            while self.approvals.pending or self.writer.depth:
+                await anyio.sleep(0.01)
+        serving.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.reader_conn.close()
+            with contextlib.suppress(Exception):
+                await run_on(self.writer_conn, lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+            await self.writer_conn.close()
+        os.close(self.lock_fd)

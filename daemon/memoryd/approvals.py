@@ -1,0 +1,124 @@
+"""Pending approvals: the daemon → client half of the write gate.
+
+The shape is a pending table keyed by approval id (as MCP's server-to-client requests):
+each waiter has a timeout, a ``finally`` removes it on every path so a late decision is
+refused rather than leaked, and a closing connection wakes every waiter it was asked of.
+Waiting here never holds the writer: the single writer only sees approved work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.payloads import normalize_outcome
+from memoryd_protocol.types import ApprovalAsked, ApprovalResolved
+
+log = logging.getLogger("memoryd.approvals")
+
+
+class Peer(Protocol):
+    """What approvals need of a connection."""
+
+    id: int
+    can_approve: bool
+    gone: bool
+
+    async def notify(self, method: str, params: object) -> None: ...
+
+
+#: Set by the connection for the request being served: called when the request parks on
+#: an approval, so the connection may serve its next line (the decision) meanwhile.
+release_turn: ContextVar[Callable[[], None] | None] = ContextVar("release_turn", default=None)
+
+
+@dataclass(eq=False)
+class Pending:
+    asked: ApprovalAsked
+    origin: Peer
+    targets: list[Peer]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: str | None = None
+    decided_by: Peer | None = None
+
+    def resolve(self, outcome: str, by: Peer | None = None) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self.decided_by = by
+            self.done.set()
+
+
+class Approvals:
+    def __init__(self) -> None:
+        self.pending: dict[str, Pending] = {}
+        self.approvers: list[Peer] = []
+
+    def subscribe(self, peer: Peer) -> None:
+        if peer not in self.approvers:
+            self.approvers.append(peer)
+
+    async def ask(self, origin: Peer, asked: ApprovalAsked, timeout: float) -> str:
+        """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
+        targets = [origin] if origin.can_approve else list(self.approvers)
+        if not targets or origin.gone:
+            return "unavailable"
+        p = Pending(asked, origin, targets)
+        self.pending[asked.id] = p
+        try:
+            release = release_turn.get()
+            if release is not None:
+                release()
+            for target in targets:
+                await target.notify("approval/asked", asked)
+            with anyio.move_on_after(timeout):
+                await p.done.wait()
+            if p.outcome is None:
+                p.resolve("cancelled")
+            assert p.outcome is not None
+            return p.outcome
+        finally:
+            self.pending.pop(asked.id, None)
+            if p.outcome is None:
+                p.resolve("cancelled")
+            # Everyone asked who did not decide learns the outcome, so prompts can close.
+            await self._tell_resolved(p)
+
+    async def _tell_resolved(self, p: Pending) -> None:
+        note = ApprovalResolved(id=p.asked.id, outcome=p.outcome or "cancelled")
+        with anyio.CancelScope(shield=True):
+            for target in p.targets:
+                if target is not p.decided_by:
+                    await target.notify("approval/resolved", note)
+
+    def decide(self, peer: Peer, approval_id: str, outcome: object) -> None:
+        p = self.pending.get(approval_id)
+        if p is None or p.outcome is not None or peer not in p.targets:
+            # One message for all three cases, so a foreign connection learns nothing.
+            raise InvalidInput("no pending approval with this id was asked of this connection", "id")
+        p.resolve(normalize_outcome(outcome), peer)
+
+    def connection_closed(self, peer: Peer) -> None:
+        if peer in self.approvers:
+            self.approvers.remove(peer)
+        for p in list(self.pending.values()):
+            if p.origin is peer:
+                p.resolve("unavailable")
+            elif peer in p.targets:
+                p.targets.remove(peer)
+                if not p.targets:
+                    p.resolve("unavailable")
+
+    def cancel_all(self, outcome: str = "cancelled") -> None:
+        for p in list(self.pending.values()):
+            p.resolve(outcome)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+
+AskFn = Callable[[Peer, ApprovalAsked, float], Awaitable[str]]

@@ -1,0 +1,154 @@
+"""Configuration: TOML file + command-line overrides, validated once at start.
+
+Unknown keys and bad values are refused with a message naming the key, so a typo never
+silently falls back to a default (a default write policy of ``auto`` would be a security
+bug, not a convenience).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memoryd_protocol.constants import (
+    DEFAULT_APPROVAL_TIMEOUT_S,
+    DEFAULT_BUDGETS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    GRID,
+    PROPOSAL_MAX_PENDING,
+    PROPOSAL_MAX_TEXT,
+    QUERY_DEFAULT_LIMIT,
+    QUERY_HARD_CAP,
+    SCOPES,
+    TRACKS,
+    WRITE_POLICIES,
+)
+from memoryd_protocol.paths import default_db_path, default_socket_path
+
+
+class ConfigError(ValueError):
+    """A configuration file or option that memoryd refuses to start with."""
+
+
+_POLICY_RANK = {"auto": 0, "ask": 1, "off": 2}
+
+
+@dataclass
+class Config:
+    db_path: Path = field(default_factory=default_db_path)
+    socket_path: Path = field(default_factory=default_socket_path)
+    write_policy: str = "ask"
+    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+    language: str = "en"
+    max_entries_per_query: int = QUERY_DEFAULT_LIMIT
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    budgets: dict[tuple[str, str], int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+    write_policies: dict[str, str] = field(default_factory=dict)
+    proposal_max_text: int = PROPOSAL_MAX_TEXT
+    proposal_max_pending: int = PROPOSAL_MAX_PENDING
+
+    def policy_for(self, track: str, scope: str, source: str) -> str:
+        """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
+        by_source = self.write_policies.get(f"source:{source}")
+        if by_source is not None:
+            return by_source
+        return self.write_policies.get(f"{track}/{scope}", self.write_policy)
+
+    def strictest(self, policies: list[str]) -> str:
+        return max(policies, key=_POLICY_RANK.__getitem__) if policies else self.write_policy
+
+
+def _int(key: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"config: {key} must be an integer from {lo} to {hi}, got {value!r}")
+    return value
+
+
+def _policy(key: str, value: Any) -> str:
+    if value not in WRITE_POLICIES:
+        raise ConfigError(f"config: {key} must be one of ask, auto, off, got {value!r}")
+    return str(value)
+
+
+def _path(key: str, value: Any) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"config: {key} must be a non-empty path string, got {value!r}")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ConfigError(f"config: {key} must be an absolute path, got {value!r}")
+    return path
+
+
+def load(path: Path | None) -> Config:
+    cfg = Config()
+    if path is None:
+        return cfg
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    apply(cfg, raw)
+    return cfg
+
+
+def apply(cfg: Config, raw: dict[str, Any]) -> None:
+    for key, value in raw.items():
+        if key == "db_path":
+            cfg.db_path = _path(key, value)
+        elif key == "socket_path":
+            cfg.socket_path = _path(key, value)
+        elif key == "write_policy":
+            cfg.write_policy = _policy(key, value)
+        elif key == "approval_timeout_s":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+                raise ConfigError(f"config: approval_timeout_s must be a number of seconds in (0, 86400], got {value!r}")
+            cfg.approval_timeout_s = float(value)
+        elif key == "language":
+            if value not in ("en", "zh"):
+                raise ConfigError(f"config: language must be en or zh, got {value!r}")
+            cfg.language = value
+        elif key == "max_entries_per_query":
+            cfg.max_entries_per_query = _int(key, value, 1, QUERY_HARD_CAP)
+        elif key == "max_message_bytes":
+            cfg.max_message_bytes = _int(key, value, 1024, 256 * 1024 * 1024)
+        elif key == "proposal_max_text":
+            cfg.proposal_max_text = _int(key, value, 1, 100_000)
+        elif key == "proposal_max_pending":
+            cfg.proposal_max_pending = _int(key, value, 1, 1000)
+        elif key == "budgets":
+            _budgets(cfg, value)
+        elif key == "write_policies":
+            _write_policies(cfg, value)
+        else:
+            raise ConfigError(f"config: unknown key {key!r}")
+
+
+def _budgets(cfg: Config, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError("config: [budgets] must be a table")
+    for track, scopes in value.items():
+        if track not in TRACKS:
+            raise ConfigError(f"config: unknown budget track {track!r} (expected user or agent)")
+        if not isinstance(scopes, dict):
+            raise ConfigError(f"config: [budgets.{track}] must be a table")
+        for scope_key, limit in scopes.items():
+            scope = scope_key.replace("_", "-")
+            if scope not in SCOPES:
+                raise ConfigError(f"config: unknown budget scope {scope_key!r} in [budgets.{track}]")
+            cfg.budgets[(track, scope)] = _int(f"budgets.{track}.{scope_key}", limit, 0, 10_000_000)
+
+
+def _write_policies(cfg: Config, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError("config: [write_policies] must be a table")
+    cells = {f"{t}/{s}" for t, s in GRID}
+    for key, policy in value.items():
+        if not (key in cells or (key.startswith("source:") and len(key) > len("source:"))):
+            raise ConfigError(f"config: write_policies key {key!r} must be track/scope or source:<name>")
+        cfg.write_policies[key] = _policy(f"write_policies.{key}", policy)

@@ -1,0 +1,88 @@
+"""One session object per connection, the same for the socket and stdio.
+
+Lines are served in order, each in its own task: a request waits for its predecessor to
+finish *or to park on an approval* (see ``approvals.release_turn``), so a pipelined client
+sees its requests applied in the order it sent them, while a write waiting for a human
+never stops the connection from reading the ``approval/decided`` that releases it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from .approvals import Approvals, release_turn
+from .framing import OVERSIZE, lines
+from .rpc import OVERSIZE_LINE, Dispatcher, encode_notification
+
+log = logging.getLogger("memoryd.connection")
+_ids = itertools.count(1)
+
+
+class Connection:
+    def __init__(self, send: Callable[[bytes], Awaitable[None]], dispatcher: Dispatcher, approvals: Approvals,
+                 max_bytes: int, name: str = "socket") -> None:
+        self.id = next(_ids)
+        self.name = name
+        self.can_approve = True
+        self.initialized = False
+        self.closed = False
+        #: the peer sent EOF: it can no longer answer approvals (replies may still go out)
+        self.gone = False
+        self._send = send
+        self._lock = anyio.Lock()
+        self._dispatcher = dispatcher
+        self._approvals = approvals
+        self._max_bytes = max_bytes
+
+    async def send_line(self, data: bytes) -> None:
+        if self.closed:
+            return
+        async with self._lock:
+            try:
+                await self._send(data + b"\n")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                # The peer went away; the request still completes, only its reply is lost.
+                self.closed = True
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self.send_line(encode_notification(method, params))
+
+    async def serve(self, chunks: AsyncIterable[bytes]) -> None:
+        log.debug("connection %d (%s) opened", self.id, self.name)
+        try:
+            async with anyio.create_task_group() as tg:
+                prev = anyio.Event()
+                prev.set()
+                try:
+                    async for line in lines(chunks, self._max_bytes):
+                        if line is OVERSIZE:
+                            await self.send_line(OVERSIZE_LINE)
+                            continue
+                        turn = anyio.Event()
+                        tg.start_soon(self._handle, line, prev, turn)
+                        prev = turn
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    log.debug("connection %d read failed: %s", self.id, exc)
+                finally:
+                    self.gone = True
+                    # Waiters asked of this connection get "unavailable" and finish.
+                    self._approvals.connection_closed(self)
+        finally:
+            self._approvals.connection_closed(self)
+            log.debug("connection %d closed", self.id)
+
+    async def _handle(self, line: bytes, prev: anyio.Event, turn: anyio.Event) -> None:
+        await prev.wait()
+        token = release_turn.set(turn.set)
+        try:
+            reply = await self._dispatcher.handle_line(self, line)
+            if reply is not None:
+                await self.send_line(reply)
+        finally:
+            release_turn.reset(token)
+            turn.set()

@@ -1,0 +1,172 @@
+"""JSON-RPC: decode a line, dispatch through jsonrpcserver, encode the reply.
+
+This module is the single place where exceptions become wire errors. Protocol errors keep
+their code and details; msgspec validation failures become INVALID_INPUT with the
+``$.path`` of the bad field; anything unexpected becomes -32603 with a fixed message and
+its traceback goes to the log, never onto the wire.
+
+jsonrpcserver supplies the JSON-RPC state machine (method lookup, notifications, ids);
+msgspec supplies parsing and typed params, with one converter per method built at
+start-up. jsonrpcserver's own jsonschema request validator is replaced by a shape check
+that costs a few dict lookups.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+from jsonrpcserver import JsonRpcError, Success, async_dispatch_to_response
+from memoryd_protocol.constants import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RPC_LEVEL_CODES
+from memoryd_protocol.errors import InvalidInput, ProtocolError, WriteRequiresAgent
+from memoryd_protocol.types import PARAMS
+from oslash.either import Left  # type: ignore[import-untyped]
+
+log = logging.getLogger("memoryd.rpc")
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+def rpc_error(code: int, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message,
+            "data": {"code": RPC_LEVEL_CODES[code], "message": message, "details": details or {}}}
+
+
+def encode_error(error: dict[str, Any], id_: Any = None) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "id": id_, "error": error})
+
+
+def encode_notification(method: str, params: Any) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+PARSE_ERROR_LINE = encode_error(rpc_error(PARSE_ERROR, "Parse error"))
+OVERSIZE_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: message exceeds the maximum size"))
+
+
+def _check_shape(request: Any) -> Any:
+    """JSON-RPC 2.0 request object shape (raising makes jsonrpcserver answer -32600)."""
+    if not isinstance(request, dict) or request.get("jsonrpc") != "2.0":
+        raise ValueError("not a JSON-RPC 2.0 request")
+    if not isinstance(request.get("method"), str):
+        raise ValueError("method must be a string")
+    if "params" in request and not isinstance(request["params"], dict | list):
+        raise ValueError("params must be an object or array")
+    if "id" in request:
+        id_ = request["id"]
+        if isinstance(id_, bool) or not (id_ is None or isinstance(id_, str | int | float)):
+            raise ValueError("id must be a string, number or null")
+    return request
+
+
+def _field_of(exc: msgspec.ValidationError) -> str | None:
+    """``$.input.track`` from msgspec's "… - at `$.input.track`" as ``input.track``."""
+    _, sep, where = str(exc).rpartition(" - at `$")
+    return where.rstrip("`").lstrip(".") or None if sep else None
+
+
+def _to_jsonrpc_error(exc: ProtocolError) -> JsonRpcError:
+    wire = exc.to_wire()
+    return JsonRpcError(wire["code"], wire["message"], wire["data"])
+
+
+class Dispatcher:
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        unknown = set(handlers) - set(PARAMS)
+        if unknown:
+            raise ValueError(f"handlers for methods outside wire-v1: {sorted(unknown)}")
+        self.methods = {name: self._wrap(name, h) for name, h in handlers.items()}
+
+    @staticmethod
+    def _wrap(name: str, handler: Handler) -> Callable[..., Awaitable[Any]]:
+        params_type = PARAMS[name]
+        is_write = "write" in params_type.__struct_fields__
+
+        async def method(peer: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                if args:
+                    raise InvalidInput("params must be an object (by-name), not an array")
+                if is_write:
+                    write = kwargs.get("write")
+                    if write is None or (isinstance(write, dict) and write.get("agent") is None):
+                        raise WriteRequiresAgent()
+                try:
+                    params = msgspec.convert(kwargs, params_type)
+                except msgspec.ValidationError as exc:
+                    raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
+                return Success(await handler(peer, params))
+            except ProtocolError as exc:
+                raise _to_jsonrpc_error(exc) from None
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:
+                log.exception("internal error in %s", name)
+                raise JsonRpcError(INTERNAL_ERROR, "Internal error",
+                                   {"code": "INTERNAL_ERROR", "message": "Internal error", "details": {}}) from None
+
+        return method
+
+    async def handle_line(self, peer: Any, line: bytes) -> bytes | None:
+        """One NDJSON line in, at most one line out (None for notifications)."""
+        try:
+            obj = _decoder.decode(line)
+        except msgspec.DecodeError:
+            # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them
+            # to reach validation and come back as INVALID_INPUT, so try the lenient parser.
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                return PARSE_ERROR_LINE
+        if isinstance(obj, list):
+            if not obj:
+                return encode_error(rpc_error(INVALID_REQUEST, "Invalid request: empty batch"))
+            replies: list[Any] = [None] * len(obj)
+
+            async def one(n: int, item: Any) -> None:
+                replies[n] = await self._dispatch(peer, item)
+
+            async with anyio.create_task_group() as tg:
+                for n, item in enumerate(obj):
+                    tg.start_soon(one, n, item)
+            out = [r for r in replies if r is not None]
+            return _encoder.encode(out) if out else None
+        reply = await self._dispatch(peer, obj)
+        return None if reply is None else _encoder.encode(reply)
+
+    async def _dispatch(self, peer: Any, obj: Any) -> dict[str, Any] | None:
+        response = await async_dispatch_to_response(
+            "",
+            self.methods,
+            context=peer,
+            deserializer=lambda _: obj,
+            validator=_check_shape,
+        )
+        if response is None:
+            return None
+        if isinstance(response, Left):
+            err = response._error
+            data = err.data
+            if not isinstance(data, dict):
+                code = err.code
+                if code == METHOD_NOT_FOUND:
+                    message = "Method not found"
+                    details = {"method": str(data)}
+                elif code == INVALID_REQUEST:
+                    message = "Invalid request"
+                    details = {}
+                else:
+                    code = INTERNAL_ERROR
+                    message = "Internal error"
+                    details = {}
+                return {"jsonrpc": "2.0", "id": err.id, "error": rpc_error(code, message, details)}
+            return {"jsonrpc": "2.0", "id": err.id,
+                    "error": {"code": err.code, "message": err.message, "data": data}}
+        ok = response._value
+        return {"jsonrpc": "2.0", "id": ok.id, "result": ok.result}

@@ -1,0 +1,533 @@
+"""The protocol pipeline: validation → budget pre-check → approval → writer commit → events.
+
+One Service per daemon. Each method takes the calling connection (a ``Peer``) and its
+decoded params, and returns a wire Struct or raises a ProtocolError. Reads go to the read
+connection; every mutation is a job for the single writer, and every job re-checks what
+the approval was granted on (the entry *by id*, the budget against current usage) before
+it touches a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiosqlite
+import anyio
+from memoryd_protocol import payloads
+from memoryd_protocol.constants import (
+    ALLOWED_ONCE,
+    AUDIT_DEFAULT_LIMIT,
+    AUDIT_HARD_CAP,
+    GRID,
+    MAX_IMPORT_ENTRIES,
+    PROTOCOL,
+    QUERY_HARD_CAP,
+    STORE_SCHEMA_VERSION,
+)
+from memoryd_protocol.errors import EntryNotFound, InvalidInput, WriteDenied
+from memoryd_protocol.text import normalize_agent_key, normalize_tags, normalize_workspace_key, utf16_len
+from memoryd_protocol.types import (
+    AddParams,
+    ApprovalAsked,
+    ApprovalDecidedParams,
+    AuditListParams,
+    AuditRow,
+    BudgetRow,
+    ConsolidateParams,
+    ConsolidateResult,
+    DaemonStatus,
+    Empty,
+    Entry,
+    EntryInput,
+    InitializeParams,
+    InitializeResult,
+    MemoryAdded,
+    MemoryRecalled,
+    MemoryRemoved,
+    MemoryUpdated,
+    QueryParams,
+    QueryResult,
+    RemoveParams,
+    ReplaceParams,
+    ReplaceResult,
+    SeedParams,
+    SeedResult,
+    ServerInfo,
+    StoreInfo,
+    WriteResult,
+)
+from memoryd_protocol.validation import (
+    SessionView,
+    check_batch_budget,
+    check_budget,
+    check_match,
+    check_source,
+    check_text,
+    resolve_one,
+    target_keys,
+    writer_view,
+)
+
+from . import store
+from .approvals import Approvals, Peer
+from .config import Config
+from .writer import Usage, Writer, run_on
+
+log = logging.getLogger("memoryd.service")
+T = TypeVar("T")
+
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Approved:
+    """What an approval was granted on: the audit label and the effective policy."""
+
+    label: str
+    policy: str
+
+
+class Service:
+    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals) -> None:
+        self.config = config
+        self.writer = writer
+        self.reader = reader
+        self.approvals = approvals
+        self.started = time.monotonic()
+        self.connections = 0
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await run_on(self.reader, fn)
+
+    def limit(self, track: str, scope: str) -> int:
+        return self.config.budgets[(track, scope)]
+
+    def row(self, usage: Usage, track: str, scope: str) -> BudgetRow:
+        return BudgetRow(track=track, scope=scope, used=usage.get((track, scope), 0), limit=self.limit(track, scope))  # type: ignore[arg-type]
+
+    def budget_rows(self) -> list[BudgetRow]:
+        usage = self.writer.usage
+        return [self.row(usage, t, s) for t, s in GRID]
+
+    async def visible(self, view: SessionView, track: str, scope: str) -> list[Entry]:
+        cell = await self.read(lambda c: store.cell_entries(c, track, scope))
+        return [e for e in cell if view.sees(e.scope, e.workspace_key, e.agent_key)]
+
+    async def resolve(self, view: SessionView, track: str, scope: str, match: str) -> Entry:
+        entries = await self.visible(view, track, scope)
+        by_id = {e.id: e for e in entries}
+        return by_id[resolve_one(((e.id, e.text) for e in entries), track, scope, match)]
+
+    async def approve(
+        self,
+        peer: Peer,
+        view: SessionView,
+        *,
+        action: str,
+        track: str,
+        scope: str,
+        text: str,
+        source: str,
+        policy: str,
+        entry_id: str | None = None,
+        count: int | None = None,
+    ) -> Approved:
+        """The gate. Returns only for ``allowed-once``; a denial is audited, then raised."""
+        if policy == "auto":
+            return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
+        if policy == "off":
+            outcome = "rejected"
+        else:
+            asked = ApprovalAsked(
+                id=store.new_id(),
+                action=action,  # type: ignore[arg-type]
+                track=track,
+                scope=scope,
+                text=text,
+                source=source,
+                session_id=view.session_id,
+                reason=payloads.reason(action, track, scope, source, text, count),
+                count=count,
+            )
+            try:
+                outcome = await self.approvals.ask(peer, asked, self.config.approval_timeout_s)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
+                raise
+        if outcome == ALLOWED_ONCE:
+            return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
+        await self._deny(view, action, track, scope, text, source, entry_id, outcome, policy)
+        raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
+
+    async def _deny(
+        self,
+        view: SessionView,
+        action: str,
+        track: str,
+        scope: str,
+        text: str,
+        source: str,
+        entry_id: str | None,
+        outcome: str,
+        policy: str,
+    ) -> None:
+        label = payloads.outcome_label(outcome, policy)
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> None:
+            store.audit(
+                conn,
+                f"{action}-denied",
+                track=track,
+                scope=scope,
+                entry_id=entry_id,
+                text=text,
+                outcome=label,
+                source=source,
+                session_id=view.session_id,
+            )
+
+        await self.writer.submit(job)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def initialize(self, peer: Any, p: InitializeParams) -> InitializeResult:
+        if p.protocol is not None and p.protocol != PROTOCOL:
+            raise InvalidInput(f"unsupported protocol {p.protocol!r}; this daemon speaks {PROTOCOL}", "protocol")
+        if p.capabilities is not None:
+            peer.can_approve = p.capabilities.approvals
+        peer.initialized = True
+        return InitializeResult(
+            protocol=PROTOCOL,
+            server=ServerInfo(name="memoryd", version=VERSION),
+            schema_version=STORE_SCHEMA_VERSION,
+            write_policy=self.config.write_policy,  # type: ignore[arg-type]
+            budgets=self.budget_rows(),
+        )
+
+    async def status(self, peer: Peer, p: Any) -> DaemonStatus:
+        return DaemonStatus(
+            version=VERSION,
+            uptime_s=round(time.monotonic() - self.started, 3),
+            connections=self.connections,
+            pending_approvals=len(self.approvals),
+            queue_depth=self.writer.depth,
+            store=StoreInfo(path=str(self.config.db_path), schema_version=STORE_SCHEMA_VERSION),
+        )
+
+    async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:
+        self.approvals.decide(peer, p.id, p.outcome)
+        return Empty()
+
+    async def approval_subscribe(self, peer: Peer, p: Any) -> Empty:
+        self.approvals.subscribe(peer)
+        return Empty()
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def budgets(self, peer: Peer, p: Any) -> list[BudgetRow]:
+        return self.budget_rows()
+
+    async def list(self, peer: Peer, p: Any) -> list[Entry]:
+        return await self.read(store.list_entries)
+
+    async def audit_list(self, peer: Peer, p: AuditListParams) -> list[AuditRow]:
+        limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
+        return await self.read(lambda c: store.audit_list(c, limit))
+
+    async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
+        f = p.filter
+        o = p.opts
+        text = f.text if f and f.text else None
+        if text is not None:
+            if not text.strip():
+                text = None
+            else:
+                check_match(text, "filter.text")
+        limit = min(f.limit if f and f.limit else self.config.max_entries_per_query, QUERY_HARD_CAP)
+        session_id = o.session_id if o else None
+        if session_id is not None:
+            check_match(session_id, "opts.sessionId")
+        agent_key = normalize_agent_key(o.agent_key) if o and o.agent_key is not None else None
+        workspace_key = normalize_workspace_key(o.workspace_key) if o and o.workspace_key is not None else None
+        track = f.track if f else None
+        scope = f.scope if f else None
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> tuple[list[Entry], int]:
+            hits = store.query(
+                conn, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key
+            )
+            page = hits[:limit]
+            ts = store.now_ms()
+            store.bump_recalls(conn, [e.id for e in page], ts)
+            for e in page:
+                e.recall_count += 1
+                e.last_recalled = ts
+            if session_id is not None:
+                store.audit(
+                    conn,
+                    "recalled",
+                    track=track,
+                    scope=scope,
+                    entry_id=None,
+                    text=text or "",
+                    outcome=None,
+                    source=None,
+                    session_id=session_id,
+                    ts=ts,
+                )
+            return page, len(hits)
+
+        # Recall counters are ranking metadata: committed atomically, but without waiting
+        # for an fsync of their own (durable=False).
+        page, total = await self.writer.submit(job, durable=False)
+        if session_id is not None:
+            await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=page, session_id=session_id))
+        return QueryResult(entries=page, total=total, truncated=total > len(page))
+
+    # --- writes ------------------------------------------------------------------------
+
+    def new_entry(
+        self,
+        view: SessionView,
+        *,
+        track: str,
+        scope: str,
+        text: str,
+        source: str,
+        tags: list[str],
+        workspace_key: str,
+        agent_key: str,
+        ts: int,
+    ) -> Entry:
+        return Entry(
+            id=store.new_id(),
+            track=track,  # type: ignore[arg-type]
+            scope=scope,  # type: ignore[arg-type]
+            workspace_key=workspace_key,
+            agent_key=agent_key,
+            text=text,
+            source=source,
+            tags=tags,
+            version=1,
+            created_at=ts,
+            updated_at=ts,
+            last_recalled=None,
+            recall_count=0,
+            session_id=view.session_id,
+        )
+
+    async def add(self, peer: Peer, p: AddParams) -> WriteResult:
+        view = writer_view(p.write)
+        i = p.input
+        text = check_text(i.text)
+        tags = normalize_tags(i.tags)
+        source = check_source(i.source)
+        wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=True)
+        delta = utf16_len(text)
+        check_budget(i.track, i.scope, self.writer.usage.get((i.track, i.scope), 0), self.limit(i.track, i.scope), delta)
+        ok = await self.approve(
+            peer, view, action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
+            policy=self.config.policy_for(i.track, i.scope, source),
+        )
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
+            cell = (i.track, i.scope)
+            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
+            e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
+                               workspace_key=wk, agent_key=ak, ts=store.now_ms())
+            store.insert_entry(conn, e)
+            store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
+                        source=source, session_id=view.session_id, ts=e.created_at)
+            usage[cell] = usage.get(cell, 0) + delta
+            return WriteResult(entry=e, usage=self.row(usage, *cell))
+
+        result = await self.writer.submit(job)
+        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
+        return result
+
+    @staticmethod
+    def still_same(conn: sqlite3.Connection, approved: Entry) -> Entry:
+        """The approved entry, re-read by id, unchanged since the human saw it."""
+        current = store.get_entry(conn, approved.id)
+        if current is None:
+            raise EntryNotFound(
+                "the approved entry was removed while the approval was pending",
+                {"track": approved.track, "scope": approved.scope, "entryId": approved.id},
+            )
+        if current.text != approved.text or current.version != approved.version:
+            raise EntryNotFound(
+                "the approved entry changed while the approval was pending",
+                {"track": approved.track, "scope": approved.scope, "entryId": approved.id},
+            )
+        return current
+
+    async def replace(self, peer: Peer, p: ReplaceParams) -> ReplaceResult:
+        view = writer_view(p.write)
+        i = p.input
+        match = check_match(i.match)
+        text = check_text(i.text)
+        tags = normalize_tags(i.tags) if i.tags is not None else None
+        target = await self.resolve(view, i.track, i.scope, match)
+        delta = utf16_len(text) - utf16_len(target.text)
+        cell = (i.track, i.scope)
+        check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
+        ok = await self.approve(
+            peer, view, action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
+            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+        )
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> ReplaceResult:
+            previous = self.still_same(conn, target)
+            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
+            ts = max(store.now_ms(), previous.updated_at)
+            e = Entry(**{f: getattr(previous, f) for f in Entry.__struct_fields__})
+            e.text = text
+            e.tags = tags if tags is not None else list(previous.tags)
+            e.version = previous.version + 1
+            e.updated_at = ts
+            e.session_id = view.session_id
+            store.update_entry(conn, e)
+            store.audit(conn, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
+                        outcome=ok.label, source=e.source, session_id=view.session_id, ts=ts)
+            usage[cell] = usage.get(cell, 0) + delta
+            return ReplaceResult(previous=previous, entry=e, usage=self.row(usage, *cell))
+
+        result = await self.writer.submit(job)
+        await peer.notify("memory/updated", MemoryUpdated(previous=result.previous, entry=result.entry))
+        return result
+
+    async def remove(self, peer: Peer, p: RemoveParams) -> WriteResult:
+        view = writer_view(p.write)
+        i = p.input
+        match = check_match(i.match)
+        target = await self.resolve(view, i.track, i.scope, match)
+        cell = (i.track, i.scope)
+        ok = await self.approve(
+            peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
+            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+        )
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
+            previous = self.still_same(conn, target)
+            store.delete_entry(conn, previous.id)
+            store.audit(conn, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
+                        text=previous.text, outcome=ok.label, source=previous.source, session_id=view.session_id)
+            usage[cell] = usage.get(cell, 0) - utf16_len(previous.text)
+            return WriteResult(entry=previous, usage=self.row(usage, *cell))
+
+        result = await self.writer.submit(job)
+        await peer.notify("memory/removed", MemoryRemoved(entry=result.entry))
+        return result
+
+    async def consolidate(self, peer: Peer, p: ConsolidateParams) -> ConsolidateResult:
+        view = writer_view(p.write)
+        i = p.input
+        matches = [check_match(m, f"matches[{n}]") for n, m in enumerate(i.matches)]
+        text = check_text(i.text)
+        tags = normalize_tags(i.tags)
+        entries = await self.visible(view, i.track, i.scope)
+        by_id = {e.id: e for e in entries}
+        targets: list[Entry] = []
+        for m in matches:
+            t = by_id[resolve_one(((e.id, e.text) for e in entries), i.track, i.scope, m)]
+            if any(t.id == x.id for x in targets):
+                raise InvalidInput("two matches resolve to the same entry", "matches")
+            targets.append(t)
+        cell = (i.track, i.scope)
+        delta = utf16_len(text) - sum(utf16_len(t.text) for t in targets)
+        check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
+        agent_keys = {t.agent_key for t in targets}
+        ak = agent_keys.pop() if len(agent_keys) == 1 else ""
+        wk = view.workspace_key if i.scope == "workspace" else ""
+        source = check_source(None)
+        ok = await self.approve(
+            peer, view, action="consolidate", track=i.track, scope=i.scope,
+            text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
+            source=source, policy=self.config.policy_for(i.track, i.scope, source), count=None,
+        )
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
+            removed = [self.still_same(conn, t) for t in targets]
+            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
+            ts = store.now_ms()
+            for r in removed:
+                store.delete_entry(conn, r.id)
+                store.audit(conn, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
+                            outcome=ok.label, source=r.source, session_id=view.session_id, ts=ts)
+            e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
+                               workspace_key=wk, agent_key=ak, ts=ts)
+            store.insert_entry(conn, e)
+            store.audit(conn, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
+                        outcome=ok.label, source=source, session_id=view.session_id, ts=ts)
+            usage[cell] = usage.get(cell, 0) + delta
+            return ConsolidateResult(removed=removed, entry=e, usage=self.row(usage, *cell))
+
+        result = await self.writer.submit(job)
+        for r in result.removed:
+            await peer.notify("memory/removed", MemoryRemoved(entry=r))
+        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
+        return result
+
+    def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None
+                  ) -> list[Entry]:
+        if not inputs:
+            raise InvalidInput("inputs must not be empty", "inputs")
+        if len(inputs) > MAX_IMPORT_ENTRIES:
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per batch", "inputs")
+        planned: list[Entry] = []
+        for n, i in enumerate(inputs):
+            try:
+                text = check_text(i.text)
+                tags = normalize_tags(i.tags)
+                source = check_source(source_override if i.source is None else i.source)
+                wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=False)
+            except InvalidInput as exc:
+                field = exc.details.get("field", "")
+                raise InvalidInput(f"inputs[{n}]: {exc.message}", f"inputs[{n}].{field}" if field else f"inputs[{n}]"
+                                   ) from None
+            planned.append(self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
+                                          workspace_key=wk, agent_key=ak, ts=0))
+        return planned
+
+    async def seed_planned(self, peer: Peer, view: SessionView, planned: list[Entry]) -> SeedResult:
+        deltas: dict[tuple[str, str], int] = {}
+        for e in planned:
+            deltas[(e.track, e.scope)] = deltas.get((e.track, e.scope), 0) + utf16_len(e.text)
+        check_batch_budget(deltas, self.writer.usage, self.config.budgets)
+        text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
+        sources = {e.source for e in planned}
+        source = sources.pop() if len(sources) == 1 else check_source(None)
+        policy = self.config.strictest([self.config.policy_for(e.track, e.scope, e.source) for e in planned])
+        ok = await self.approve(peer, view, action="seed", track="batch", scope="batch", text=text, source=source,
+                                policy=policy, count=len(planned))
+
+        def job(conn: sqlite3.Connection, usage: Usage) -> SeedResult:
+            check_batch_budget(deltas, usage, self.config.budgets)
+            ts = store.now_ms()
+            store.audit(conn, "seed", track="batch", scope="batch", entry_id=None, text=text, outcome=ok.label,
+                        source=source, session_id=view.session_id, ts=ts)
+            for e in planned:
+                e.created_at = e.updated_at = ts
+                store.insert_entry(conn, e)
+                store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
+                            source=e.source, session_id=view.session_id, ts=ts)
+            for cell, d in deltas.items():
+                usage[cell] = usage.get(cell, 0) + d
+            return SeedResult(added=len(planned), entries=planned)
+
+        result = await self.writer.submit(job)
+        for e in result.entries:
+            await peer.notify("memory/added", MemoryAdded(entry=e))
+        return result
+
+    async def seed(self, peer: Peer, p: SeedParams) -> SeedResult:
+        view = writer_view(p.write)
+        return await self.seed_planned(peer, view, self.plan_seed(view, p.inputs))

@@ -1,0 +1,521 @@
+"""The SQLite store: layout, opening (validate → migrate → WAL), and the SQL of every
+operation. Synchronous on purpose: each function runs on the thread that owns its
+connection (the writer's or the reader's), inside a transaction the caller opened.
+
+The layout is dsh-memento's ``memory.db`` schema v4, so either program can open the file.
+memoryd's own table (``memoryd_snapshots``) is versioned by ``meta.memoryd_schema``; the
+reference ignores both, and ``meta.schema_version`` stays 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from memoryd_protocol.constants import GRID, MEMORYD_SCHEMA_VERSION, STORE_SCHEMA_VERSION
+from memoryd_protocol.errors import StoreCorrupt, StoreUnsupportedVersion
+from memoryd_protocol.text import utf16_len
+from memoryd_protocol.types import AuditRow, Entry, Proposal
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+ENTRY_COLUMNS = (
+    "id, track, scope, workspace_key, text, source, created_at, updated_at, session_id, "
+    "agent_key, last_recalled, recall_count, tags, version"
+)
+PROPOSAL_COLUMNS = (
+    "id, kind, track, scope, workspace_key, text, source, session_id, status, created_at, decided_at, agent_key"
+)
+AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source, session_id"
+
+# Step n creates schema n from schema n-1 (0 = empty file). Each runs in one transaction
+# together with the meta row that records it.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS entries (
+            id TEXT PRIMARY KEY,
+            track TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            workspace_key TEXT NOT NULL DEFAULT '',
+            text TEXT NOT NULL,
+            source TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            session_id TEXT
+        )""",
+        """CREATE TABLE IF NOT EXISTS audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            ts INTEGER NOT NULL,
+            action TEXT NOT NULL,
+            track TEXT,
+            scope TEXT,
+            entry_id TEXT,
+            text TEXT,
+            outcome TEXT,
+            source TEXT,
+            session_id TEXT
+        )""",
+        "CREATE INDEX IF NOT EXISTS entries_track_scope ON entries (track, scope)",
+    ),
+    2: (
+        """CREATE TABLE IF NOT EXISTS proposals (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            track TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            workspace_key TEXT NOT NULL DEFAULT '',
+            text TEXT NOT NULL,
+            source TEXT NOT NULL,
+            session_id TEXT,
+            status TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            decided_at INTEGER,
+            UNIQUE (session_id, kind)
+        )""",
+    ),
+    3: (
+        "ALTER TABLE entries ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE entries ADD COLUMN last_recalled INTEGER",
+        "ALTER TABLE entries ADD COLUMN recall_count INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE proposals ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
+    ),
+    4: (
+        "ALTER TABLE entries ADD COLUMN tags TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE entries ADD COLUMN version INTEGER NOT NULL DEFAULT 1",
+    ),
+}
+
+MEMORYD_TABLES = (
+    """CREATE TABLE IF NOT EXISTS memoryd_snapshots (
+        session_id TEXT PRIMARY KEY,
+        text TEXT NOT NULL,
+        language TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+)
+
+REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
+    1: {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}},
+}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class StoreLocked(Exception):
+    """Another memoryd owns this store."""
+
+
+# --- opening -----------------------------------------------------------------------------
+
+
+def prepare_path(path: Path) -> None:
+    """Create the directory (0700) and the file (0600) before SQLite touches either."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+    else:
+        os.chmod(path, 0o600)
+
+
+def inspect(path: Path) -> int:
+    """The store's schema version (0 for a new, empty file), read without writing a byte.
+
+    Raises StoreCorrupt for anything that is not a readable memory store and
+    StoreUnsupportedVersion for a newer schema.
+    """
+    details = {"path": str(path)}
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise StoreCorrupt(f"store is unreadable: {exc.strerror}", details) from None
+    if magic != SQLITE_MAGIC:
+        raise StoreCorrupt("store is not an SQLite database", details)
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreCorrupt(f"store cannot be opened: {exc}", details) from None
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return 0
+        if "meta" not in tables:
+            raise StoreCorrupt("store has no meta table", details)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            raise StoreCorrupt("store has no schema_version", details)
+        try:
+            version = int(row[0])
+        except (TypeError, ValueError):
+            raise StoreCorrupt("store schema_version is not a number", details) from None
+        if version > STORE_SCHEMA_VERSION:
+            raise StoreUnsupportedVersion(
+                f"store schema version {version} is newer than supported version {STORE_SCHEMA_VERSION}", details
+            )
+        if version < 1:
+            raise StoreCorrupt(f"store schema_version {version} is invalid", details)
+        for table, cols in REQUIRED_COLUMNS[1].items():
+            if table not in tables:
+                raise StoreCorrupt(f"store has no {table} table", details)
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            if not cols <= have:
+                raise StoreCorrupt(f"store table {table} lacks columns {sorted(cols - have)}", details)
+        if version >= 4:
+            for (raw,) in conn.execute("SELECT tags FROM entries"):
+                if parse_tags(raw) is None:
+                    raise StoreCorrupt("store has an entry whose tags column is not a JSON array of strings", details)
+        check = conn.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise StoreCorrupt("store failed its integrity check", details)
+        return version
+    except sqlite3.DatabaseError as exc:
+        raise StoreCorrupt(f"store is unreadable: {exc}", details) from None
+    finally:
+        conn.close()
+
+
+def configure(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.execute("PRAGMA journal_mode = WAL")
+    # An acknowledged write must survive power loss: fsync the WAL at every commit.
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = OFF")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves (group commit, savepoints).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    configure(conn)
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, from_version: int) -> None:
+    """Bring the store to schema v4 one step at a time, each step atomic with its record."""
+    for target in range(from_version + 1, STORE_SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for sql in MIGRATIONS[target]:
+                conn.execute(sql)
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(target),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for sql in MEMORYD_TABLES:
+            conn.execute(sql)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('memoryd_schema', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(MEMORYD_SCHEMA_VERSION),),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def open_store(path: Path) -> tuple[sqlite3.Connection, int]:
+    """Validate, then create or migrate, then open for writing. Returns (conn, old version)."""
+    version = inspect(path)
+    prepare_path(path)
+    conn = connect(path)
+    try:
+        migrate(conn, version)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, version
+
+
+# --- rows --------------------------------------------------------------------------------
+
+
+def parse_tags(raw: Any) -> list[str] | None:
+    if raw is None:
+        return []
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        return None
+    return value
+
+
+def dump_tags(tags: Iterable[str]) -> str:
+    return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
+
+
+def row_to_entry(row: tuple[Any, ...]) -> Entry:
+    tags = parse_tags(row[12])
+    if tags is None:
+        raise StoreCorrupt("an entry's tags column is not a JSON array of strings", {"entryId": row[0]})
+    return Entry(
+        id=row[0],
+        track=row[1],
+        scope=row[2],
+        workspace_key=row[3] or "",
+        text=row[4],
+        source=row[5],
+        created_at=row[6],
+        updated_at=row[7],
+        session_id=row[8],
+        agent_key=row[9] or "",
+        last_recalled=row[10],
+        recall_count=row[11] or 0,
+        tags=tags,
+        version=row[13] or 1,
+    )
+
+
+def row_to_proposal(row: tuple[Any, ...]) -> Proposal:
+    return Proposal(
+        id=row[0],
+        kind=row[1],
+        track=row[2],
+        scope=row[3],
+        workspace_key=row[4] or "",
+        text=row[5],
+        source=row[6],
+        session_id=row[7],
+        status=row[8],
+        created_at=row[9],
+        decided_at=row[10],
+        agent_key=row[11] or "",
+    )
+
+
+def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
+    return AuditRow(
+        seq=row[0],
+        ts=row[1],
+        action=row[2],
+        track=row[3],
+        scope=row[4],
+        entry_id=row[5],
+        text=row[6],
+        outcome=row[7],
+        source=row[8],
+        session_id=row[9],
+    )
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Characters used per track × scope in UTF-16 units (SQLite's length() counts code
+    points, so the sum is done here)."""
+    used = dict.fromkeys(GRID, 0)
+    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
+        cell = (track, scope)
+        used[cell] = used.get(cell, 0) + utf16_len(text)
+    return used
+
+
+def list_entries(conn: sqlite3.Connection) -> list[Entry]:
+    rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY created_at, rowid").fetchall()
+    return [row_to_entry(r) for r in rows]
+
+
+def get_entry(conn: sqlite3.Connection, entry_id: str) -> Entry | None:
+    row = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,)).fetchone()
+    return row_to_entry(row) if row else None
+
+
+def cell_entries(conn: sqlite3.Connection, track: str, scope: str) -> list[Entry]:
+    rows = conn.execute(
+        f"SELECT {ENTRY_COLUMNS} FROM entries WHERE track = ? AND scope = ? ORDER BY created_at, rowid",
+        (track, scope),
+    ).fetchall()
+    return [row_to_entry(r) for r in rows]
+
+
+def audit_list(conn: sqlite3.Connection, limit: int) -> list[AuditRow]:
+    rows = conn.execute(f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+    return [row_to_audit(r) for r in rows]
+
+
+def query(
+    conn: sqlite3.Connection,
+    *,
+    track: str | None,
+    scope: str | None,
+    text: str | None,
+    agent_key: str | None,
+    workspace_key: str | None,
+) -> list[Entry]:
+    """All hits in rank order. SQLite's lower() folds ASCII only (no ICU here), which is
+    exactly the protocol's matching rule; instr() is a plain substring test."""
+    where: list[str] = []
+    args: list[Any] = []
+    if track is not None:
+        where.append("track = ?")
+        args.append(track)
+    if scope is not None:
+        where.append("scope = ?")
+        args.append(scope)
+    if text:
+        where.append("instr(lower(text), lower(?)) > 0")
+        args.append(text)
+    if agent_key is not None:
+        where.append("agent_key IN ('', ?)")
+        args.append(agent_key)
+    if workspace_key is not None:
+        where.append("(scope = 'user-global' OR workspace_key = ?)")
+        args.append(workspace_key)
+    sql = f"SELECT {ENTRY_COLUMNS} FROM entries"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY recall_count DESC, updated_at DESC, id"
+    return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
+
+
+def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
+    if status is None:
+        rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals ORDER BY created_at, rowid").fetchall()
+    else:
+        rows = conn.execute(
+            f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE status = ? ORDER BY created_at, rowid", (status,)
+        ).fetchall()
+    return [row_to_proposal(r) for r in rows]
+
+
+def get_proposal(conn: sqlite3.Connection, proposal_id: str) -> Proposal | None:
+    row = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE id = ?", (proposal_id,)).fetchone()
+    return row_to_proposal(row) if row else None
+
+
+def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT text FROM memoryd_snapshots WHERE session_id = ?", (session_id,)).fetchone()
+    return row[0] if row else None
+
+
+# --- writes (inside the writer's transaction) --------------------------------------------
+
+
+def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    conn.execute(
+        f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            e.id,
+            e.track,
+            e.scope,
+            e.workspace_key,
+            e.text,
+            e.source,
+            e.created_at,
+            e.updated_at,
+            e.session_id,
+            e.agent_key,
+            e.last_recalled,
+            e.recall_count,
+            dump_tags(e.tags),
+            e.version,
+        ),
+    )
+
+
+def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    conn.execute(
+        "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
+        (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
+    )
+
+
+def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
+    conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+
+
+def bump_recalls(conn: sqlite3.Connection, ids: list[str], ts: int) -> None:
+    conn.executemany(
+        "UPDATE entries SET recall_count = recall_count + 1, last_recalled = ? WHERE id = ?",
+        [(ts, i) for i in ids],
+    )
+
+
+def audit(
+    conn: sqlite3.Connection,
+    action: str,
+    *,
+    track: str | None,
+    scope: str | None,
+    entry_id: str | None,
+    text: str | None,
+    outcome: str | None,
+    source: str | None,
+    session_id: str | None,
+    ts: int | None = None,
+) -> None:
+    conn.execute(
+        "INSERT INTO audit (ts, action, track, scope, entry_id, text, outcome, source, session_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (ts if ts is not None else now_ms(), action, track, scope, entry_id, text, outcome, source, session_id),
+    )
+
+
+def insert_proposal(conn: sqlite3.Connection, p: Proposal) -> None:
+    conn.execute(
+        f"INSERT INTO proposals ({PROPOSAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            p.id,
+            p.kind,
+            p.track,
+            p.scope,
+            p.workspace_key,
+            p.text,
+            p.source,
+            p.session_id,
+            p.status,
+            p.created_at,
+            p.decided_at,
+            p.agent_key,
+        ),
+    )
+
+
+def decide_proposal(conn: sqlite3.Connection, proposal_id: str, status: str, ts: int) -> bool:
+    """Pending → ``status``; False when it was not pending (someone else decided first)."""
+    cur = conn.execute(
+        "UPDATE proposals SET status = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+        (status, ts, proposal_id),
+    )
+    return cur.rowcount == 1
+
+
+def freeze_snapshot(conn: sqlite3.Connection, session_id: str, text: str, language: str, ts: int) -> str:
+    """Store the session's snapshot unless one is already frozen; return the frozen text."""
+    conn.execute(
+        "INSERT INTO memoryd_snapshots (session_id, text, language, created_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (session_id) DO NOTHING",
+        (session_id, text, language, ts),
+    )
+    frozen = frozen_snapshot(conn, session_id)
+    assert frozen is not None
+    return frozen

@@ -1,0 +1,145 @@
+"""The single writer: one task owns the write connection; every mutation runs there.
+
+Jobs are plain synchronous functions ``fn(conn, usage) -> result`` executed on the write
+connection's thread. The writer drains whatever is queued and commits it as one
+transaction (group commit) with a savepoint per job, so one job's failure rolls back only
+that job. A job's caller is answered only after COMMIT has returned, i.e. after the WAL
+fsync (``synchronous=FULL``): an acknowledged write survives power loss.
+
+Jobs marked ``durable=False`` (recall bookkeeping of queries) may commit with
+``synchronous=NORMAL``: still atomic, made durable by the next full commit or checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import aiosqlite
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from memoryd_protocol.errors import ProtocolError
+
+log = logging.getLogger("memoryd.writer")
+
+T = TypeVar("T")
+Usage = dict[tuple[str, str], int]
+JobFn = Callable[[sqlite3.Connection, Usage], T]
+MAX_GROUP = 256
+
+
+class WriterClosed(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class _Job(Generic[T]):
+    fn: JobFn[T]
+    durable: bool
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+async def run_on(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn`` on the connection's own thread: one thread hop for a whole transaction.
+
+    aiosqlite exposes only statement-level calls; ``_execute`` is the primitive they are
+    all built on, and it is the one way to keep a multi-statement transaction on the
+    thread that owns the sqlite3 connection without a hop per statement.
+    """
+    raw = conn._conn  # the sqlite3.Connection; only touched from inside fn, on its thread
+    result: T = await conn._execute(fn, raw)
+    return result
+
+
+class Writer:
+    def __init__(self, conn: aiosqlite.Connection, usage: Usage) -> None:
+        self._conn = conn
+        #: committed usage per track × scope; replaced (never mutated) after each commit,
+        #: so readers on the event loop always see a committed state.
+        self.usage: Usage = dict(usage)
+        self._send: ObjectSendStream[_Job[Any]]
+        self._recv: ObjectReceiveStream[_Job[Any]]
+        self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
+        self._full_sync = True
+        self.depth = 0
+        self.commits = 0
+
+    async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
+        job: _Job[T] = _Job(fn, durable)
+        try:
+            self._send.send_nowait(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise WriterClosed("the store is closing") from None
+        self.depth += 1
+        # Once queued, the job runs whatever happens to the caller; wait for it shielded
+        # so a cancelled caller cannot mistake a committed write for a failed one.
+        with anyio.CancelScope(shield=True):
+            await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        result: T = job.result
+        return result
+
+    def close(self) -> None:
+        """Accept no more jobs; ``run`` returns once the queued ones are committed."""
+        self._send.close()
+
+    async def run(self) -> None:
+        async with self._recv:
+            async for job in self._recv:
+                batch: list[_Job[Any]] = [job]
+                while len(batch) < MAX_GROUP:
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await self._commit(batch)
+
+    async def _commit(self, batch: list[_Job[Any]]) -> None:
+        durable = any(j.durable for j in batch)
+        try:
+            with anyio.CancelScope(shield=True):
+                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable))
+            self.commits += 1
+        except Exception:
+            log.exception("group commit of %d job(s) failed", len(batch))
+            for j in batch:
+                if j.error is None:
+                    j.error = RuntimeError("commit failed")
+        finally:
+            self.depth -= len(batch)
+            for j in batch:
+                j.done.set()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool) -> Usage:
+        if durable != self._full_sync:
+            conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+            self._full_sync = durable
+        usage = dict(self.usage)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for job in batch:
+                before = dict(usage)
+                conn.execute("SAVEPOINT job")
+                try:
+                    job.result = job.fn(conn, usage)
+                    conn.execute("RELEASE job")
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    usage = before
+                    if not isinstance(exc, ProtocolError):
+                        log.error("write job failed", exc_info=exc)
+                    job.error = exc
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return usage
