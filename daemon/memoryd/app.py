@@ -19,8 +19,10 @@ from memoryd_protocol.paths import default_socket_path
 
 from . import store
 from .approvals import Approvals
+from .adapter_registry import load_adapters
 from .config import Config
 from .connection import Connection
+from .lifecycle import Lifecycle
 from .rpc import Dispatcher
 from .service import Service
 from .transports import FdStream, bind_unix, inherited_listener, listener_from, sd_notify
@@ -96,6 +98,7 @@ class Daemon:
             "approval/subscribe": service.approval_subscribe,
             "daemon/status": service.status,
         }
+        handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
         return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd)
 
@@ -193,7 +196,8 @@ class Daemon:
                 path.unlink()
         self.approvals.cancel_all("cancelled")
         with anyio.move_on_after(10):
-            while self.approvals.pending or self.writer.depth:
+            # Bounded poll: the denied waiters each need one writer round trip.
+            while self.approvals.pending or self.writer.depth:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         serving.cancel_scope.cancel()
 

@@ -62,7 +62,7 @@ class Approvals:
         if peer not in self.approvers:
             self.approvers.append(peer)
 
-    async def ask(self, origin: Peer, asked: ApprovalAsked, timeout: float) -> str:
+    async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float) -> str:
         """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
         targets = [origin] if origin.can_approve else list(self.approvers)
         if not targets or origin.gone:
@@ -75,7 +75,7 @@ class Approvals:
                 release()
             for target in targets:
                 await target.notify("approval/asked", asked)
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(wait_s):
                 await p.done.wait()
             if p.outcome is None:
                 p.resolve("cancelled")

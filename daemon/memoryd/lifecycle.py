@@ -1,0 +1,269 @@
+"""The rest of the protocol around the core pipeline: frozen snapshots, proposals,
+export/import and adapters. Every mutation still goes through the Service's approval gate
+and the single writer."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from typing import Any
+
+import msgspec
+
+from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
+from memoryd_protocol.errors import InvalidInput, ProposalNotFound
+from memoryd_protocol.snapshot import render
+from memoryd_protocol.text import utf16_len
+from memoryd_protocol.types import (
+    AdapterInfo,
+    Entry,
+    EntryInput,
+    ExportParams,
+    ImportParams,
+    MemoryAdded,
+    MemorySnapshot,
+    Proposal,
+    ProposalApproveParams,
+    ProposalApproveResult,
+    ProposalCreateParams,
+    ProposalDismissParams,
+    ProposalListParams,
+    SeedResult,
+    SnapshotParams,
+    SnapshotResult,
+)
+from memoryd_protocol.validation import check_budget, check_source, check_text, session_view, target_keys, writer_view
+
+from . import store
+from .approvals import Peer
+from .service import Service
+from .writer import Usage
+
+PROPOSAL_SOURCE = "proposal"
+
+
+class _ImportedEntry(msgspec.Struct, rename="camel", kw_only=True):
+    """An envelope entry as import reads it: ids, timestamps and counters are dropped
+    (imports get fresh ones); unknown fields are ignored."""
+
+    track: str
+    scope: str
+    text: str
+    tags: list[str] | None = None
+    source: str | None = None
+    workspace_key: str | None = None
+    agent_key: str | None = None
+
+
+class _Envelope(msgspec.Struct, rename="camel", kw_only=True):
+    schema: str
+    entries: list[Any]
+    plugin: str | None = None
+
+
+class Lifecycle:
+    def __init__(self, service: Service, adapters: dict[str, Any]) -> None:
+        self.s = service
+        self.adapters = adapters
+        #: proposal ids with a decision in flight: the first decision claims the id, a
+        #: concurrent second one is refused at once instead of prompting the human twice.
+        self._deciding: set[str] = set()
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            "memory/snapshot": self.snapshot,
+            "memory/export": self.export,
+            "memory/import": self.import_,
+            "adapters/list": self.adapters_list,
+            "proposals/create": self.proposals_create,
+            "proposals/list": self.proposals_list,
+            "proposals/approve": self.proposals_approve,
+            "proposals/dismiss": self.proposals_dismiss,
+        }
+
+    # --- snapshot ----------------------------------------------------------------------
+
+    async def snapshot(self, peer: Peer, p: SnapshotParams) -> SnapshotResult:
+        view = session_view(p.session)
+        session_id = view.session_id
+        if not session_id or not session_id.strip():
+            raise InvalidInput("session.id is required", "session.id")
+        frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
+        if frozen is not None:
+            return SnapshotResult(text=frozen)
+        language = p.language or self.s.config.language
+
+        def gather(c: sqlite3.Connection) -> tuple[list[Entry], list[Proposal]]:
+            return store.list_entries(c), store.proposals(c, "pending")
+
+        entries, pending = await self.s.read(gather)
+        visible = [(e.track, e.scope, e.text) for e in entries if view.sees(e.scope, e.workspace_key, e.agent_key)]
+        mine = [(x.track, x.scope, x.text) for x in pending if x.session_id == session_id]
+        usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
+        text = render(visible, usage, mine, language)  # type: ignore[arg-type]
+
+        def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
+            existing = store.frozen_snapshot(conn, session_id)
+            if existing is not None:
+                return existing, False
+            ts = store.now_ms()
+            store.freeze_snapshot(conn, session_id, text, language, ts)
+            store.audit(conn, "snapshot", track=None, scope=None, entry_id=None, text=text, outcome=None,
+                        source=None, session_id=session_id, ts=ts)
+            return text, True
+
+        final, first = await self.s.writer.submit(job)
+        if first:
+            await peer.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))
+        return SnapshotResult(text=final)
+
+    # --- proposals ---------------------------------------------------------------------
+
+    async def proposals_create(self, peer: Peer, p: ProposalCreateParams) -> Proposal | None:
+        view = session_view(p.session)
+        session_id = view.session_id
+        if not session_id or not session_id.strip():
+            raise InvalidInput("session.id is required", "session.id")
+        i = p.input
+        text = check_text(i.text)
+        cap = self.s.config.proposal_max_text
+        if utf16_len(text) > cap:
+            raise InvalidInput(f"proposal text longer than {cap} characters", "input.text")
+        kind = check_text(i.kind, "input.kind")
+        source = check_source(i.source)
+        wk, ak = target_keys(i.scope, view, None, None, restricted=True)
+        max_pending = self.s.config.proposal_max_pending
+
+        def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal | None:
+            row = conn.execute("SELECT status FROM proposals WHERE session_id = ? AND kind = ?",
+                               (session_id, kind)).fetchone()
+            if row is not None and row[0] == "pending":
+                return None
+            (pending,) = conn.execute("SELECT count(*) FROM proposals WHERE status = 'pending'").fetchone()
+            if pending >= max_pending:
+                raise InvalidInput(f"too many pending proposals (at most {max_pending})", "input")
+            if row is not None:
+                # UNIQUE(session_id, kind) is the reference's layout: a decided proposal
+                # makes room for the session's next one of that kind.
+                conn.execute("DELETE FROM proposals WHERE session_id = ? AND kind = ?", (session_id, kind))
+            proposal = Proposal(id=store.new_id(), kind=kind, track=i.track, scope=i.scope, workspace_key=wk,
+                                agent_key=ak, text=text, source=source, session_id=session_id, status="pending",
+                                created_at=store.now_ms(), decided_at=None)
+            store.insert_proposal(conn, proposal)
+            return proposal
+
+        return await self.s.writer.submit(job)
+
+    async def proposals_list(self, peer: Peer, p: ProposalListParams) -> list[Proposal]:
+        return await self.s.read(lambda c: store.proposals(c, p.status))
+
+    async def _pending(self, proposal_id: str) -> Proposal:
+        proposal = await self.s.read(lambda c: store.get_proposal(c, proposal_id))
+        if proposal is None or proposal.status != "pending" or proposal_id in self._deciding:
+            raise ProposalNotFound("no pending proposal with this id", {"id": proposal_id})
+        return proposal
+
+    async def proposals_approve(self, peer: Peer, p: ProposalApproveParams) -> ProposalApproveResult:
+        view = writer_view(p.write)
+        proposal = await self._pending(p.id)
+        self._deciding.add(p.id)
+        try:
+            cell = (proposal.track, proposal.scope)
+            delta = utf16_len(proposal.text)
+            check_budget(*cell, self.s.writer.usage.get(cell, 0), self.s.limit(*cell), delta)
+            ok = await self.s.approve(peer, view, action="add", track=proposal.track, scope=proposal.scope,
+                                      text=proposal.text, source=PROPOSAL_SOURCE,
+                                      policy=self.s.config.policy_for(*cell, PROPOSAL_SOURCE))
+
+            def job(conn: sqlite3.Connection, usage: Usage) -> ProposalApproveResult:
+                ts = store.now_ms()
+                if not store.decide_proposal(conn, proposal.id, "approved", ts):
+                    raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
+                check_budget(*cell, usage.get(cell, 0), self.s.limit(*cell), delta)
+                e = self.s.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
+                                     source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
+                                     agent_key=proposal.agent_key, ts=ts)
+                store.insert_entry(conn, e)
+                store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
+                            source=PROPOSAL_SOURCE, session_id=view.session_id, ts=ts)
+                usage[cell] = usage.get(cell, 0) + delta
+                decided = store.get_proposal(conn, proposal.id)
+                assert decided is not None
+                return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
+
+            result = await self.s.writer.submit(job)
+        finally:
+            self._deciding.discard(p.id)
+        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
+        return result
+
+    async def proposals_dismiss(self, peer: Peer, p: ProposalDismissParams) -> Proposal:
+        await self._pending(p.id)
+
+        def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal:
+            if not store.decide_proposal(conn, p.id, "dismissed", store.now_ms()):
+                raise ProposalNotFound("no pending proposal with this id", {"id": p.id})
+            decided = store.get_proposal(conn, p.id)
+            assert decided is not None
+            return decided
+
+        return await self.s.writer.submit(job)
+
+    # --- export / import / adapters ----------------------------------------------------
+
+    def adapter(self, adapter_id: str) -> Any:
+        from memoryd_protocol.adapters import get_adapter
+
+        return get_adapter(self.adapters, adapter_id)
+
+    async def export(self, peer: Peer, p: ExportParams) -> Any:
+        entries = await self.s.read(store.list_entries)
+        if p.adapter is not None:
+            return self.adapter(p.adapter).export(entries)
+        exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return {
+            "plugin": EXPORT_PLUGIN,
+            "schema": EXPORT_SCHEMA,
+            "exportedAt": exported_at,
+            "budgets": self.s.budget_rows(),
+            "entries": entries,
+        }
+
+    async def import_(self, peer: Peer, p: ImportParams) -> SeedResult:
+        view = writer_view(p.write)
+        if (p.envelope is None) == (p.adapter is None):
+            raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
+        if p.adapter is not None:
+            inputs = list(self.adapter(p.adapter).adapt(p.payload))
+            source_default: str | None = p.adapter
+        else:
+            inputs = self._envelope_inputs(p.envelope)
+            source_default = None
+        if len(inputs) > MAX_IMPORT_ENTRIES:
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "entries")
+        planned = self.s.plan_seed(view, inputs, source_default)
+        return await self.s.seed_planned(peer, view, planned)
+
+    @staticmethod
+    def _envelope_inputs(raw: Any) -> list[EntryInput]:
+        try:
+            env = msgspec.convert(raw, _Envelope)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput(f"invalid envelope: {exc}", "envelope") from None
+        if env.schema != EXPORT_SCHEMA:
+            raise InvalidInput(f"unknown envelope schema {env.schema!r}; expected {EXPORT_SCHEMA!r}", "envelope.schema")
+        if len(env.entries) > MAX_IMPORT_ENTRIES:
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "envelope.entries")
+        inputs: list[EntryInput] = []
+        for n, item in enumerate(env.entries):
+            try:
+                e = msgspec.convert(item, _ImportedEntry)
+                inputs.append(msgspec.convert(
+                    {"track": e.track, "scope": e.scope, "text": e.text, "tags": e.tags, "source": e.source,
+                     "workspaceKey": e.workspace_key, "agentKey": e.agent_key}, EntryInput))
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"invalid envelope entry {n}: {exc}", f"envelope.entries[{n}]") from None
+        return inputs
+
+    async def adapters_list(self, peer: Peer, p: Any) -> list[AdapterInfo]:
+        return [a.info() for a in self.adapters.values()]

@@ -1,0 +1,25 @@
+"""Helpers shared by the end-to-end suites."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rawclient import Raw, write_ctx
+
+
+def entry_input(text: str, track: str = "user", scope: str = "user-global", **extra: Any) -> dict[str, Any]:
+    return {"track": track, "scope": scope, "text": text, **extra}
+
+
+async def add(raw: Raw, text: str, track: str = "user", scope: str = "user-global", session: str = "s-1",
+              **extra: Any) -> dict[str, Any]:
+    return await raw.ok("memory/add", {"input": entry_input(text, track, scope, **extra), "write": write_ctx(session)})
+
+
+async def state(raw: Raw) -> tuple[Any, Any, int]:
+    """Everything an error must leave unchanged: entries, budgets, ledger length."""
+    entries = await raw.ok("memory/list", {})
+    budgets = await raw.ok("memory/budgets", {})
+    audit = await raw.ok("audit/list", {"limit": 10000})
+    writes = [a for a in audit if a["action"] != "recalled"]
+    return entries, budgets, len(writes)

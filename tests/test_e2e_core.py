@@ -1,0 +1,303 @@
+"""The core protocol end to end: a real daemon, over both transports, raw NDJSON lines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import add, entry_input, state
+from rawclient import Raw, socket_client, stdio_client, write_ctx
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., AbstractAsyncContextManager[Raw]]
+
+
+@pytest.fixture(params=["socket", "stdio"])
+def connect(request: pytest.FixtureRequest, daemon_factory: Any, tmp_path: Path) -> Connect:
+    """``connect(policy=..., config=...)`` → a Raw peer over the parametrized transport."""
+
+    def factory(policy: str = "auto", config: str | None = None) -> AbstractAsyncContextManager[Raw]:
+        extra: list[str] = []
+        if config is not None:
+            cfg = tmp_path / f"cfg-{len(list(tmp_path.iterdir()))}.toml"
+            cfg.write_text(config)
+            extra = ["--config", str(cfg)]
+        if request.param == "socket":
+            d = daemon_factory(*extra, policy=policy)
+            return socket_client(d.socket_path)
+        return stdio_client(tmp_path / "stdio.db", "--write-policy", policy, *extra)
+
+    return factory
+
+
+async def test_initialize(connect: Connect) -> None:
+    async with connect() as raw:
+        info = await raw.ok("initialize", {})
+        assert info["protocol"] == "dsh-memory-protocol/v1"
+        assert info["schemaVersion"] == 4
+        assert info["writePolicy"] == "auto"
+        assert [(b["track"], b["scope"], b["limit"]) for b in info["budgets"]] == [
+            ("user", "user-global", 2000), ("user", "workspace", 2000),
+            ("agent", "user-global", 4000), ("agent", "workspace", 4000)]
+
+
+async def test_add_entry_audit_and_event(connect: Connect) -> None:
+    async with connect() as raw:
+        res = await add(raw, "  Prefers tabs  ", tags=[" a ", "b", "a"], source="claude")
+        e = res["entry"]
+        assert e["text"] == "Prefers tabs"
+        assert e["tags"] == ["a", "b"]
+        assert e["version"] == 1 and e["recallCount"] == 0 and e["lastRecalled"] is None
+        assert e["agentKey"] == "coder" and e["workspaceKey"] == "" and e["sessionId"] == "s-1"
+        assert e["source"] == "claude"
+        assert res["usage"] == {"track": "user", "scope": "user-global", "used": 12, "limit": 2000}
+        note = await raw.notification("memory/added")
+        assert note["params"]["entry"] == e
+        audit = await raw.ok("audit/list", {})
+        assert audit[0]["action"] == "add" and audit[0]["entryId"] == e["id"]
+        assert audit[0]["outcome"] == "allowed-once (via approval, writePolicy auto)"
+        assert audit[0]["sessionId"] == "s-1" and audit[0]["text"] == "Prefers tabs"
+
+
+async def test_budget_counts_utf16_units(connect: Connect) -> None:
+    async with connect() as raw:
+        res = await add(raw, "a😀中")
+        assert res["usage"]["used"] == 4
+
+
+async def test_budget_exceeded_changes_nothing(connect: Connect) -> None:
+    async with connect(config="[budgets.user]\nuser_global = 10\n") as raw:
+        await add(raw, "12345678")
+        before = await state(raw)
+        err = await raw.fail("memory/add", {"input": entry_input("abc"), "write": write_ctx()})
+        assert err.code == "BUDGET_EXCEEDED"
+        assert err.error["code"] == -32011
+        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 3}
+        assert await state(raw) == before
+
+
+async def test_workspace_scope_and_visibility(connect: Connect) -> None:
+    async with connect() as raw:
+        e = (await add(raw, "uses pnpm", "agent", "workspace"))["entry"]
+        assert e["workspaceKey"] == "/home/u/proj"
+        before = await state(raw)
+        for bad in ({"agentKey": "other"}, {"workspaceKey": "/elsewhere"}):
+            err = await raw.fail("memory/add", {"input": entry_input("x", "agent", "workspace", **bad),
+                                                "write": write_ctx()})
+            assert err.code == "INVALID_INPUT"
+        assert await state(raw) == before
+        # another agent preset cannot see, and so cannot replace, the coder's entry
+        other = write_ctx("s-2", agent="reviewer")
+        err = await raw.fail("memory/replace", {"input": {"track": "agent", "scope": "workspace", "match": "pnpm",
+                                                          "text": "uses npm"}, "write": other})
+        assert err.code == "ENTRY_NOT_FOUND"
+        # a workspace write from a session without cwd has no workspace to land in
+        nocwd = {"agent": {"session": {"id": "s-3", "header": {}}}}
+        err = await raw.fail("memory/add", {"input": entry_input("x", "agent", "workspace"), "write": nocwd})
+        assert err.code == "INVALID_INPUT"
+        assert await state(raw) == before
+
+
+async def test_replace_remove_conditional_writes(connect: Connect) -> None:
+    async with connect() as raw:
+        await add(raw, "Prefers tabs", tags=["style"])
+        await add(raw, "Prefers dark mode")
+        before = await state(raw)
+        err = await raw.fail("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": "prefers",
+                                                          "text": "x"}, "write": write_ctx()})
+        assert err.code == "AMBIGUOUS_MATCH" and err.error["code"] == -32013
+        assert err.details["candidates"] == 2
+        assert sorted(err.details["sample"]) == ["Prefers dark mode", "Prefers tabs"]
+        err = await raw.fail("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": "emacs",
+                                                          "text": "x"}, "write": write_ctx()})
+        assert err.code == "ENTRY_NOT_FOUND"
+        assert err.details == {"track": "user", "scope": "user-global", "match": "emacs"}
+        assert await state(raw) == before
+
+        res = await raw.ok("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": "TABS",
+                                                        "text": "Prefers spaces"}, "write": write_ctx()})
+        assert res["previous"]["text"] == "Prefers tabs"
+        assert res["entry"]["id"] == res["previous"]["id"]
+        assert res["entry"]["version"] == 2 and res["entry"]["tags"] == ["style"]
+        assert res["usage"]["used"] == len("Prefers spaces") + len("Prefers dark mode")
+        note = await raw.notification("memory/updated")
+        assert note["params"]["entry"]["text"] == "Prefers spaces"
+        res = await raw.ok("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": "spaces",
+                                                        "text": "Prefers 2 spaces", "tags": []},
+                                              "write": write_ctx()})
+        assert res["entry"]["version"] == 3 and res["entry"]["tags"] == []
+
+        res = await raw.ok("memory/remove", {"input": {"track": "user", "scope": "user-global", "match": "dark"},
+                                             "write": write_ctx()})
+        assert res["entry"]["text"] == "Prefers dark mode"
+        before = await state(raw)
+        err = await raw.fail("memory/remove", {"input": {"track": "user", "scope": "user-global", "match": "dark"},
+                                               "write": write_ctx()})
+        assert err.code == "ENTRY_NOT_FOUND"
+        assert await state(raw) == before
+        actions = [a["action"] for a in await raw.ok("audit/list", {})]
+        assert actions[:3] == ["remove", "replace", "replace"]
+
+
+async def test_match_folds_ascii_only(connect: Connect) -> None:
+    async with connect() as raw:
+        await add(raw, "École rules")
+        err = await raw.fail("memory/remove", {"input": {"track": "user", "scope": "user-global", "match": "école"},
+                                               "write": write_ctx()})
+        assert err.code == "ENTRY_NOT_FOUND"
+        await raw.ok("memory/remove", {"input": {"track": "user", "scope": "user-global", "match": "École RULES"},
+                                       "write": write_ctx()})
+
+
+async def test_consolidate_atomic(connect: Connect) -> None:
+    async with connect() as raw:
+        for t in ("likes tea", "likes coffee", "likes water"):
+            await add(raw, t)
+        before = await state(raw)
+        bad = {"track": "user", "scope": "user-global", "matches": ["tea", "juice"], "text": "likes drinks"}
+        err = await raw.fail("memory/consolidate", {"input": bad, "write": write_ctx()})
+        assert err.code == "ENTRY_NOT_FOUND"
+        dup = {"track": "user", "scope": "user-global", "matches": ["tea", "likes t"], "text": "x"}
+        assert (await raw.fail("memory/consolidate", {"input": dup, "write": write_ctx()})).code == "INVALID_INPUT"
+        many = {"track": "user", "scope": "user-global", "matches": ["a"] * 21, "text": "x"}
+        assert (await raw.fail("memory/consolidate", {"input": many, "write": write_ctx()})).code == "INVALID_INPUT"
+        assert await state(raw) == before
+        good = {"track": "user", "scope": "user-global", "matches": ["tea", "coffee"], "text": "likes tea and coffee",
+                "tags": ["drinks"]}
+        res = await raw.ok("memory/consolidate", {"input": good, "write": write_ctx()})
+        assert sorted(r["text"] for r in res["removed"]) == ["likes coffee", "likes tea"]
+        assert res["entry"]["version"] == 1 and res["entry"]["tags"] == ["drinks"]
+        texts = [e["text"] for e in await raw.ok("memory/list", {})]
+        assert texts == ["likes water", "likes tea and coffee"]
+        actions = [a["action"] for a in await raw.ok("audit/list", {"limit": 3})]
+        assert actions == ["consolidate-add", "consolidate-remove", "consolidate-remove"]
+
+
+async def test_seed_all_or_nothing(connect: Connect) -> None:
+    async with connect(config="[budgets.agent]\nuser_global = 20\n") as raw:
+        before = await state(raw)
+        inputs = [entry_input("fine", "user"), entry_input("x" * 21, "agent")]
+        err = await raw.fail("memory/seed", {"inputs": inputs, "write": write_ctx()})
+        assert err.code == "BUDGET_EXCEEDED" and err.details["needed"] == 21
+        bad = [entry_input("fine"), entry_input("  ")]
+        err = await raw.fail("memory/seed", {"inputs": bad, "write": write_ctx()})
+        assert err.code == "INVALID_INPUT" and err.details["field"].startswith("inputs[1]")
+        assert await state(raw) == before
+        res = await raw.ok("memory/seed", {"inputs": [entry_input("one"), entry_input("two", "agent", "workspace")],
+                                           "write": write_ctx()})
+        assert res["added"] == 2 and [e["text"] for e in res["entries"]] == ["one", "two"]
+        audit = await raw.ok("audit/list", {"limit": 3})
+        assert [a["action"] for a in audit] == ["add", "add", "seed"]
+        assert audit[2]["entryId"] is None and audit[2]["track"] == "batch"
+
+
+async def test_query_ranks_and_counts_recalls(connect: Connect) -> None:
+    async with connect() as raw:
+        for t in ("alpha one", "alpha two", "beta"):
+            await add(raw, t)
+        await add(raw, "alpha ws", "agent", "workspace")
+        r = await raw.ok("memory/query", {"filter": {"text": "ALPHA", "limit": 1}})
+        assert r["total"] == 3 and r["truncated"] is True and len(r["entries"]) == 1
+        top = r["entries"][0]
+        assert top["recallCount"] == 1 and top["lastRecalled"] is not None
+        r = await raw.ok("memory/query", {"filter": {"text": "alpha"}})
+        assert r["entries"][0]["id"] == top["id"] and r["entries"][0]["recallCount"] == 2
+        r = await raw.ok("memory/query", {"filter": {"track": "agent"}})
+        assert [e["text"] for e in r["entries"]] == ["alpha ws"]
+        r = await raw.ok("memory/query", {"filter": {"text": "alpha"}, "opts": {"workspaceKey": "/other"}})
+        assert r["total"] == 2
+        r = await raw.ok("memory/query", {"filter": {"text": "alpha"}, "opts": {"agentKey": "someone-else"}})
+        assert r["total"] == 0
+        n = len(raw.notifications)
+        await raw.ok("memory/query", {"filter": {"text": "beta"}, "opts": {"sessionId": "s-9"}})
+        recalled = await raw.notification("memory/recalled", n)
+        assert recalled["params"]["sessionId"] == "s-9" and recalled["params"]["query"] == "beta"
+        audit = await raw.ok("audit/list", {"limit": 1})
+        assert audit[0]["action"] == "recalled" and audit[0]["text"] == "beta" and audit[0]["sessionId"] == "s-9"
+        err = await raw.fail("memory/query", {"filter": {"limit": 0}})
+        assert err.code == "INVALID_INPUT"
+
+
+async def test_list_and_audit_order(connect: Connect) -> None:
+    async with connect() as raw:
+        for t in ("first", "second", "third"):
+            await add(raw, t)
+        assert [e["text"] for e in await raw.ok("memory/list", {})] == ["first", "second", "third"]
+        audit = await raw.ok("audit/list", {"limit": 2})
+        assert [a["text"] for a in audit] == ["third", "second"]
+        assert audit[0]["seq"] > audit[1]["seq"]
+
+
+INVALID_WRITES: list[tuple[str, dict[str, Any], str]] = [
+    ("memory/add", {"input": entry_input("x")}, "WRITE_REQUIRES_AGENT"),
+    ("memory/add", {"input": entry_input("x"), "write": None}, "WRITE_REQUIRES_AGENT"),
+    ("memory/add", {"input": entry_input("x"), "write": {"agent": None}}, "WRITE_REQUIRES_AGENT"),
+    ("memory/add", {"input": {"track": "bogus", "scope": "user-global", "text": "x"}}, "WRITE_REQUIRES_AGENT"),
+    ("memory/add", {"input": {"track": "bogus", "scope": "user-global", "text": "x"}, "write": write_ctx()},
+     "INVALID_INPUT"),
+    ("memory/add", {"input": {"track": "user", "scope": "user-global", "text": 5}, "write": write_ctx()},
+     "INVALID_INPUT"),
+    ("memory/add", {"input": {"track": "user", "scope": "user-global", "text": "x", "tag": ["a"]},
+                    "write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/add", {"input": entry_input("x", tags=[f"t{i}" for i in range(17)]), "write": write_ctx()},
+     "INVALID_INPUT"),
+    ("memory/add", {"input": entry_input("x", tags=["y" * 33]), "write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/add", {"input": entry_input("x", tags=["bell\x07"]), "write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/add", {"input": entry_input(""), "write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/add", {"write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": " ", "text": "y"},
+                        "write": write_ctx()}, "INVALID_INPUT"),
+    ("memory/seed", {"inputs": [], "write": write_ctx()}, "INVALID_INPUT"),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "code"), INVALID_WRITES)
+async def test_bad_params_are_structured_errors(connect: Connect, method: str, params: dict[str, Any],
+                                                code: str) -> None:
+    async with connect() as raw:
+        await add(raw, "keep me")
+        before = await state(raw)
+        err = await raw.fail(method, params)
+        assert err.code == code
+        assert err.error["code"] == {"INVALID_INPUT": -32602, "WRITE_REQUIRES_AGENT": -32010}[code]
+        assert "Traceback" not in err.error["message"]
+        assert await state(raw) == before
+
+
+async def test_framing_errors_keep_the_connection(connect: Connect) -> None:
+    async with connect(config="max_message_bytes = 2048\n") as raw:
+        await add(raw, "keep me")
+        before = await state(raw)
+        await raw.send_line(b"{not json")
+        r = await raw.raw_reply()
+        assert r["id"] is None and r["error"]["code"] == -32700
+        await raw.send_line(b'{"jsonrpc": "2.0", "id": 1, "method": "memory/add", "params": {"x": "' + b"a" * 5000
+                            + b'"}}')
+        r = await raw.raw_reply()
+        assert r["id"] is None and r["error"]["code"] == -32600
+        await raw.send_line(b'{"jsonrpc": "1.0", "id": 77, "method": "memory/list"}')
+        r = await raw.raw_reply()
+        assert r["error"]["code"] == -32600
+        r = await raw.call("memory/forget", {})
+        assert r["error"]["code"] == -32601 and r["error"]["data"]["code"] == "METHOD_NOT_FOUND"
+        r = await raw.call("memory/list", ["positional"])
+        assert r["error"]["code"] == -32602
+        # a lone surrogate in JSON text is INVALID_INPUT for that request, not a parse error
+        await raw.send_line(b'{"jsonrpc":"2.0","id":"s","method":"memory/add","params":{"input":{"track":"user",'
+                            b'"scope":"user-global","text":"\\ud800"},"write":{"agent":{}}}}')
+        r = await raw.raw_reply()
+        assert r["id"] == "s" and r["error"]["data"]["code"] == "INVALID_INPUT"
+        # a notification gets no reply; the batch gets one array
+        await raw.send_line(b'{"jsonrpc":"2.0","method":"memory/list"}')
+        await raw.send_line(b'[{"jsonrpc":"2.0","id":"b1","method":"memory/budgets"},'
+                            b'{"jsonrpc":"2.0","method":"memory/list"},{"jsonrpc":"2.0","id":"b2","method":"nope"}]')
+        batch = [m for m in raw.received if isinstance(m, list)]
+        r1 = await raw.raw_reply()
+        r2 = await raw.raw_reply()
+        assert {r1["id"], r2["id"]} == {"b1", "b2"}
+        assert len([m for m in raw.received if isinstance(m, list)]) == len(batch) + 1
+        assert await state(raw) == before
