@@ -354,19 +354,14 @@ class Service:
         return result
 
     @staticmethod
-    def still_same(conn: sqlite3.Connection, approved: Entry) -> Entry:
+    def still_same(conn: sqlite3.Connection, approved: Entry, match: str) -> Entry:
         """The approved entry, re-read by id, unchanged since the human saw it."""
+        details = {"track": approved.track, "scope": approved.scope, "match": match, "entryId": approved.id}
         current = store.get_entry(conn, approved.id)
         if current is None:
-            raise EntryNotFound(
-                "the approved entry was removed while the approval was pending",
-                {"track": approved.track, "scope": approved.scope, "entryId": approved.id},
-            )
+            raise EntryNotFound("the approved entry was removed while the approval was pending", details)
         if current.text != approved.text or current.version != approved.version:
-            raise EntryNotFound(
-                "the approved entry changed while the approval was pending",
-                {"track": approved.track, "scope": approved.scope, "entryId": approved.id},
-            )
+            raise EntryNotFound("the approved entry changed while the approval was pending", details)
         return current
 
     async def replace(self, peer: Peer, p: ReplaceParams) -> ReplaceResult:
@@ -385,7 +380,7 @@ class Service:
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ReplaceResult:
-            previous = self.still_same(conn, target)
+            previous = self.still_same(conn, target, match)
             check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
             ts = max(store.now_ms(), previous.updated_at)
             e = Entry(**{f: getattr(previous, f) for f in Entry.__struct_fields__})
@@ -416,7 +411,7 @@ class Service:
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
-            previous = self.still_same(conn, target)
+            previous = self.still_same(conn, target, match)
             store.delete_entry(conn, previous.id)
             store.audit(conn, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
                         text=previous.text, outcome=ok.label, source=previous.source, session_id=view.session_id)
@@ -455,7 +450,7 @@ class Service:
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
-            removed = [self.still_same(conn, t) for t in targets]
+            removed = [self.still_same(conn, t, m) for t, m in zip(targets, matches, strict=True)]
             check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
             ts = store.now_ms()
             for r in removed:
