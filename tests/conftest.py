@@ -67,11 +67,11 @@ def wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 
 
 
 def start_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path | None = None,
-                 name: str = "d") -> Daemon:
+                 name: str = "d", socket_path: Path | None = None) -> Daemon:
     tmp.mkdir(parents=True, exist_ok=True)
     # Unix socket paths are limited to ~107 bytes; pytest's tmp paths can be long.
     sock_dir = Path(os.environ.get("MEMORYD_TEST_SOCKDIR", "/tmp"))
-    sock = Path(tempfile_dir(sock_dir)) / f"{name}.sock"
+    sock = socket_path or Path(tempfile_dir(sock_dir)) / f"{name}.sock"
     db_path = db or tmp / f"{name}.db"
     err = tmp / f"{name}.stderr"
     args = [sys.executable, "-m", "memoryd", "serve", "--socket", str(sock), "--db", str(db_path)]
@@ -100,8 +100,9 @@ def tempfile_dir(base: Path) -> str:
 def daemon_factory(tmp_path: Path) -> Iterator[object]:
     started: list[Daemon] = []
 
-    def factory(*extra: str, policy: str | None = "auto", db: Path | None = None, name: str = "d") -> Daemon:
-        d = start_daemon(tmp_path, *extra, policy=policy, db=db, name=name)
+    def factory(*extra: str, policy: str | None = "auto", db: Path | None = None, name: str = "d",
+                socket_path: Path | None = None) -> Daemon:
+        d = start_daemon(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path)
         started.append(d)
         return d
 

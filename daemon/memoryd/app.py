@@ -129,6 +129,7 @@ class Daemon:
             await self._serve_connection(conn, chunks())
 
     async def run(self, *, stdio: bool) -> None:
+        sock = None if stdio else self._bind()
         async with anyio.create_task_group() as root:
             root.start_soon(self.writer.run)
             try:
@@ -137,7 +138,8 @@ class Daemon:
                     if stdio:
                         serving.start_soon(self._serve_stdio)
                     else:
-                        await self._start_listener(serving)
+                        assert sock is not None
+                        await self._start_listener(serving, sock)
                     sd_notify("READY=1")
                     log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
                              self.config.db_path)
@@ -148,7 +150,8 @@ class Daemon:
                 self.writer.close()
         await self.close()
 
-    async def _start_listener(self, tg: TaskGroup) -> None:
+    def _bind(self) -> Any:
+        """Before any task starts: a refusal (a live daemon on the path) exits cleanly."""
         sock = inherited_listener()
         if sock is None:
             path = self.config.socket_path
@@ -156,6 +159,9 @@ class Daemon:
             self._socket_path: Path | None = path
         else:
             self._socket_path = None
+        return sock
+
+    async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
         listener = await listener_from(sock)
         self._listener_scope = anyio.CancelScope()
 

@@ -72,6 +72,10 @@ async def _serve(cfg: config_mod.Config, stdio: bool) -> int:
         print(f"memoryd: {exc}", file=sys.stderr)
         await daemon.close()
         return 1
+    except BaseException:
+        # aiosqlite's threads are not daemonic: close the store or the process never exits
+        await daemon.close()
+        raise
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
 from memoryd_protocol.snapshot import render
@@ -212,14 +213,12 @@ class Lifecycle:
     # --- export / import / adapters ----------------------------------------------------
 
     def adapter(self, adapter_id: str) -> Any:
-        from memoryd_protocol.adapters import get_adapter
-
         return get_adapter(self.adapters, adapter_id)
 
     async def export(self, peer: Peer, p: ExportParams) -> Any:
         entries = await self.s.read(store.list_entries)
         if p.adapter is not None:
-            return self.adapter(p.adapter).export(entries)
+            return export_entries(self.adapter(p.adapter), entries)
         exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         return {
             "plugin": EXPORT_PLUGIN,
@@ -234,7 +233,7 @@ class Lifecycle:
         if (p.envelope is None) == (p.adapter is None):
             raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
         if p.adapter is not None:
-            inputs = list(self.adapter(p.adapter).adapt(p.payload))
+            inputs = adapt_payload(self.adapter(p.adapter), p.payload)
             source_default: str | None = p.adapter
         else:
             inputs = self._envelope_inputs(p.envelope)

@@ -19,7 +19,17 @@ from collections.abc import Mapping
 
 from ..errors import AdapterNotFound
 from ..types import AdapterInfo
-from .base import ADAPTER_ID_PATTERN, Adapter, AdapterBase, adapt_payload, export_entries, fit_tag, flatten, iso_utc
+from .base import (
+    ADAPTER_ID_PATTERN,
+    Adapter,
+    AdapterBase,
+    adapt_payload,
+    export_entries,
+    fit_tag,
+    flatten,
+    iso_utc,
+    json_type,
+)
 from .markdown import MARKDOWN_FORMAT, ClaudeCodeMemoryMdAdapter, HermesMemoryMdAdapter, MarkdownAdapter
 from .mem0 import MEM0_FORMAT, Mem0Adapter
 
@@ -61,4 +71,5 @@ __all__ = [
     "flatten",
     "get_adapter",
     "iso_utc",
+    "json_type",
 ]

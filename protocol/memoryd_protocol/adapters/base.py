@@ -121,6 +121,23 @@ def fit_tag(raw: str) -> str | None:
     return tag
 
 
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for error messages (never the value)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
 def flatten(text: str) -> str:
     """One line: every line break (CRLF, CR, LF) becomes one space."""
     return _NEWLINE.sub(" ", text)
@@ -166,7 +183,7 @@ def adapt_payload(adapter: Adapter, payload: Any) -> list[EntryInput]:
         ) from exc
     if not isinstance(result, list):
         raise AdapterPayload(
-            f"{adapter_id}: adapter returned {type(result).__name__}, expected a list of entries",
+            f"{adapter_id}: adapter returned {json_type(result)}, expected a list of entries",
             {"adapterId": adapter_id},
         )
     out: list[EntryInput] = []
@@ -217,4 +234,5 @@ __all__ = [
     "fit_tag",
     "flatten",
     "iso_utc",
+    "json_type",
 ]

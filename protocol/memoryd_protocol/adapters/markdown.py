@@ -30,6 +30,8 @@ Entries. ``source`` is the adapter id. Texts are trimmed.
   entry, its lines trimmed and joined by one space. A fenced code block (``` or ~~~) is
   one entry kept verbatim, line breaks included, so a ``# comment`` inside it is never
   taken for a heading; a fence left open runs to the end of the file, as in CommonMark.
+  A thematic break (``---``, ``***``, ``___``) separates like a blank line; a line that is
+  also a bullet (``- - -``) stays a bullet, so every exported ``- <text>`` line round-trips.
 
 Both refuse, naming the line: an empty bullet, and a line with a lone UTF-16 surrogate.
 
@@ -50,13 +52,14 @@ from typing import Any, Final
 from ..constants import GRID, Scope, Track
 from ..text import has_lone_surrogate
 from ..types import Entry, EntryInput
-from .base import AdapterBase, fit_tag, flatten
+from .base import AdapterBase, fit_tag, flatten, json_type
 
 MARKDOWN_FORMAT: Final = "text/markdown"
 
 _HEADING = re.compile(r"[ \t]*(#+)(?:[ \t]+(.*))?")
 _CLOSING_HASHES = re.compile(r"(?:^|[ \t]+)#+[ \t]*$")
 _BULLET = re.compile(r"[ \t]*[-*](?:[ \t]+(.*))?")
+_THEMATIC_BREAK = re.compile(r"[ \t]*([-*_])(?:[ \t]*\1){2,}[ \t]*")
 _FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _GRID_HEADINGS: Final[dict[str, tuple[Track, Scope]]] = {f"{t}/{s}": (t, s) for t, s in GRID}
@@ -70,9 +73,8 @@ class _Heading:
 
 @dataclass(slots=True)
 class _Block:
-    """An entry being assembled: its first line number, its lines, how they are joined."""
+    """An entry being assembled: its lines, how they are joined, where it lands."""
 
-    line: int
     parts: list[str]
     joiner: str
     track: Track
@@ -133,7 +135,7 @@ class MarkdownAdapter(AdapterBase):
                 raise self.error("payload object needs a 'text' field with the markdown")
             payload = payload["text"]
         if not isinstance(payload, str):
-            raise self.error(f"payload must be a markdown string or {{text: string}}, got {type(payload).__name__}")
+            raise self.error(f"payload must be a markdown string or {{text: string}}, got {json_type(payload)}")
         return payload.removeprefix("\ufeff")
 
     def adapt(self, payload: Any) -> list[EntryInput]:
@@ -159,9 +161,9 @@ class MarkdownAdapter(AdapterBase):
                     )
                 block = None
 
-        def start(number: int, first: str, joiner: str) -> _Block:
+        def start(first: str, joiner: str) -> _Block:
             track, scope = self._cell(stack)
-            return _Block(number, [first], joiner, track, scope, self._tag(stack))
+            return _Block([first], joiner, track, scope, self._tag(stack))
 
         for number, line in enumerate(lines, start=1):
             if has_lone_surrogate(line):
@@ -193,23 +195,29 @@ class MarkdownAdapter(AdapterBase):
                 flush()
                 if not item:
                     raise self.error(f"line {number} is an empty bullet", line=number)
-                block = start(number, item, " ")
+                block = start(item, " ")
                 continue
 
             if not self.allow_prose:
                 raise self.error(f"line {number} is neither a heading nor a '- '/'* ' bullet", line=number)
 
+            if _THEMATIC_BREAK.fullmatch(line):
+                # A rule (---, ***, ___) only separates, like a blank line. Checked after the
+                # bullets on purpose: "- - -" stays a bullet, so an exported "- --" round-trips.
+                flush()
+                continue
+
             opening = _FENCE.fullmatch(line)
             if opening is not None and not (opening.group(1)[0] == "`" and "`" in opening.group(2)):
                 flush()
                 fence = opening.group(1)
-                block = start(number, line.strip(), "\n")
+                block = start(line.strip(), "\n")
                 continue
 
             if block is not None:  # paragraph continuation, or lazy continuation of a bullet
                 block.parts.append(line.strip())
             else:
-                block = start(number, line.strip(), " ")
+                block = start(line.strip(), " ")
         flush()
         return entries
 

@@ -34,7 +34,7 @@ from typing import Any, Final
 from ..constants import MAX_TAGS, SCOPES, TRACKS, Scope, Track
 from ..text import has_lone_surrogate
 from ..types import Entry, EntryInput
-from .base import AdapterBase, fit_tag, iso_utc
+from .base import AdapterBase, fit_tag, iso_utc, json_type
 
 MEM0_FORMAT: Final = "application/json"
 
@@ -50,7 +50,8 @@ class Mem0Adapter(AdapterBase):
             name="mem0",
             description=(
                 "mem0 facts (an array, {facts} or {results}): each fact's 'memory' is an entry, "
-                "metadata.category and metadata.tags become tags; lands in user/user-global. "
+                "metadata.category and metadata.tags become tags; lands in user/user-global unless metadata.track/scope "
+                "say otherwise. "
                 "Raw message transcripts are refused."
             ),
             version="1.0.0",
@@ -66,7 +67,7 @@ class Mem0Adapter(AdapterBase):
                 if key in payload:
                     facts = payload[key]
                     if not isinstance(facts, list):
-                        raise self.error(f"'{key}' must be an array of facts, got {type(facts).__name__}")
+                        raise self.error(f"'{key}' must be an array of facts, got {json_type(facts)}")
                     payload = facts
                     break
             else:
@@ -76,7 +77,7 @@ class Mem0Adapter(AdapterBase):
                     )
                 raise self.error("payload must be a facts array or {facts: [...]}")
         if not isinstance(payload, list):
-            raise self.error(f"payload must be a facts array or {{facts: [...]}}, got {type(payload).__name__}")
+            raise self.error(f"payload must be a facts array or {{facts: [...]}}, got {json_type(payload)}")
         if payload and all(_is_message(item) for item in payload):
             raise self.error("a raw messages transcript is refused: adapters convert facts, they do not extract them")
         return payload
@@ -86,7 +87,7 @@ class Mem0Adapter(AdapterBase):
 
     def _entry(self, index: int, fact: Any) -> EntryInput:
         if not isinstance(fact, dict):
-            raise self.error(f"fact {index} must be an object, got {type(fact).__name__}", index=index)
+            raise self.error(f"fact {index} must be an object, got {json_type(fact)}", index=index)
         memory = fact.get("memory")
         if not isinstance(memory, str) or not memory.strip():
             raise self.error(f"fact {index} needs a non-empty 'memory' string", index=index, field="memory")
@@ -97,7 +98,7 @@ class Mem0Adapter(AdapterBase):
             metadata = {}
         if not isinstance(metadata, dict):
             raise self.error(
-                f"fact {index} 'metadata' must be an object, got {type(metadata).__name__}",
+                f"fact {index} 'metadata' must be an object, got {json_type(metadata)}",
                 index=index,
                 field="metadata",
             )

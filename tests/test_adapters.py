@@ -1,0 +1,674 @@
+"""Import/export adapters (memoryd_protocol.adapters) and the daemon's adapter registry.
+
+Golden files live in tests/golden/adapters/<adapter-id>/: every ``<name>.md`` (the payload
+is the file's text, byte-exact) or ``<name>.json`` (the payload is the decoded JSON) has a
+``<name>.expected.json`` holding either ``{"entries": [...]}`` (EntryInput rows, camelCase)
+or ``{"error": {"code": ..., "details": {...}}}``. ``export/entries.json`` holds stored
+entries; ``export/<adapter-id>.expected.{json,md}`` the documents they export to.
+Set MEMORYD_UPDATE_GOLDEN=1 to rewrite the expected files (then review the diff).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from memoryd_protocol.adapters import (
+    ADAPTER_ID_PATTERN,
+    Adapter,
+    AdapterBase,
+    adapt_payload,
+    adapter_infos,
+    builtin_adapters,
+    export_entries,
+    fit_tag,
+    get_adapter,
+    iso_utc,
+)
+from memoryd_protocol.constants import GRID, MAX_TAG_UNITS
+from memoryd_protocol.errors import AdapterNotFound, AdapterPayload, ProtocolError
+from memoryd_protocol.text import utf16_len
+from memoryd_protocol.types import AdapterInfo, Entry, EntryInput
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "adapters"
+UPDATE = os.environ.get("MEMORYD_UPDATE_GOLDEN") == "1"
+BUILTIN_IDS = ["mem0", "hermes-memory-md", "claude-code-memory-md"]
+MARKDOWN_IDS = ["hermes-memory-md", "claude-code-memory-md"]
+
+
+def _registry_module() -> ModuleType:
+    """memoryd.adapter_registry; loaded from its file while the daemon package is not
+    importable yet (it only imports memoryd_protocol)."""
+    try:
+        return importlib.import_module("memoryd.adapter_registry")
+    except ImportError:
+        path = ROOT / "daemon" / "memoryd" / "adapter_registry.py"
+        spec = importlib.util.spec_from_file_location("_memoryd_adapter_registry_under_test", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+registry_mod = _registry_module()
+
+
+# --- golden files ------------------------------------------------------------------------
+
+
+def _golden_cases() -> list[Any]:
+    cases = []
+    for adapter_id in BUILTIN_IDS:
+        for path in sorted((GOLDEN / adapter_id).iterdir()):
+            if ".expected." in path.name or path.suffix not in (".md", ".json"):
+                continue
+            cases.append(pytest.param(adapter_id, path, id=f"{adapter_id}/{path.name}"))
+    return cases
+
+
+def _payload(path: Path) -> Any:
+    raw = path.read_bytes().decode("utf-8")  # not read_text: CRLF must reach the adapter as-is
+    return raw if path.suffix == ".md" else json.loads(raw)
+
+
+def _outcome(adapter: Adapter, payload: Any) -> dict[str, Any]:
+    try:
+        entries = adapter.adapt(payload)
+    except ProtocolError as exc:
+        return {"error": {"code": exc.code, "details": exc.details}}
+    return {"entries": msgspec.to_builtins(entries)}
+
+
+def _check_golden(expected_path: Path, actual: str) -> None:
+    if UPDATE:
+        expected_path.write_bytes(actual.encode("utf-8"))
+    assert expected_path.exists(), f"missing golden file {expected_path} (run with MEMORYD_UPDATE_GOLDEN=1)"
+    assert actual == expected_path.read_bytes().decode("utf-8")
+
+
+@pytest.mark.parametrize(("adapter_id", "path"), _golden_cases())
+def test_import_golden(adapter_id: str, path: Path) -> None:
+    adapter = builtin_adapters()[adapter_id]
+    outcome = _outcome(adapter, _payload(path))
+    expected_path = path.with_name(path.stem + ".expected.json")
+    _check_golden(expected_path, json.dumps(outcome, indent=2, ensure_ascii=False) + "\n")
+    if "error" in outcome:
+        # every refusal is ADAPTER_PAYLOAD naming the adapter; markdown line errors say the line
+        assert outcome["error"]["code"] == "ADAPTER_PAYLOAD"
+        assert outcome["error"]["details"]["adapterId"] == adapter_id
+        with pytest.raises(AdapterPayload) as info:
+            adapter.adapt(_payload(path))
+        if "line" in outcome["error"]["details"]:
+            assert f"line {outcome['error']['details']['line']}" in info.value.message
+        if "index" in outcome["error"]["details"]:
+            assert f"fact {outcome['error']['details']['index']}" in info.value.message
+    else:
+        # what the adapter returns already passes the daemon's contract check unchanged
+        assert adapt_payload(adapter, _payload(path)) == adapter.adapt(_payload(path))
+
+
+def _export_entries() -> list[Entry]:
+    return msgspec.json.decode((GOLDEN / "export" / "entries.json").read_bytes(), type=list[Entry])
+
+
+@pytest.mark.parametrize("adapter_id", BUILTIN_IDS)
+def test_export_golden(adapter_id: str) -> None:
+    adapter = builtin_adapters()[adapter_id]
+    document = export_entries(adapter, _export_entries())
+    if adapter_id == "mem0":
+        _check_golden(
+            GOLDEN / "export" / "mem0.expected.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+        )
+    else:
+        assert isinstance(document, str)
+        _check_golden(GOLDEN / "export" / f"{adapter_id}.expected.md", document)
+
+
+# --- markdown specifics ------------------------------------------------------------------
+
+
+def _rows(entries: list[EntryInput]) -> list[tuple[str, str, str, list[str] | None]]:
+    return [(e.track, e.scope, e.text, e.tags) for e in entries]
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_headings_of_every_level_name_sections(adapter_id: str) -> None:
+    doc = "# One\n- a\n## Two\n* b\n### Three\n- c\n#### Four ####\n- d\n## Back\n- e\n"
+    entries = builtin_adapters()[adapter_id].adapt(doc)
+    assert [(e.text, e.tags) for e in entries] == [
+        ("a", ["One"]),
+        ("b", ["Two"]),
+        ("c", ["Three"]),
+        ("d", ["Four"]),
+        ("e", ["Back"]),
+    ]
+    assert all(e.source == adapter_id for e in entries)
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_payload_forms_and_line_endings(adapter_id: str) -> None:
+    adapter = builtin_adapters()[adapter_id]
+    lf = "## Prefs\n- a\n* b\n"
+    expected = _rows(adapter.adapt(lf))
+    assert len(expected) == 2
+    assert _rows(adapter.adapt({"text": lf})) == expected
+    assert _rows(adapter.adapt(lf.replace("\n", "\r\n"))) == expected
+    assert _rows(adapter.adapt(lf.replace("\n", "\r"))) == expected
+    assert _rows(adapter.adapt("\ufeff" + lf)) == expected
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_grid_heading_places_entries_and_is_not_a_tag(adapter_id: str) -> None:
+    doc = "## agent/workspace\n- w\n### Tools\n- t\n## Other\n- o\n"
+    adapter = builtin_adapters()[adapter_id]
+    default = ("user", "user-global") if adapter_id == "hermes-memory-md" else ("agent", "user-global")
+    assert _rows(adapter.adapt(doc)) == [
+        ("agent", "workspace", "w", []),
+        ("agent", "workspace", "t", ["Tools"]),
+        (*default, "o", ["Other"]),
+    ]
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_errors_name_the_line_with_crlf(adapter_id: str) -> None:
+    doc = "# A\r\n- ok\r\n\r\n-   \r\n"
+    with pytest.raises(AdapterPayload) as info:
+        builtin_adapters()[adapter_id].adapt(doc)
+    assert info.value.code == "ADAPTER_PAYLOAD"
+    assert info.value.details == {"adapterId": adapter_id, "line": 4}
+    assert "line 4" in info.value.message
+    assert info.value.to_wire()["code"] == -32019
+
+
+def test_hermes_refuses_prose_claude_code_keeps_it() -> None:
+    doc = "# Notes\n- bullet\nprose line one\nprose line two\n"
+    with pytest.raises(AdapterPayload) as info:
+        builtin_adapters()["hermes-memory-md"].adapt(doc)
+    assert info.value.details["line"] == 3
+    entries = builtin_adapters()["claude-code-memory-md"].adapt(doc)
+    # directly after a bullet, prose is the bullet's lazy continuation
+    assert [e.text for e in entries] == ["bullet prose line one prose line two"]
+    entries = builtin_adapters()["claude-code-memory-md"].adapt("# Notes\n- bullet\n\nprose one\n  prose two\n")
+    assert [e.text for e in entries] == ["bullet", "prose one prose two"]
+
+
+def test_claude_code_fence_hides_headings_and_bullets() -> None:
+    doc = "## Cmds\n```sh\n# not a heading\n- not a bullet\n\n```\n- real bullet\n"
+    entries = builtin_adapters()["claude-code-memory-md"].adapt(doc)
+    assert _rows(entries) == [
+        ("agent", "user-global", "```sh\n# not a heading\n- not a bullet\n\n```", ["Cmds"]),
+        ("agent", "user-global", "real bullet", ["Cmds"]),
+    ]
+
+
+def test_long_heading_is_cut_to_a_valid_tag() -> None:
+    heading = "Everything about the build system and its many quirks"
+    (entry,) = builtin_adapters()["hermes-memory-md"].adapt(f"### {heading}\n- x\n")
+    assert entry.tags is not None
+    (tag,) = entry.tags
+    assert utf16_len(tag) == MAX_TAG_UNITS
+    assert tag.endswith("…")
+    assert heading.startswith(tag[:-1])
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=80))
+def test_fit_tag_always_yields_a_protocol_tag(label: str) -> None:
+    from memoryd_protocol.text import normalize_tags
+
+    tag = fit_tag(label)
+    if tag is not None:
+        assert normalize_tags([tag]) == [tag]  # trimmed, ≤32 units, no control characters
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+@pytest.mark.parametrize("payload", [42, None, ["- a"], {"text": 1}, {"body": "- a"}, b"- a"])
+def test_markdown_bad_payload_types(adapter_id: str, payload: Any) -> None:
+    with pytest.raises(AdapterPayload) as info:
+        builtin_adapters()[adapter_id].adapt(payload)
+    assert info.value.details["adapterId"] == adapter_id
+
+
+# --- mem0 specifics ----------------------------------------------------------------------
+
+
+def test_mem0_list_and_facts_forms_agree() -> None:
+    adapter = builtin_adapters()["mem0"]
+    facts = [{"memory": "Likes tea", "metadata": {"category": "food", "tags": ["drink", "food"]}}]
+    assert adapter.adapt(facts) == adapter.adapt({"facts": facts}) == adapter.adapt({"results": facts})
+    (entry,) = adapter.adapt(facts)
+    assert (entry.track, entry.scope, entry.text, entry.tags, entry.source) == (
+        "user",
+        "user-global",
+        "Likes tea",
+        ["food", "drink"],
+        "mem0",
+    )
+
+
+@pytest.mark.parametrize(
+    "payload", [{"messages": [{"role": "user", "content": "hi"}]}, [{"role": "user", "content": "hi"}]]
+)
+def test_mem0_refuses_a_transcript(payload: Any) -> None:
+    with pytest.raises(AdapterPayload, match="transcript") as info:
+        builtin_adapters()["mem0"].adapt(payload)
+    assert info.value.details == {"adapterId": "mem0"}
+
+
+def test_mem0_export_timestamps_are_iso_utc() -> None:
+    assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
+    assert iso_utc(1714651200123) == "2024-05-02T12:00:00.123Z"
+
+
+# --- round trips -------------------------------------------------------------------------
+
+_texts = (
+    st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=60).map(str.strip).filter(bool)
+)
+_tags = st.lists(
+    st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=MAX_TAG_UNITS),
+    max_size=4,
+    unique=True,
+)
+
+
+@st.composite
+def _entries(draw: st.DrawFn) -> list[Entry]:
+    out = []
+    for i in range(draw(st.integers(min_value=0, max_value=8))):
+        track, scope = draw(st.sampled_from(GRID))
+        created = draw(st.integers(min_value=0, max_value=4_102_444_800_000))  # up to 2100
+        out.append(
+            Entry(
+                id=f"id-{i}",
+                track=track,
+                scope=scope,
+                workspace_key="/w" if scope == "workspace" else "",
+                agent_key=draw(st.sampled_from(["", "coder"])),
+                text=draw(_texts),
+                source=draw(st.sampled_from(["dsh-memento", "memory-tool"])),
+                tags=draw(_tags),
+                version=1,
+                created_at=created,
+                updated_at=created + draw(st.integers(min_value=0, max_value=10**9)),
+                last_recalled=None,
+                recall_count=0,
+                session_id=None,
+            )
+        )
+    return out
+
+
+def _grid_order(entries: list[Entry]) -> list[Entry]:
+    return sorted(entries, key=lambda e: GRID.index((e.track, e.scope)))  # stable: creation order kept
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+@settings(max_examples=150)
+@given(entries=_entries())
+def test_markdown_export_then_adapt_round_trips(adapter_id: str, entries: list[Entry]) -> None:
+    adapter = builtin_adapters()[adapter_id]
+    document = adapter.export(entries)
+    back = adapter.adapt(document)
+    expected = [
+        (e.track, e.scope, " ".join(e.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")))
+        for e in _grid_order(entries)
+    ]
+    assert [(e.track, e.scope, e.text) for e in back] == expected
+    assert all(e.tags == [] and e.source == adapter_id for e in back)
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_round_trip_of_markdown_looking_texts(adapter_id: str) -> None:
+    texts = [
+        "--",
+        "- -",
+        "* *",
+        "-",
+        "*",
+        "# not a heading",
+        "## user/workspace",
+        "```",
+        "~~~ x",
+        "---",
+        "1. item",
+        "**bold**",
+        "a\n\nb",
+        "a\r\n- b",
+        "\t tab inside\tand after",
+        "😀 日本語",
+    ]
+    entries = [
+        Entry(
+            id=str(i),
+            track="user",
+            scope="user-global",
+            workspace_key="",
+            agent_key="",
+            text=text,
+            source="s",
+            tags=[],
+            version=1,
+            created_at=0,
+            updated_at=0,
+            last_recalled=None,
+            recall_count=0,
+            session_id=None,
+        )
+        for i, text in enumerate(texts)
+    ]
+    adapter = builtin_adapters()[adapter_id]
+    back = adapter.adapt(adapter.export(entries))
+    assert [e.text for e in back] == [
+        "--", "- -", "* *", "-", "*", "# not a heading", "## user/workspace", "```", "~~~ x", "---",
+        "1. item", "**bold**", "a  b", "a - b", "tab inside\tand after", "😀 日本語",
+    ]  # fmt: skip
+    assert {(e.track, e.scope) for e in back} == {("user", "user-global")}
+
+
+@settings(max_examples=150)
+@given(entries=_entries())
+def test_mem0_export_then_adapt_round_trips(entries: list[Entry]) -> None:
+    adapter = builtin_adapters()["mem0"]
+    document = json.loads(json.dumps(adapter.export(entries)))  # through real JSON
+    back = adapter.adapt(document)
+    assert [(e.track, e.scope, e.text, e.tags, e.workspace_key, e.agent_key) for e in back] == [
+        (e.track, e.scope, e.text, e.tags, e.workspace_key or None, e.agent_key) for e in entries
+    ]
+    assert all(e.source == "mem0" for e in back)
+
+
+def test_markdown_export_shape() -> None:
+    entries = _export_entries()
+    document = builtin_adapters()["hermes-memory-md"].export(entries)
+    headings = [line for line in document.splitlines() if line.startswith("#")]
+    assert headings == ["## user/user-global", "## user/workspace", "## agent/user-global", "## agent/workspace"]
+    assert builtin_adapters()["hermes-memory-md"].export([]) == ""
+
+
+# --- registry (pure) ---------------------------------------------------------------------
+
+
+def test_builtin_registry() -> None:
+    registry = builtin_adapters()
+    assert list(registry) == BUILTIN_IDS
+    for adapter_id, adapter in registry.items():
+        assert isinstance(adapter, Adapter)
+        assert ADAPTER_ID_PATTERN.fullmatch(adapter_id)
+        info = adapter.info()
+        assert isinstance(info, AdapterInfo) and info.id == adapter_id
+        assert info.import_formats and info.export_format
+    wire = msgspec.to_builtins(adapter_infos(registry))
+    assert [row["id"] for row in wire] == BUILTIN_IDS
+    assert set(wire[0]) == {"id", "name", "description", "version", "importFormats", "exportFormat"}
+    assert builtin_adapters()["mem0"] is not registry["mem0"]  # fresh instances
+
+
+@pytest.mark.parametrize("adapter_id", ["nope", "", "MEM0"])
+def test_unknown_adapter_is_adapter_not_found(adapter_id: str) -> None:
+    with pytest.raises(AdapterNotFound) as info:
+        get_adapter(builtin_adapters(), adapter_id)
+    assert info.value.code == "ADAPTER_NOT_FOUND"
+    assert info.value.details == {"adapterId": adapter_id}
+    assert info.value.to_wire()["code"] == -32018
+    assert get_adapter(builtin_adapters(), "mem0").id == "mem0"
+
+
+# --- third-party adapters: the contract wrappers -----------------------------------------
+
+
+class _Custom(AdapterBase):
+    def __init__(self, adapter_id: str = "custom", result: Any = None, exc: Exception | None = None) -> None:
+        super().__init__(
+            id=adapter_id,
+            name="Custom",
+            description="test adapter",
+            version="0.0.1",
+            import_formats=["text/plain"],
+            export_format="text/plain",
+        )
+        self.result = result
+        self.exc = exc
+
+    def adapt(self, payload: Any) -> list[EntryInput]:
+        if self.exc is not None:
+            raise self.exc
+        return self.result  # type: ignore[no-any-return]
+
+    def export(self, entries: list[Entry]) -> Any:
+        if self.exc is not None:
+            raise self.exc
+        return self.result
+
+
+def test_adapt_payload_turns_unexpected_failures_into_adapter_payload() -> None:
+    with pytest.raises(AdapterPayload) as info:
+        adapt_payload(_Custom(exc=KeyError("secret memory text")), "x")
+    assert info.value.details == {"adapterId": "custom"}
+    assert "KeyError" in info.value.message and "secret" not in info.value.message
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        "not a list",
+        [{"track": "nope", "scope": "user-global", "text": "x"}],
+        [{"track": "user", "scope": "user-global"}],
+        [{"track": "user", "scope": "user-global", "text": "x", "tag": ["typo"]}],
+        [EntryInput(track="user", scope="user-global", text="bad \ud800")],
+        [42],
+    ],
+)
+def test_adapt_payload_checks_the_result(result: Any) -> None:
+    with pytest.raises(AdapterPayload) as info:
+        adapt_payload(_Custom(result=result), "x")
+    assert info.value.details["adapterId"] == "custom"
+
+
+def test_adapt_payload_accepts_dicts_and_fills_the_source() -> None:
+    entries = adapt_payload(
+        _Custom(result=[{"track": "agent", "scope": "workspace", "text": "x", "agentKey": "a"}]),
+        "x",
+    )
+    assert entries == [
+        EntryInput(track="agent", scope="workspace", text="x", source="custom", agent_key="a"),
+    ]
+
+
+def test_adapt_payload_passes_protocol_errors_through() -> None:
+    err = AdapterPayload("custom: line 3 is bad", {"adapterId": "custom", "line": 3})
+    with pytest.raises(AdapterPayload) as info:
+        adapt_payload(_Custom(exc=err), "x")
+    assert info.value is err
+
+
+def test_export_entries_refuses_non_json_documents() -> None:
+    with pytest.raises(AdapterPayload):
+        export_entries(_Custom(result={"when": object()}), [])
+    with pytest.raises(AdapterPayload):
+        export_entries(_Custom(exc=RuntimeError("boom")), [])
+    assert export_entries(_Custom(result={"ok": [1, "two"]}), []) == {"ok": [1, "two"]}
+
+
+# --- the daemon's registry: entry points -------------------------------------------------
+
+
+class _EP:
+    """A stand-in for importlib.metadata.EntryPoint."""
+
+    def __init__(self, name: str, obj: Any = None, exc: Exception | None = None) -> None:
+        self.name = name
+        self.value = f"fake_module:{name}"
+        self._obj = obj
+        self._exc = exc
+
+    def load(self) -> Any:
+        if self._exc is not None:
+            raise self._exc
+        return self._obj
+
+
+def test_load_adapters_without_third_parties_is_the_builtins() -> None:
+    assert list(registry_mod.load_adapters([])) == BUILTIN_IDS
+
+
+def test_load_adapters_accepts_instances_classes_and_factories() -> None:
+    class Klass(_Custom):
+        def __init__(self) -> None:
+            super().__init__("from-class")
+
+    registry = registry_mod.load_adapters(
+        [
+            _EP("b-instance", _Custom("from-instance")),
+            _EP("a-class", Klass),
+            _EP("c-factory", lambda: _Custom("from.factory_1")),
+        ]
+    )
+    assert list(registry) == [*BUILTIN_IDS, "from-class", "from-instance", "from.factory_1"]
+    assert [row.id for row in adapter_infos(registry)] == list(registry)
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        (_Custom("Bad-Id"), "does not match"),
+        (_Custom("-leading-dash"), "does not match"),
+        (_Custom("x" * 65), "does not match"),
+        (_Custom("trailing-newline\n"), "does not match"),
+        (object(), "attribute 'id' must be a string"),
+        (42, "attribute 'id' must be a string"),
+    ],
+)
+def test_load_adapters_refuses_malformed_adapters(obj: Any, reason: str) -> None:
+    with pytest.raises(registry_mod.AdapterRegistryError, match=reason) as info:
+        registry_mod.load_adapters([_EP("broken", obj)])
+    assert "'broken'" in str(info.value) and "fake_module:broken" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def _malformed(**overrides: Any) -> Any:
+    adapter = _Custom("malformed")
+    for attr, value in overrides.items():
+        setattr(adapter, attr, value)
+    return adapter
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        (_malformed(name=None), "attribute 'name' must be a string"),
+        (_malformed(version=1), "attribute 'version' must be a string"),
+        (_malformed(import_formats="text/plain"), "'import_formats' must be a list of strings"),
+        (_malformed(import_formats=[1]), "'import_formats' must be a list of strings"),
+        (_malformed(adapt=None), r"method adapt\(\) is missing"),
+        (_malformed(info=lambda: {"id": "malformed"}), "must return memoryd_protocol.types.AdapterInfo"),
+        (
+            _malformed(
+                info=lambda: AdapterInfo(
+                    id="other", name="", description="", version="", import_formats=[], export_format=""
+                )
+            ),
+            "differs",
+        ),
+        (_malformed(info=lambda: 1 / 0), r"info\(\) failed: ZeroDivisionError"),
+    ],
+)
+def test_load_adapters_refuses_wrong_members(obj: Any, reason: str) -> None:
+    with pytest.raises(registry_mod.AdapterRegistryError, match=reason):
+        registry_mod.load_adapters([_EP("broken", obj)])
+
+
+def test_load_adapters_refuses_load_and_factory_failures() -> None:
+    with pytest.raises(registry_mod.AdapterRegistryError, match="failed to load: ModuleNotFoundError"):
+        registry_mod.load_adapters([_EP("gone", exc=ModuleNotFoundError("No module named 'fake_module'"))])
+
+    def factory() -> Any:
+        raise RuntimeError("no config")
+
+    with pytest.raises(registry_mod.AdapterRegistryError, match=r"calling factory\(\) failed: RuntimeError"):
+        registry_mod.load_adapters([_EP("boom", factory)])
+
+
+def test_load_adapters_refuses_duplicate_ids() -> None:
+    with pytest.raises(registry_mod.AdapterRegistryError, match="'mem0' is already registered by the built-in"):
+        registry_mod.load_adapters([_EP("shadow", _Custom("mem0"))])
+    with pytest.raises(registry_mod.AdapterRegistryError) as info:
+        registry_mod.load_adapters([_EP("first", _Custom("same")), _EP("second", _Custom("same"))])
+    message = str(info.value)
+    assert "'second'" in message and "already registered by adapter entry point 'first'" in message
+
+
+# --- the daemon's registry: a real installed distribution --------------------------------
+
+_THIRD_PARTY_MODULE = """
+from memoryd_protocol.adapters import AdapterBase
+from memoryd_protocol.types import EntryInput
+
+
+class NotesAdapter(AdapterBase):
+    def __init__(self):
+        super().__init__(id="{adapter_id}", name="Notes", description="one note per line",
+                         version="0.1.0", import_formats=["text/plain"], export_format="text/plain")
+
+    def adapt(self, payload):
+        return [EntryInput(track="user", scope="user-global", text=line.strip(), source=self.id)
+                for line in payload.splitlines() if line.strip()]
+
+    def export(self, entries):
+        return "\\n".join(e.text for e in entries)
+"""
+
+
+@pytest.fixture
+def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Install a fake distribution (module + dist-info with entry points) on sys.path."""
+    modules: list[str] = []
+
+    def install(module: str, adapter_id: str, ep_name: str) -> None:
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        (site / f"{module}.py").write_text(_THIRD_PARTY_MODULE.format(adapter_id=adapter_id))
+        dist = site / f"{module}-0.1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1.0\n")
+        (dist / "entry_points.txt").write_text(f"[memoryd.adapters]\n{ep_name} = {module}:NotesAdapter\n")
+        modules.append(module)
+        monkeypatch.syspath_prepend(str(site))  # also invalidates importlib's caches
+
+    yield install
+    for module in modules:
+        sys.modules.pop(module, None)
+
+
+def test_load_adapters_discovers_installed_entry_points(install_dist: Any) -> None:
+    install_dist("memoryd_test_notes_adapter", "notes", "notes")
+    assert [ep.name for ep in importlib.metadata.entry_points(group="memoryd.adapters")] == ["notes"]
+    registry = registry_mod.load_adapters()
+    assert list(registry) == [*BUILTIN_IDS, "notes"]
+    notes = get_adapter(registry, "notes")
+    assert adapt_payload(notes, "a\n\nb\n") == [
+        EntryInput(track="user", scope="user-global", text="a", source="notes"),
+        EntryInput(track="user", scope="user-global", text="b", source="notes"),
+    ]
+
+
+def test_installed_adapter_clashing_with_a_builtin_is_refused(install_dist: Any) -> None:
+    install_dist("memoryd_test_clash_adapter", "hermes-memory-md", "my-hermes")
+    with pytest.raises(registry_mod.AdapterRegistryError) as info:
+        registry_mod.load_adapters()
+    message = str(info.value)
+    assert "'my-hermes'" in message and "memoryd_test_clash_adapter:NotesAdapter" in message
+    assert "already registered by the built-in adapter" in message
