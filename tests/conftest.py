@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -109,6 +110,8 @@ def daemon_factory(tmp_path: Path) -> Iterator[object]:
     yield factory
     for d in started:
         d.stop()
+        if d.socket_path.parent.name.startswith("md-"):
+            shutil.rmtree(d.socket_path.parent, ignore_errors=True)
 
 
 @pytest.fixture

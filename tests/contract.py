@@ -118,13 +118,17 @@ def _short(obj: Any, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _trim(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def check(validator: Draft202012Validator, instance: Any, what: str, message: Any) -> None:
     """Raise AssertionError with the most relevant schema error, if any."""
     error = best_match(validator.iter_errors(instance))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise AssertionError(
-            f"{what} violates the contract at {where}: {error.message}\n"
+            f"{what} violates the contract at {where}: {_trim(error.message)}\n"
             f"  schema path: {'/'.join(str(p) for p in error.absolute_schema_path)}\n"
             f"  message: {_short(message)}"
         )

@@ -60,7 +60,7 @@ class Raw:
             async for line in self._lines:
                 msg = json.loads(line)
                 self.received.append(msg)
-                if isinstance(msg, list) or "id" in msg and ("result" in msg or "error" in msg):
+                if isinstance(msg, list) or ("id" in msg and ("result" in msg or "error" in msg)):
                     for m in msg if isinstance(msg, list) else [msg]:
                         if _validate is not None:
                             _validate(m, self._methods.get(m.get("id")))

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 from e2e_helpers import add
-from rawclient import socket_client, write_ctx
-
 from memoryd.store import MIGRATIONS
+from rawclient import socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
 

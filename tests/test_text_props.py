@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from memoryd_protocol import payloads
 from memoryd_protocol.errors import AmbiguousMatch, BudgetExceeded, EntryNotFound, InvalidInput
 from memoryd_protocol.text import (

@@ -34,6 +34,10 @@ export class LineDecoder {
     return lines;
   }
 
+  _tooLong(s) {
+    return s.length * 3 > this._maxLineBytes && Buffer.byteLength(s, 'utf8') > this._maxLineBytes;
+  }
+
   _take(text) {
     const lines = [];
     if (!text) return lines;
@@ -49,11 +53,12 @@ export class LineDecoder {
       }
       const line = stripCR(this._buf + piece);
       this._buf = '';
-      if (line.trim() !== '') lines.push(line);
+      if (this._tooLong(line)) this._onOverflow?.();
+      else if (line.trim() !== '') lines.push(line);
     }
     if (!this._discarding) {
       this._buf += text.slice(start);
-      if (this._buf.length * 3 > this._maxLineBytes && Buffer.byteLength(this._buf, 'utf8') > this._maxLineBytes) {
+      if (this._tooLong(this._buf)) {
         this._buf = '';
         this._discarding = true;
         this._onOverflow?.();

@@ -17,6 +17,7 @@ import {
   ABORTED,
   PROTOCOL_ERROR,
   INVALID_INPUT,
+  INVALID_REQUEST,
 } from './errors.js';
 
 export * from './errors.js';
@@ -139,10 +140,16 @@ export class Client extends EventEmitter {
     readable.on('end', () => this._onEnd());
     readable.on('close', () => this._onEnd());
     readable.on('error', (err) => this._onTransportError(err));
+    this._outputGone = undefined;
     if (writable !== readable) {
-      writable.on('error', (err) => this._onTransportError(err));
+      // A separate output stream (a child's stdin) that fails or closes makes further sends
+      // fail at once; calls already sent still wait for the input side, which carries any
+      // last responses and ends when the peer exits.
+      writable.on('error', (err) => {
+        this._outputGone ??= err;
+      });
       writable.on('close', () => {
-        if (!this.closed) this._markClosed(clientError(CONNECTION_CLOSED, 'connection closed: output stream closed'));
+        this._outputGone ??= new Error('output stream closed');
       });
     }
   }
@@ -186,6 +193,11 @@ export class Client extends EventEmitter {
         reject(clientError(CONNECTION_CLOSED, `cannot call ${method}: connection closed`, { method }, this.closeReason));
         return;
       }
+      if (params !== undefined && params !== null && typeof params !== 'object') {
+        // JSON-RPC 2.0 §4.2: params is structured (object or array) or absent.
+        reject(clientError(INVALID_REQUEST, `${method}: params must be an object or an array`, { method }));
+        return;
+      }
       if (signal?.aborted) {
         reject(clientError(ABORTED, `${method} aborted`, { method }, signal.reason));
         return;
@@ -204,7 +216,7 @@ export class Client extends EventEmitter {
       }
       this._pending.set(id, entry);
       try {
-        this._send({ jsonrpc: '2.0', id, method, params: params === undefined ? {} : params });
+        this._send({ jsonrpc: '2.0', id, method, params: params ?? {} });
       } catch (err) {
         this._settle(id, undefined, err instanceof MemorydError ? err : clientError(CONNECTION_CLOSED, `cannot send ${method}: ${err.message}`, { method }, err));
       }
@@ -372,10 +384,6 @@ export class Client extends EventEmitter {
     }
   }
 
-  async [Symbol.asyncDispose]() {
-    await this.close();
-  }
-
   // --- internals ------------------------------------------------------------------------
 
   _writeCall(method, params, opts = {}) {
@@ -391,6 +399,9 @@ export class Client extends EventEmitter {
 
   _send(message) {
     if (this.closed) throw clientError(CONNECTION_CLOSED, 'connection closed', {}, this.closeReason);
+    if (this._outputGone) {
+      throw clientError(CONNECTION_CLOSED, `connection closed: ${this._outputGone.message}`, { errno: this._outputGone.code }, this._outputGone);
+    }
     this._writable.write(encodeMessage(message));
   }
 
@@ -405,6 +416,7 @@ export class Client extends EventEmitter {
   }
 
   _onData(chunk) {
+    if (this.closed) return;
     let lines;
     try {
       lines = this._decoder.push(chunk);
@@ -552,7 +564,35 @@ export class Client extends EventEmitter {
   }
 }
 
+// `await using client = await connect(...)` where the runtime has Symbol.asyncDispose.
+if (typeof Symbol.asyncDispose === 'symbol') {
+  Object.defineProperty(Client.prototype, Symbol.asyncDispose, {
+    value: async function asyncDispose() {
+      await this.close();
+    },
+    writable: true,
+    configurable: true,
+  });
+}
+
 function defaultShutdown(readable, writable) {
+  if (readable !== writable) {
+    // A separate stream pair: end our side; the reader is ignored from now on.
+    return new Promise((resolve) => {
+      if (writable.writableFinished || writable.destroyed) return resolve(undefined);
+      const timer = setTimeout(() => resolve(undefined), 2000);
+      writable.once('finish', () => {
+        clearTimeout(timer);
+        resolve(undefined);
+      });
+      try {
+        writable.end();
+      } catch {
+        clearTimeout(timer);
+        resolve(undefined);
+      }
+    });
+  }
   return new Promise((resolve) => {
     const done = () => {
       clearTimeout(timer);

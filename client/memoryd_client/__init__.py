@@ -19,7 +19,19 @@ from __future__ import annotations
 
 from memoryd_protocol import types
 
-from .client import EVENT_METHODS, WRITE_METHODS, Client, Event, EventStream, __version__, connect, make_session, plain
+from .client import (
+    DECIDED,
+    EVENT_METHODS,
+    WRITE_METHODS,
+    Client,
+    Decided,
+    Event,
+    EventStream,
+    __version__,
+    connect,
+    make_session,
+    plain,
+)
 from .errors import (
     AdapterNotFound,
     AdapterPayload,
@@ -44,6 +56,7 @@ from .errors import (
 from .sync import SyncClient, SyncEventStream, connect_sync
 
 __all__ = [
+    "DECIDED",
     "EVENT_METHODS",
     "WRITE_METHODS",
     "AdapterNotFound",
@@ -55,6 +68,7 @@ __all__ = [
     "ClientError",
     "ConnectFailed",
     "ConnectionClosed",
+    "Decided",
     "EntryNotFound",
     "Event",
     "EventStream",

@@ -24,7 +24,8 @@ import logging
 import math
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,6 @@ from typing import Any, Final, TypeAlias
 import anyio
 import msgspec
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL
 from memoryd_protocol.errors import ProtocolError, from_wire
@@ -53,8 +53,15 @@ EVENT_BUFFER: Final = 10_000
 
 #: The write methods: the ones that can ask for approval.
 WRITE_METHODS: Final = frozenset(
-    {"memory/add", "memory/replace", "memory/remove", "memory/consolidate", "memory/seed",
-     "memory/import", "proposals/approve"}
+    {
+        "memory/add",
+        "memory/replace",
+        "memory/remove",
+        "memory/consolidate",
+        "memory/seed",
+        "memory/import",
+        "proposals/approve",
+    }
 )
 #: Every notification the daemon sends (wire-v1.md §5, §6).
 EVENT_METHODS: Final = frozenset(T.NOTIFICATIONS)
@@ -63,7 +70,7 @@ JSON: TypeAlias = Any
 #: A session: ``{"id": ..., "header": {"cwd": ..., "agentPreset": ...}}``, a ``types.Session``,
 #: or just the id.
 SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
-ApprovalHandler: TypeAlias = "Callable[[T.ApprovalAsked], str | bool | None | Awaitable[str | bool | None]]"
+ApprovalHandler: TypeAlias = "Callable[[T.ApprovalAsked], str | bool | Awaitable[str | bool | None] | None]"
 Listener: TypeAlias = "Callable[[Event], Any]"
 
 _DEFAULT: Any = object()  # "use the connection's timeout"
@@ -73,7 +80,7 @@ class _Message(msgspec.Struct):
     """An incoming line, typed only as far as routing needs; params/result stay raw."""
 
     jsonrpc: str | msgspec.UnsetType = msgspec.UNSET
-    id: int | str | None | msgspec.UnsetType = msgspec.UNSET
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
     params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
@@ -90,6 +97,22 @@ _RESULT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
 _EVENT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     method: msgspec.json.Decoder(ptype) for method, ptype in T.NOTIFICATIONS.items()
 }
+
+
+#: A client-side event (not a daemon notification): this connection answered an approval.
+#: Its params are a :class:`Decided`; with ``approval/asked`` it is the approval pair a
+#: harness appends to its session log.
+DECIDED: Final = "approval/decided"
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What this client answered to ``approval/asked`` ``id``; ``refused`` is the error code
+    when the daemon did not take the decision (already decided elsewhere, timed out)."""
+
+    id: str
+    outcome: str
+    refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,50 +195,60 @@ class EventStream:
     def __init__(self, client: Client, methods: frozenset[str]) -> None:
         self._client = client
         self.methods = methods
-        send: MemoryObjectSendStream[Event]
-        recv: MemoryObjectReceiveStream[Event]
-        send, recv = anyio.create_memory_object_stream[Event](EVENT_BUFFER)
-        self._send, self._recv = send, recv
-        if client.closed:
-            send.close()
-        else:
+        self._buffer: deque[Event] = deque()
+        self._wakeup = anyio.Event()
+        self._ended = client.closed
+        if not self._ended:
             client._streams.append(self)
 
     def _offer(self, event: Event) -> None:
-        if self.methods and event.method not in self.methods:
+        if self._ended or (self.methods and event.method not in self.methods):
             return
-        try:
-            self._send.send_nowait(event)
-        except anyio.WouldBlock:
+        if len(self._buffer) >= EVENT_BUFFER:
             log.warning("event stream full (%d); dropping %s", EVENT_BUFFER, event.method)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            return
+        self._buffer.append(event)
+        self._wakeup.set()
 
-    async def receive(self, timeout: float | None = None) -> Event:
+    def _end(self) -> None:
+        self._ended = True
+        self._wakeup.set()
+
+    async def _next(self) -> Event | None:
+        while not self._buffer:
+            if self._ended:
+                return None
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+        return self._buffer.popleft()
+
+    async def receive(self, timeout: float | None = None) -> Event:  # noqa: ASYNC109 - a queue's receive(timeout)
         """The next event; :class:`Timeout` after ``timeout`` seconds, :class:`ConnectionClosed`
         once the stream has ended."""
         try:
             with anyio.fail_after(timeout):
-                return await self._recv.receive()
+                event = await self._next()
         except TimeoutError:
             raise Timeout(f"no event within {timeout}s", {"timeout": timeout}) from None
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise ConnectionClosed("event stream ended") from None
+        if event is None:
+            raise ConnectionClosed("event stream ended")
+        return event
 
     def close(self) -> None:
+        """Stop receiving; buffered events are dropped."""
         with suppress(ValueError):
             self._client._streams.remove(self)
-        self._send.close()
-        self._recv.close()
+        self._buffer.clear()
+        self._end()
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> Event:
-        try:
-            return await self._recv.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
+        event = await self._next()
+        if event is None:
+            raise StopAsyncIteration
+        return event
 
     async def __aenter__(self) -> EventStream:
         return self
@@ -284,8 +317,6 @@ class Client:
         self._shutdown("connection closed by the client")
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
 
     def _shutdown(self, reason: str) -> None:
         if self._closed is not None:
@@ -296,7 +327,7 @@ class Client:
                 pending.error = ConnectionClosed(reason, {"method": pending.method})
                 pending.done.set()
         for stream in builtins.list(self._streams):
-            stream._send.close()
+            stream._end()
         self._streams.clear()
 
     # --- events ------------------------------------------------------------------------
@@ -347,7 +378,7 @@ class Client:
         except Exception:
             log.exception("event listener for %s failed", method)
 
-    def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def _spawn(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         if self._tg is None:
             log.warning("no task group; dropping %s", getattr(func, "__name__", func))
             return
@@ -433,8 +464,9 @@ class Client:
 
     async def _refuse_request(self, id: Any, method: str) -> None:
         with suppress(ClientError):
-            await self._send({"jsonrpc": "2.0", "id": id,
-                              "error": {"code": -32601, "message": f"method not found: {method}"}})
+            await self._send(
+                {"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": f"method not found: {method}"}}
+            )
 
     def _on_notification(self, method: str, raw: msgspec.Raw | msgspec.UnsetType) -> None:
         data = raw if isinstance(raw, msgspec.Raw) else b"null"
@@ -456,9 +488,9 @@ class Client:
                 self._spawn(self._answer_approval, ask_id, params, scope)
         elif method == "approval/resolved":
             rid = params.id if isinstance(params, T.ApprovalResolved) else (params or {}).get("id")
-            scope = self._asks.pop(rid, None) if isinstance(rid, str) else None
-            if scope is not None:  # another approver won: stop asking here
-                scope.cancel()
+            asking = self._asks.pop(rid, None) if isinstance(rid, str) else None
+            if asking is not None:  # decided elsewhere (another approver, a timeout): stop asking
+                asking.cancel()
         self._emit(Event(method, params))
 
     # --- approvals ---------------------------------------------------------------------
@@ -488,12 +520,15 @@ class Client:
             self._asks.pop(ask_id, None)
         if scope.cancel_called:  # decided elsewhere (approval/resolved): nothing to answer
             return
+        refused: str | None = None
         try:
             await self.call("approval/decided", {"id": ask_id, "outcome": outcome})
         except ProtocolError as exc:  # late: another approver or the daemon's timeout decided
             log.info("decision for approval %s refused: %s", ask_id, exc)
-        except ClientError:
-            pass
+            refused = exc.code
+        except ClientError as exc:
+            refused = exc.code
+        self._emit(Event(DECIDED, Decided(id=ask_id, outcome=outcome, refused=refused)))
 
     async def _decide(self, asked: Any) -> str:
         handler = self.on_approval
@@ -535,7 +570,7 @@ class Client:
             message["params"] = plain(params)
         await self._send(message)
 
-    async def call(self, method: str, params: Any = None, *, timeout: float | None = _DEFAULT) -> Any:
+    async def call(self, method: str, params: Any = None, *, timeout: float | None = _DEFAULT) -> Any:  # noqa: ASYNC109
         """Send a request and wait for its answer.
 
         The result is decoded with the protocol's type for ``method`` (``types.RESULTS``);
@@ -566,8 +601,9 @@ class Client:
                 with pending.scope:
                     await pending.done.wait()
                 if not pending.done.is_set():
-                    raise Timeout(f"{method}: no answer from memoryd within {timeout}s",
-                                  {"method": method, "timeout": timeout})
+                    raise Timeout(
+                        f"{method}: no answer from memoryd within {timeout}s", {"method": method, "timeout": timeout}
+                    )
         finally:
             self._pending.pop(request_id, None)
         if pending.error is not None:
@@ -711,7 +747,7 @@ async def connect(
     approvals: bool = True,
     on_approval: ApprovalHandler | None = None,
     client_name: str = "memoryd-client",
-    timeout: float | None = 30.0,
+    timeout: float | None = 30.0,  # noqa: ASYNC109 - per-call deadline, see Client.call
 ) -> AsyncIterator[Client]:
     """Connect to memoryd, ``initialize``, and yield a :class:`Client`.
 
@@ -731,10 +767,18 @@ async def connect(
             stream = await anyio.connect_unix(sock)
     except OSError as exc:  # includes TimeoutError
         reason = exc.strerror or str(exc) or type(exc).__name__
-        raise ConnectFailed(f"cannot connect to memoryd at {sock}: {reason}",
-                            {"path": str(sock), "errno": exc.errno}) from exc
-    client = Client(stream, session=session, approvals=approvals, on_approval=on_approval,
-                    client_name=client_name, timeout=timeout, path=sock)
+        raise ConnectFailed(
+            f"cannot connect to memoryd at {sock}: {reason}", {"path": str(sock), "errno": exc.errno}
+        ) from exc
+    client = Client(
+        stream,
+        session=session,
+        approvals=approvals,
+        on_approval=on_approval,
+        client_name=client_name,
+        timeout=timeout,
+        path=sock,
+    )
     try:
         async with anyio.create_task_group() as tg:
             client._tg = tg
@@ -744,24 +788,27 @@ async def connect(
                 yield client
             finally:
                 await client.aclose()
+                tg.cancel_scope.cancel()  # approval handlers and listeners still running
     except BaseExceptionGroup as group:
         # Only the body (or initialize) can fail in here: the reader and the spawned tasks
         # catch their own errors. Give the caller its own exception, not a group, with its
         # chaining untouched.
-        exc = _unwrap(group)
-        if exc is group:
+        inner = _unwrap(group)
+        if inner is group:
             raise
-        context, cause, suppressed = exc.__context__, exc.__cause__, exc.__suppress_context__
+        context, cause, suppressed = inner.__context__, inner.__cause__, inner.__suppress_context__
         try:
-            raise exc  # noqa: B904 - the group is an artefact of the task group, not a cause
+            raise inner
         finally:
-            exc.__context__, exc.__cause__, exc.__suppress_context__ = context, cause, suppressed
+            inner.__context__, inner.__cause__, inner.__suppress_context__ = context, cause, suppressed
 
 
 __all__ = [
+    "DECIDED",
     "EVENT_METHODS",
     "WRITE_METHODS",
     "Client",
+    "Decided",
     "Event",
     "EventStream",
     "connect",

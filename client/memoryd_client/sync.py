@@ -83,8 +83,9 @@ class SyncClient:
     def __enter__(self) -> SyncClient:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     @property
@@ -172,8 +173,9 @@ class SyncClient:
     def export(self, adapter: str | None = None) -> Any:
         return self._run(self._client.export, adapter)
 
-    def import_(self, envelope: Any = None, adapter: str | None = None, payload: Any = None,
-                write: Any = None) -> T.SeedResult:
+    def import_(
+        self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
+    ) -> T.SeedResult:
         return self._run(self._client.import_, envelope, adapter, payload, write)  # type: ignore[no-any-return]
 
     def adapters_list(self) -> builtins.list[T.AdapterInfo]:

@@ -15,11 +15,11 @@ from typing import Any
 import aiosqlite
 import anyio
 from anyio.abc import SocketStream, TaskGroup
-from memoryd_protocol.paths import default_socket_path
+from memoryd_protocol.paths import private_socket_path
 
 from . import store
-from .approvals import Approvals
 from .adapter_registry import load_adapters
+from .approvals import Approvals
 from .config import Config
 from .connection import Connection
 from .lifecycle import Lifecycle
@@ -79,10 +79,11 @@ class Daemon:
             os.close(lock_fd)
             raise
         reader_conn = await aiosqlite.Connection(lambda: _reader(path), 64)
+        loop_reader = _reader(path)
         usage = await run_on(writer_conn, store.usage)
         writer = Writer(writer_conn, usage)
         approvals = Approvals()
-        service = Service(config, writer, reader_conn, approvals)
+        service = Service(config, writer, reader_conn, approvals, loop_reader)
         handlers: dict[str, Any] = {
             "initialize": service.initialize,
             "memory/add": service.add,
@@ -132,6 +133,13 @@ class Daemon:
         sock = None if stdio else self._bind()
         async with anyio.create_task_group() as root:
             root.start_soon(self.writer.run)
+            flush_scope = anyio.CancelScope()
+
+            async def flusher() -> None:
+                with flush_scope:
+                    await self.writer.flusher()
+
+            root.start_soon(flusher)
             try:
                 async with anyio.create_task_group() as serving:
                     serving.start_soon(self._watch_signals)
@@ -147,6 +155,9 @@ class Daemon:
                     sd_notify("STOPPING=1")
                     await self._drain(serving)
             finally:
+                flush_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.writer.settled()
                 self.writer.close()
         await self.close()
 
@@ -155,7 +166,7 @@ class Daemon:
         sock = inherited_listener()
         if sock is None:
             path = self.config.socket_path
-            sock = bind_unix(path, private_dir=path == default_socket_path())
+            sock = bind_unix(path, private_dir=path == private_socket_path())
             self._socket_path: Path | None = path
         else:
             self._socket_path = None
@@ -210,6 +221,7 @@ class Daemon:
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.reader_conn.close()
+            self.service.loop_reader.close()
             with contextlib.suppress(Exception):
                 await run_on(self.writer_conn, lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
             await self.writer_conn.close()

@@ -34,7 +34,7 @@ class Connection:
         #: the peer sent EOF: it can no longer answer approvals (replies may still go out)
         self.gone = False
         self._send = send
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)
         self._dispatcher = dispatcher
         self._approvals = approvals
         self._max_bytes = max_bytes
@@ -77,7 +77,8 @@ class Connection:
             log.debug("connection %d closed", self.id)
 
     async def _handle(self, line: bytes, prev: anyio.Event, turn: anyio.Event) -> None:
-        await prev.wait()
+        if not prev.is_set():
+            await prev.wait()
         token = release_turn.set(turn.set)
         try:
             reply = await self._dispatcher.handle_line(self, line)

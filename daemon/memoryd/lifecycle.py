@@ -9,7 +9,6 @@ import sqlite3
 from typing import Any
 
 import msgspec
-
 from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
@@ -216,7 +215,7 @@ class Lifecycle:
         return get_adapter(self.adapters, adapter_id)
 
     async def export(self, peer: Peer, p: ExportParams) -> Any:
-        entries = await self.s.read(store.list_entries)
+        entries = await self.s.read_off_loop(store.list_entries)
         if p.adapter is not None:
             return export_entries(self.adapter(p.adapter), entries)
         exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

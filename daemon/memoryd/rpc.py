@@ -13,6 +13,7 @@ that costs a few dict lookups.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ from typing import Any
 
 import anyio
 import msgspec
-from jsonrpcserver import JsonRpcError, Success, async_dispatch_to_response
+from jsonrpcserver import JsonRpcError, Success, dispatch_to_response
 from memoryd_protocol.constants import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RPC_LEVEL_CODES
 from memoryd_protocol.errors import InvalidInput, ProtocolError, WriteRequiresAgent
 from memoryd_protocol.types import PARAMS
@@ -77,6 +78,37 @@ def _to_jsonrpc_error(exc: ProtocolError) -> JsonRpcError:
     return JsonRpcError(wire["code"], wire["message"], wire["data"])
 
 
+class _Call:
+    """A method call jsonrpcserver has accepted, run by us after it returns.
+
+    jsonrpcserver's async dispatcher wraps every request in ``asyncio.gather`` (an extra
+    task and loop iterations per request). We use its synchronous state machine instead:
+    the method only records the call, and ``_dispatch`` awaits it afterwards, for
+    requests and notifications alike.
+    """
+
+    __slots__ = ("coro", "error", "result")
+
+    def __init__(self, coro: Awaitable[Any]) -> None:
+        self.coro = coro
+        self.result: Any = None
+        self.error: JsonRpcError | None = None
+
+    async def run(self) -> None:
+        try:
+            self.result = await self.coro
+        except JsonRpcError as exc:
+            self.error = exc
+
+
+class _Context:
+    __slots__ = ("calls", "peer")
+
+    def __init__(self, peer: Any) -> None:
+        self.peer = peer
+        self.calls: list[_Call] = []
+
+
 class Dispatcher:
     def __init__(self, handlers: dict[str, Handler]) -> None:
         unknown = set(handlers) - set(PARAMS)
@@ -85,11 +117,11 @@ class Dispatcher:
         self.methods = {name: self._wrap(name, h) for name, h in handlers.items()}
 
     @staticmethod
-    def _wrap(name: str, handler: Handler) -> Callable[..., Awaitable[Any]]:
+    def _wrap(name: str, handler: Handler) -> Callable[..., Any]:
         params_type = PARAMS[name]
         is_write = "write" in params_type.__struct_fields__
 
-        async def method(peer: Any, *args: Any, **kwargs: Any) -> Any:
+        async def run(peer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             try:
                 if args:
                     raise InvalidInput("params must be an object (by-name), not an array")
@@ -101,7 +133,7 @@ class Dispatcher:
                     params = msgspec.convert(kwargs, params_type)
                 except msgspec.ValidationError as exc:
                     raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
-                return Success(await handler(peer, params))
+                return await handler(peer, params)
             except ProtocolError as exc:
                 raise _to_jsonrpc_error(exc) from None
             except anyio.get_cancelled_exc_class():
@@ -111,6 +143,14 @@ class Dispatcher:
                 raise JsonRpcError(INTERNAL_ERROR, "Internal error",
                                    {"code": "INTERNAL_ERROR", "message": "Internal error", "details": {}}) from None
 
+        def method(ctx: _Context, *args: Any, **kwargs: Any) -> Any:
+            call = _Call(run(ctx.peer, args, kwargs))
+            ctx.calls.append(call)
+            return Success(call)
+
+        # jsonrpcserver binds every call against inspect.signature(method); a precomputed
+        # __signature__ turns that from a per-request introspection into an attribute read.
+        method.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
         return method
 
     async def handle_line(self, peer: Any, line: bytes) -> bytes | None:
@@ -141,15 +181,14 @@ class Dispatcher:
         return None if reply is None else _encoder.encode(reply)
 
     async def _dispatch(self, peer: Any, obj: Any) -> dict[str, Any] | None:
-        response = await async_dispatch_to_response(
-            "",
-            self.methods,
-            context=peer,
-            deserializer=lambda _: obj,
-            validator=_check_shape,
-        )
+        ctx = _Context(peer)
+        response = dispatch_to_response("", self.methods, context=ctx, deserializer=lambda _: obj,
+                                        validator=_check_shape)
+        for call in ctx.calls:
+            await call.run()
         if response is None:
             return None
+        id_ = _request_id(obj)
         if isinstance(response, Left):
             err = response._error
             data = err.data
@@ -165,8 +204,21 @@ class Dispatcher:
                     code = INTERNAL_ERROR
                     message = "Internal error"
                     details = {}
-                return {"jsonrpc": "2.0", "id": err.id, "error": rpc_error(code, message, details)}
-            return {"jsonrpc": "2.0", "id": err.id,
-                    "error": {"code": err.code, "message": err.message, "data": data}}
+                return {"jsonrpc": "2.0", "id": id_, "error": rpc_error(code, message, details)}
+            return {"jsonrpc": "2.0", "id": err.id, "error": {"code": err.code, "message": err.message, "data": data}}
         ok = response._value
-        return {"jsonrpc": "2.0", "id": ok.id, "result": ok.result}
+        done: _Call = ok.result
+        if done.error is not None:
+            e = done.error
+            return {"jsonrpc": "2.0", "id": ok.id, "error": {"code": e.code, "message": e.message, "data": e.data}}
+        return {"jsonrpc": "2.0", "id": ok.id, "result": done.result}
+
+
+def _request_id(obj: Any) -> Any:
+    """The id of a request that failed validation, when it can still be read: JSON-RPC
+    2.0 §5 wants ``null`` only when the id itself could not be detected."""
+    if isinstance(obj, dict):
+        id_ = obj.get("id")
+        if isinstance(id_, str | int | float) and not isinstance(id_, bool):
+            return id_
+    return None

@@ -93,10 +93,17 @@ class Approved:
 
 
 class Service:
-    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals) -> None:
+    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals,
+                 loop_reader: sqlite3.Connection) -> None:
         self.config = config
         self.writer = writer
         self.reader = reader
+        #: Entry reads run right here on the event loop: the entries table is bounded by
+        #: the budgets (a few thousand rows at most), and such a read costs less than the
+        #: thread hop aiosqlite would add. The unbounded audit ledger is read via aiosqlite.
+        self.loop_reader = loop_reader
+        #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it.
+        self.recall_overlay: dict[str, list[int]] = {}
         self.approvals = approvals
         self.started = time.monotonic()
         self.connections = 0
@@ -104,6 +111,13 @@ class Service:
     # --- helpers -----------------------------------------------------------------------
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A bounded read on the loop's own connection, after queued recall bookkeeping."""
+        await self.writer.settled()
+        return fn(self.loop_reader)
+
+    async def read_off_loop(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read of unbounded size (the ledger) on the reader thread."""
+        await self.writer.settled()
         return await run_on(self.reader, fn)
 
     def limit(self, track: str, scope: str) -> int:
@@ -240,7 +254,7 @@ class Service:
 
     async def audit_list(self, peer: Peer, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.read(lambda c: store.audit_list(c, limit))
+        return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
     async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
         f = p.filter
@@ -260,34 +274,45 @@ class Service:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> tuple[list[Entry], int]:
-            hits = store.query(
-                conn, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key
-            )
-            page = hits[:limit]
-            ts = store.now_ms()
-            store.bump_recalls(conn, [e.id for e in page], ts)
-            for e in page:
-                e.recall_count += 1
-                e.last_recalled = ts
-            if session_id is not None:
-                store.audit(
-                    conn,
-                    "recalled",
-                    track=track,
-                    scope=scope,
-                    entry_id=None,
-                    text=text or "",
-                    outcome=None,
-                    source=None,
-                    session_id=session_id,
-                    ts=ts,
-                )
-            return page, len(hits)
+        hits = store.query(self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key,
+                           workspace_key=workspace_key)
+        overlay = self.recall_overlay
+        if overlay:
+            for e in hits:
+                o = overlay.get(e.id)
+                if o is not None:
+                    e.recall_count += o[0]
+                    e.last_recalled = max(e.last_recalled or 0, o[1])
+            hits.sort(key=lambda e: (-e.recall_count, -e.updated_at, e.id))
+        page = hits[:limit]
+        total = len(hits)
+        ts = store.now_ms()
+        ids = [e.id for e in page]
+        for e in page:
+            e.recall_count += 1
+            e.last_recalled = ts
+            o = overlay.setdefault(e.id, [0, ts])
+            o[0] += 1
+            o[1] = ts
 
-        # Recall counters are ranking metadata: committed atomically, but without waiting
-        # for an fsync of their own (durable=False).
-        page, total = await self.writer.submit(job, durable=False)
+        def job(conn: sqlite3.Connection) -> None:
+            store.bump_recalls(conn, ids, ts)
+            if session_id is not None:
+                store.audit(conn, "recalled", track=track, scope=scope, entry_id=None, text=text or "",
+                            outcome=None, source=None, session_id=session_id, ts=ts)
+
+        def committed() -> None:
+            for i in ids:
+                o = overlay.get(i)
+                if o is not None:
+                    o[0] -= 1
+                    if o[0] <= 0:
+                        del overlay[i]
+
+        # Recall counters and the recalled row are bookkeeping, not an acknowledged write:
+        # the reply does not wait for their commit (Writer.defer). The overlay keeps every
+        # next query exact meanwhile, and ledger reads flush them first (Writer.settled).
+        self.writer.defer(job, committed)
         if session_id is not None:
             await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=page, session_id=session_id))
         return QueryResult(entries=page, total=total, truncated=total > len(page))

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from memoryd_protocol.constants import GRID, MEMORYD_SCHEMA_VERSION, STORE_SCHEMA_VERSION
 from memoryd_protocol.errors import StoreCorrupt, StoreUnsupportedVersion
 from memoryd_protocol.text import utf16_len
@@ -256,16 +257,19 @@ def open_store(path: Path) -> tuple[sqlite3.Connection, int]:
 # --- rows --------------------------------------------------------------------------------
 
 
+_tags_decoder = msgspec.json.Decoder(list[str])
+
+
 def parse_tags(raw: Any) -> list[str] | None:
+    """The tags column (JSON array of strings); None when it is anything else."""
     if raw is None:
         return []
+    if raw == "[]":
+        return []
     try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
+        return _tags_decoder.decode(raw)
+    except (msgspec.DecodeError, TypeError):
         return None
-    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-        return None
-    return value
 
 
 def dump_tags(tags: Iterable[str]) -> str:

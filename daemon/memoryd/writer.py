@@ -30,6 +30,11 @@ T = TypeVar("T")
 Usage = dict[tuple[str, str], int]
 JobFn = Callable[[sqlite3.Connection, Usage], T]
 MAX_GROUP = 256
+FLUSH_DELAY_S = 0.05
+
+
+def _noop(conn: sqlite3.Connection, usage: Usage) -> None:
+    return None
 
 
 class WriterClosed(Exception):
@@ -69,6 +74,8 @@ class Writer:
         self._full_sync = True
         self.depth = 0
         self.commits = 0
+        self._deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]] = []
+        self._flush_wanted = anyio.Event()
 
     async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
         job: _Job[T] = _Job(fn, durable)
@@ -85,6 +92,31 @@ class Writer:
             raise job.error
         result: T = job.result
         return result
+
+    def defer(self, fn: Callable[[sqlite3.Connection], None], on_done: Callable[[], None]) -> None:
+        """Queue bookkeeping that nobody awaits (recall counters, ``recalled`` rows).
+
+        It is written at the head of the next transaction, or by a flush within
+        FLUSH_DELAY_S, whichever comes first: a burst of queries costs one commit instead
+        of one each, and because every later write commits after it, the ledger stays in
+        order. ``on_done`` runs on the event loop once it has committed (or failed).
+        """
+        self._deferred.append((fn, on_done))
+        self._flush_wanted.set()
+
+    async def settled(self) -> None:
+        """Return once all deferred bookkeeping queued so far has committed (for readers
+        that must see it, such as the audit ledger)."""
+        if self._deferred:
+            await self.submit(_noop, durable=False)
+
+    async def flusher(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            await anyio.sleep(FLUSH_DELAY_S)
+            self._flush_wanted = anyio.Event()
+            if self._deferred:
+                await self.submit(_noop, durable=False)
 
     def close(self) -> None:
         """Accept no more jobs; ``run`` returns once the queued ones are committed."""
@@ -103,9 +135,10 @@ class Writer:
 
     async def _commit(self, batch: list[_Job[Any]]) -> None:
         durable = any(j.durable for j in batch)
+        deferred, self._deferred = self._deferred, []
         try:
             with anyio.CancelScope(shield=True):
-                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable))
+                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred))
             self.commits += 1
         except Exception:
             log.exception("group commit of %d job(s) failed", len(batch))
@@ -114,16 +147,28 @@ class Writer:
                     j.error = RuntimeError("commit failed")
         finally:
             self.depth -= len(batch)
+            for _, on_done in deferred:
+                on_done()
             for j in batch:
                 j.done.set()
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool) -> Usage:
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool,
+                   deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]]) -> Usage:
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
         usage = dict(self.usage)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            for fn, _ in deferred:
+                conn.execute("SAVEPOINT bookkeeping")
+                try:
+                    fn(conn)
+                    conn.execute("RELEASE bookkeeping")
+                except Exception:
+                    conn.execute("ROLLBACK TO bookkeeping")
+                    conn.execute("RELEASE bookkeeping")
+                    log.exception("deferred bookkeeping failed")
             for job in batch:
                 before = dict(usage)
                 conn.execute("SAVEPOINT job")

@@ -18,8 +18,15 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
 
-def default_socket_path() -> Path:
+def private_socket_path() -> Path:
+    """The per-user socket inside the 0700 runtime directory."""
     return runtime_dir() / "memoryd.sock"
+
+
+def default_socket_path() -> Path:
+    """``$MEMORYD_SOCKET`` when set, else the per-user socket."""
+    env = os.environ.get("MEMORYD_SOCKET")
+    return Path(env) if env else private_socket_path()
 
 
 def default_db_path() -> Path:
@@ -34,4 +41,4 @@ def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP)) / "config.toml"
 
 
-__all__ = ["default_config_path", "default_db_path", "default_socket_path", "runtime_dir"]
+__all__ = ["default_config_path", "default_db_path", "default_socket_path", "private_socket_path", "runtime_dir"]

@@ -92,7 +92,7 @@ TAGS: Final[JSON] = {
         "minLength": 1,
         "maxLength": MAX_TAG_UNITS,
         "pattern": LABEL_PATTERN,
-        "$comment": f"≤{MAX_TAG_UNITS} UTF-16 code units; maxLength counts code points (see the root $comment).",
+        "$comment": f"≤{MAX_TAG_UNITS} UTF-16 code units; maxLength counts code points, so astral characters can slip through.",
     },
     "description": (
         f"Short labels: at most {MAX_TAGS}, each at most {MAX_TAG_UNITS} characters (UTF-16 units), "
@@ -213,7 +213,36 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "text": {"minLength": 1, "maxLength": PROPOSAL_MAX_TEXT},
         "source": SOURCE_INPUT,
     },
+    "InitializeParams": {
+        "protocol": {"description": f"The protocol the client speaks: '{PROTOCOL}'."},
+    },
+    "Capabilities": {
+        "approvals": {
+            "description": (
+                "false: this connection cannot answer approvals (a headless script, a model-side tool); "
+                "its writes are asked of the approvers (approval/subscribe). Default true."
+            ),
+        },
+    },
+    "SnapshotParams": {
+        "session": {"description": "The session: id (the freeze key) and header (cwd, agentPreset)."},
+        "language": {"description": "Snapshot language; defaults to the daemon's configured language."},
+    },
+    "ExportParams": {"adapter": {"description": "An adapter id from adapters/list; absent = the envelope."}},
+    "ImportParams": {
+        "envelope": {
+            "description": (
+                "A memory-export-v1 envelope (see exportEnvelope). Entries from a dsh-memento export "
+                "may lack sessionId; ids, timestamps, versions and recall counts are not kept."
+            ),
+        },
+        "adapter": {"description": "An adapter id from adapters/list (with payload, instead of envelope)."},
+        "payload": {"description": "The adapter's input document (with adapter)."},
+    },
+    "ProposalApproveParams": {"id": {"description": "Id of a pending proposal."}},
+    "ProposalDismissParams": {"id": {"description": "Id of a pending proposal."}},
     "ApprovalDecidedParams": {
+        "id": {"description": "The id of an approval/asked sent to this connection."},
         "outcome": {
             "description": (
                 "'allowed-once' lets the write proceed; 'rejected', 'cancelled', 'unavailable' "
@@ -621,7 +650,10 @@ NOTIFICATION_DOCS: Final[dict[str, str]] = {
         "(or, for a connection with capabilities.approvals false, to every approver). Answer with "
         "approval/decided {id, outcome}."
     ),
-    "approval/resolved": "Another approver decided first (sent to the approvers that did not).",
+    "approval/resolved": (
+        "An approval this connection was asked was resolved without its decision (another approver "
+        "decided first, it timed out, the issuing connection went away): close the prompt."
+    ),
     "memory/added": "A committed add/seed/import/consolidate/proposal entry (sent to the writing connection).",
     "memory/updated": "A committed replace: {previous, entry}.",
     "memory/removed": "A committed remove (and each consolidated target).",

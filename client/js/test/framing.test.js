@@ -248,10 +248,10 @@ describe('Client routing (fake peer)', () => {
 
   test('close() rejects pending calls', async () => {
     const p = fakePeer();
-    const c = p.client.call('a');
+    const c = p.client.call('a').catch((e) => e);
     await p.nth(1);
     await p.client.close();
-    assert.equal((await c.catch((e) => e)).code, CONNECTION_CLOSED);
+    assert.equal((await c).code, CONNECTION_CLOSED);
   });
 
   test('timeouts: per call, default, and late responses are ignored', async () => {
@@ -276,6 +276,18 @@ describe('Client routing (fake peer)', () => {
     p2.send({ jsonrpc: '2.0', id: req.id, result: { ok: true } });
     assert.deepEqual(await w, { ok: true });
     assert.equal(p.client.pendingCount, 0);
+  });
+
+  test('params must be structured: primitives are refused locally, null/undefined become {}', async () => {
+    const p = fakePeer();
+    const e = await p.client.call('a', 'str').catch((x) => x);
+    assert.equal(e.code, 'INVALID_REQUEST');
+    assert.equal(p.client.pendingCount, 0);
+    p.client.call('b', null).catch(() => {});
+    p.client.call('c', [1, 2]).catch(() => {});
+    assert.deepEqual((await p.nth(1)).params, {});
+    assert.deepEqual((await p.nth(2)).params, [1, 2]);
+    await p.client.close();
   });
 
   test('AbortSignal cancels waiting', async () => {

@@ -1,0 +1,786 @@
+"""``memoryctl``: manage memoryd from a shell (the reference provider's ``/memory`` verbs).
+
+Exit status: 0 success; 1 the daemon refused (a protocol error such as BUDGET_EXCEEDED or
+WRITE_DENIED); 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
+lost / timeout / autostart failed; 130 interrupted. Every error is one line on stderr:
+``error: <CODE>: <message>`` (with ``--json``, also ``{"error": {...}}`` on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+from memoryd_protocol import types as T
+from memoryd_protocol.constants import ALLOWED_ONCE, SCOPES, TRACKS
+from memoryd_protocol.errors import ProtocolError
+from memoryd_protocol.paths import default_socket_path
+
+from . import render
+from .autostart import NO_DAEMON_ERRNOS, AutostartFailed, start_daemon
+from .client import DECIDED, Client, connect, make_session
+from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed
+from .prompt import Approver
+
+PROG = "memoryctl"
+EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A local problem with the command line or its input files (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: USAGE: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The options every verb takes, before or after the verb. On the verbs' parsers the
+    defaults are suppressed, so an option given before the verb is not reset after it."""
+
+    def d(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("connection and context (any position)")
+    g.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=d(None),
+        help=f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket_path()})",
+    )
+    g.add_argument(
+        "--db",
+        metavar="PATH",
+        default=d(None),
+        help="store for an autostarted daemon (memoryd serve --db); warns if a running daemon uses another",
+    )
+    g.add_argument("--config", metavar="PATH", default=d(None), help="config file for an autostarted daemon")
+    g.add_argument(
+        "--no-autostart",
+        action="store_true",
+        default=d(False),
+        help="fail (exit 3) instead of starting a daemon when none answers",
+    )
+    g.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=d(30.0),
+        help="seconds to wait for each answer, not counting time at the approval prompt (default 30)",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=d(False),
+        help="print the result as JSON (the wire shape) instead of a table",
+    )
+    g.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        default=d(False),
+        help="approve this command's writes without asking (the payload is still shown on stderr)",
+    )
+    g.add_argument(
+        "--workspace",
+        "--cwd",
+        dest="workspace",
+        metavar="DIR",
+        default=d(None),
+        help="session working directory: the workspace of 'workspace' entries (default: current directory)",
+    )
+    g.add_argument(
+        "--agent",
+        metavar="KEY",
+        default=d(""),
+        help="session agent preset; '' (default) is the shared layer every agent sees",
+    )
+    g.add_argument(
+        "--session",
+        metavar="ID",
+        default=d(None),
+        help="session id for writes and snapshots (default: memoryctl-<pid>)",
+    )
+
+
+def _layer(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument(
+        "--track",
+        choices=TRACKS,
+        required=required,
+        help="user: facts about the user; agent: environment facts, conventions, lessons",
+    )
+    p.add_argument(
+        "--scope",
+        choices=SCOPES,
+        required=required,
+        help="user-global: every workspace; workspace: only the session's --workspace",
+    )
+
+
+def _text_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("text", metavar="TEXT", help=f"{help} ('-' reads it from stdin)")
+
+
+def _verb(sub: Any, name: str, summary: str, description: str, examples: str = "") -> argparse.ArgumentParser:
+    epilog = "examples:\n" + textwrap.indent(inspect.cleandoc(examples), "  ") if examples else None
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=inspect.cleandoc(description), epilog=epilog, formatter_class=_FORMATTER
+    )
+    _global_options(p, suppress=True)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        formatter_class=_FORMATTER,
+        description=textwrap.dedent("""
+            Manage memoryd, the local memory daemon (dsh-memory-protocol v1): read, write,
+            audit, import and export memory, and approve writes.
+
+            memoryctl connects to the daemon's socket and starts a daemon there when none
+            answers (--no-autostart to disable). Writes under write policy 'ask' show the
+            complete change and ask 'Approve? [y/N]' on the terminal; without a terminal
+            they are denied unless --yes is given.
+        """).strip(),
+        epilog=textwrap.dedent("""
+            exit status: 0 ok, 1 refused by the daemon (error code on stderr), 2 usage,
+            3 no daemon / connection lost / timeout, 130 interrupted.
+            Run 'memoryctl VERB --help' for a verb's options.
+        """).strip(),
+    )
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_Parser)
+
+    p = _verb(
+        sub,
+        "list",
+        "list every entry (all agents and workspaces)",
+        """List every memory entry in creation order, across all agents and workspaces
+              (the management view). --track/--scope narrow the table.""",
+        "memoryctl list\nmemoryctl list --track user --json",
+    )
+    _layer(p, required=False)
+
+    p = _verb(
+        sub,
+        "query",
+        "search entries by substring",
+        """Search entries by case-insensitive substring (ASCII folding). Hits are
+              ranked by recall count and recency; each hit's recall count goes up.""",
+        "memoryctl query tabs\nmemoryctl query --track agent --limit 50\n"
+        "memoryctl query pytest --as-session --workspace ~/proj",
+    )
+    p.add_argument("text", metavar="TEXT", nargs="?", help="substring to look for (omit to match everything)")
+    _layer(p, required=False)
+    p.add_argument("--limit", type=int, metavar="N", help="at most N entries (daemon default 20, cap 1000)")
+    p.add_argument(
+        "--as-session",
+        action="store_true",
+        help="see only what the session (--workspace, --agent) sees, and audit the recall under --session",
+    )
+
+    p = _verb(
+        sub,
+        "add",
+        "add an entry",
+        """Add one entry. Under write policy 'ask' the daemon asks for approval first;
+              over budget it fails with BUDGET_EXCEEDED (nothing is truncated).""",
+        """memoryctl add --track user --scope user-global "Prefers tabs over spaces"
+              memoryctl add --track agent --scope workspace --tag ci "Run tests with make check"
+              echo "long text" | memoryctl add --track user --scope user-global -""",
+    )
+    _layer(p)
+    p.add_argument("--tag", action="append", default=[], metavar="TAG", help="a tag (repeatable; ≤16, ≤32 chars each)")
+    p.add_argument("--source", default="memoryctl", help="provenance label (default: memoryctl)")
+    _text_arg(p, "the entry text")
+
+    p = _verb(
+        sub,
+        "replace",
+        "rewrite the one entry that MATCH finds",
+        """Rewrite exactly one entry, found by a unique case-insensitive substring of its
+              text. The id stays, its version goes up. Tags are replaced when --tag is given,
+              kept otherwise. Zero hits: ENTRY_NOT_FOUND; several: AMBIGUOUS_MATCH.""",
+        'memoryctl replace --track user --scope user-global "tabs" "Prefers 4-space indents"',
+    )
+    _layer(p)
+    p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
+    p.add_argument("match", metavar="MATCH", help="unique substring of the entry to replace")
+    _text_arg(p, "the new text")
+
+    p = _verb(
+        sub,
+        "remove",
+        "delete the one entry that MATCH finds",
+        """Delete exactly one entry, found by a unique case-insensitive substring of its
+              text. The approval shows the full text being deleted.""",
+        'memoryctl remove --track agent --scope workspace "make check"',
+    )
+    _layer(p)
+    p.add_argument("match", metavar="MATCH", help="unique substring of the entry to remove")
+
+    p = _verb(
+        sub,
+        "consolidate",
+        "merge several entries into one",
+        """Atomically delete every entry found by the -m substrings (1 to 20, each must
+              hit exactly one entry) and add one new entry: one approval, one transaction.""",
+        'memoryctl consolidate --track user --scope user-global -m tabs -m indent "Prefers 4-space indents"',
+    )
+    _layer(p)
+    p.add_argument(
+        "-m",
+        "--match",
+        dest="matches",
+        action="append",
+        required=True,
+        metavar="MATCH",
+        help="unique substring of an entry to merge (repeat for each, 1..20)",
+    )
+    p.add_argument("--tag", action="append", metavar="TAG", help="tags of the new entry (repeatable)")
+    _text_arg(p, "the merged entry's text")
+
+    _verb(
+        sub,
+        "budgets",
+        "show budget use per track and scope",
+        """Characters used and allowed per track × scope (UTF-16 code units, as the
+          protocol counts them), over the whole store.""",
+        "memoryctl budgets",
+    )
+
+    p = _verb(
+        sub,
+        "audit",
+        "show the audit ledger, newest first",
+        """The audit ledger: every write, denial, recall and snapshot, newest first.""",
+        "memoryctl audit --limit 20",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="at most N rows (default 100)")
+
+    p = _verb(
+        sub,
+        "proposals",
+        "list, approve or dismiss memory proposals",
+        """Pending memory suggestions (for example from a compaction summary).
+              'approve ID' writes the proposal through the normal write pipeline (approval,
+              budget, audit); 'dismiss ID' drops it. ID may be a unique prefix.""",
+        "memoryctl proposals\nmemoryctl proposals --status dismissed\n"
+        "memoryctl proposals approve 3f2a\nmemoryctl proposals dismiss 3f2a",
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("list", "approve", "dismiss"),
+        default="list",
+        help="list (default), approve or dismiss",
+    )
+    p.add_argument("id", nargs="?", metavar="ID", help="proposal id (or unique prefix) to approve or dismiss")
+    p.add_argument("--status", choices=("pending", "approved", "dismissed"), help="list only proposals in this state")
+
+    p = _verb(
+        sub,
+        "export",
+        "write every entry as JSON (or an adapter's format)",
+        """Print the memory-export-v1 envelope (a complete backup), or with --adapter the
+              adapter's document (e.g. markdown). Read-only: no approval, no audit row.""",
+        "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o CLAUDE.md",
+    )
+    p.add_argument("--adapter", metavar="ID", help="export through this adapter (see 'memoryctl adapters')")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (mode 0600) instead of stdout")
+
+    p = _verb(
+        sub,
+        "import",
+        "import an export envelope or an adapter's file",
+        """Import entries through seed: one approval for the whole batch, a budget check
+              of the whole batch, one transaction. Without --adapter FILE must be a
+              memory-export-v1 envelope; with --adapter it is that adapter's format (JSON or
+              text, detected; --format to force).""",
+        "memoryctl import memory.json\nmemoryctl import --adapter claude-code-memory-md CLAUDE.md\n"
+        "memoryctl import --adapter mem0 - < facts.json",
+    )
+    p.add_argument("--adapter", metavar="ID", help="convert FILE with this adapter (see 'memoryctl adapters')")
+    p.add_argument(
+        "--format",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="adapter payload: parsed JSON or the raw text (default auto: JSON if it parses)",
+    )
+    p.add_argument("file", metavar="FILE", help="file to import ('-' reads stdin)")
+
+    _verb(
+        sub,
+        "adapters",
+        "list the import/export adapters",
+        """The adapters the daemon knows (mem0, hermes-memory-md, claude-code-memory-md, and
+          any installed plugin adapters).""",
+        "memoryctl adapters",
+    )
+
+    _verb(
+        sub,
+        "status",
+        "show the daemon's status",
+        """Daemon version, uptime, connections, pending approvals, write queue depth and
+          store, plus the socket and the daemon's pid.""",
+        "memoryctl status\nmemoryctl status --json",
+    )
+
+    p = _verb(
+        sub,
+        "snapshot",
+        "print the memory snapshot a session sees",
+        """Print the frozen memory block injected into a session's system prompt: what a
+              session with this --session id, --workspace (--cwd) and --agent sees. Rendered
+              once per session id, then frozen; the default id is new each run, so the
+              default shows what a new session would see now.""",
+        "memoryctl snapshot\nmemoryctl snapshot --session s-42 --cwd ~/proj --agent coder",
+    )
+    p.add_argument("--lang", choices=("en", "zh"), help="snapshot language (default: the daemon's)")
+
+    p = _verb(
+        sub,
+        "approve",
+        "answer approvals for other clients' writes",
+        """Become an approver: writes from clients that cannot approve themselves (a
+              headless agent, a script) are asked here, one at a time, with their complete
+              payload. Prints a notice when another approver decided first. Runs until
+              Ctrl-C or end of input.""",
+        "memoryctl approve\nmemoryctl approve --reject   # deny everything, e.g. while away",
+    )
+    p.add_argument("--reject", action="store_true", help="reject every approval without asking")
+    p.add_argument("--count", type=int, metavar="N", help="exit after N decisions")
+    return parser
+
+
+def verbs(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Verb name → its parser (for docs and tests)."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+# --- running ---------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    socket: Path
+    approver: Approver
+    fit: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def json(self) -> bool:
+        return bool(self.args.json)
+
+    def out(self, text: str) -> None:
+        if text:
+            print(text, flush=True)
+
+    def result(self, value: Any, human: Callable[[], str]) -> None:
+        self.out(render.to_json(value) if self.json else human())
+
+
+def _read_input(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _text(value: str) -> str:
+    if value != "-":
+        return value
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _write_private(name: str, text: str) -> str:
+    """Write ``text`` to ``name`` with mode 0600 (memory is personal); returns the path."""
+    path = os.path.expanduser(name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def prepare(ctx: Ctx) -> None:
+    """Everything local (files, stdin, argument checks), before any connection."""
+    a = ctx.args
+    if a.db:
+        ctx.data["db"] = os.path.abspath(os.path.expanduser(a.db))
+    if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
+        ctx.data["text"] = _text(a.text)
+    if a.verb == "proposals" and a.action != "list" and not a.id:
+        raise UsageError(f"proposals {a.action} needs an ID")
+    if a.verb == "proposals" and a.action == "list" and a.id:
+        raise UsageError("proposals: an ID goes with approve or dismiss")
+    if a.verb == "import":
+        raw = _read_input(a.file)
+        if a.adapter is None or a.format == "json":
+            try:
+                ctx.data["payload"] = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{a.file} is not JSON: {exc}") from None
+        else:
+            ctx.data["raw"] = raw  # decided with the adapter's import formats (cmd_import)
+    if a.verb == "approve" and a.reject and a.yes:
+        raise UsageError("approve: --yes and --reject contradict each other")
+    for name in ("limit", "count"):
+        value = getattr(a, name, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be at least 1")
+
+
+async def cmd_list(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    entries = [
+        e for e in await c.list() if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)
+    ]
+    ctx.result(entries, lambda: render.entries_table(entries, fit=ctx.fit) if entries else "no entries")
+
+
+async def cmd_query(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    flt = {
+        k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit)) if v is not None
+    }
+    opts = None
+    if a.as_session:
+        opts = {"sessionId": c.session["id"] if c.session else None, "agentKey": a.agent, "workspaceKey": _workspace(a)}
+    r = await c.query(flt or None, opts)
+
+    def human() -> str:
+        if not r.entries:
+            return "no matches"
+        more = " (truncated; --limit N for more)" if r.truncated else ""
+        return f"{render.entries_table(r.entries, fit=ctx.fit)}\n{len(r.entries)} of {r.total} matches{more}"
+
+    ctx.result(r, human)
+
+
+def _input(ctx: Ctx, **extra: Any) -> dict[str, Any]:
+    a = ctx.args
+    inp: dict[str, Any] = {"track": a.track, "scope": a.scope, **extra}
+    if "text" in ctx.data:
+        inp["text"] = ctx.data["text"]
+    tags = getattr(a, "tag", None)
+    if tags:
+        inp["tags"] = tags
+    return inp
+
+
+async def cmd_add(c: Client, ctx: Ctx) -> None:
+    r = await c.add(_input(ctx, source=ctx.args.source))
+    ctx.result(r, lambda: f"added {render.short(r.entry.id)} ({render.usage(r.usage)})")
+
+
+async def cmd_replace(c: Client, ctx: Ctx) -> None:
+    r = await c.replace(_input(ctx, match=ctx.args.match))
+    ctx.result(
+        r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
+    )
+
+
+async def cmd_remove(c: Client, ctx: Ctx) -> None:
+    r = await c.remove(_input(ctx, match=ctx.args.match))
+    ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
+
+
+async def cmd_consolidate(c: Client, ctx: Ctx) -> None:
+    r = await c.consolidate(_input(ctx, matches=ctx.args.matches))
+    ctx.result(
+        r, lambda: f"consolidated {len(r.removed)} entries into {render.short(r.entry.id)} ({render.usage(r.usage)})"
+    )
+
+
+async def cmd_budgets(c: Client, ctx: Ctx) -> None:
+    rows = await c.budgets()
+    ctx.result(rows, lambda: render.budgets_table(rows))
+
+
+async def cmd_audit(c: Client, ctx: Ctx) -> None:
+    rows = await c.audit_list(ctx.args.limit)
+    ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
+
+
+async def _proposal_id(c: Client, prefix: str) -> str:
+    if len(prefix) >= 32:
+        return prefix
+    hits = [p.id for p in await c.proposals_list("pending") if p.id.startswith(prefix)]
+    if len(hits) == 1:
+        return hits[0]
+    return prefix  # zero or several: let the daemon say PROPOSAL_NOT_FOUND
+
+
+async def cmd_proposals(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    if a.action == "list":
+        rows = await c.proposals_list(a.status)
+        ctx.result(rows, lambda: render.proposals_table(rows, fit=ctx.fit) if rows else "no proposals")
+    elif a.action == "approve":
+        r = await c.proposals_approve(await _proposal_id(c, a.id))
+        ctx.result(
+            r, lambda: f"approved proposal {r.proposal.id}: added {render.short(r.entry.id)} ({render.usage(r.usage)})"
+        )
+    else:
+        p = await c.proposals_dismiss(await _proposal_id(c, a.id))
+        ctx.result(p, lambda: f"dismissed proposal {p.id}")
+
+
+async def cmd_export(c: Client, ctx: Ctx) -> None:
+    doc = await c.export(ctx.args.adapter)
+    text = doc if isinstance(doc, str) else render.to_json(doc)
+    if not text.endswith("\n"):
+        text += "\n"
+    if ctx.args.output:
+        path = await anyio.to_thread.run_sync(_write_private, ctx.args.output, text)
+        if not ctx.json:
+            print(f"exported to {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _parse_json(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+
+
+async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
+    """The payload for ``--adapter``: parsed JSON for a JSON adapter, the text for a text one
+    (``importFormats`` says which); the raw text when JSON does not parse."""
+    a = ctx.args
+    if "payload" in ctx.data:
+        return ctx.data["payload"]
+    raw: str = ctx.data["raw"]
+    if a.format == "text":
+        return raw
+    formats = next((ad.import_formats for ad in await c.adapters_list() if ad.id == a.adapter), [])
+    wants_json = any("json" in f for f in formats)
+    wants_text = any(f.startswith("text/") for f in formats)
+    if wants_text and not wants_json:
+        return raw
+    parsed = _parse_json(raw)
+    return parsed if isinstance(parsed, dict | list) else raw
+
+
+async def cmd_import(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    if a.adapter:
+        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx))
+    else:
+        r = await c.import_(envelope=ctx.data["payload"])
+    ctx.result(r, lambda: f"imported {r.added} entries")
+
+
+async def cmd_adapters(c: Client, ctx: Ctx) -> None:
+    rows = await c.adapters_list()
+    ctx.result(rows, lambda: render.adapters_table(rows, fit=ctx.fit))
+
+
+async def cmd_status(c: Client, ctx: Ctx) -> None:
+    s = await c.status()
+    ctx.result(s, lambda: render.status_lines(s, socket=str(ctx.socket), pid=c.peer_pid))
+
+
+async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
+    r = await c.snapshot(c.session, ctx.args.lang)
+    if ctx.json:
+        ctx.out(render.to_json(r))
+    elif r.text:
+        sys.stdout.write(render.visible(r.text) if ctx.fit else r.text)
+        sys.stdout.write("\n" if not r.text.endswith("\n") else "")
+        sys.stdout.flush()
+    else:
+        print("(empty snapshot: no entries visible to this session)", file=sys.stderr)
+
+
+async def cmd_approve(c: Client, ctx: Ctx) -> int:
+    a = ctx.args
+    events = c.events("approval/resolved", DECIDED)
+    await c.approval_subscribe()
+    print(f"memoryctl: approving writes for memoryd at {ctx.socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    decided = 0
+    async for ev in events:
+        p = ev.params
+        if ev.method == DECIDED:
+            decided += 1
+            word = "approved" if p.outcome == ALLOWED_ONCE else p.outcome
+            late = f" (too late: {p.refused})" if p.refused else ""
+            if ctx.json:
+                ctx.out(json.dumps({"id": p.id, "outcome": p.outcome, "refused": p.refused}))
+            else:
+                ctx.out(f"{word} {p.id}{late}")
+            if (a.count and decided >= a.count) or ctx.approver.eof:
+                return EXIT_OK
+        else:
+            rid, outcome = (p.id, p.outcome) if isinstance(p, T.ApprovalResolved) else (p.get("id"), p.get("outcome"))
+            if ctx.json:
+                ctx.out(json.dumps({"id": rid, "outcome": outcome, "resolvedElsewhere": True}))
+            else:
+                ctx.out(f"approval {rid} was decided by another approver: {outcome}")
+    raise ConnectionClosed("the daemon closed the connection")
+
+
+COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
+    "list": cmd_list,
+    "query": cmd_query,
+    "add": cmd_add,
+    "replace": cmd_replace,
+    "remove": cmd_remove,
+    "consolidate": cmd_consolidate,
+    "budgets": cmd_budgets,
+    "audit": cmd_audit,
+    "proposals": cmd_proposals,
+    "export": cmd_export,
+    "import": cmd_import,
+    "adapters": cmd_adapters,
+    "status": cmd_status,
+    "snapshot": cmd_snapshot,
+    "approve": cmd_approve,
+}
+
+
+def _workspace(a: argparse.Namespace) -> str:
+    return os.path.abspath(os.path.expanduser(a.workspace)) if a.workspace else os.getcwd()
+
+
+def _socket(a: argparse.Namespace) -> Path:
+    if a.socket:
+        return Path(a.socket).expanduser()
+    env = os.environ.get("MEMORYD_SOCKET")
+    return Path(env) if env else default_socket_path()
+
+
+def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    line = " ".join(message.split()) if message else code.lower()
+    print(f"error: {code}: {line}", file=sys.stderr, flush=True)
+    if ctx is not None and ctx.json:
+        ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
+
+
+async def _warn_db(c: Client, ctx: Ctx) -> None:
+    want = ctx.data["db"]
+    try:
+        have = (await c.status()).store.path
+    except (ProtocolError, ClientError):
+        return
+    if have != want:  # the daemon reports an absolute path
+        print(f"warning: the daemon at {ctx.socket} serves {have}, not --db {want}", file=sys.stderr)
+
+
+async def run(ctx: Ctx) -> int:
+    a = ctx.args
+    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
+    command = COMMANDS[a.verb]
+    autostarted = False
+    try:
+        prepare(ctx)
+        while True:
+            try:
+                async with connect(
+                    ctx.socket,
+                    session=session,
+                    approvals=True,
+                    on_approval=ctx.approver,
+                    client_name=PROG,
+                    timeout=a.timeout,
+                ) as c:
+                    if a.db and not autostarted:
+                        await _warn_db(c, ctx)
+                    code = await command(c, ctx)
+                    return code if isinstance(code, int) else EXIT_OK
+            except ConnectFailed as exc:
+                if autostarted or a.no_autostart or exc.details.get("errno") not in NO_DAEMON_ERRNOS:
+                    raise
+            autostarted = True
+            pid = await anyio.to_thread.run_sync(partial(start_daemon, ctx.socket, db=a.db, config=a.config))
+            if pid is not None:
+                print(f"memoryctl: started memoryd (pid {pid}) on {ctx.socket}", file=sys.stderr, flush=True)
+    except UsageError as exc:
+        _error(ctx, "USAGE", str(exc))
+        return EXIT_USAGE
+    except ProtocolError as exc:
+        _error(ctx, exc.code, exc.message, exc.details)
+        return EXIT_PROTOCOL
+    except AutostartFailed as exc:
+        tail = exc.details.get("stderr") or ""
+        for line in tail.splitlines():
+            print(f"memoryd: {line}", file=sys.stderr)
+        _error(ctx, exc.code, exc.message, exc.details)
+        return EXIT_CONNECTION
+    except BadResponse as exc:
+        _error(ctx, exc.code, exc.message, exc.details)
+        return EXIT_PROTOCOL
+    except ClientError as exc:
+        _error(ctx, exc.code, exc.message, exc.details)
+        return EXIT_CONNECTION
+    finally:
+        ctx.approver.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if not args.verb:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    ctx = Ctx(
+        args=args,
+        socket=_socket(args),
+        approver=Approver(yes=args.yes, reject=getattr(args, "reject", False)),
+        fit=_isatty(sys.stdout),
+    )
+    try:
+        return anyio.run(run, ctx)
+    except BrokenPipeError:  # `memoryctl list | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        if args.verb == "approve":
+            print("", file=sys.stderr)
+            return EXIT_OK
+        _error(None, "INTERRUPTED", "interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

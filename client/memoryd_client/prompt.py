@@ -1,0 +1,153 @@
+"""Asking a human at a terminal to approve a write (``memoryctl``'s approval handler).
+
+The prompt is read from stdin when it is a terminal, else from ``/dev/tty``; with neither,
+nobody can be asked and the write is denied (fail closed). Reading is async
+(``anyio.wait_readable``), so a prompt can be abandoned cleanly when another approver
+decides first. Type-ahead is flushed before each prompt so a stray ``y`` typed earlier
+cannot approve a write the human has not seen.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import termios
+from typing import TextIO
+
+import anyio
+from memoryd_protocol import types as T
+from memoryd_protocol.constants import ALLOWED_ONCE
+
+from . import render
+
+YES = frozenset({"y", "yes"})
+NO_TTY_NOTICE = (
+    "memoryctl: no terminal to ask for approval; denying (fail closed). "
+    "Pass --yes to approve without asking, or answer from 'memoryctl approve'."
+)
+
+
+class Terminal:
+    """A line-oriented conversation with the user's terminal."""
+
+    def __init__(self, fd: int, out: TextIO | None, *, owned: bool) -> None:
+        self.fd = fd
+        self._out = out
+        self._owned = owned
+
+    @classmethod
+    def open(cls) -> Terminal | None:
+        """stdin if it is a terminal (prompt on stderr), else /dev/tty, else None."""
+        try:
+            if sys.stdin is not None and sys.stdin.isatty():
+                return cls(sys.stdin.fileno(), None, owned=False)
+        except (ValueError, OSError):
+            pass
+        try:
+            fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+        except OSError:
+            return None
+        return cls(fd, None, owned=True)
+
+    def write(self, text: str) -> None:
+        if self._owned:
+            data = text.encode("utf-8", "replace")
+            while data:
+                data = data[os.write(self.fd, data) :]
+        else:
+            stream = self._out or sys.stderr
+            stream.write(text)
+            stream.flush()
+
+    def flush_input(self) -> None:
+        try:
+            termios.tcflush(self.fd, termios.TCIFLUSH)
+        except (termios.error, OSError):
+            pass
+
+    async def readline(self) -> str | None:
+        """One line (without its newline), or None at end of input (Ctrl-D)."""
+        buffer = b""
+        while True:
+            await anyio.wait_readable(self.fd)
+            try:
+                chunk = os.read(self.fd, 1024)
+            except BlockingIOError:
+                continue
+            except OSError:  # EIO: the terminal went away
+                return None
+            if not chunk:
+                return buffer.decode("utf-8", "replace") if buffer else None
+            buffer += chunk
+            if b"\n" in buffer:
+                return buffer.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._owned:
+            os.close(self.fd)
+            self._owned = False
+
+
+class Approver:
+    """``on_approval`` handler: shows the complete payload and asks ``Approve? [y/N]``.
+
+    ``yes`` approves and ``reject`` rejects without asking (both still show the payload on
+    stderr); with no terminal the answer is ``rejected``. Prompts run one at a time.
+    """
+
+    def __init__(self, *, yes: bool = False, reject: bool = False) -> None:
+        self.yes = yes
+        self.reject = reject
+        self.eof = False
+        self.asked = 0
+        self._lock = anyio.Lock()
+        self._terminal: Terminal | None = None
+        self._opened = False
+
+    def _term(self) -> Terminal | None:
+        if not self._opened:
+            self._opened = True
+            self._terminal = Terminal.open()
+        return self._terminal
+
+    async def __call__(self, asked: T.ApprovalAsked) -> str:
+        async with self._lock:
+            self.asked += 1
+            request = render.approval_request(asked)
+            if self.eof:
+                _say(f"{request}\nmemoryctl: input closed; rejecting")
+                return "rejected"
+            if self.reject:
+                _say(f"{request}\nmemoryctl: rejected (--reject)")
+                return "rejected"
+            if self.yes:
+                _say(f"{request}\nmemoryctl: approved (--yes)")
+                return ALLOWED_ONCE
+            term = self._term()
+            if term is None:
+                _say(f"{request}\n{NO_TTY_NOTICE}")
+                return "rejected"
+            term.flush_input()
+            term.write(f"{request}\nApprove? [y/N] ")
+            try:
+                answer = await term.readline()
+            except anyio.get_cancelled_exc_class():
+                term.write("\n(this approval is no longer pending)\n")
+                raise
+            if answer is None:
+                self.eof = True
+                term.write("\n")
+                return "rejected"
+            return ALLOWED_ONCE if answer.strip().lower() in YES else "rejected"
+
+    def close(self) -> None:
+        if self._terminal is not None:
+            self._terminal.close()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+__all__ = ["NO_TTY_NOTICE", "Approver", "Terminal"]

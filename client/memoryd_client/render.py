@@ -1,0 +1,194 @@
+"""Human-readable output for ``memoryctl``: tables, escaping, one-line summaries.
+
+Memory text comes from models and other tools, so everything printed to a terminal goes
+through :func:`visible`: control characters and bidi overrides are shown as escapes, never
+interpreted by the terminal (what the human approves is what is stored).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+from memoryd_protocol import types as T
+
+# C0/C1 controls (newline and tab handled separately), DEL, and the bidi embedding/override/
+# isolate characters (Trojan Source) and zero-width joiners used to hide text.
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str, *, newlines: bool = True) -> str:
+    """``text`` safe for a terminal: unsafe characters as ``\\xNN``/``\\uNNNN``; with
+    ``newlines=False`` line breaks and tabs become ``\\n``/``\\t`` too (one table row)."""
+    out = _UNSAFE.sub(_escape, text)
+    if not newlines:
+        out = out.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    else:
+        out = out.replace("\r", "\\r")
+    return out
+
+
+def one_line(text: str) -> str:
+    return visible(text, newlines=False)
+
+
+def to_json(value: Any) -> str:
+    """The result as pretty JSON (Structs use their wire names)."""
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = False) -> str:
+    """Columns padded to their widest cell; the last column is never padded and, with
+    ``fit`` (stdout is a terminal), cut to the terminal width."""
+    rows = [[one_line(str(c)) for c in r] for r in rows]
+    if not rows:
+        return ""
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, cell in enumerate(r[:-1]):
+            widths[i] = max(widths[i], len(cell))
+    width = shutil.get_terminal_size((100, 24)).columns if fit else 0
+
+    def line(cells: Sequence[str]) -> str:
+        head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
+        out = f"{head}  {cells[-1]}" if head else cells[-1]
+        if width and len(out) > width:
+            out = out[: max(width - 1, 0)] + "…"
+        return out.rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def short(entry_id: str | None) -> str:
+    return (entry_id or "-")[:8]
+
+
+def entries_table(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
+    show_ws = any(e.workspace_key for e in entries)
+    headers = ["ID", "TRACK", "SCOPE", "AGENT", *(["WORKSPACE"] if show_ws else []), "TAGS", "TEXT"]
+    rows = [
+        [
+            short(e.id),
+            e.track,
+            e.scope,
+            e.agent_key or "(shared)",
+            *([e.workspace_key or "-"] if show_ws else []),
+            ",".join(e.tags) or "-",
+            e.text,
+        ]
+        for e in entries
+    ]
+    return table(headers, rows, fit=fit)
+
+
+def budgets_table(rows: Sequence[T.BudgetRow]) -> str:
+    def pct(r: T.BudgetRow) -> str:
+        return f"{100 * r.used / r.limit:.0f}%" if r.limit else "-"
+
+    return table(
+        ["TRACK", "SCOPE", "USED", "LIMIT", "FULL"],
+        [[r.track, r.scope, str(r.used), str(r.limit), pct(r)] for r in rows],
+    )
+
+
+def audit_table(rows: Sequence[T.AuditRow], *, fit: bool = False) -> str:
+    return table(
+        ["SEQ", "TIME", "ACTION", "LAYER", "ENTRY", "OUTCOME", "TEXT"],
+        [
+            [
+                str(r.seq),
+                when(r.ts),
+                r.action,
+                f"{r.track or '-'}/{r.scope or '-'}",
+                short(r.entry_id),
+                r.outcome or "-",
+                r.text or "",
+            ]
+            for r in rows
+        ],
+        fit=fit,
+    )
+
+
+def proposals_table(rows: Sequence[T.Proposal], *, fit: bool = False) -> str:
+    return table(
+        ["ID", "STATUS", "KIND", "LAYER", "SESSION", "TEXT"],
+        [[p.id, p.status, p.kind, f"{p.track}/{p.scope}", p.session_id or "-", p.text] for p in rows],
+        fit=fit,
+    )
+
+
+def adapters_table(rows: Sequence[T.AdapterInfo], *, fit: bool = False) -> str:
+    return table(
+        ["ID", "VERSION", "IMPORTS", "EXPORT", "DESCRIPTION"],
+        [[a.id, a.version, ",".join(a.import_formats), a.export_format, a.description or a.name] for a in rows],
+        fit=fit,
+    )
+
+
+def usage(row: T.BudgetRow) -> str:
+    return f"{row.track}/{row.scope} {row.used}/{row.limit} chars"
+
+
+def status_lines(status: T.DaemonStatus, *, socket: str, pid: int | None) -> str:
+    pairs = [
+        ("socket", socket),
+        ("pid", str(pid) if pid else "-"),
+        ("version", status.version),
+        ("uptime", f"{status.uptime_s:.0f}s"),
+        ("connections", str(status.connections)),
+        ("pending approvals", str(status.pending_approvals)),
+        ("queue depth", str(status.queue_depth)),
+        ("store", status.store.path),
+        ("store schema", str(status.store.schema_version)),
+    ]
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
+
+
+def approval_request(asked: T.ApprovalAsked) -> str:
+    """The complete approval payload, as the human sees it before answering."""
+    lines = [
+        "memoryd asks to approve a write:",
+        f"  action:  {one_line(asked.action)}" + (f" ({asked.count} entries)" if asked.count is not None else ""),
+        f"  layer:   {one_line(asked.track)}/{one_line(asked.scope)}",
+        f"  source:  {one_line(asked.source)}",
+        f"  session: {one_line(asked.session_id or '-')}",
+        f"  id:      {one_line(asked.id)}",
+        "  payload:",
+    ]
+    lines += [f"  | {line}" for line in visible(asked.text).split("\n")]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "adapters_table",
+    "approval_request",
+    "audit_table",
+    "budgets_table",
+    "entries_table",
+    "one_line",
+    "proposals_table",
+    "short",
+    "status_lines",
+    "table",
+    "to_json",
+    "usage",
+    "visible",
+    "when",
+]

@@ -1,0 +1,662 @@
+"""``memoryctl`` against a real daemon: every verb, --json, one-line errors and exit codes,
+the approval prompt on a pseudo-terminal, the fail-closed denial without one, the
+``approve`` loop, and autostart.
+
+Most verbs run in-process (``main(argv)``, fast); everything that depends on the process
+boundary (terminals, exit codes, autostart, ``python -m``) runs memoryctl as a subprocess
+with its own session, so it never sees the terminal pytest runs in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import memoryd_client as mc
+import pytest
+from memoryd_client.cli import build_parser, main, verbs
+from memoryd_protocol.constants import ALLOWED_ONCE
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMORYCTL = [sys.executable, "-m", "memoryd_client"]
+UG = ["--track", "user", "--scope", "user-global"]
+ERROR_LINE = re.compile(r"^error: [A-Z_]+: \S.*$")
+VERBS = list(verbs())
+
+
+@pytest.fixture(autouse=True)
+def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may touch the user's real socket, store or config."""
+    monkeypatch.delenv("MEMORYD_SOCKET", raising=False)
+    for var in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        path = tmp_path / "xdg" / var.lower()
+        path.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(path))
+
+
+def cli(capsys: pytest.CaptureFixture[str], daemon: Any, *args: str) -> tuple[int, str, str]:
+    """Run memoryctl in-process against ``daemon``; (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(["--socket", str(daemon.socket_path), "--no-autostart", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run(*args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run memoryctl as a subprocess in a new session (no controlling terminal)."""
+    return subprocess.run([*MEMORYCTL, *args], input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, start_new_session=True)
+
+
+def sock(d: Any) -> list[str]:
+    return ["--socket", str(d.socket_path), "--no-autostart"]
+
+
+def error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, stderr
+    assert ERROR_LINE.match(lines[0]), lines[0]
+    return lines[0]
+
+
+def texts(d: Any) -> list[str]:
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        return [e.text for e in c.list()]
+
+
+# --- help and docs -----------------------------------------------------------------------
+
+
+def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(VERBS) == {"list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit",
+                          "proposals", "export", "import", "adapters", "status", "snapshot", "approve"}
+    for verb, parser in verbs().items():
+        assert parser.description and len(parser.description) > 40, verb
+        assert parser.epilog and parser.epilog.startswith("examples:"), verb
+        assert main([verb, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: memoryctl {verb}"), verb
+        assert parser.description.split()[0] in out
+        assert "--socket" in out and "--json" in out  # global options work after the verb too
+
+
+def test_top_level_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for verb in VERBS:
+        assert re.search(rf"^\s+{verb}\s+\S", out, re.M), verb
+    assert "exit status" in out
+    assert main([]) == 2  # no verb: usage
+
+
+def test_every_verb_is_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [v for v in VERBS if f"memoryctl {v}" not in readme]
+    assert not missing, f"README.md does not mention: {', '.join('memoryctl ' + v for v in missing)}"
+
+
+def test_every_verb_is_in_the_reference_docs() -> None:
+    doc = (ROOT / "docs" / "memoryctl.md").read_text()
+    for verb in VERBS:
+        assert f"### `memoryctl {verb}`" in doc, verb
+        for action in verbs()[verb]._actions:  # every option of the verb is documented
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            if longs and longs[0] != "--help":
+                assert longs[0] in doc, f"{verb} {longs[0]}"
+
+
+def test_python_dash_m_and_console_script() -> None:
+    r = run("--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: memoryctl")
+    script = Path(sys.executable).parent / "memoryctl"
+    if script.exists():
+        r2 = subprocess.run([str(script), "status", "--help"], capture_output=True, text=True, timeout=60)
+        assert r2.returncode == 0 and "usage: memoryctl status" in r2.stdout
+
+
+def test_global_options_before_or_after_the_verb() -> None:
+    p = build_parser()
+    a = p.parse_args(["--json", "--agent", "coder", "list"])
+    b = p.parse_args(["list", "--json", "--agent", "coder"])
+    c = p.parse_args(["--agent", "coder", "list"])  # not reset by the verb's parser
+    assert (a.json, a.agent) == (b.json, b.agent) == (True, "coder")
+    assert (c.json, c.agent) == (False, "coder")
+
+
+# --- verbs through a real daemon -----------------------------------------------------------
+
+
+def test_write_verbs_and_tables(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
+    code, out, err = cli(capsys, daemon, "add", *UG, "--tag", "style", "Prefers tabs over spaces")
+    assert code == 0 and out.startswith("added ") and "user/user-global 24/2000 chars" in out, err
+    assert cli(capsys, daemon, "add", *UG, "Uses vim")[0] == 0
+    assert cli(capsys, daemon, "add", *UG, "Uses tmux")[0] == 0
+
+    code, out, _ = cli(capsys, daemon, "list")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "TRACK", "SCOPE", "AGENT", "TAGS", "TEXT"]
+    assert [r.split(None, 5)[5] for r in rows] == ["Prefers tabs over spaces", "Uses vim", "Uses tmux"]
+    assert "style" in rows[0] and "(shared)" in rows[0]
+
+    code, out, _ = cli(capsys, daemon, "replace", *UG, "TABS", "Prefers 4-space indents")
+    assert code == 0 and "now version 2" in out
+    code, out, _ = cli(capsys, daemon, "consolidate", *UG, "-m", "vim", "--match", "tmux", "Uses vim inside tmux")
+    assert code == 0 and out.startswith("consolidated 2 entries into ")
+    code, out, _ = cli(capsys, daemon, "remove", *UG, "inside tmux")
+    assert code == 0 and out.startswith("removed ")
+    assert texts(daemon) == ["Prefers 4-space indents"]
+
+    code, out, _ = cli(capsys, daemon, "query", "indent")
+    assert code == 0 and "Prefers 4-space indents" in out and out.rstrip().endswith("1 of 1 matches")
+    code, out, _ = cli(capsys, daemon, "query", "nothing-like-this")
+    assert code == 0 and out.strip() == "no matches"
+
+    code, out, _ = cli(capsys, daemon, "budgets")
+    assert code == 0
+    assert out.splitlines()[1].split() == ["user", "user-global", "23", "2000", "1%"]
+
+    code, out, _ = cli(capsys, daemon, "audit", "--limit", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["SEQ", "TIME", "ACTION"] and len(lines) == 4
+    assert lines[1].split()[3] == "remove" and "allowed-once (via approval, writePolicy auto)" in lines[1]
+
+
+def test_text_from_stdin_and_tags(daemon: Any) -> None:
+    r = run(*sock(daemon), "add", *UG, "--tag", "a", "--tag", "b", "--json", "-", input="multi\nline text\n")
+    assert r.returncode == 0, r.stderr
+    e = json.loads(r.stdout)["entry"]
+    assert (e["text"], e["tags"], e["source"]) == ("multi\nline text", ["a", "b"], "memoryctl")
+    assert e["sessionId"].startswith("memoryctl-")
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
+    code, out, _ = cli(capsys, daemon, "--json", "add", *UG, "Prefers tabs")
+    assert code == 0
+    added = json.loads(out)
+    assert set(added) == {"entry", "usage"} and added["entry"]["text"] == "Prefers tabs"
+    assert added["usage"] == {"track": "user", "scope": "user-global", "used": 12, "limit": 2000}
+
+    for verb, check in [
+        (["list"], lambda v: [e["text"] for e in v] == ["Prefers tabs"]),
+        (["query", "tabs"], lambda v: v["total"] == 1 and not v["truncated"]),
+        (["budgets"], lambda v: len(v) == 4 and v[0]["used"] == 12),
+        (["audit"], lambda v: v[0]["action"] == "add"),
+        (["adapters"], lambda v: "claude-code-memory-md" in [a["id"] for a in v]),
+        (["status"], lambda v: v["store"]["path"] == str(daemon.db_path) and v["store"]["schemaVersion"] == 4),
+        (["proposals"], lambda v: v == []),
+        (["snapshot", "--session", "json-snap"], lambda v: "- Prefers tabs" in v["text"]),
+        (["replace", *UG, "tabs", "Prefers spaces"], lambda v: v["previous"]["text"] == "Prefers tabs"),
+        (["remove", *UG, "spaces"], lambda v: v["entry"]["text"] == "Prefers spaces"),
+    ]:
+        code, out, err = cli(capsys, daemon, *verb, "--json")
+        assert code == 0, (verb, err)
+        assert check(json.loads(out)), (verb, out)
+
+
+def test_workspace_agent_and_snapshot(capsys: pytest.CaptureFixture[str], daemon: Any, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    code, out, _ = cli(capsys, daemon, "--json", "--workspace", str(proj), "--agent", "coder", "--session", "w-1",
+                       "add", "--track", "agent", "--scope", "workspace", "Run make check before pushing")
+    assert code == 0
+    e = json.loads(out)["entry"]
+    assert (e["workspaceKey"], e["agentKey"], e["sessionId"]) == (str(proj), "coder", "w-1")
+    cli(capsys, daemon, "add", *UG, "Prefers tabs")
+
+    code, out, _ = cli(capsys, daemon, "snapshot", "--session", "new-1", "--cwd", str(proj), "--agent", "coder")
+    assert code == 0
+    assert out.startswith("[dsh-memento: frozen memory snapshot")
+    assert "- Run make check before pushing" in out and "- Prefers tabs" in out
+    code, out, _ = cli(capsys, daemon, "snapshot", "--session", "new-2", "--cwd", str(tmp_path), "--agent", "coder")
+    assert "make check" not in out and "- Prefers tabs" in out
+    code, out, _ = cli(capsys, daemon, "snapshot", "--session", "new-3", "--cwd", str(proj), "--agent", "reviewer")
+    assert "make check" not in out
+
+    code, out, _ = cli(capsys, daemon, "query", "--json", "--as-session", "--session", "q-1", "--workspace",
+                       str(tmp_path))
+    assert [x["text"] for x in json.loads(out)["entries"]] == ["Prefers tabs"]
+    code, out, _ = cli(capsys, daemon, "audit", "--json", "--limit", "1")
+    assert json.loads(out)[0]["action"] == "recalled" and json.loads(out)[0]["sessionId"] == "q-1"
+
+    code, out, _ = cli(capsys, daemon, "list", "--track", "agent")
+    assert code == 0 and "WORKSPACE" in out.splitlines()[0] and str(proj) in out and "Prefers tabs" not in out
+
+
+def test_empty_snapshot_and_list(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
+    code, out, err = cli(capsys, daemon, "snapshot")
+    assert code == 0 and out == "" and "empty snapshot" in err
+    assert cli(capsys, daemon, "list")[1].strip() == "no entries"
+
+
+def test_proposals_verbs(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
+    with mc.connect_sync(daemon.socket_path, timeout=10) as c:
+        p1 = c.proposals_create({"kind": "compaction", "track": "user", "scope": "user-global",
+                                 "text": "Likes short answers"}, "sess-a")
+        p2 = c.proposals_create({"kind": "compaction", "track": "user", "scope": "user-global",
+                                 "text": "Dislikes emoji"}, "sess-b")
+    assert p1 is not None and p2 is not None
+    code, out, _ = cli(capsys, daemon, "proposals")
+    assert code == 0 and p1.id in out and "Likes short answers" in out and "pending" in out
+
+    code, out, err = cli(capsys, daemon, "proposals", "approve", p1.id[:8])
+    assert code == 0, err
+    assert out.startswith(f"approved proposal {p1.id}")
+    code, out, _ = cli(capsys, daemon, "proposals", "dismiss", p2.id)
+    assert code == 0 and out.strip() == f"dismissed proposal {p2.id}"
+    code, out, _ = cli(capsys, daemon, "proposals", "--status", "dismissed", "--json")
+    assert [p["id"] for p in json.loads(out)] == [p2.id]
+    assert texts(daemon) == ["Likes short answers"]
+
+    code, _, err = cli(capsys, daemon, "proposals", "dismiss", p2.id)
+    assert code == 1 and error_line(err).startswith("error: PROPOSAL_NOT_FOUND: ")
+    code, _, err = cli(capsys, daemon, "proposals", "approve")
+    assert code == 2 and error_line(err) == "error: USAGE: proposals approve needs an ID"
+
+
+def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: Any, tmp_path: Path) -> None:
+    a, b = daemon_factory(name="a"), daemon_factory(name="b")
+    cli(capsys, a, "add", *UG, "--tag", "x", "Prefers tabs")
+    cli(capsys, a, "add", "--track", "agent", "--scope", "user-global", "Uses uv for Python")
+
+    code, out, _ = cli(capsys, a, "export")
+    assert code == 0
+    envelope = json.loads(out)
+    assert envelope["schema"] == "memory-export-v1" and len(envelope["entries"]) == 2
+    backup = tmp_path / "backup.json"
+    code, out, err = cli(capsys, a, "export", "-o", str(backup))
+    assert code == 0 and out == "" and "exported to" in err
+    assert backup.stat().st_mode & 0o777 == 0o600
+    assert json.loads(backup.read_text())["entries"] == envelope["entries"]
+
+    code, out, err = cli(capsys, b, "import", str(backup))
+    assert code == 0 and out.strip() == "imported 2 entries", err
+    assert texts(b) == ["Prefers tabs", "Uses uv for Python"]
+
+    code, md, _ = cli(capsys, a, "export", "--adapter", "claude-code-memory-md")
+    assert code == 0 and "- Prefers tabs" in md
+
+    claude = tmp_path / "CLAUDE.md"
+    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n\nA paragraph\nof prose.\n")
+    code, out, err = cli(capsys, b, "import", "--adapter", "claude-code-memory-md", str(claude))
+    assert code == 0 and out.strip() == "imported 3 entries", err
+    assert texts(b)[-3:] == ["Use pnpm, not npm", "Tests live in tests/", "A paragraph of prose."]
+
+    facts = json.dumps([{"memory": "Lives in Berlin", "metadata": {"category": "personal"}}])
+    r = run(*sock(b), "import", "--adapter", "mem0", "--json", "-", input=facts)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["entries"][0]["tags"] == ["personal"]
+
+
+def test_adapters_and_status(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
+    code, out, _ = cli(capsys, daemon, "adapters")
+    assert code == 0
+    assert {line.split()[0] for line in out.splitlines()[1:]} >= {"mem0", "hermes-memory-md", "claude-code-memory-md"}
+    code, out, _ = cli(capsys, daemon, "status")
+    assert code == 0
+    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
+    assert fields["pid"] == str(daemon.proc.pid)
+    assert fields["store"] == str(daemon.db_path) and fields["socket"] == str(daemon.socket_path)
+
+
+def test_db_mismatch_warns(capsys: pytest.CaptureFixture[str], daemon: Any, tmp_path: Path) -> None:
+    code, _, err = cli(capsys, daemon, "--db", str(tmp_path / "other.db"), "budgets")
+    assert code == 0 and f"serves {daemon.db_path}" in err
+    code, _, err = cli(capsys, daemon, "--db", str(daemon.db_path), "budgets")
+    assert code == 0 and "warning" not in err
+
+
+# --- errors and exit codes -----------------------------------------------------------------
+
+
+def test_protocol_errors_are_one_line_exit_1(daemon_factory: Any, tmp_path: Path) -> None:
+    cfg = tmp_path / "small.toml"
+    cfg.write_text("[budgets.user]\nuser_global = 30\n")
+    d = daemon_factory("--config", str(cfg))
+    assert run(*sock(d), "add", *UG, "Uses vim at work").returncode == 0
+
+    r = run(*sock(d), "remove", *UG, "emacs")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert error_line(r.stderr).startswith("error: ENTRY_NOT_FOUND: ")
+    assert r.stderr.count("\n") == 1
+
+    assert run(*sock(d), "add", "--yes", *UG, "vim home").returncode == 0
+    r = run(*sock(d), "replace", *UG, "vim", "x")
+    assert r.returncode == 1 and error_line(r.stderr).startswith("error: AMBIGUOUS_MATCH: ")
+
+    r = run(*sock(d), "--json", "add", *UG, "this will not fit")
+    assert r.returncode == 1 and error_line(r.stderr).startswith("error: BUDGET_EXCEEDED: ")
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == "BUDGET_EXCEEDED"
+    assert err["details"] == {"track": "user", "scope": "user-global", "used": 24, "limit": 30, "needed": 17}
+    r = run(*sock(d), "export", "--adapter", "nope")
+    assert r.returncode == 1 and error_line(r.stderr).startswith("error: ADAPTER_NOT_FOUND: ")
+    assert texts(d) == ["Uses vim at work", "vim home"]
+
+
+def test_usage_errors_are_one_line_exit_2(daemon: Any, tmp_path: Path) -> None:
+    for args, fragment in [
+        (["add", "text without a layer"], "the following arguments are required: --track, --scope"),
+        (["add", "--track", "robot", "--scope", "user-global", "x"], "invalid choice: 'robot'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["audit", "--limit", "0"], "--limit must be at least 1"),
+        (["import", str(tmp_path / "missing.json")], "cannot read"),
+    ]:
+        r = run(*sock(daemon), *args)
+        assert r.returncode == 2, (args, r.stderr)
+        line = error_line(r.stderr)
+        assert line.startswith("error: USAGE: ") and fragment in line, line
+        assert r.stderr.count("\n") == 1, r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = run(*sock(daemon), "import", str(bad))
+    assert r.returncode == 2 and "is not JSON" in error_line(r.stderr)
+
+
+def test_no_daemon_is_exit_3(tmp_path: Path) -> None:
+    r = run("--socket", str(tmp_path / "none.sock"), "--no-autostart", "status")
+    assert r.returncode == 3 and r.stdout == ""
+    assert error_line(r.stderr).startswith("error: CONNECT_FAILED: cannot connect to memoryd at ")
+
+
+def test_connection_lost_is_exit_3(ask_daemon: Any) -> None:
+    master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "x")
+    try:
+        read_until(master, "Approve? [y/N]")
+        ask_daemon.proc.kill()
+        out = read_until(master, "error:", eof_ok=True)
+        assert proc.wait(30) == 3
+        assert "error: CONNECTION_CLOSED: " in out
+    finally:
+        reap(proc, master)
+
+
+# --- approvals -----------------------------------------------------------------------------
+
+
+def spawn_on_pty(*args: str) -> tuple[int, subprocess.Popen[bytes]]:
+    """memoryctl with a pseudo-terminal as stdin/stdout/stderr; returns (master fd, process)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*MEMORYCTL, *args], stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    return master, proc
+
+
+def read_until(master: int, needle: str, timeout: float = 30, *, eof_ok: bool = False) -> str:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while needle.encode() not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"{needle!r} not seen in {buf.decode(errors='replace')!r}")
+        ready, _, _ = select.select([master], [], [], remaining)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            chunk = b""
+        if not chunk:
+            if eof_ok:
+                break
+            raise AssertionError(f"EOF before {needle!r}: {buf.decode(errors='replace')!r}")
+        buf += chunk
+    return buf.decode(errors="replace").replace("\r\n", "\n")
+
+
+def reap(proc: subprocess.Popen[bytes], master: int) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    os.close(master)
+
+
+def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
+    with mc.connect_sync(ask_daemon.socket_path, session="seed", on_approval=lambda a: True, timeout=10) as c:
+        c.add({"track": "user", "scope": "user-global", "text": "Prefers tabs\nand\x1b[31m red"})
+    master, proc = spawn_on_pty(*sock(ask_daemon), "replace", *UG, "tabs", "Prefers spaces")
+    try:
+        shown = read_until(master, "Approve? [y/N]")
+        # The complete payload, control characters made visible, plus action/layer/source.
+        assert "action:  replace" in shown and "layer:   user/user-global" in shown
+        assert "source:  dsh-memento" in shown
+        assert "| from:\n  | Prefers tabs\n  | and\\x1b[31m red\n  | \n  | to:\n  | Prefers spaces" in shown
+        os.write(master, b"y\n")
+        out = read_until(master, "replaced", eof_ok=True)
+        assert proc.wait(30) == 0, out
+    finally:
+        reap(proc, master)
+    assert texts(ask_daemon) == ["Prefers spaces"]
+
+
+def test_pty_prompt_no_denies(ask_daemon: Any) -> None:
+    master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "Sensitive fact")
+    try:
+        shown = read_until(master, "Approve? [y/N]")
+        assert "| Sensitive fact" in shown
+        os.write(master, b"n\n")
+        out = read_until(master, "error:", eof_ok=True)
+        assert proc.wait(30) == 1
+        assert "error: WRITE_DENIED: " in out
+    finally:
+        reap(proc, master)
+    assert texts(ask_daemon) == []
+    with mc.connect_sync(ask_daemon.socket_path, timeout=10) as c:
+        row = c.audit_list(1)[0]
+    assert (row.action, row.outcome) == ("add-denied", "rejected (via approval, writePolicy ask)")
+
+
+def test_no_tty_denies_fail_closed(ask_daemon: Any) -> None:
+    r = run(*sock(ask_daemon), "remove", *UG, "anything")  # not found: no approval needed
+    assert r.returncode == 1 and "Approve?" not in r.stderr
+    r = run(*sock(ask_daemon), "add", *UG, "Written by a script")
+    assert r.returncode == 1
+    assert "| Written by a script" in r.stderr  # the payload is shown even when denied
+    assert "no terminal to ask for approval; denying (fail closed)" in r.stderr
+    assert error_line(r.stderr).startswith("error: WRITE_DENIED: ")
+    assert texts(ask_daemon) == []
+
+    r = run(*sock(ask_daemon), "--yes", "add", *UG, "Written by a script")
+    assert r.returncode == 0 and "approved (--yes)" in r.stderr
+    assert texts(ask_daemon) == ["Written by a script"]
+
+
+class Approver:
+    """``memoryctl approve ...`` as a subprocess, known to be subscribed before use."""
+
+    def __init__(self, d: Any, *args: str) -> None:
+        self.proc = subprocess.Popen([*MEMORYCTL, *sock(d), "approve", *args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()  # printed after approval/subscribe returned
+        assert "approving writes" in line, line
+
+    def finish(self) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+
+def test_approve_verb_answers_headless_writes(ask_daemon: Any) -> None:
+    approver = Approver(ask_daemon, "--yes", "--count", "1")
+    try:
+        with mc.connect_sync(ask_daemon.socket_path, session="agent-1", approvals=False, timeout=30) as c:
+            r = c.add({"track": "user", "scope": "user-global", "text": "From a headless agent"})
+        code, out, err = approver.finish()
+    finally:
+        approver.kill()
+    assert code == 0, err
+    assert "| From a headless agent" in err and "session: agent-1" in err
+    assert re.fullmatch(r"approved [0-9a-f-]{36}\n", out)
+    assert r.entry.text == "From a headless agent"
+
+
+def test_approve_verb_reject_and_no_tty(ask_daemon: Any) -> None:
+    for args, notice in [(["--reject"], "rejected (--reject)"), ([], "fail closed")]:
+        approver = Approver(ask_daemon, "--count", "1", "--json", *args)
+        try:
+            with mc.connect_sync(ask_daemon.socket_path, session="agent-2", approvals=False, timeout=30) as c:
+                with pytest.raises(mc.WriteDenied) as info:
+                    c.add({"track": "user", "scope": "user-global", "text": "Denied"})
+            code, out, err = approver.finish()
+        finally:
+            approver.kill()
+        assert info.value.details["outcome"] == "rejected"
+        assert code == 0 and notice in err
+        assert json.loads(out)["outcome"] == "rejected"
+    assert texts(ask_daemon) == []
+
+
+def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_daemon: Any) -> None:
+    master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
+    try:
+        read_until(master, "approving writes")
+        prompted = threading.Event()
+
+        def approve_once_prompted(a: Any) -> str:
+            assert prompted.wait(30)
+            return ALLOWED_ONCE
+
+        with (
+            mc.connect_sync(ask_daemon.socket_path, on_approval=approve_once_prompted, timeout=30) as other,
+            mc.connect_sync(ask_daemon.socket_path, session="agent-3", approvals=False, timeout=30) as writer,
+        ):
+            other.approval_subscribe()
+            write = threading.Thread(target=writer.add, args=({"track": "user", "scope": "user-global",
+                                                                "text": "Raced"},))
+            write.start()
+            # Both approvers are asked; the human sees the prompt, the other one approves.
+            shown = read_until(master, "Approve? [y/N]")
+            prompted.set()
+            write.join(30)
+        out = read_until(master, "decided by another approver")
+        assert "| Raced" in shown
+        assert "(this approval is no longer pending)" in out and "was decided by another approver: allowed-once" in out
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        reap(proc, master)
+    assert texts(ask_daemon) == ["Raced"]
+
+
+def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
+    master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
+    try:
+        read_until(master, "approving writes")
+        with mc.connect_sync(ask_daemon.socket_path, session="agent-4", approvals=False, timeout=30) as writer:
+            with pytest.raises(mc.WriteDenied):
+                t = threading.Thread(target=lambda: (read_until(master, "Approve? [y/N]"), os.write(master, b"\x04")))
+                t.start()
+                try:
+                    writer.add({"track": "user", "scope": "user-global", "text": "EOF"})
+                finally:
+                    t.join(30)
+        assert proc.wait(30) == 0
+    finally:
+        reap(proc, master)
+
+
+# --- autostart -----------------------------------------------------------------------------
+
+
+def peer_pid(path: Path) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[0])
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie (reparented to an init that does not reap) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def stop(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if gone(pid):
+                return
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def fresh_socket() -> Iterator[Path]:
+    """A socket path nobody serves yet; whatever daemon ends up there is stopped afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="mctl-", dir="/tmp"))
+    path = base / "run" / "memoryd.sock"
+    yield path
+    if path.exists():
+        try:
+            stop(peer_pid(path))
+        except OSError:
+            pass
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_autostart(fresh_socket: Path, tmp_path: Path) -> None:
+    db = tmp_path / "auto.db"
+    r = run("--socket", str(fresh_socket), "--db", str(db), "--yes", "add", *UG, "Autostarted")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"started memoryd \(pid (\d+)\) on ", r.stderr)
+    assert m, r.stderr
+    pid = int(m.group(1))
+    assert peer_pid(fresh_socket) == pid
+    assert (fresh_socket.parent / "memoryd.log").exists()
+    assert fresh_socket.parent.stat().st_mode & 0o777 == 0o700
+
+    r = run("--socket", str(fresh_socket), "--db", str(db), "status", "--json")
+    assert r.returncode == 0 and "started memoryd" not in r.stderr and "warning" not in r.stderr
+    assert Path(json.loads(r.stdout)["store"]["path"]) == db
+    r = run("--socket", str(fresh_socket), "list", "--json")
+    assert [e["text"] for e in json.loads(r.stdout)] == ["Autostarted"]
+
+    stop(pid)
+    assert gone(pid)
+
+
+def test_autostart_failure_shows_the_daemon_stderr(fresh_socket: Path, tmp_path: Path) -> None:
+    db = tmp_path / "corrupt.db"
+    db.write_bytes(b"this is not an SQLite database" * 100)
+    r = run("--socket", str(fresh_socket), "--db", str(db), "budgets")
+    assert r.returncode == 3, r.stderr
+    assert error_line(r.stderr).startswith("error: AUTOSTART_FAILED: memoryd exited with status ")
+    assert re.search(r"^memoryd: .*STORE_CORRUPT", r.stderr, re.M), r.stderr
+    assert db.read_bytes() == b"this is not an SQLite database" * 100  # left untouched
+
+
+def test_no_autostart(fresh_socket: Path) -> None:
+    r = run("--socket", str(fresh_socket), "--no-autostart", "status")
+    assert r.returncode == 3 and error_line(r.stderr).startswith("error: CONNECT_FAILED: ")
+    assert not fresh_socket.exists()
