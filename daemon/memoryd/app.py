@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -14,7 +15,7 @@ from typing import Any
 
 import aiosqlite
 import anyio
-from anyio.abc import SocketStream, TaskGroup
+from anyio.abc import TaskGroup
 from memoryd_protocol.paths import private_socket_path
 
 from . import store
@@ -25,7 +26,7 @@ from .connection import Connection
 from .lifecycle import Lifecycle
 from .rpc import Dispatcher
 from .service import Service
-from .transports import FdStream, bind_unix, inherited_listener, listener_from, sd_notify
+from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer, run_on
 
 log = logging.getLogger("memoryd")
@@ -115,19 +116,12 @@ class Daemon:
             self.connections.discard(conn)
             self.service.connections = len(self.connections)
 
-    async def _serve_socket_client(self, stream: SocketStream) -> None:
-        async with stream:
-            conn = self.new_connection(stream.send, "socket")
-
-            async def chunks() -> Any:
-                while True:
-                    try:
-                        data = await stream.receive(65536)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        return
-                    yield data
-
-            await self._serve_connection(conn, chunks())
+    async def _serve_socket_client(self, proto: StreamProtocol) -> None:
+        try:
+            conn = self.new_connection(proto.send, "socket")
+            await self._serve_connection(conn, proto.chunks())
+        finally:
+            proto.close()
 
     async def run(self, *, stdio: bool) -> None:
         sock = None if stdio else self._bind()
@@ -173,15 +167,12 @@ class Daemon:
         return sock
 
     async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
-        listener = await listener_from(sock)
-        self._listener_scope = anyio.CancelScope()
+        loop = asyncio.get_running_loop()
 
-        async def accept() -> None:
-            with self._listener_scope:
-                async with listener:
-                    await listener.serve(self._serve_socket_client, task_group=tg)
+        def accepted(proto: StreamProtocol) -> None:
+            tg.start_soon(self._serve_socket_client, proto)
 
-        tg.start_soon(accept)
+        self._server = await loop.create_unix_server(lambda: StreamProtocol(accepted), sock=sock, backlog=128)
 
     async def _serve_stdio(self) -> None:
         # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
@@ -204,9 +195,9 @@ class Daemon:
 
     async def _drain(self, serving: TaskGroup) -> None:
         """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
-        scope = getattr(self, "_listener_scope", None)
-        if scope is not None:
-            scope.cancel()
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.close()
         path = getattr(self, "_socket_path", None)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -17,7 +17,7 @@ import anyio
 
 from .approvals import Approvals, release_turn
 from .framing import OVERSIZE, lines
-from .rpc import OVERSIZE_LINE, Dispatcher, encode_notification
+from .rpc import _UNPARSABLE, OVERSIZE_LINE, PARSE_ERROR_LINE, Dispatcher, encode_notification, never_parks, parse
 
 log = logging.getLogger("memoryd.connection")
 _ids = itertools.count(1)
@@ -63,8 +63,18 @@ class Connection:
                         if line is OVERSIZE:
                             await self.send_line(OVERSIZE_LINE)
                             continue
+                        obj = parse(line)
+                        if obj is _UNPARSABLE or never_parks(obj):
+                            # Served inline, in order: no task, and nothing here can wait
+                            # for an approval that a later line would have to decide.
+                            if not prev.is_set():
+                                await prev.wait()
+                            reply = PARSE_ERROR_LINE if obj is _UNPARSABLE else await self._dispatcher.handle(self, obj)
+                            if reply is not None:
+                                await self.send_line(reply)
+                            continue
                         turn = anyio.Event()
-                        tg.start_soon(self._handle, line, prev, turn)
+                        tg.start_soon(self._handle, obj, prev, turn)
                         prev = turn
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     log.debug("connection %d read failed: %s", self.id, exc)
@@ -76,12 +86,12 @@ class Connection:
             self._approvals.connection_closed(self)
             log.debug("connection %d closed", self.id)
 
-    async def _handle(self, line: bytes, prev: anyio.Event, turn: anyio.Event) -> None:
+    async def _handle(self, obj: Any, prev: anyio.Event, turn: anyio.Event) -> None:
         if not prev.is_set():
             await prev.wait()
         token = release_turn.set(turn.set)
         try:
-            reply = await self._dispatcher.handle_line(self, line)
+            reply = await self._dispatcher.handle(self, obj)
             if reply is not None:
                 await self.send_line(reply)
         finally:

@@ -155,15 +155,13 @@ class Dispatcher:
 
     async def handle_line(self, peer: Any, line: bytes) -> bytes | None:
         """One NDJSON line in, at most one line out (None for notifications)."""
-        try:
-            obj = _decoder.decode(line)
-        except msgspec.DecodeError:
-            # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them
-            # to reach validation and come back as INVALID_INPUT, so try the lenient parser.
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                return PARSE_ERROR_LINE
+        obj = parse(line)
+        if obj is _UNPARSABLE:
+            return PARSE_ERROR_LINE
+        return await self.handle(peer, obj)
+
+    async def handle(self, peer: Any, obj: Any) -> bytes | None:
+        """A parsed line (request, notification or batch) in, at most one line out."""
         if isinstance(obj, list):
             if not obj:
                 return encode_error(rpc_error(INVALID_REQUEST, "Invalid request: empty batch"))
@@ -212,6 +210,34 @@ class Dispatcher:
             e = done.error
             return {"jsonrpc": "2.0", "id": ok.id, "error": {"code": e.code, "message": e.message, "data": e.data}}
         return {"jsonrpc": "2.0", "id": ok.id, "result": done.result}
+
+
+_UNPARSABLE: Any = object()
+
+#: Methods that never wait for an approval: a connection may serve them inline, in order,
+#: without a task of their own.
+NEVER_PARK = frozenset({
+    "initialize", "memory/query", "memory/budgets", "memory/list", "audit/list", "memory/snapshot",
+    "memory/export", "adapters/list", "proposals/create", "proposals/list", "proposals/dismiss",
+    "approval/decided", "approval/subscribe", "daemon/status",
+})
+
+
+def parse(line: bytes) -> Any:
+    """The line's JSON value, or ``_UNPARSABLE``."""
+    try:
+        return _decoder.decode(line)
+    except msgspec.DecodeError:
+        # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them to
+        # reach validation and come back as INVALID_INPUT, so try the lenient parser.
+        try:
+            return json.loads(line)
+        except ValueError:
+            return _UNPARSABLE
+
+
+def never_parks(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("method") in NEVER_PARK
 
 
 def _request_id(obj: Any) -> Any:

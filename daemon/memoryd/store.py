@@ -226,6 +226,9 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+    row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
+    if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
+        return  # nothing to do: opening an up-to-date store writes nothing
     conn.execute("BEGIN IMMEDIATE")
     try:
         for sql in MEMORYD_TABLES:

@@ -4,7 +4,6 @@ socket that ``memoryd serve`` opened without either importing the other)."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 APP = "memoryd"
@@ -15,6 +14,8 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / APP
+    import tempfile  # only needed without XDG_RUNTIME_DIR; keeps the daemon's start-up lean
+
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
 
