@@ -113,7 +113,7 @@ class RpcError(ProtocolError):
 
     @property
     def code(self) -> str:
-        return RPC_LEVEL_CODES.get(self._rpc_code, "RPC_ERROR")
+        return RPC_LEVEL_CODES.get(self._rpc_code, "INTERNAL_ERROR")
 
     @property
     def rpc_code(self) -> int:
