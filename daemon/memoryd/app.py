@@ -94,7 +94,7 @@ class Daemon:
             "memory/seed": service.seed,
             "memory/query": service.query,
             "memory/budgets": service.budgets,
-            "memory/list": service.list,
+            "memory/list": service.list_entries,
             "audit/list": service.audit_list,
             "approval/decided": service.approval_decided,
             "approval/subscribe": service.approval_subscribe,

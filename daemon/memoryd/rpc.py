@@ -204,7 +204,7 @@ class Dispatcher:
                     details = {}
                 return {"jsonrpc": "2.0", "id": id_, "error": rpc_error(code, message, details)}
             return {"jsonrpc": "2.0", "id": err.id, "error": {"code": err.code, "message": err.message, "data": data}}
-        ok = response._value
+        ok = response._value  # type: ignore[union-attr]  # a single request: never a list
         done: _Call = ok.result
         if done.error is not None:
             e = done.error

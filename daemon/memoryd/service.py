@@ -249,7 +249,7 @@ class Service:
     async def budgets(self, peer: Peer, p: Any) -> list[BudgetRow]:
         return self.budget_rows()
 
-    async def list(self, peer: Peer, p: Any) -> list[Entry]:
+    async def list_entries(self, peer: Peer, p: Any) -> list[Entry]:
         return await self.read(store.list_entries)
 
     async def audit_list(self, peer: Peer, p: AuditListParams) -> list[AuditRow]:
@@ -279,10 +279,10 @@ class Service:
         overlay = self.recall_overlay
         if overlay:
             for e in hits:
-                o = overlay.get(e.id)
-                if o is not None:
-                    e.recall_count += o[0]
-                    e.last_recalled = max(e.last_recalled or 0, o[1])
+                queued = overlay.get(e.id)
+                if queued is not None:
+                    e.recall_count += queued[0]
+                    e.last_recalled = max(e.last_recalled or 0, queued[1])
             hits.sort(key=lambda e: (-e.recall_count, -e.updated_at, e.id))
         page = hits[:limit]
         total = len(hits)
@@ -291,9 +291,9 @@ class Service:
         for e in page:
             e.recall_count += 1
             e.last_recalled = ts
-            o = overlay.setdefault(e.id, [0, ts])
-            o[0] += 1
-            o[1] = ts
+            queued = overlay.setdefault(e.id, [0, ts])
+            queued[0] += 1
+            queued[1] = ts
 
         def job(conn: sqlite3.Connection) -> None:
             store.bump_recalls(conn, ids, ts)
@@ -303,10 +303,10 @@ class Service:
 
         def committed() -> None:
             for i in ids:
-                o = overlay.get(i)
-                if o is not None:
-                    o[0] -= 1
-                    if o[0] <= 0:
+                queued = overlay.get(i)
+                if queued is not None:
+                    queued[0] -= 1
+                    if queued[0] <= 0:
                         del overlay[i]
 
         # Recall counters and the recalled row are bookkeeping, not an acknowledged write:

@@ -339,7 +339,7 @@ def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
 def usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     """Characters used per track × scope in UTF-16 units (SQLite's length() counts code
     points, so the sum is done here)."""
-    used = dict.fromkeys(GRID, 0)
+    used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
     for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
         cell = (track, scope)
         used[cell] = used.get(cell, 0) + utf16_len(text)

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import aiosqlite
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol.errors import ProtocolError
 
 log = logging.getLogger("memoryd.writer")
@@ -58,7 +58,7 @@ async def run_on(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], 
     thread that owns the sqlite3 connection without a hop per statement.
     """
     raw = conn._conn  # the sqlite3.Connection; only touched from inside fn, on its thread
-    result: T = await conn._execute(fn, raw)
+    result: T = await conn._execute(fn, raw)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -68,8 +68,8 @@ class Writer:
         #: committed usage per track × scope; replaced (never mutated) after each commit,
         #: so readers on the event loop always see a committed state.
         self.usage: Usage = dict(usage)
-        self._send: ObjectSendStream[_Job[Any]]
-        self._recv: ObjectReceiveStream[_Job[Any]]
+        self._send: MemoryObjectSendStream[_Job[Any]]
+        self._recv: MemoryObjectReceiveStream[_Job[Any]]
         self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
         self._full_sync = True
         self.depth = 0
