@@ -301,3 +301,19 @@ async def test_framing_errors_keep_the_connection(connect: Connect) -> None:
         assert {r1["id"], r2["id"]} == {"b1", "b2"}
         assert len([m for m in raw.received if isinstance(m, list)]) == len(batch) + 1
         assert await state(raw) == before
+
+
+async def test_pipelined_requests_apply_in_order(connect: Connect) -> None:
+    """A client that writes 600 requests before reading any reply gets every reply, and
+    the writes land in the order it sent them (past the per-connection in-flight cap)."""
+    import json
+
+    async with connect(config="[budgets.user]\nuser_global = 100000\n") as raw:
+        n = 600
+        for i in range(n):
+            await raw.send_line(json.dumps({"jsonrpc": "2.0", "id": f"p{i}", "method": "memory/add", "params": {
+                "input": entry_input(f"item {i:04d}"), "write": write_ctx()}}).encode())
+        got = [await raw.raw_reply() for _ in range(n)]
+        assert all("result" in r for r in got)
+        texts = [e["text"] for e in await raw.ok("memory/list", {})]
+        assert texts == [f"item {i:04d}" for i in range(n)]

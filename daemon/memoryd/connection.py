@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from .framing import OVERSIZE, lines
 from .rpc import _UNPARSABLE, OVERSIZE_LINE, PARSE_ERROR_LINE, Dispatcher, encode_notification, never_parks, parse
 
 log = logging.getLogger("memoryd.connection")
+#: Requests of one connection in flight (each a task) before the connection stops reading.
+MAX_INFLIGHT = 256
 _ids = itertools.count(1)
 
 
@@ -58,6 +61,7 @@ class Connection:
             async with anyio.create_task_group() as tg:
                 prev = anyio.Event()
                 prev.set()
+                inflight: deque[anyio.Event] = deque()
                 try:
                     async for line in lines(chunks, self._max_bytes):
                         if line is OVERSIZE:
@@ -73,9 +77,16 @@ class Connection:
                             if reply is not None:
                                 await self.send_line(reply)
                             continue
+                        if len(inflight) >= MAX_INFLIGHT:
+                            # Backpressure on a client that pipelines faster than we
+                            # serve: stop reading until the oldest request is done/parked.
+                            await inflight.popleft().wait()
                         turn = anyio.Event()
                         tg.start_soon(self._handle, obj, prev, turn)
                         prev = turn
+                        inflight.append(turn)
+                        while inflight and inflight[0].is_set():
+                            inflight.popleft()
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     log.debug("connection %d read failed: %s", self.id, exc)
                 finally:
