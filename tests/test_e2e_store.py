@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +234,41 @@ async def test_internal_failure_is_32603_with_trace_in_log_only(daemon: Any) -> 
     assert "Traceback" in log and "OperationalError" in log
     # memory text never reaches the log at the default level
     assert "secret" not in log
+
+
+def test_systemd_socket_activation_and_notify(tmp_path: Path) -> None:
+    """Under systemd: the inherited listening socket (fd 3, LISTEN_FDS) is served and
+    READY=1 reaches NOTIFY_SOCKET once the store is open."""
+    sock_path = Path(tempfile.mkdtemp(prefix="md-", dir="/tmp")) / "act.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(8)
+    notify_path = sock_path.with_name("notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.settimeout(20)
+    fd = listener.fileno()
+
+    def as_fd3() -> None:
+        os.dup2(fd, 3)
+
+    env = dict(os.environ, LISTEN_FDS="1", NOTIFY_SOCKET=str(notify_path))
+    # systemd sets LISTEN_PID to the service's pid; `exec` keeps the shell's pid for python
+    proc = subprocess.Popen(["sh", "-c", f'LISTEN_PID=$$ exec "{sys.executable}" -m memoryd serve --db '
+                             f'"{tmp_path / "m.db"}" --socket "{tmp_path / "unused.sock"}"'],
+                            env=env, preexec_fn=as_fd3, close_fds=False,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert notify.recv(64) == b"READY=1"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(str(sock_path))
+            c.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon/status"}\n')
+            reply = json.loads(c.makefile("rb").readline())
+        assert reply["result"]["store"]["path"] == str(tmp_path / "m.db")
+        assert not (tmp_path / "unused.sock").exists()
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+        listener.close()
+        notify.close()
+        shutil.rmtree(sock_path.parent, ignore_errors=True)

@@ -12,6 +12,7 @@ import anyio
 from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.paths import default_config_path
 
+from . import __version__
 from . import config as config_mod
 from .app import Daemon, StoreLocked
 from .transports import SocketInUse
@@ -19,6 +20,7 @@ from .transports import SocketInUse
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
+    parser.add_argument("--version", action="version", version=f"memoryd {__version__} (dsh-memory-protocol/v1)")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the daemon", description="Serve JSON-RPC 2.0 (NDJSON) on a Unix socket "
                            "or on stdio. The socket appears once the store is open and the daemon is ready.")
