@@ -341,3 +341,80 @@ async def test_sigterm_denies_pending_and_exits_zero(ask_daemon: Any) -> None:
     assert rows == [("add-denied", "cancelled (via approval, writePolicy ask)")]
     assert conn.execute("SELECT count(*) FROM entries").fetchone() == (0,)
     conn.close()
+
+
+async def test_a_headless_connection_can_never_approve_its_own_writes(ask_daemon: Any) -> None:
+    async with socket_client(ask_daemon.socket_path, approvals=False) as agent:
+        agent.on_approval = allow()
+        err = await agent.fail("approval/subscribe", {})
+        assert err.code == "INVALID_INPUT"
+        # re-initializing cannot take the declaration back
+        await agent.ok("initialize", {"capabilities": {"approvals": True}})
+        err = await agent.fail("memory/add", {"input": entry_input("self-approved?"), "write": write_ctx()})
+        assert err.details == {"outcome": "unavailable"}
+        assert await agent.ok("memory/list", {}) == []
+
+
+async def test_a_stalled_approver_blocks_nobody(daemon_factory: Any, tmp_path: Path) -> None:
+    """An approver that never reads: approvals still time out on schedule and every
+    other connection keeps being served."""
+    import socket as pysocket
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("approval_timeout_s = 1\n[budgets.user]\nuser_global = 10000000\n")
+    d = daemon_factory("--config", str(cfg), policy="ask")
+    stalled = pysocket.socket(pysocket.AF_UNIX)
+    stalled.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_RCVBUF, 4096)
+    stalled.connect(str(d.socket_path))
+    stalled.sendall(b'{"jsonrpc":"2.0","id":1,"method":"approval/subscribe"}\n')
+    try:
+        async with socket_client(d.socket_path) as probe:
+            probe.on_approval = allow()
+            replies: list[dict[str, Any]] = []
+
+            async def headless_write(n: int) -> None:
+                async with socket_client(d.socket_path, approvals=False) as agent:
+                    replies.append(await agent.call("memory/add", {"input": entry_input(f"{n} " + "x" * 3900),
+                                                                   "write": write_ctx(f"bot-{n}")}))
+
+            with anyio.fail_after(8):
+                async with anyio.create_task_group() as tg:
+                    for n in range(40):
+                        tg.start_soon(headless_write, n)
+                    await add(probe, "not blocked", session="s-probe")  # asks the probe itself
+            assert len(replies) == 40
+            assert all(r["error"]["data"]["details"]["outcome"] == "cancelled" for r in replies)
+            assert [e["text"] for e in await probe.ok("memory/list", {})] == ["not blocked"]
+    finally:
+        stalled.close()
+
+
+async def test_consolidate_never_widens_visibility(daemon: Any) -> None:
+    async with socket_client(daemon.socket_path) as raw:
+        await raw.ok("memory/add", {"input": entry_input("private note", agentKey="coder"), "write": write_ctx()})
+        await raw.ok("memory/add", {"input": entry_input("shared note", agentKey=""), "write": write_ctx()})
+        res = await raw.ok("memory/consolidate", {"input": {"track": "user", "scope": "user-global",
+                                                            "matches": ["private", "shared"], "text": "merged"},
+                                                  "write": write_ctx()})
+        assert res["entry"]["agentKey"] == "coder"
+
+
+async def test_seed_is_limited_to_the_visible_set_import_is_a_restore(daemon: Any) -> None:
+    async with socket_client(daemon.socket_path) as raw:
+        foreign = [entry_input("elsewhere", "agent", "workspace", workspaceKey="/other", agentKey="reviewer")]
+        err = await raw.fail("memory/seed", {"inputs": foreign, "write": write_ctx()})
+        assert err.code == "INVALID_INPUT"
+        env = {"plugin": "dsh-memento", "schema": "memory-export-v1", "exportedAt": "2026-01-01T00:00:00.000Z",
+               "budgets": [], "entries": foreign}
+        res = await raw.ok("memory/import", {"envelope": env, "write": write_ctx()})
+        assert res["entries"][0]["workspaceKey"] == "/other" and res["entries"][0]["agentKey"] == "reviewer"
+
+
+async def test_any_non_string_outcome_denies(ask_daemon: Any) -> None:
+    async with socket_client(ask_daemon.socket_path) as raw:
+        async def weird(params: dict[str, Any]) -> None:
+            await raw.ok("approval/decided", {"id": params["id"], "outcome": {"allowed": True}})
+
+        raw.on_approval = weird
+        err = await raw.fail("memory/add", {"input": entry_input("x"), "write": write_ctx()})
+        assert err.details == {"outcome": "rejected"}

@@ -317,3 +317,35 @@ async def test_pipelined_requests_apply_in_order(connect: Connect) -> None:
         assert all("result" in r for r in got)
         texts = [e["text"] for e in await raw.ok("memory/list", {})]
         assert texts == [f"item {i:04d}" for i in range(n)]
+
+
+HOSTILE_LINES: list[tuple[bytes, int | None, str]] = [
+    (b'{"jsonrpc":"2.0","id":1,"method":"\\ud800"}', -32601, "METHOD_NOT_FOUND"),
+    (b'{"jsonrpc":"2.0","id":"\\ud800","method":"memory/budgets"}', None, ""),
+    (b'{"jsonrpc":"2.0","id":5,"method":"memory/export","params":{"adapter":"\\ud800"}}', -32018, "ADAPTER_NOT_FOUND"),
+    (b"[" * 100000, -32700, "PARSE_ERROR"),
+    (b'{"jsonrpc":"2.0","id":7,"method":"memory/list","params":{"x":' + b"[" * 5000 + b"]" * 5000 + b"}}", None, ""),
+    (b'{"jsonrpc":"2.0","id":NaN,"method":"memory/list"}', -32700, "PARSE_ERROR"),
+    (b'{"jsonrpc":"2.0","id":6,"method":"memory/budgets","params":{"ctx":1}}', None, ""),
+    (b'{"jsonrpc":"2.0","id":8,"method":"memory/add","params":{"input":{"track":"\\ud800","scope":"user-global",'
+     b'"text":"x"},"write":{"agent":{}}}}', -32602, "INVALID_INPUT"),
+    (b'{"jsonrpc":"2.0","id":9,"method":"proposals/dismiss","params":{"id":"\\ud800"}}', -32602, "INVALID_INPUT"),
+    (b'{"jsonrpc":"2.0","id":10,"method":"proposals/list","params":{"status":"\\ud800"}}', -32602, "INVALID_INPUT"),
+]
+
+
+@pytest.mark.parametrize(("line", "rpc_code", "code"), HOSTILE_LINES)
+async def test_hostile_lines_cost_one_reply_never_the_daemon(connect: Connect, line: bytes, rpc_code: int | None,
+                                                             code: str) -> None:
+    async with connect() as raw:
+        await add(raw, "keep me")
+        before = await state(raw)
+        await raw.send_line(line)
+        reply = await raw.raw_reply()
+        if rpc_code is not None:
+            assert reply["error"]["code"] == rpc_code and reply["error"]["data"]["code"] == code
+        else:
+            assert "result" in reply or reply["error"]["code"] in (-32600, -32602, -32700)
+        # the connection, the daemon and the store are all intact
+        assert await state(raw) == before
+        await add(raw, "still serving")

@@ -137,3 +137,11 @@ def test_payload_texts() -> None:
     assert payloads.reason("seed", "batch", "batch", "s", "T", 3) == "[dsh-memento] seed (3 entries) batch/batch [source:s]\nT"
     assert payloads.normalize_outcome("allowed-always") == "rejected"
     assert payloads.outcome_label("allowed-once", "ask") == "allowed-once (via approval, writePolicy ask)"
+
+
+def test_trim_is_javascripts() -> None:
+    from memoryd_protocol.text import js_trim
+
+    assert js_trim("\ufeff\u3000 hi \u2028\n") == "hi"
+    assert js_trim("\x1chi\x1f") == "\x1chi\x1f"  # str.strip() would remove these; JS trim() keeps them
+    assert check_text("\xa0note\xa0") == "note"

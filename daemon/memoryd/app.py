@@ -104,8 +104,8 @@ class Daemon:
         handlers.update(extra_handlers or {})
         return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd)
 
-    def new_connection(self, send: Any, name: str) -> Connection:
-        return Connection(send, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
+    def new_connection(self, sink: Any, name: str) -> Connection:
+        return Connection(sink, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
 
     async def _serve_connection(self, conn: Connection, chunks: Any) -> None:
         self.connections.add(conn)
@@ -118,8 +118,11 @@ class Daemon:
 
     async def _serve_socket_client(self, proto: StreamProtocol) -> None:
         try:
-            conn = self.new_connection(proto.send, "socket")
+            conn = self.new_connection(proto, "socket")
             await self._serve_connection(conn, proto.chunks())
+        except Exception:
+            # One connection's failure (a bug of ours) must not take the others down.
+            log.exception("connection failed")
         finally:
             proto.close()
 
@@ -180,10 +183,15 @@ class Daemon:
         out_fd = os.dup(1)
         os.dup2(2, 1)
         fds = FdStream(0, out_fd)
-        conn = self.new_connection(fds.send, "stdio")
+        conn = self.new_connection(fds, "stdio")
         try:
             await self._serve_connection(conn, fds.chunks())
+        except Exception:
+            log.exception("stdio connection failed")
         finally:
+            with anyio.move_on_after(5, shield=True):
+                await fds.flush_all()
+            fds.close()
             self.stopping.set()
 
     async def _watch_signals(self) -> None:

@@ -62,9 +62,13 @@ class Approvals:
         if peer not in self.approvers:
             self.approvers.append(peer)
 
+    def unsubscribe(self, peer: Peer) -> None:
+        if peer in self.approvers:
+            self.approvers.remove(peer)
+
     async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float) -> str:
         """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
-        targets = [origin] if origin.can_approve else list(self.approvers)
+        targets = [origin] if origin.can_approve else [a for a in self.approvers if a is not origin]
         if not targets or origin.gone:
             return "unavailable"
         p = Pending(asked, origin, targets)
@@ -73,9 +77,9 @@ class Approvals:
             release = release_turn.get()
             if release is not None:
                 release()
-            for target in targets:
-                await target.notify("approval/asked", asked)
             with anyio.move_on_after(wait_s):
+                for target in targets:
+                    await target.notify("approval/asked", asked)  # never waits on the peer
                 await p.done.wait()
             if p.outcome is None:
                 p.resolve("cancelled")
@@ -90,7 +94,7 @@ class Approvals:
 
     async def _tell_resolved(self, p: Pending) -> None:
         note = ApprovalResolved(id=p.asked.id, outcome=p.outcome or "cancelled")
-        with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(1, shield=True):
             for target in p.targets:
                 if target is not p.decided_by:
                     await target.notify("approval/resolved", note)

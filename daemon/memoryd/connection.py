@@ -11,23 +11,42 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterable
+from typing import Any, Protocol
 
 import anyio
 
 from .approvals import Approvals, release_turn
 from .framing import OVERSIZE, lines
-from .rpc import _UNPARSABLE, OVERSIZE_LINE, PARSE_ERROR_LINE, Dispatcher, encode_notification, never_parks, parse
+from .rpc import (
+    _UNPARSABLE,
+    OVERSIZE_LINE,
+    PARSE_ERROR_LINE,
+    Dispatcher,
+    encode_notification,
+    internal_error_line,
+    never_parks,
+    parse,
+)
 
 log = logging.getLogger("memoryd.connection")
+
+
+class Sink(Protocol):
+    """The outgoing half of a transport."""
+
+    def post(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
 #: Requests of one connection in flight (each a task) before the connection stops reading.
 MAX_INFLIGHT = 256
 _ids = itertools.count(1)
 
 
 class Connection:
-    def __init__(self, send: Callable[[bytes], Awaitable[None]], dispatcher: Dispatcher, approvals: Approvals,
+    def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
                  max_bytes: int, name: str = "socket") -> None:
         self.id = next(_ids)
         self.name = name
@@ -36,24 +55,34 @@ class Connection:
         self.closed = False
         #: the peer sent EOF: it can no longer answer approvals (replies may still go out)
         self.gone = False
-        self._send = send
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._sink = sink
         self._dispatcher = dispatcher
         self._approvals = approvals
         self._max_bytes = max_bytes
 
-    async def send_line(self, data: bytes) -> None:
+    def post_line(self, data: bytes) -> bool:
+        """Queue one line for the peer, never waiting (each line is queued whole, so lines
+        from concurrent requests never interleave). False once the peer is gone."""
         if self.closed:
-            return
-        async with self._lock:
+            return False
+        try:
+            self._sink.post(data + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            # The peer went away; requests still complete, only their replies are lost.
+            self.closed = True
+        return not self.closed
+
+    async def send_line(self, data: bytes) -> None:
+        """A reply: queued, then the request waits while the peer is behind (backpressure)."""
+        if self.post_line(data):
             try:
-                await self._send(data + b"\n")
+                await self._sink.drain()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                # The peer went away; the request still completes, only its reply is lost.
                 self.closed = True
 
     async def notify(self, method: str, params: Any) -> None:
-        await self.send_line(encode_notification(method, params))
+        """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""
+        self.post_line(encode_notification(method, params))
 
     async def serve(self, chunks: AsyncIterable[bytes]) -> None:
         log.debug("connection %d (%s) opened", self.id, self.name)
@@ -73,9 +102,7 @@ class Connection:
                             # for an approval that a later line would have to decide.
                             if not prev.is_set():
                                 await prev.wait()
-                            reply = PARSE_ERROR_LINE if obj is _UNPARSABLE else await self._dispatcher.handle(self, obj)
-                            if reply is not None:
-                                await self.send_line(reply)
+                            await self._serve_one(obj)
                             continue
                         if len(inflight) >= MAX_INFLIGHT:
                             # Backpressure on a client that pipelines faster than we
@@ -102,9 +129,23 @@ class Connection:
             await prev.wait()
         token = release_turn.set(turn.set)
         try:
-            reply = await self._dispatcher.handle(self, obj)
-            if reply is not None:
-                await self.send_line(reply)
+            await self._serve_one(obj)
         finally:
             release_turn.reset(token)
             turn.set()
+
+    async def _serve_one(self, obj: Any) -> None:
+        if obj is _UNPARSABLE:
+            await self.send_line(PARSE_ERROR_LINE)
+            return
+        try:
+            reply = await self._dispatcher.handle(self, obj)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:
+            # The dispatcher turns every method failure into an error reply; reaching here
+            # is a bug of ours, and it must cost this one request, not the connection.
+            log.exception("connection %d: unhandled failure serving a request", self.id)
+            reply = internal_error_line(obj)
+        if reply is not None:
+            await self.send_line(reply)

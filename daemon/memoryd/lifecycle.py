@@ -13,7 +13,7 @@ from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
 from memoryd_protocol.snapshot import render
-from memoryd_protocol.text import utf16_len
+from memoryd_protocol.text import js_trim, utf16_len
 from memoryd_protocol.types import (
     AdapterInfo,
     Entry,
@@ -86,7 +86,7 @@ class Lifecycle:
     async def snapshot(self, peer: Peer, p: SnapshotParams) -> SnapshotResult:
         view = session_view(p.session)
         session_id = view.session_id
-        if not session_id or not session_id.strip():
+        if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
         frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
         if frozen is not None:
@@ -122,7 +122,7 @@ class Lifecycle:
     async def proposals_create(self, peer: Peer, p: ProposalCreateParams) -> Proposal | None:
         view = session_view(p.session)
         session_id = view.session_id
-        if not session_id or not session_id.strip():
+        if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
         i = p.input
         text = check_text(i.text)
@@ -239,7 +239,8 @@ class Lifecycle:
             source_default = None
         if len(inputs) > MAX_IMPORT_ENTRIES:
             raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "entries")
-        planned = self.s.plan_seed(view, inputs, source_default)
+        # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
+        planned = self.s.plan_seed(view, inputs, source_default, restricted=False)
         return await self.s.seed_planned(peer, view, planned)
 
     @staticmethod

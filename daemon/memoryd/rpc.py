@@ -22,7 +22,14 @@ from typing import Any
 import anyio
 import msgspec
 from jsonrpcserver import JsonRpcError, Success, dispatch_to_response
-from memoryd_protocol.constants import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RPC_LEVEL_CODES
+from memoryd_protocol.constants import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RPC_LEVEL_CODES,
+)
 from memoryd_protocol.errors import InvalidInput, ProtocolError, WriteRequiresAgent
 from memoryd_protocol.types import PARAMS
 from oslash.either import Left  # type: ignore[import-untyped]
@@ -40,12 +47,28 @@ def rpc_error(code: int, message: str, details: dict[str, Any] | None = None) ->
             "data": {"code": RPC_LEVEL_CODES[code], "message": message, "details": details or {}}}
 
 
+def encode(message: Any) -> bytes:
+    """msgspec, with a fallback for text that is not valid UTF-8 (a lone surrogate echoed
+    back from the request): written as a JSON ``\\udXXX`` escape, as the peer sent it."""
+    try:
+        return _encoder.encode(message)
+    except UnicodeEncodeError:
+        return json.dumps(msgspec.to_builtins(message), ensure_ascii=True, separators=(",", ":")).encode()
+
+
 def encode_error(error: dict[str, Any], id_: Any = None) -> bytes:
-    return _encoder.encode({"jsonrpc": "2.0", "id": id_, "error": error})
+    return encode({"jsonrpc": "2.0", "id": id_, "error": error})
 
 
 def encode_notification(method: str, params: Any) -> bytes:
-    return _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})
+    return encode({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+def internal_error_line(obj: Any) -> bytes | None:
+    """The -32603 reply for a request whose handling failed outside the method."""
+    if isinstance(obj, dict) and "id" not in obj:
+        return None
+    return encode_error(rpc_error(INTERNAL_ERROR, "Internal error"), _request_id(obj))
 
 
 PARSE_ERROR_LINE = encode_error(rpc_error(PARSE_ERROR, "Parse error"))
@@ -136,6 +159,10 @@ class Dispatcher:
                 return await handler(peer, params)
             except ProtocolError as exc:
                 raise _to_jsonrpc_error(exc) from None
+            except UnicodeEncodeError:
+                # A lone surrogate in some string that validation did not look at (an id,
+                # a key, an enum value) reached the encoder or SQLite: the input is bad.
+                raise _to_jsonrpc_error(InvalidInput("params contain a lone UTF-16 surrogate")) from None
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception:
@@ -143,7 +170,8 @@ class Dispatcher:
                 raise JsonRpcError(INTERNAL_ERROR, "Internal error",
                                    {"code": "INTERNAL_ERROR", "message": "Internal error", "details": {}}) from None
 
-        def method(ctx: _Context, *args: Any, **kwargs: Any) -> Any:
+        # ctx is positional-only so that a param named "ctx" is just another unknown field.
+        def method(ctx: _Context, /, *args: Any, **kwargs: Any) -> Any:
             call = _Call(run(ctx.peer, args, kwargs))
             ctx.calls.append(call)
             return Success(call)
@@ -174,9 +202,9 @@ class Dispatcher:
                 for n, item in enumerate(obj):
                     tg.start_soon(one, n, item)
             out = [r for r in replies if r is not None]
-            return _encoder.encode(out) if out else None
+            return encode(out) if out else None
         reply = await self._dispatch(peer, obj)
-        return None if reply is None else _encoder.encode(reply)
+        return None if reply is None else encode(reply)
 
     async def _dispatch(self, peer: Any, obj: Any) -> dict[str, Any] | None:
         ctx = _Context(peer)
@@ -198,6 +226,9 @@ class Dispatcher:
                 elif code == INVALID_REQUEST:
                     message = "Invalid request"
                     details = {}
+                elif code == INVALID_PARAMS:
+                    wire = InvalidInput("params do not fit the method").to_wire()
+                    return {"jsonrpc": "2.0", "id": id_, "error": wire}
                 else:
                     code = INTERNAL_ERROR
                     message = "Internal error"
@@ -223,16 +254,21 @@ NEVER_PARK = frozenset({
 })
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse(line: bytes) -> Any:
-    """The line's JSON value, or ``_UNPARSABLE``."""
+    """The line's JSON value, or ``_UNPARSABLE`` (also for nesting too deep to parse)."""
     try:
         return _decoder.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them to
-        # reach validation and come back as INVALID_INPUT, so try the lenient parser.
+        # reach validation and come back as INVALID_INPUT, so try the lenient parser
+        # (without its NaN/Infinity extension).
         try:
-            return json.loads(line)
-        except ValueError:
+            return json.loads(line, parse_constant=_no_constants)
+        except (ValueError, RecursionError):
             return _UNPARSABLE
 
 

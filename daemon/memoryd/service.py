@@ -30,7 +30,7 @@ from memoryd_protocol.constants import (
     STORE_SCHEMA_VERSION,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput, WriteDenied
-from memoryd_protocol.text import normalize_agent_key, normalize_tags, normalize_workspace_key, utf16_len
+from memoryd_protocol.text import js_trim, normalize_agent_key, normalize_tags, normalize_workspace_key, utf16_len
 from memoryd_protocol.types import (
     AddParams,
     ApprovalAsked,
@@ -215,8 +215,11 @@ class Service:
     async def initialize(self, peer: Any, p: InitializeParams) -> InitializeResult:
         if p.protocol is not None and p.protocol != PROTOCOL:
             raise InvalidInput(f"unsupported protocol {p.protocol!r}; this daemon speaks {PROTOCOL}", "protocol")
-        if p.capabilities is not None:
-            peer.can_approve = p.capabilities.approvals
+        if p.capabilities is not None and not p.capabilities.approvals:
+            # One-way: a connection that cannot approve never becomes one that can, or a
+            # model-side tool could re-initialize and approve its own writes.
+            peer.can_approve = False
+            self.approvals.unsubscribe(peer)
         peer.initialized = True
         return InitializeResult(
             protocol=PROTOCOL,
@@ -241,6 +244,8 @@ class Service:
         return Empty()
 
     async def approval_subscribe(self, peer: Peer, p: Any) -> Empty:
+        if not peer.can_approve:
+            raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
         self.approvals.subscribe(peer)
         return Empty()
 
@@ -261,7 +266,7 @@ class Service:
         o = p.opts
         text = f.text if f and f.text else None
         if text is not None:
-            if not text.strip():
+            if not js_trim(text):
                 text = None
             else:
                 check_match(text, "filter.text")
@@ -274,6 +279,9 @@ class Service:
         track = f.track if f else None
         scope = f.scope if f else None
 
+        # While a commit carrying queued recalls is in flight, the store may already show
+        # them while the overlay still counts them: wait for that one commit.
+        await self.writer.bookkeeping_committed()
         hits = store.query(self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key,
                            workspace_key=workspace_key)
         overlay = self.recall_overlay
@@ -464,8 +472,9 @@ class Service:
         cell = (i.track, i.scope)
         delta = utf16_len(text) - sum(utf16_len(t.text) for t in targets)
         check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
-        agent_keys = {t.agent_key for t in targets}
-        ak = agent_keys.pop() if len(agent_keys) == 1 else ""
+        # Merging the session's private entries with shared ones keeps the result private:
+        # consolidation must never widen who can see a text.
+        ak = view.agent_key if any(t.agent_key for t in targets) else ""
         wk = view.workspace_key if i.scope == "workspace" else ""
         source = check_source(None)
         ok = await self.approve(
@@ -496,8 +505,8 @@ class Service:
         await peer.notify("memory/added", MemoryAdded(entry=result.entry))
         return result
 
-    def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None
-                  ) -> list[Entry]:
+    def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None,
+                  *, restricted: bool = True) -> list[Entry]:
         if not inputs:
             raise InvalidInput("inputs must not be empty", "inputs")
         if len(inputs) > MAX_IMPORT_ENTRIES:
@@ -508,7 +517,7 @@ class Service:
                 text = check_text(i.text)
                 tags = normalize_tags(i.tags)
                 source = check_source(source_override if i.source is None else i.source)
-                wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=False)
+                wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=restricted)
             except InvalidInput as exc:
                 field = exc.details.get("field", "")
                 raise InvalidInput(f"inputs[{n}]: {exc.message}", f"inputs[{n}].{field}" if field else f"inputs[{n}]"

@@ -103,19 +103,40 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
+#: A connection whose peer has not read this much of what we sent is dropped: a stalled
+#: approver must not make the daemon buffer without bound.
+MAX_UNREAD = 64 * 1024 * 1024
+#: Above this, a reply waits (drain) before its request completes; notifications never wait.
+HIGH_WATER = 256 * 1024
+
+
+class SlowConsumer(OSError):
+    """The peer stopped reading."""
+
+
 class FdStream:
     """Non-blocking reads and writes on raw file descriptors (stdio mode), driven by the
-    event loop's readiness notifications, with a thread fallback for regular files."""
+    event loop's readiness notifications, with a thread fallback for regular files.
+
+    ``post`` never blocks: what the pipe does not take at once is buffered and flushed
+    when fd 1 becomes writable. The descriptors' blocking mode is restored on close,
+    since the parent shares them.
+    """
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         self.in_fd = in_fd
         self.out_fd = out_fd
+        self._saved = (os.get_blocking(in_fd), os.get_blocking(out_fd))
         self._in_pollable = not stat.S_ISREG(os.fstat(in_fd).st_mode)
         if self._in_pollable:
             os.set_blocking(in_fd, False)
         self._out_pollable = not stat.S_ISREG(os.fstat(out_fd).st_mode)
         if self._out_pollable:
             os.set_blocking(out_fd, False)
+        self._pending = bytearray()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._broken: OSError | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
@@ -131,15 +152,61 @@ class FdStream:
                 return
             yield data
 
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
+    def post(self, data: bytes) -> None:
+        if self._broken is not None:
+            raise anyio.BrokenResourceError from self._broken
+        if not self._out_pollable:
+            os.write(self.out_fd, data)  # a regular file takes everything
+            return
+        if self._pending:
+            self._pending += data
+        else:
             try:
-                n = os.write(self.out_fd, view)
+                n = os.write(self.out_fd, data)
             except BlockingIOError:
-                await anyio.wait_writable(self.out_fd)
-                continue
-            view = view[n:]
+                n = 0
+            except OSError as exc:
+                self._broken = exc
+                raise anyio.BrokenResourceError from exc
+            if n == len(data):
+                return
+            self._pending += data[n:]
+            asyncio.get_running_loop().add_writer(self.out_fd, self._flush)
+        if len(self._pending) > MAX_UNREAD:
+            self._broken = SlowConsumer("stdout is not being read")
+            raise anyio.BrokenResourceError from self._broken
+        if len(self._pending) > HIGH_WATER:
+            self._drained.clear()
+
+    def _flush(self) -> None:
+        try:
+            n = os.write(self.out_fd, self._pending)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._broken = exc
+            n = len(self._pending)
+        del self._pending[:n]
+        if len(self._pending) <= HIGH_WATER:
+            self._drained.set()
+        if not self._pending:
+            asyncio.get_running_loop().remove_writer(self.out_fd)
+
+    async def drain(self) -> None:
+        if not self._drained.is_set():
+            await self._drained.wait()
+        if self._broken is not None:
+            raise anyio.BrokenResourceError from self._broken
+
+    async def flush_all(self) -> None:
+        """Before exit: whatever is still buffered goes out (bounded by the caller)."""
+        while self._pending and self._broken is None:
+            await anyio.wait_writable(self.out_fd)
+            self._flush()
+
+    def close(self) -> None:
+        os.set_blocking(self.in_fd, self._saved[0])
+        os.set_blocking(self.out_fd, self._saved[1])
 
 
 class StreamProtocol(asyncio.Protocol):
@@ -208,12 +275,22 @@ class StreamProtocol(asyncio.Protocol):
             self._readable.clear()
             await self._readable.wait()
 
-    async def send(self, data: bytes) -> None:
+    def post(self, data: bytes) -> None:
+        """Queue bytes for the peer without waiting; a peer that stops reading altogether
+        is disconnected once MAX_UNREAD bytes wait for it."""
         if self.closed or self.transport is None or self.transport.is_closing():
             raise anyio.BrokenResourceError
         self.transport.write(data)
+        if self.transport.get_write_buffer_size() > MAX_UNREAD:
+            log.warning("dropping a connection that stopped reading")
+            self.transport.abort()
+            raise anyio.BrokenResourceError
+
+    async def drain(self) -> None:
         if not self._writable.is_set():
             await self._writable.wait()
+        if self.closed:
+            raise anyio.BrokenResourceError
 
     def close(self) -> None:
         if self.transport is not None:

@@ -76,6 +76,9 @@ class Writer:
         self.commits = 0
         self._deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]] = []
         self._flush_wanted = anyio.Event()
+        #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
+        self._bookkeeping_idle = anyio.Event()
+        self._bookkeeping_idle.set()
 
     async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
         job: _Job[T] = _Job(fn, durable)
@@ -109,6 +112,12 @@ class Writer:
         that must see it, such as the audit ledger)."""
         if self._deferred:
             await self.submit(_noop, durable=False)
+        await self.bookkeeping_committed()
+
+    async def bookkeeping_committed(self) -> None:
+        """Return once no commit carrying deferred bookkeeping is in flight."""
+        if not self._bookkeeping_idle.is_set():
+            await self._bookkeeping_idle.wait()
 
     async def flusher(self) -> None:
         while True:
@@ -136,6 +145,8 @@ class Writer:
     async def _commit(self, batch: list[_Job[Any]]) -> None:
         durable = any(j.durable for j in batch)
         deferred, self._deferred = self._deferred, []
+        if deferred:
+            self._bookkeeping_idle = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
                 self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred))
@@ -149,6 +160,7 @@ class Writer:
             self.depth -= len(batch)
             for _, on_done in deferred:
                 on_done()
+            self._bookkeeping_idle.set()
             for j in batch:
                 j.done.set()
 

@@ -19,6 +19,20 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
 
+#: What JavaScript's String.prototype.trim() removes (WhiteSpace and LineTerminator).
+#: Python's str.strip() differs both ways (it strips \x1c-\x1f and \x85, keeps U+FEFF),
+#: which would make stored text, and so budgets, differ from the reference's.
+JS_WHITESPACE = (
+    "\t\n\x0b\x0c\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def js_trim(text: str) -> str:
+    """``text.trim()`` as JavaScript does it."""
+    return text.strip(JS_WHITESPACE)
+
+
 def utf16_len(text: str) -> int:
     """Length in UTF-16 code units: what JavaScript's ``String.length`` returns."""
     if text.isascii():
@@ -64,7 +78,7 @@ def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for raw in tags:
-        tag = raw.strip()
+        tag = js_trim(raw)
         if not tag:
             raise InvalidInput("tag must not be empty", field)
         check_storable(tag, field)
@@ -85,7 +99,7 @@ def normalize_workspace_key(cwd: str | None) -> str:
     (they are case-insensitive) with forward slashes. ``''`` for no cwd."""
     if cwd is None:
         return ""
-    cwd = cwd.strip()
+    cwd = js_trim(cwd)
     if not cwd:
         return ""
     check_storable(cwd, "workspaceKey")
@@ -104,7 +118,7 @@ def normalize_agent_key(preset: str | None) -> str:
     """Trimmed, ASCII-folded agentPreset; ``''`` is the shared layer."""
     if preset is None:
         return ""
-    key = ascii_fold(preset.strip())
+    key = ascii_fold(js_trim(preset))
     check_storable(key, "agentKey")
     if _CONTROL.search(key):
         raise InvalidInput("agentKey must not contain control characters", "agentKey")
@@ -117,6 +131,7 @@ __all__ = [
     "contains_folded",
     "cut_units",
     "has_lone_surrogate",
+    "js_trim",
     "normalize_agent_key",
     "normalize_tags",
     "normalize_workspace_key",

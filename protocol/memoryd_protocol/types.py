@@ -263,7 +263,8 @@ class ProposalDismissParams(_Env):
 
 class ApprovalDecidedParams(_Env):
     id: str
-    outcome: str
+    #: Any value: only "allowed-once" allows; anything else is a denial (wire-v1 §5).
+    outcome: Any
 
 
 # --- results -----------------------------------------------------------------------------

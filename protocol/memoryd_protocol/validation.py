@@ -16,6 +16,7 @@ from .text import (
     ascii_fold,
     check_storable,
     cut_units,
+    js_trim,
     normalize_agent_key,
     normalize_workspace_key,
     utf16_len,
@@ -63,7 +64,7 @@ def writer_view(write: Write | None) -> SessionView:
 def check_text(text: str, field: str = "text") -> str:
     """Non-empty after trimming surrounding whitespace; storable as UTF-8."""
     check_storable(text, field)
-    text = text.strip()
+    text = js_trim(text)
     if not text:
         raise InvalidInput(f"{field} must not be empty", field)
     return text
@@ -71,7 +72,7 @@ def check_text(text: str, field: str = "text") -> str:
 
 def check_match(match: str, field: str = "match") -> str:
     check_storable(match, field)
-    if not match.strip():
+    if not js_trim(match):
         raise InvalidInput(f"{field} must not be empty", field)
     return match
 
@@ -80,7 +81,7 @@ def check_source(source: str | None) -> str:
     if source is None:
         return DEFAULT_SOURCE
     check_storable(source, "source")
-    source = source.strip()
+    source = js_trim(source)
     if not source:
         raise InvalidInput("source must not be empty", "source")
     if _CONTROL.search(source):
