@@ -126,6 +126,8 @@ export class Client extends EventEmitter {
     this._readable = readable;
     this._writable = writable;
     this._pending = new Map();
+    /** Approval handlers of this connection still deciding; while > 0 call clocks stand still. */
+    this._deciding = 0;
     this._approvals = new Map();
     this._nextId = 1;
     this._closePromise = undefined;
@@ -204,11 +206,16 @@ export class Client extends EventEmitter {
       }
       const id = this._nextId++;
       const ms = timeoutMs ?? this.timeoutMs;
-      const entry = { method, resolve, reject, timer: undefined, signal, onAbort: undefined };
+      const entry = { method, resolve, reject, timer: undefined, signal, onAbort: undefined, fire: undefined, deadline: 0, remaining: undefined };
       if (isTimeout(ms)) {
-        entry.timer = setTimeout(() => {
+        entry.fire = () => {
           this._settle(id, undefined, clientError(TIMEOUT, `${method} timed out after ${ms} ms`, { method, timeoutMs: ms }));
-        }, ms);
+        };
+        if (this._deciding > 0) entry.remaining = ms; // clocks are paused while a human decides
+        else {
+          entry.deadline = Date.now() + ms;
+          entry.timer = setTimeout(entry.fire, ms);
+        }
       }
       if (signal) {
         entry.onAbort = () => this._settle(id, undefined, clientError(ABORTED, `${method} aborted`, { method }, signal.reason));
@@ -503,6 +510,29 @@ export class Client extends EventEmitter {
     else if (method === 'approval/resolved') this._onApprovalResolved(params);
   }
 
+  _pauseClocks() {
+    if (this._deciding++ > 0) return;
+    const now = Date.now();
+    for (const entry of this._pending.values()) {
+      if (entry.timer !== undefined) {
+        clearTimeout(entry.timer);
+        entry.timer = undefined;
+        entry.remaining = Math.max(0, entry.deadline - now);
+      }
+    }
+  }
+
+  _resumeClocks() {
+    if (--this._deciding > 0) return;
+    for (const entry of this._pending.values()) {
+      if (entry.remaining !== undefined && entry.fire) {
+        entry.deadline = Date.now() + entry.remaining;
+        entry.timer = setTimeout(entry.fire, entry.remaining);
+        entry.remaining = undefined;
+      }
+    }
+  }
+
   _onApprovalResolved(params) {
     const state = params && this._approvals.get(params.id);
     if (state) {
@@ -517,6 +547,9 @@ export class Client extends EventEmitter {
     const state = { controller: new AbortController(), resolved: false };
     this._approvals.set(id, state);
     let outcome = REJECTED;
+    // Time at this connection's own prompt does not count against the write that asked:
+    // otherwise the caller would see TIMEOUT while the human's later "yes" still commits.
+    this._pauseClocks();
     try {
       const handler = this._approvalHandler;
       if (typeof handler === 'function') {
@@ -527,6 +560,7 @@ export class Client extends EventEmitter {
       if (!state.resolved && !this.closed) this._emitError(err);
     } finally {
       this._approvals.delete(id);
+      this._resumeClocks();
     }
     if (state.resolved || this.closed) return; // moot: someone else decided, or we are gone
     try {

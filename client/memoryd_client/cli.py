@@ -9,10 +9,12 @@ lost / timeout / autostart failed; 130 interrupted. Every error is one line on s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
 import sys
+import tempfile
 import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +51,16 @@ class _Parser(argparse.ArgumentParser):
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
+
+def _positive_seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
+    return value
+
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
     defaults are suppressed, so an option given before the verb is not reset after it."""
@@ -79,7 +91,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=_positive_seconds,
         default=d(30.0),
         help="seconds to wait for each answer, not counting time at the approval prompt (default 30)",
     )
@@ -95,6 +107,13 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         action="store_true",
         default=d(False),
         help="approve this command's writes without asking (the payload is still shown on stderr)",
+    )
+    g.add_argument(
+        "--via-approver",
+        action="store_true",
+        default=d(False),
+        help="do not ask here: send this command's writes to a running 'memoryctl approve' (denied at once "
+        "when none is subscribed); for scripts and cron jobs",
     )
     g.add_argument(
         "--workspace",
@@ -420,11 +439,23 @@ def _text(value: str) -> str:
 
 
 def _write_private(name: str, text: str) -> str:
-    """Write ``text`` to ``name`` with mode 0600 (memory is personal); returns the path."""
+    """Write ``text`` to ``name`` with mode 0600 (memory is personal), atomically: a temp
+    file in the same directory renamed over the target, so an existing file readable by
+    others is replaced rather than rewritten in place. Returns the path."""
     path = os.path.expanduser(name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".memoryctl-export-", dir=directory)  # mode 0600
+    except OSError as exc:
+        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
     return path
 
 
@@ -681,6 +712,9 @@ def _socket(a: argparse.Namespace) -> Path:
 
 def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
     line = " ".join(message.split()) if message else code.lower()
+    match = (details or {}).get("match")
+    if code in ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH") and isinstance(match, str):
+        line += f" (match: {render.one_line(match)})"  # which of several -m failed
     print(f"error: {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
         ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
@@ -708,7 +742,9 @@ async def run(ctx: Ctx) -> int:
                 async with connect(
                     ctx.socket,
                     session=session,
-                    approvals=True,
+                    # --via-approver: this connection declares it cannot approve, so the
+                    # daemon routes its writes to subscribed approvers (wire-v1 §5).
+                    approvals=not (a.via_approver and a.verb != "approve"),
                     on_approval=ctx.approver,
                     client_name=PROG,
                     timeout=a.timeout,
@@ -733,7 +769,8 @@ async def run(ctx: Ctx) -> int:
     except AutostartFailed as exc:
         tail = exc.details.get("stderr") or ""
         for line in tail.splitlines():
-            print(f"memoryd: {line}", file=sys.stderr)
+            # the daemon's own lines already carry its "memoryd: " prefix
+            print(line if line.startswith("memoryd") else f"memoryd: {line}", file=sys.stderr)
         _error(ctx, exc.code, exc.message, exc.details)
         return EXIT_CONNECTION
     except BadResponse as exc:

@@ -35,8 +35,8 @@ import anyio
 import msgspec
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup
 from memoryd_protocol import types as T
-from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL
-from memoryd_protocol.errors import ProtocolError, from_wire
+from memoryd_protocol.constants import ALLOWED_ONCE, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL
+from memoryd_protocol.errors import InvalidInput, ProtocolError, from_wire
 from memoryd_protocol.paths import default_socket_path
 
 from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
@@ -292,6 +292,9 @@ class Client:
         self.on_approval = on_approval
         self.client_name = client_name
         self.timeout = timeout
+        #: The daemon's default line limit (``max_message_bytes``); raise it to match a
+        #: daemon configured with a larger one.
+        self.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
         #: The daemon's ``initialize`` answer (set by :func:`connect`).
         self.server: T.InitializeResult | None = None
 
@@ -556,6 +559,12 @@ class Client:
         if self._closed is not None:
             raise ConnectionClosed(self._closed)
         data = _ENCODER.encode(message) + b"\n"
+        if len(data) > self.max_message_bytes:
+            # The daemon would discard the line and answer with id null, which no call can
+            # be matched to: refuse it here, at once, with the daemon's own error code.
+            raise InvalidInput(
+                f"request of {len(data)} bytes exceeds the {self.max_message_bytes}-byte message limit", "params"
+            )
         async with self._send_lock:
             try:
                 await self._stream.send(data)

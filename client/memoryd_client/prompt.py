@@ -23,7 +23,7 @@ from . import render
 YES = frozenset({"y", "yes"})
 NO_TTY_NOTICE = (
     "memoryctl: no terminal to ask for approval; denying (fail closed). "
-    "Pass --yes to approve without asking, or answer from 'memoryctl approve'."
+    "Pass --yes to approve without asking, or --via-approver to let a running 'memoryctl approve' decide."
 )
 
 

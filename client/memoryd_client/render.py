@@ -10,26 +10,47 @@ from __future__ import annotations
 import re
 import shutil
 import time
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 from memoryd_protocol import types as T
 
-# C0/C1 controls (newline and tab handled separately), DEL, and the bidi embedding/override/
-# isolate characters (Trojan Source) and zero-width joiners used to hide text.
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# ASCII controls (newline and tab handled separately) and DEL: the fast path for ASCII text.
+_UNSAFE_ASCII = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# Everything a human cannot see or that re-orders what they see: controls, format
+# characters (bidi overrides, zero-width and Unicode tag characters, which hide text from a
+# person but not from a model), private-use, surrogates, unassigned code points, line and
+# paragraph separators, and every space other than U+0020.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers render as blanks
 
 
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+def _unsafe(ch: str) -> bool:
+    if ch in "\n\t":
+        return False
+    cat = unicodedata.category(ch)
+    if cat in _UNSAFE_CATEGORIES or (cat == "Zs" and ch != " ") or ch in _FILLERS:
+        return True
+    code = ord(ch)
+    return 0xFE00 <= code <= 0xFE0F or 0xE0100 <= code <= 0xE01EF  # variation selectors
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def visible(text: str, *, newlines: bool = True) -> str:
-    """``text`` safe for a terminal: unsafe characters as ``\\xNN``/``\\uNNNN``; with
-    ``newlines=False`` line breaks and tabs become ``\\n``/``\\t`` too (one table row)."""
-    out = _UNSAFE.sub(_escape, text)
+    """``text`` safe for a terminal: unsafe characters as ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN``;
+    with ``newlines=False`` line breaks and tabs become ``\\n``/``\\t`` too (one table row)."""
+    if text.isascii():
+        out = _UNSAFE_ASCII.sub(lambda m: _escape_char(m.group()), text)
+    else:
+        out = "".join(_escape_char(ch) if _unsafe(ch) else ch for ch in text)
     if not newlines:
         out = out.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
     else:

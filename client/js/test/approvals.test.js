@@ -271,3 +271,26 @@ describe('write policy auto: no approval asked', () => {
     }
   });
 });
+
+test('time at our own approval prompt does not count against the write', async () => {
+  const d = await startDaemon({ policy: 'ask' });
+  try {
+    const client = await connect({
+      socketPath: d.socketPath,
+      session: { id: 's-clock' },
+      writeTimeoutMs: 300,
+      onApproval: async () => {
+        await new Promise((r) => setTimeout(r, 900));
+        return 'allowed-once';
+      },
+    });
+    try {
+      const res = await client.add({ track: 'user', scope: 'user-global', text: 'slow human' });
+      assert.equal(res.entry.text, 'slow human');
+    } finally {
+      await client.close();
+    }
+  } finally {
+    await d.stop();
+  }
+});

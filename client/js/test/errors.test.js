@@ -210,14 +210,22 @@ describe('connection lifecycle (policy ask)', () => {
     await client.close();
   });
 
-  test('per-call timeout (a write waiting on a slow approval)', async () => {
+  test('per-call timeout (a write waiting on a slow approver elsewhere)', async () => {
+    // The clock stands still while *this* connection's handler decides (see approvals tests);
+    // a write routed to another approver times out on schedule.
     let decide;
-    const client = await connect({
+    const approver = await connect({
       socketPath: daemon.socketPath,
       session: makeSession(),
       onApproval: () => new Promise((r) => (decide = r)),
     });
-    const asked = nextEvent(client, 'approval/asked');
+    await approver.approvalSubscribe();
+    const client = await connect({
+      socketPath: daemon.socketPath,
+      session: makeSession(),
+      capabilities: { approvals: false },
+    });
+    const asked = nextEvent(approver, 'approval/asked');
     const t0 = Date.now();
     const err = await rejection(client.add({ ...UG, text: 'slow' }, { timeoutMs: 200 }));
     assert.ok(err instanceof CallTimeoutError);
@@ -228,6 +236,7 @@ describe('connection lifecycle (policy ask)', () => {
     await asked;
     decide('rejected'); // clean up the daemon side
     assert.equal(client.pendingCount, 0);
+    await approver.close();
     // the connection is still fine; reads have their own default timeout
     assert.equal((await client.budgets({ timeoutMs: 5000 })).length, 4);
     await client.close();
