@@ -47,9 +47,12 @@ class Raw:
         self._waiting: dict[Any, anyio.Event] = {}
         self._responses: dict[Any, dict[str, Any]] = {}
         self._methods: dict[Any, str] = {}
+        #: ids issued by call(): raw_reply() never takes their responses
+        self._owned: set[Any] = set()
         self.notifications: list[dict[str, Any]] = []
         self.received: list[dict[str, Any]] = []
         self._note_event = anyio.Event()
+        self._reply_event = anyio.Event()
         self.on_approval: Callable[[dict[str, Any]], Awaitable[str | None]] | None = None
         self.closed = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -66,6 +69,8 @@ class Raw:
                         ev = self._waiting.pop(m["id"], None)
                         if ev is not None:
                             ev.set()
+                    self._reply_event.set()
+                    self._reply_event = anyio.Event()
                     continue
                 _validate(msg, None)
                 self.notifications.append(msg)
@@ -97,10 +102,12 @@ class Raw:
             msg["params"] = params
         ev = anyio.Event()
         self._waiting[id_] = ev
+        self._owned.add(id_)
         self._methods[id_] = method
         await self.send_line(json.dumps(msg).encode())
         with anyio.fail_after(TIMEOUT):
             await ev.wait()
+        self._owned.discard(id_)
         if id_ not in self._responses:
             raise ConnectionError(f"connection closed before the reply to {method}")
         return self._responses.pop(id_)
@@ -132,9 +139,11 @@ class Raw:
         with anyio.fail_after(TIMEOUT):
             while True:
                 for key in list(self._responses):
-                    if key not in self._waiting:
+                    if key not in self._owned:
                         return self._responses.pop(key)
-                await anyio.sleep(0.005)
+                if self.closed.is_set():
+                    raise ConnectionError("closed")
+                await self._reply_event.wait()
 
 
 async def _socket_lines(stream: Any) -> AsyncIterator[bytes]:
