@@ -8,6 +8,7 @@ never stops the connection from reading the ``approval/decided`` that releases i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections import deque
@@ -56,21 +57,44 @@ class Connection:
         #: the peer sent EOF: it can no longer answer approvals (replies may still go out)
         self.gone = False
         self._sink = sink
+        self._held: list[bytes] = []
         self._dispatcher = dispatcher
         self._approvals = approvals
         self._max_bytes = max_bytes
 
-    def post_line(self, data: bytes) -> bool:
+    def post_line(self, data: bytes, *, hold: bool = False) -> bool:
         """Queue one line for the peer, never waiting (each line is queued whole, so lines
-        from concurrent requests never interleave). False once the peer is gone."""
+        from concurrent requests never interleave). False once the peer is gone.
+
+        ``hold`` keeps a notification back until the reply that follows it in the same
+        step (or the end of this loop iteration), so an event and its reply leave in one
+        write and wake the peer once.
+        """
         if self.closed:
             return False
+        if hold:
+            if not self._held:
+                asyncio.get_running_loop().call_soon(self._release)
+            self._held.append(data + b"\n")
+            return True
+        if self._held:
+            data = b"".join(self._held) + data
+            self._held.clear()
         try:
             self._sink.post(data + b"\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             # The peer went away; requests still complete, only their replies are lost.
             self.closed = True
         return not self.closed
+
+    def _release(self) -> None:
+        if self._held and not self.closed:
+            data = b"".join(self._held)
+            self._held.clear()
+            try:
+                self._sink.post(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                self.closed = True
 
     async def send_line(self, data: bytes) -> None:
         """A reply: queued, then the request waits while the peer is behind (backpressure)."""
@@ -82,7 +106,7 @@ class Connection:
 
     async def notify(self, method: str, params: Any) -> None:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""
-        self.post_line(encode_notification(method, params))
+        self.post_line(encode_notification(method, params), hold=True)
 
     async def serve(self, chunks: AsyncIterable[bytes]) -> None:
         log.debug("connection %d (%s) opened", self.id, self.name)
