@@ -57,6 +57,8 @@ class Approvals:
     def __init__(self) -> None:
         self.pending: dict[str, Pending] = {}
         self.approvers: list[Peer] = []
+        #: set at shutdown: no new approval is asked, every new one is cancelled
+        self.closing = False
 
     def subscribe(self, peer: Peer) -> None:
         if peer not in self.approvers:
@@ -68,6 +70,8 @@ class Approvals:
 
     async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float) -> str:
         """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
+        if self.closing:
+            return "cancelled"
         targets = [origin] if origin.can_approve else [a for a in self.approvers if a is not origin]
         if not targets or origin.gone:
             return "unavailable"
@@ -118,6 +122,7 @@ class Approvals:
                     p.resolve("unavailable")
 
     def cancel_all(self, outcome: str = "cancelled") -> None:
+        self.closing = True
         for p in list(self.pending.values()):
             p.resolve(outcome)
 
