@@ -34,6 +34,22 @@ class Gate:
         return None
 
 
+def start_held(tg: Any, raw: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send ``method`` in the background; its raw reply lands in the returned box["r"]."""
+    box: dict[str, Any] = {}
+
+    async def send() -> None:
+        box["r"] = await raw.call(method, params)
+
+    tg.start_soon(send)
+    return box
+
+
+async def arrived(gate: Gate) -> None:
+    with anyio.fail_after(10):
+        await gate.arrived.wait()
+
+
 async def test_allow_round_trip(ask_daemon: Any) -> None:
     async with socket_client(ask_daemon.socket_path) as raw:
         raw.on_approval = allow()
@@ -112,14 +128,8 @@ async def test_decisions_from_a_foreign_connection_are_refused(ask_daemon: Any) 
         a.on_approval = gate
         before = await state(b)
         async with anyio.create_task_group() as tg:
-            result: dict[str, Any] = {}
-
-            async def write() -> None:
-                result["r"] = await a.call("memory/add", {"input": entry_input("mine"), "write": write_ctx()})
-
-            tg.start_soon(write)
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            result = start_held(tg, a, "memory/add", {"input": entry_input("mine"), "write": write_ctx()})
+            await arrived(gate)
             approval_id = gate.asked[0]["id"]
             err = await b.fail("approval/decided", {"id": approval_id, "outcome": "allowed-once"})
             assert err.code == "INVALID_INPUT"
@@ -151,16 +161,9 @@ async def test_race_replace_target_removed_during_approval(ask_daemon: Any) -> N
         gate = Gate()
         a.on_approval = gate
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def replace() -> None:
-                box["r"] = await a.call("memory/replace", {"input": {"track": "user", "scope": "user-global",
-                                                                     "match": "tabs", "text": "Prefers spaces"},
-                                                           "write": write_ctx()})
-
-            tg.start_soon(replace)
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            replace = {"track": "user", "scope": "user-global", "match": "tabs", "text": "Prefers spaces"}
+            box = start_held(tg, a, "memory/replace", {"input": replace, "write": write_ctx()})
+            await arrived(gate)
             await b.ok("memory/remove", {"input": {"track": "user", "scope": "user-global", "match": "tabs"},
                                          "write": write_ctx("s-2")})
             before = await state(b)
@@ -177,15 +180,9 @@ async def test_race_replace_target_changed_during_approval(ask_daemon: Any) -> N
         gate = Gate()
         a.on_approval = gate
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def remove() -> None:
-                box["r"] = await a.call("memory/remove", {"input": {"track": "user", "scope": "user-global",
-                                                                    "match": "prefers"}, "write": write_ctx()})
-
-            tg.start_soon(remove)
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            remove = {"track": "user", "scope": "user-global", "match": "prefers"}
+            box = start_held(tg, a, "memory/remove", {"input": remove, "write": write_ctx()})
+            await arrived(gate)
             # still contains the match, but it is no longer the text the human approved removing
             await b.ok("memory/replace", {"input": {"track": "user", "scope": "user-global", "match": "tabs",
                                                     "text": "Prefers tabs, always"}, "write": write_ctx("s-2")})
@@ -204,14 +201,8 @@ async def test_race_budget_fills_during_pending_add(daemon_factory: Any, tmp_pat
         gate = Gate()
         a.on_approval = gate
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def write() -> None:
-                box["r"] = await a.call("memory/add", {"input": entry_input("123456"), "write": write_ctx()})
-
-            tg.start_soon(write)
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            box = start_held(tg, a, "memory/add", {"input": entry_input("123456"), "write": write_ctx()})
+            await arrived(gate)
             await add(b, "abcdef", session="s-2")
             before = await state(b)
             await a.ok("approval/decided", {"id": gate.asked[0]["id"], "outcome": "allowed-once"})
@@ -229,8 +220,7 @@ async def test_race_disconnect_while_pending(ask_daemon: Any) -> None:
             a.on_approval = gate
             await a.send_line(b'{"jsonrpc":"2.0","id":1,"method":"memory/add","params":{"input":{"track":"user",'
                               b'"scope":"user-global","text":"never"},"write":{"agent":{"session":{"id":"gone"}}}}}')
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            await arrived(gate)
         with anyio.fail_after(10):
             while True:
                 audit = await b.ok("audit/list", {"limit": 1})
@@ -248,14 +238,8 @@ async def test_pending_approval_does_not_delay_others(ask_daemon: Any) -> None:
         a.on_approval = gate
         b.on_approval = allow()
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def held() -> None:
-                box["r"] = await a.call("memory/add", {"input": entry_input("held"), "write": write_ctx()})
-
-            tg.start_soon(held)
-            with anyio.fail_after(10):
-                await gate.arrived.wait()
+            box = start_held(tg, a, "memory/add", {"input": entry_input("held"), "write": write_ctx()})
+            await arrived(gate)
             # other sessions read, write and get their own approvals while a's waits
             with anyio.fail_after(5):
                 await add(b, "not delayed", session="s-2")
@@ -299,13 +283,8 @@ async def test_headless_writes_go_to_approvers_first_wins(ask_daemon: Any) -> No
         await h1.ok("approval/subscribe", {})
         await h2.ok("approval/subscribe", {})
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def write() -> None:
-                box["r"] = await agent.call("memory/add", {"input": entry_input("from a headless agent"),
-                                                           "write": write_ctx("bot")})
-
-            tg.start_soon(write)
+            box = start_held(tg, agent, "memory/add",
+                             {"input": entry_input("from a headless agent"), "write": write_ctx("bot")})
             with anyio.fail_after(10):
                 await g1.arrived.wait()
                 await g2.arrived.wait()

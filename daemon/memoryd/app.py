@@ -71,11 +71,11 @@ class Daemon:
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None) -> Daemon:
         path = config.db_path
-        store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
+        version = store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
         store.prepare_path(path)
         lock_fd = lock_store(path)
         try:
-            writer_conn = await aiosqlite.Connection(lambda: store.open_store(path)[0], 64)
+            writer_conn = await aiosqlite.Connection(lambda: store.open_store(path, version), 64)
         except BaseException:
             os.close(lock_fd)
             raise

@@ -9,7 +9,7 @@ Waiting here never holds the writer: the single writer only sees approved work.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -129,5 +129,3 @@ class Approvals:
     def __len__(self) -> int:
         return len(self.pending)
 
-
-AskFn = Callable[[Peer, ApprovalAsked, float], Awaitable[str]]

@@ -181,13 +181,6 @@ class Dispatcher:
         method.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
         return method
 
-    async def handle_line(self, peer: Any, line: bytes) -> bytes | None:
-        """One NDJSON line in, at most one line out (None for notifications)."""
-        obj = parse(line)
-        if obj is _UNPARSABLE:
-            return PARSE_ERROR_LINE
-        return await self.handle(peer, obj)
-
     async def handle(self, peer: Any, obj: Any) -> bytes | None:
         """A parsed line (request, notification or batch) in, at most one line out."""
         if isinstance(obj, list):

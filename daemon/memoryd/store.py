@@ -115,10 +115,6 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-class StoreLocked(Exception):
-    """Another memoryd owns this store."""
-
-
 # --- opening -----------------------------------------------------------------------------
 
 
@@ -244,17 +240,15 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         raise
 
 
-def open_store(path: Path) -> tuple[sqlite3.Connection, int]:
-    """Validate, then create or migrate, then open for writing. Returns (conn, old version)."""
-    version = inspect(path)
-    prepare_path(path)
+def open_store(path: Path, version: int) -> sqlite3.Connection:
+    """Open a store that ``inspect`` found at ``version`` for writing, migrating it forward."""
     conn = connect(path)
     try:
         migrate(conn, version)
     except BaseException:
         conn.close()
         raise
-    return conn, version
+    return conn
 
 
 # --- rows --------------------------------------------------------------------------------

@@ -73,7 +73,6 @@ class Writer:
         self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
         self._full_sync = True
         self.depth = 0
-        self.commits = 0
         self._deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]] = []
         self._flush_wanted = anyio.Event()
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
@@ -150,7 +149,6 @@ class Writer:
         try:
             with anyio.CancelScope(shield=True):
                 self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred))
-            self.commits += 1
         except Exception:
             log.exception("group commit of %d job(s) failed", len(batch))
             for j in batch:
