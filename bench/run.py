@@ -184,7 +184,7 @@ def cold_start(tmp: Path, n: int) -> tuple[list[float], list[float]]:
     ours, floor = [], []
     for i in range(n):
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--stdio", "--db", str(tmp / f"cs{i}.db"),
+        p = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--stdio", "--standalone", "--db", str(tmp / f"cs{i}.db"),
                               "--log-level", "warning"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert p.stdin and p.stdout
         p.stdin.write(init)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,21 +48,16 @@ def daemon_env() -> dict[str, str]:
     return env
 
 
-def wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    """Ready means the daemon accepts a connection (it binds only once the store is open)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"memoryd exited early with {proc.returncode}")
-        if path.exists():
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                try:
-                    s.connect(str(path))
-                    return
-                except OSError:
-                    pass
-        time.sleep(0.01)
-    raise TimeoutError(f"memoryd did not open {path} within {timeout}s")
+def spawn_ready(args: list[str], err: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m memoryd serve <args>``, returned once it sent READY=1 (the store is open
+    and the socket accepts): the daemon's own readiness signal, not a connect loop."""
+    from memoryd.launch import LaunchFailed
+    from memoryd.launch import spawn_ready as launch
+
+    try:
+        return launch(args, log=err, env=env or daemon_env())
+    except LaunchFailed as exc:
+        raise RuntimeError(f"memoryd failed to start: {exc}\n{err.read_text(errors='replace')}") from None
 
 
 def start_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path | None = None,
@@ -75,20 +68,12 @@ def start_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path |
     sock = socket_path or Path(tempfile_dir(sock_dir)) / f"{name}.sock"
     db_path = db or tmp / f"{name}.db"
     err = tmp / f"{name}.stderr"
-    args = [sys.executable, "-m", "memoryd", "serve", "--socket", str(sock), "--db", str(db_path)]
+    args = ["--socket", str(sock), "--db", str(db_path)]
     if policy is not None:
         args += ["--write-policy", policy]
     args += list(extra)
-    with err.open("wb") as errf:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
-                                env=daemon_env())
-    d = Daemon(sock, db_path, proc, err, args)
-    try:
-        wait_for_socket(sock, proc)
-    except Exception:
-        d.stop()
-        raise RuntimeError(f"memoryd failed to start: {d.stderr()}") from None
-    return d
+    proc = spawn_ready(args, err)
+    return Daemon(sock, db_path, proc, err, [sys.executable, "-m", "memoryd", "serve", *args])
 
 
 def tempfile_dir(base: Path) -> str:

@@ -56,6 +56,8 @@ class Raw:
         self.on_approval: Callable[[dict[str, Any]], Awaitable[str | None]] | None = None
         self.closed = anyio.Event()
         self._tg: TaskGroup | None = None
+        #: the child process, for clients that talk to one over its stdio
+        self.process: Any = None
 
     async def _reader(self) -> None:
         try:
@@ -179,14 +181,31 @@ async def socket_client(path: Path | str, *, approvals: bool = True, initialize:
 
 @asynccontextmanager
 async def stdio_client(db: Path, *extra: str, initialize: bool = True) -> AsyncIterator[Raw]:
-    args = [sys.executable, "-m", "memoryd", "serve", "--stdio", "--db", str(db), *extra]
+    """``memoryd serve --stdio --standalone``: a daemon of its own on a private store."""
+    async with _stdio(["--standalone", "--db", str(db), *extra], initialize) as raw:
+        yield raw
+
+
+@asynccontextmanager
+async def relay_client(socket_path: Path, *extra: str, initialize: bool = True,
+                       approvals: bool = True) -> AsyncIterator[Raw]:
+    """``memoryd serve --stdio``: a harness's child relaying to the daemon on ``socket_path``."""
+    async with _stdio(["--socket", str(socket_path), *extra], initialize, approvals) as raw:
+        yield raw
+
+
+@asynccontextmanager
+async def _stdio(serve_args: list[str], initialize: bool, approvals: bool = True) -> AsyncIterator[Raw]:
+    args = [sys.executable, "-m", "memoryd", "serve", "--stdio", *serve_args]
     async with await anyio.open_process(args, env=dict(os.environ)) as proc, anyio.create_task_group() as tg:
         assert proc.stdin is not None and proc.stdout is not None
         raw = Raw(proc.stdin.send, _socket_lines(proc.stdout))
         raw._tg = tg
+        raw.process = proc
         tg.start_soon(raw._reader)
         if initialize:
-            await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"}})
+            await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"},
+                                        "capabilities": {"approvals": approvals}})
         try:
             yield raw
         finally:

@@ -160,7 +160,7 @@ def test_stdio_fd1_carries_protocol_lines_only(tmp_path: Path) -> None:
         {"jsonrpc": "2.0", "id": 3, "method": "memory/list"},
     ]
     data = "".join(json.dumps(m) + "\n" for m in lines) + "garbage\n"
-    r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--stdio", "--db", str(tmp_path / "m.db"),
+    r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--stdio", "--standalone", "--db", str(tmp_path / "m.db"),
                         "--write-policy", "auto", "--log-level", "debug"],
                        input=data.encode(), capture_output=True, timeout=20)
     assert r.returncode == 0, r.stderr
@@ -175,7 +175,7 @@ def test_stdio_from_regular_file(tmp_path: Path) -> None:
     req = tmp_path / "req.ndjson"
     req.write_text(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/budgets"}) + "\n")
     with req.open("rb") as stdin:
-        r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--stdio", "--db", str(tmp_path / "m.db")],
+        r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--stdio", "--standalone", "--db", str(tmp_path / "m.db")],
                            stdin=stdin, capture_output=True, timeout=20)
     assert r.returncode == 0
     assert json.loads(r.stdout)["id"] == 1
@@ -195,16 +195,15 @@ async def test_data_survives_restart(daemon_factory: Any, tmp_path: Path) -> Non
 
 def test_sockets_under_default_runtime_dir(tmp_path: Path) -> None:
     """Without --socket the daemon uses $XDG_RUNTIME_DIR/memoryd/memoryd.sock, dir 0700."""
+    from conftest import spawn_ready
+
     runtime = tmp_path / "rt"
     runtime.mkdir()
     env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime))
-    proc = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--db", str(tmp_path / "m.db")], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.pop("MEMORYD_SOCKET", None)
+    proc = spawn_ready(["--db", str(tmp_path / "m.db")], tmp_path / "err", env)
     try:
-        from conftest import wait_for_socket
-
         sock = runtime / "memoryd" / "memoryd.sock"
-        wait_for_socket(sock, proc)
         assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     finally:

@@ -14,6 +14,7 @@ export const ERROR_CODES = Object.freeze({
   STORE_UNSUPPORTED_VERSION: -32017,
   ADAPTER_NOT_FOUND: -32018,
   ADAPTER_PAYLOAD: -32019,
+  STORE_LOCKED: -32021,
 });
 
 /** JSON-RPC-level failures (they also carry `data.code` on the wire). */
@@ -45,6 +46,7 @@ export const STORE_CORRUPT = 'STORE_CORRUPT';
 export const STORE_UNSUPPORTED_VERSION = 'STORE_UNSUPPORTED_VERSION';
 export const ADAPTER_NOT_FOUND = 'ADAPTER_NOT_FOUND';
 export const ADAPTER_PAYLOAD = 'ADAPTER_PAYLOAD';
+export const STORE_LOCKED = 'STORE_LOCKED';
 export const PARSE_ERROR = 'PARSE_ERROR';
 export const INVALID_REQUEST = 'INVALID_REQUEST';
 export const METHOD_NOT_FOUND = 'METHOD_NOT_FOUND';
@@ -109,6 +111,7 @@ export class StoreCorruptError extends MemorydError {}
 export class StoreUnsupportedVersionError extends MemorydError {}
 export class AdapterNotFoundError extends MemorydError {}
 export class AdapterPayloadError extends MemorydError {}
+export class StoreLockedError extends MemorydError {}
 export class ParseError extends MemorydError {}
 export class InvalidRequestError extends MemorydError {}
 export class MethodNotFoundError extends MemorydError {}
@@ -130,6 +133,7 @@ const CLASS_BY_CODE = new Map([
   [STORE_UNSUPPORTED_VERSION, StoreUnsupportedVersionError],
   [ADAPTER_NOT_FOUND, AdapterNotFoundError],
   [ADAPTER_PAYLOAD, AdapterPayloadError],
+  [STORE_LOCKED, StoreLockedError],
   [PARSE_ERROR, ParseError],
   [INVALID_REQUEST, InvalidRequestError],
   [METHOD_NOT_FOUND, MethodNotFoundError],

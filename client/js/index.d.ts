@@ -336,7 +336,8 @@ export type ProtocolErrorCode =
   | 'STORE_CORRUPT'
   | 'STORE_UNSUPPORTED_VERSION'
   | 'ADAPTER_NOT_FOUND'
-  | 'ADAPTER_PAYLOAD';
+  | 'ADAPTER_PAYLOAD'
+  | 'STORE_LOCKED';
 export type RpcLevelErrorCode = 'PARSE_ERROR' | 'INVALID_REQUEST' | 'METHOD_NOT_FOUND' | 'INTERNAL_ERROR';
 export type ClientErrorCode = 'CONNECTION_CLOSED' | 'CONNECTION_FAILED' | 'TIMEOUT' | 'ABORTED' | 'PROTOCOL_ERROR';
 export type ErrorCode = ProtocolErrorCode | RpcLevelErrorCode | ClientErrorCode | 'RPC_ERROR' | (string & {});
@@ -382,6 +383,7 @@ export declare const STORE_CORRUPT: 'STORE_CORRUPT';
 export declare const STORE_UNSUPPORTED_VERSION: 'STORE_UNSUPPORTED_VERSION';
 export declare const ADAPTER_NOT_FOUND: 'ADAPTER_NOT_FOUND';
 export declare const ADAPTER_PAYLOAD: 'ADAPTER_PAYLOAD';
+export declare const STORE_LOCKED: 'STORE_LOCKED';
 export declare const PARSE_ERROR: 'PARSE_ERROR';
 export declare const INVALID_REQUEST: 'INVALID_REQUEST';
 export declare const METHOD_NOT_FOUND: 'METHOD_NOT_FOUND';
@@ -428,6 +430,7 @@ export declare class StoreCorruptError extends MemorydError<{ path: string }> {}
 export declare class StoreUnsupportedVersionError extends MemorydError<{ path: string }> {}
 export declare class AdapterNotFoundError extends MemorydError<{ adapterId: string }> {}
 export declare class AdapterPayloadError extends MemorydError<{ adapterId: string }> {}
+export declare class StoreLockedError extends MemorydError<{ path: string; pid?: number; socket?: string | null }> {}
 export declare class ParseError extends MemorydError {}
 export declare class InvalidRequestError extends MemorydError {}
 export declare class MethodNotFoundError extends MemorydError {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ from typing import Any
 import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
+from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import private_socket_path
 
 from . import store
@@ -32,21 +34,54 @@ from .writer import Writer, run_on
 log = logging.getLogger("memoryd")
 
 
-class StoreLocked(Exception):
-    pass
+def _owner_file(path: Path) -> Path:
+    return path.with_name(path.name + ".memoryd-owner")
 
 
-def lock_store(path: Path) -> int:
+def lock_store(path: Path, endpoint: str | None) -> int:
     """Hold an advisory flock on the db file for the daemon's lifetime. flock and SQLite's
     own POSIX byte-range locks do not interact on Linux, so this only keeps a second
-    memoryd out; dsh-memento can still open the file."""
+    memoryd out; dsh-memento can still open the file.
+
+    The holder writes its pid and socket next to the store, so that a refused second
+    daemon (or a stdio relay that started one) can say who owns the store and where it
+    listens. The file means something only while the flock is held."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreLocked(f"store is in use by another memoryd: {path}") from None
+        raise _locked(path) from None
+    try:
+        owner = _owner_file(path)
+        tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "socket": endpoint}) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, owner)
+    except OSError as exc:
+        log.warning("cannot record the store's owner next to it: %s", exc.strerror)
     return fd
+
+
+def _locked(path: Path) -> StoreLocked:
+    details: dict[str, Any] = {"path": str(path)}
+    try:
+        info = json.loads(_owner_file(path).read_text())
+        details["pid"] = int(info["pid"])
+        details["socket"] = info.get("socket")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    holder = f"memoryd pid {details['pid']}" if "pid" in details else "another memoryd"
+    where = f", serving {details['socket']}" if details.get("socket") else ""
+    return StoreLocked(f"store {path} is owned by {holder}{where}", details)
+
+
+def unlock_store(path: Path, fd: int) -> None:
+    """Remove the owner record before letting go of the lock: the next owner's record,
+    written once it holds the lock, is never the one removed."""
+    with contextlib.suppress(OSError):
+        _owner_file(path).unlink()
+    os.close(fd)
 
 
 def _reader(path: Path) -> sqlite3.Connection:
@@ -69,15 +104,16 @@ class Daemon:
     stopping: anyio.Event = field(default_factory=anyio.Event)
 
     @classmethod
-    async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None) -> Daemon:
+    async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
+                   endpoint: str | None = None) -> Daemon:
         path = config.db_path
         version = store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
         store.prepare_path(path)
-        lock_fd = lock_store(path)
+        lock_fd = lock_store(path, endpoint)
         try:
             writer_conn = await aiosqlite.Connection(lambda: store.open_store(path, version), 64)
         except BaseException:
-            os.close(lock_fd)
+            unlock_store(path, lock_fd)
             raise
         reader_conn = await aiosqlite.Connection(lambda: _reader(path), 64)
         loop_reader = _reader(path)
@@ -127,7 +163,13 @@ class Daemon:
             proto.close()
 
     async def run(self, *, stdio: bool) -> None:
-        sock = None if stdio else self._bind()
+        # The handlers go in before the socket exists: a SIGTERM that arrives as soon as a
+        # client can connect must drain and exit 0, not kill the process (socket left behind).
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            sock = None if stdio else self._bind()
+            await self._run(stdio, sock, signals)
+
+    async def _run(self, stdio: bool, sock: Any, signals: Any) -> None:
         async with anyio.create_task_group() as root:
             root.start_soon(self.writer.run)
             flush_scope = anyio.CancelScope()
@@ -139,7 +181,7 @@ class Daemon:
             root.start_soon(flusher)
             try:
                 async with anyio.create_task_group() as serving:
-                    serving.start_soon(self._watch_signals)
+                    serving.start_soon(self._watch_signals, signals)
                     if stdio:
                         serving.start_soon(self._serve_stdio)
                     else:
@@ -194,12 +236,11 @@ class Daemon:
             fds.close()
             self.stopping.set()
 
-    async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("received %s, shutting down", signal.Signals(signum).name)
-                self.stopping.set()
-                return
+    async def _watch_signals(self, signals: Any) -> None:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            self.stopping.set()
+            return
 
     async def _drain(self, serving: TaskGroup) -> None:
         """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
@@ -224,4 +265,42 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await run_on(self.writer_conn, lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
             await self.writer_conn.close()
-        os.close(self.lock_fd)
+        unlock_store(self.config.db_path, self.lock_fd)
+
+
+def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
+    """``memoryd serve`` (socket) and ``--stdio --standalone``: own the store and serve it."""
+    import sys
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s memoryd[%(process)d] %(levelname)s %(name)s: %(message)s")
+    return anyio.run(_serve, cfg, stdio)
+
+
+async def _serve(cfg: Config, stdio: bool) -> int:
+    import sys
+
+    from .transports import SocketInUse
+
+    try:
+        daemon = await Daemon.open(cfg, endpoint=None if stdio else str(cfg.socket_path))
+    except StoreLocked as exc:
+        print(f"memoryd: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except ProtocolError as exc:
+        print(f"memoryd: {exc.code}: {exc.message}: {cfg.db_path}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"memoryd: cannot open store {cfg.db_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        await daemon.run(stdio=stdio)
+    except SocketInUse as exc:
+        print(f"memoryd: {exc}", file=sys.stderr)
+        await daemon.close()
+        return 1
+    except BaseException:
+        # aiosqlite's threads are not daemonic: close the store or the process never exits
+        await daemon.close()
+        raise
+    return 0

@@ -1,47 +1,76 @@
-"""``memoryd serve``: the daemon's command line."""
+"""``memoryd``: the daemon's command line.
+
+Three ways to run ``serve``:
+
+- ``memoryd serve`` owns the store and serves it on the Unix socket (the shared daemon);
+- ``memoryd serve --stdio`` is a harness's way in to that daemon: it relays stdin/stdout to
+  the socket, starting the daemon when none runs (:mod:`memoryd.relay`);
+- ``memoryd serve --stdio --standalone`` owns a store privately and serves one client on
+  stdin/stdout (tests, sandboxes).
+
+Only the daemon paths import the daemon's stack (anyio, aiosqlite, jsonrpcserver); the
+relay and ``--detach`` start with the standard library and the config loader.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
-import anyio
-from memoryd_protocol.errors import ProtocolError
-from memoryd_protocol.paths import default_config_path
-
 from . import __version__
 from . import config as config_mod
-from .app import Daemon, StoreLocked
-from .transports import SocketInUse
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
     parser.add_argument("--version", action="version", version=f"memoryd {__version__} (dsh-memory-protocol/v1)")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the daemon", description="Serve JSON-RPC 2.0 (NDJSON) on a Unix socket "
-                           "or on stdio. The socket appears once the store is open and the daemon is ready.")
-    where = serve.add_mutually_exclusive_group()
-    where.add_argument("--socket", type=Path, help="Unix socket path (default: $XDG_RUNTIME_DIR/memoryd/memoryd.sock)")
-    where.add_argument("--stdio", action="store_true", help="serve one client on stdin/stdout (a harness child)")
+    serve = sub.add_parser(
+        "serve", help="run the daemon, or attach a harness to it over stdio",
+        description="Serve JSON-RPC 2.0 (NDJSON) on a Unix socket. With --stdio, relay stdin/stdout to the daemon "
+        "that serves the configured store (starting it when none runs); with --stdio --standalone, own a private "
+        "store instead. The socket appears once the store is open and the daemon is ready.")
+    serve.add_argument("--socket", type=Path, help="Unix socket path to serve, or with --stdio to attach to "
+                       "(default: $MEMORYD_SOCKET, else $XDG_RUNTIME_DIR/memoryd/memoryd.sock)")
+    serve.add_argument("--stdio", action="store_true",
+                       help="speak the protocol on stdin/stdout: a harness's child process")
+    serve.add_argument("--standalone", action="store_true",
+                       help="with --stdio: own the store in this process instead of relaying to the shared daemon")
+    serve.add_argument("--detach", action="store_true",
+                       help="start the daemon in the background and exit once it is ready")
     serve.add_argument("--db", type=Path, help="SQLite store (default: the per-user data dir's memory.db)")
-    serve.add_argument("--config", type=Path, help=f"TOML config file (default: {default_config_path()} if it exists)")
+    serve.add_argument("--config", type=Path,
+                       help=f"TOML config file (default: {config_mod.DEFAULT_CONFIG_HINT} if it exists)")
     serve.add_argument("--write-policy", choices=["ask", "auto", "off"], help="override the config's write_policy")
-    serve.add_argument("--log-level", default=os.environ.get("MEMORYD_LOG_LEVEL", "info"),
-                       choices=["debug", "info", "warning", "error"], help="stderr log level (default: info)")
+    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                       help="stderr log level (default: $MEMORYD_LOG_LEVEL, else info)")
     return parser
 
 
+def _forwarded(args: argparse.Namespace, config_path: Path | None) -> list[str]:
+    """The options a daemon started on our behalf gets (absolute: it runs in /)."""
+    out: list[str] = []
+    if args.db is not None:
+        out += ["--db", str(args.db.expanduser().absolute())]
+    if config_path is not None:
+        out += ["--config", str(config_path.absolute())]
+    if args.write_policy is not None:
+        out += ["--write-policy", args.write_policy]
+    if args.log_level is not None:
+        out += ["--log-level", args.log_level]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s memoryd[%(process)d] %(levelname)s %(name)s: %(message)s")
-    config_path = args.config
-    if config_path is None and default_config_path().exists():
-        config_path = default_config_path()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.standalone and not args.stdio:
+        parser.error("--standalone needs --stdio")
+    if args.detach and args.stdio:
+        parser.error("--detach cannot be combined with --stdio")
+    config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
     try:
         cfg = config_mod.load(config_path)
     except config_mod.ConfigError as exc:
@@ -53,31 +82,44 @@ def main(argv: list[str] | None = None) -> int:
         cfg.socket_path = args.socket.expanduser().absolute()
     if args.write_policy is not None:
         cfg.write_policy = args.write_policy
-    return anyio.run(_serve, cfg, args.stdio)
+
+    if args.stdio and not args.standalone:
+        from . import relay
+
+        explicit_db = cfg.db_path if (args.db is not None or cfg.db_path_configured) else None
+        try:
+            return relay.run(cfg.socket_path, explicit_db, args.write_policy, _forwarded(args, config_path))
+        except KeyboardInterrupt:
+            return 130
+    if args.detach:
+        return _detach(cfg.socket_path, _forwarded(args, config_path))
+
+    from .app import serve
+
+    level = args.log_level or os.environ.get("MEMORYD_LOG_LEVEL", "info")
+    return serve(cfg, stdio=args.stdio, log_level=level)
 
 
-async def _serve(cfg: config_mod.Config, stdio: bool) -> int:
+def _detach(socket_path: Path, serve_args: list[str]) -> int:
+    from . import launch
+
+    runtime = socket_path.parent
     try:
-        daemon = await Daemon.open(cfg)
-    except ProtocolError as exc:
-        print(f"memoryd: {exc.code}: {exc.message}: {cfg.db_path}", file=sys.stderr)
-        return 1
-    except StoreLocked as exc:
-        print(f"memoryd: STORE_LOCKED: {exc}", file=sys.stderr)
-        return 1
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"memoryd: cannot open store {cfg.db_path}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"memoryd: cannot create the socket directory {runtime}: {exc.strerror}", file=sys.stderr)
         return 1
-    try:
-        await daemon.run(stdio=stdio)
-    except SocketInUse as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
-        await daemon.close()
-        return 1
-    except BaseException:
-        # aiosqlite's threads are not daemonic: close the store or the process never exits
-        await daemon.close()
-        raise
+    with launch.start_lock(runtime):
+        if launch.answers(socket_path):
+            print(f"memoryd: already running on {socket_path}", file=sys.stderr)
+            return 0
+        log = launch.log_path_for(socket_path)
+        try:
+            proc = launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
+        except launch.LaunchFailed as exc:
+            print(f"memoryd: could not start on {socket_path}: {exc} (log: {log})", file=sys.stderr)
+            return 1
+    print(proc.pid)
     return 0
 
 

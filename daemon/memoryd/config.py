@@ -7,7 +7,6 @@ bug, not a convenience).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,10 @@ from memoryd_protocol.constants import (
     TRACKS,
     WRITE_POLICIES,
 )
-from memoryd_protocol.paths import default_db_path, default_socket_path
+from memoryd_protocol.paths import default_config_path, default_db_path, default_socket_path
+
+#: For --help, which must not compute the real path (that costs the relay a platformdirs import).
+DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
 
 class ConfigError(ValueError):
@@ -48,6 +50,8 @@ class Config:
     write_policies: dict[str, str] = field(default_factory=dict)
     proposal_max_text: int = PROPOSAL_MAX_TEXT
     proposal_max_pending: int = PROPOSAL_MAX_PENDING
+    #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
+    db_path_configured: bool = False
 
     def policy_for(self, track: str, scope: str, source: str) -> str:
         """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
@@ -81,10 +85,18 @@ def _path(key: str, value: Any) -> Path:
     return path
 
 
+def default_config_file() -> Path | None:
+    """The default config file, when it exists."""
+    path = default_config_path()
+    return path if path.exists() else None
+
+
 def load(path: Path | None) -> Config:
     cfg = Config()
     if path is None:
         return cfg
+    import tomllib  # only with a config file: keeps the relay's start-up lean
+
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -101,6 +113,7 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
     for key, value in raw.items():
         if key == "db_path":
             cfg.db_path = _path(key, value)
+            cfg.db_path_configured = True
         elif key == "socket_path":
             cfg.socket_path = _path(key, value)
         elif key == "write_policy":

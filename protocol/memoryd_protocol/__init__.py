@@ -1,27 +1,54 @@
-"""dsh-memory-protocol v1 as memoryd speaks it: wire types, errors, validation. Pure: no I/O."""
+"""dsh-memory-protocol v1 as memoryd speaks it: wire types, errors, validation. Pure: no I/O.
+
+Submodules and names load on first use (PEP 562): the stdio relay and memoryctl's read
+commands need ``paths`` and ``constants`` only, and importing the wire types (msgspec and
+every Struct) would cost them most of their start-up.
+"""
 
 from __future__ import annotations
 
-from . import constants, errors, payloads, snapshot, text, types, validation
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
-from .errors import (
-    AdapterNotFound,
-    AdapterPayload,
-    AmbiguousMatch,
-    BudgetExceeded,
-    EntryNotFound,
-    InvalidInput,
-    ProposalNotFound,
-    ProtocolError,
-    RpcError,
-    StoreCorrupt,
-    StoreUnsupportedVersion,
-    WriteDenied,
-    WriteRequiresAgent,
-    from_wire,
-)
+
+if TYPE_CHECKING:
+    from . import constants, errors, payloads, snapshot, text, types, validation
+    from .errors import (
+        AdapterNotFound,
+        AdapterPayload,
+        AmbiguousMatch,
+        BudgetExceeded,
+        EntryNotFound,
+        InvalidInput,
+        ProposalNotFound,
+        ProtocolError,
+        RpcError,
+        StoreCorrupt,
+        StoreLocked,
+        StoreUnsupportedVersion,
+        WriteDenied,
+        WriteRequiresAgent,
+        from_wire,
+    )
 
 __version__ = "0.1.0"
+
+_SUBMODULES = frozenset({"constants", "errors", "payloads", "snapshot", "text", "types", "validation"})
+_FROM_ERRORS = frozenset({
+    "AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BudgetExceeded", "EntryNotFound", "InvalidInput",
+    "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnsupportedVersion",
+    "WriteDenied", "WriteRequiresAgent", "from_wire",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _FROM_ERRORS:
+        return getattr(importlib.import_module(".errors", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PROTOCOL",
@@ -36,6 +63,7 @@ __all__ = [
     "ProtocolError",
     "RpcError",
     "StoreCorrupt",
+    "StoreLocked",
     "StoreUnsupportedVersion",
     "WriteDenied",
     "WriteRequiresAgent",

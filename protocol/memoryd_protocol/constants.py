@@ -68,7 +68,7 @@ INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 
 #: Protocol error code → JSON-RPC error code (wire-v1.md §7). memoryd's own codes live in
-#: the implementation-defined server range -32010..-32019.
+#: the implementation-defined server range -32010..-32099.
 ERROR_CODES: Final[dict[str, int]] = {
     "INVALID_INPUT": INVALID_PARAMS,
     "WRITE_REQUIRES_AGENT": -32010,
@@ -81,6 +81,8 @@ ERROR_CODES: Final[dict[str, int]] = {
     "STORE_UNSUPPORTED_VERSION": -32017,
     "ADAPTER_NOT_FOUND": -32018,
     "ADAPTER_PAYLOAD": -32019,
+    #: start-up only: another memoryd owns the store (details: path, pid, socket)
+    "STORE_LOCKED": -32021,
 }
 #: data.code for the JSON-RPC-level failures, so every error a client sees has one shape.
 RPC_LEVEL_CODES: Final[dict[int, str]] = {

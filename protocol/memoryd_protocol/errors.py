@@ -94,6 +94,14 @@ class StoreUnsupportedVersion(ProtocolError):
     RPC_CODE = ERROR_CODES["STORE_UNSUPPORTED_VERSION"]
 
 
+class StoreLocked(ProtocolError):
+    """Another memoryd owns the store (``details``: ``path``, and the holder's ``pid`` and
+    ``socket`` when it recorded them)."""
+
+    CODE = "STORE_LOCKED"
+    RPC_CODE = ERROR_CODES["STORE_LOCKED"]
+
+
 class AdapterNotFound(ProtocolError):
     CODE = "ADAPTER_NOT_FOUND"
     RPC_CODE = ERROR_CODES["ADAPTER_NOT_FOUND"]
@@ -132,6 +140,7 @@ _BY_CODE: dict[str, type[ProtocolError]] = {
         ProposalNotFound,
         StoreCorrupt,
         StoreUnsupportedVersion,
+        StoreLocked,
         AdapterNotFound,
         AdapterPayload,
     )
@@ -168,6 +177,7 @@ __all__ = [
     "ProtocolError",
     "RpcError",
     "StoreCorrupt",
+    "StoreLocked",
     "StoreUnsupportedVersion",
     "WriteDenied",
     "WriteRequiresAgent",

@@ -371,6 +371,8 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
     "STORE_UNSUPPORTED_VERSION": _details(["path"], {"path": _STR}),
     "ADAPTER_NOT_FOUND": _details(["adapterId"], {"adapterId": _STR}),
     "ADAPTER_PAYLOAD": _details(["adapterId"], {"adapterId": _STR}),
+    "STORE_LOCKED": _details(["path"], {"path": _STR, "pid": {"type": "integer"},
+                                        "socket": {"type": ["string", "null"]}}),
 }
 ERROR_MESSAGES: Final[dict[str, str]] = {
     "INVALID_INPUT": "invalid input",
@@ -384,6 +386,7 @@ ERROR_MESSAGES: Final[dict[str, str]] = {
     "STORE_UNSUPPORTED_VERSION": "store schema version is newer than supported",
     "ADAPTER_NOT_FOUND": "adapter not found",
     "ADAPTER_PAYLOAD": "adapter cannot convert the payload",
+    "STORE_LOCKED": "the store is owned by another memoryd",
     "PARSE_ERROR": "parse error",
     "INVALID_REQUEST": "invalid request",
     "METHOD_NOT_FOUND": "method not found",

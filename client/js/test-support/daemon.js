@@ -118,7 +118,7 @@ export async function startDaemon({ policy = 'auto', config, extraArgs = [], dir
 
 /** Args for `spawn()` over stdio with the test python. */
 export function stdioArgs({ db, policy = 'auto', extraArgs = [] } = {}) {
-  const args = ['-m', 'memoryd', 'serve', '--stdio', '--db', db];
+  const args = ['-m', 'memoryd', 'serve', '--stdio', '--standalone', '--db', db];
   if (policy) args.push('--write-policy', policy);
   return [...args, ...extraArgs];
 }

@@ -1,0 +1,150 @@
+"""Start a detached daemon and wait until it is ready, without polling.
+
+The child gets a private ``NOTIFY_SOCKET`` (an abstract datagram socket), as systemd gives a
+``Type=notify`` service, and we wait on two descriptors at once: that socket for the
+daemon's ``READY=1`` (accepted only from the child's own pid, read from the datagram's
+credentials) and a pidfd for its exit. Readiness therefore means what it means under
+systemd: the store is open and the socket accepts connections.
+
+The stdio relay starts the shared daemon this way when none answers, and so does
+``memoryd serve --detach``. Stdlib only: this is on the relay's start-up path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+LOG_NAME = "memoryd.log"
+#: Shared with memoryctl's autostart: whoever holds it is starting the daemon of this
+#: runtime directory, and everyone else waits, then finds it running.
+LOCK_NAME = ".memoryd-autostart.lock"
+DEFAULT_WAIT_S = 15.0
+_UCRED = struct.Struct("3i")
+
+
+class LaunchFailed(Exception):
+    """The daemon exited or stayed silent before it was ready; the message is one line
+    (the daemon's own last stderr line when it left one)."""
+
+    def __init__(self, message: str, log: Path | None = None, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.log = log
+        self.returncode = returncode
+
+
+def log_path_for(socket_path: Path) -> Path:
+    return socket_path.parent / LOG_NAME
+
+
+def answers(path: Path) -> bool:
+    """True when a daemon accepts connections on ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def start_lock(runtime_dir: Path) -> Iterator[None]:
+    """Serialize starters of one runtime directory. The holder keeps it for at most its
+    own readiness wait, so a blocking flock cannot hang for longer than that."""
+    fd = os.open(runtime_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _last_line(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _ready_from(notify: socket.socket, pid: int) -> bool:
+    """One datagram: is it ``READY=1`` sent by ``pid``?"""
+    msg, anc, _flags, _addr = notify.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
+    sender = None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            sender = _UCRED.unpack(data[: _UCRED.size])[0]
+    return sender == pid and b"READY=1" in msg.split(b"\n")
+
+
+def spawn_ready(
+    serve_args: Sequence[str],
+    *,
+    log: Path | None,
+    wait_s: float = DEFAULT_WAIT_S,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Run ``python -m memoryd serve <serve_args>`` in its own session (stdin and stdout
+    on /dev/null, stderr appended to ``log``) and return once it said ``READY=1``.
+
+    Raises :class:`LaunchFailed` when it exits first or is not ready within ``wait_s``
+    (it is stopped then)."""
+    name = f"memoryd-launch-{os.getpid()}-{secrets.token_hex(8)}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
+        notify.bind("\0" + name)
+        notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        child_env = dict(os.environ if env is None else env, NOTIFY_SOCKET="@" + name, PYTHONUNBUFFERED="1")
+        for var in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+            child_env.pop(var, None)
+        offset = 0
+        err: int = subprocess.DEVNULL
+        if log is not None:
+            err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            offset = os.lseek(err, 0, os.SEEK_END)
+        try:
+            proc = subprocess.Popen(
+                [python, "-m", "memoryd", "serve", *serve_args],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True, close_fds=True, cwd="/", env=child_env,
+            )
+        finally:
+            if log is not None:
+                os.close(err)
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                left = deadline - time.monotonic()
+                readable, _, _ = select.select([notify.fileno(), pidfd], [], [], max(left, 0))
+                if notify.fileno() in readable and _ready_from(notify, proc.pid):
+                    return proc
+                if pidfd in readable:
+                    code = proc.wait()
+                    reason = (_last_line(log, offset) if log is not None else "") or f"exit status {code}"
+                    raise LaunchFailed(reason, log, code)
+                if not readable:
+                    proc.terminate()
+                    try:
+                        proc.wait(5)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                    raise LaunchFailed(f"memoryd was not ready within {wait_s:g}s; stopped it", log)
+        finally:
+            os.close(pidfd)
+
+
+__all__ = ["LaunchFailed", "answers", "log_path_for", "spawn_ready", "start_lock"]

@@ -1,0 +1,182 @@
+"""``memoryd serve --stdio``: a harness's way in to the one daemon that owns the store.
+
+The relay connects to the daemon's socket (starting the daemon, detached, when none
+answers), checks that it serves the store this process was configured with, then copies
+bytes both ways: stdin → socket, socket → stdout. It never parses what it relays, so
+approvals, events, errors and ordering pass through unchanged, byte for byte.
+
+- EOF on stdin half-closes the connection: the daemon answers what was sent, denies the
+  approvals still pending as ``unavailable``, then closes, and the relay exits 0.
+- The daemon closing first (it stopped or died) gives the harness EOF on stdout and one
+  line on stderr, and the relay exits 1.
+
+Stdlib only, imported without the daemon's stack: a harness spawns one per session.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import launch
+
+CHUNK = 65536
+PROBE_ID = "memoryd-relay-probe"
+#: connect() errors that mean "no daemon there" (anything else, EACCES say, is reported).
+NO_DAEMON = frozenset({errno.ENOENT, errno.ECONNREFUSED})
+
+
+class RelayError(Exception):
+    """Why the relay cannot attach; one line, printed as ``memoryd: <message>``."""
+
+
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        if exc.errno in NO_DAEMON:
+            return None
+        raise RelayError(f"cannot connect to {path}: {exc.strerror}") from None
+    return sock
+
+
+def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
+    """A connection to the daemon on ``socket_path``, started with ``serve_args`` when
+    nothing answers there."""
+    sock = _connect(socket_path)
+    if sock is not None:
+        return sock
+    runtime = socket_path.parent
+    try:
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror}") from None
+    with launch.start_lock(runtime):
+        sock = _connect(socket_path)  # another starter may have won the lock first
+        if sock is None:
+            log = launch.log_path_for(socket_path)
+            try:
+                launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
+            except launch.LaunchFailed as exc:
+                raise RelayError(f"could not start a daemon on {socket_path}: {exc} (log: {log})") from None
+            sock = _connect(socket_path)
+    if sock is None:
+        raise RelayError(f"the daemon started on {socket_path} does not accept connections")
+    return sock
+
+
+def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The first line the daemon sends, and whatever came after it in the same reads."""
+    buf = b""
+    while b"\n" not in buf:
+        data = sock.recv(CHUNK)
+        if not data:
+            raise RelayError("the daemon closed the connection before answering")
+        buf += data
+    line, _, rest = buf.partition(b"\n")
+    return line, rest
+
+
+def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_policy: str | None) -> bytes:
+    """Ask the daemon what it serves before relaying anything; the reply is ours, not the
+    harness's. Returns any bytes read past that reply (none in practice)."""
+    probe = {"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}
+    sock.sendall(json.dumps(probe).encode() + b"\n")
+    line, rest = _read_line(sock)
+    try:
+        status = json.loads(line)["result"]
+        served = Path(status["store"]["path"])
+    except (ValueError, KeyError, TypeError):
+        raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
+    if db is not None and os.path.realpath(served) != os.path.realpath(db):
+        raise RelayError(
+            f"the daemon on {socket_path} serves the store {served}, not {db}; "
+            f"give --socket of the daemon that serves {db}, or drop --db to use {served}"
+        )
+    served_policy = status.get("writePolicy")
+    if write_policy is not None and served_policy is not None and served_policy != write_policy:
+        raise RelayError(
+            f"the daemon on {socket_path} runs write policy {served_policy!r}, not {write_policy!r}; "
+            "the policy is the daemon's (its --write-policy or config), not the relay's"
+        )
+    return rest
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
+    """Relay until the daemon closes. Returns ``None`` after a clean end (the harness
+    closed stdin first, or stopped reading stdout), else the reason the daemon went."""
+    stdin_done = threading.Event()
+
+    def upstream() -> None:
+        try:
+            while True:
+                data = os.read(in_fd, CHUNK)
+                if not data:
+                    break
+                sock.sendall(data)
+        except OSError:
+            pass  # the daemon went away: the downstream half reports it
+        finally:
+            stdin_done.set()
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    threading.Thread(target=upstream, name="memoryd-relay-stdin", daemon=True).start()
+    try:
+        if pending:
+            _write_all(out_fd, pending)
+        while True:
+            try:
+                data = sock.recv(CHUNK)
+            except OSError as exc:
+                return f"lost the connection to the daemon: {exc.strerror}"
+            if not data:
+                return None if stdin_done.is_set() else "the daemon closed the connection (it stopped)"
+            _write_all(out_fd, data)
+    except BrokenPipeError:
+        return None  # the harness stopped reading: closing our socket ends its session
+    finally:
+        sock.close()
+
+
+def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
+    try:
+        sock = attach(socket_path, serve_args)
+        try:
+            rest = check_store(sock, socket_path, db, write_policy)
+        except BaseException:
+            sock.close()
+            raise
+    except RelayError as exc:
+        print(f"memoryd: {exc}", file=sys.stderr)
+        return 1
+    # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
+    # stderr, so a stray print() cannot corrupt the stream.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    reason = pump(sock, 0, out_fd, rest)
+    os.close(out_fd)
+    if reason is not None:
+        print(f"memoryd: {reason} ({socket_path})", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["RelayError", "attach", "check_store", "pump", "run"]
