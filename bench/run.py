@@ -5,7 +5,8 @@
 Measures (daemon in socket mode, on a temp socket and database):
   query   memory/query round trip on a 50-entry store   vs raw socket echo, raw sqlite3 query
   add     auto-policy memory/add, 1 client and 16        vs raw sqlite3 insert+commit (synchronous=FULL)
-  start   stdio cold start: spawn → initialize answered  vs spawning `python -c pass`
+  start   stdio start: spawn → initialize answered, through the relay to the warm daemon and
+          --standalone (a private daemon)                vs spawning `python -c pass`
   rss     idle RSS of the daemon after start and after the runs
 Prints medians, p90/p99 and ratios to the floor; writes bench/results.json.
 """
@@ -65,18 +66,11 @@ def start_daemon(tmp: Path, policy: str = "auto") -> tuple[subprocess.Popen[byte
     sock = str(tmp / "b.sock")
     cfg = tmp / "bench.toml"
     cfg.write_text("[budgets.agent]\nworkspace = 10000000\n")  # room for every benchmark write
-    proc = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--socket", sock, "--db", str(tmp / "b.db"),
-                             "--config", str(cfg), "--write-policy", policy, "--log-level", "warning"],
-                            stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(sock)
-            return proc, sock
-        except OSError:
-            time.sleep(0.01)
-    raise RuntimeError("daemon did not start")
+    from memoryd.launch import spawn_ready  # waits for the daemon's READY=1
+
+    proc = spawn_ready(["--socket", sock, "--db", str(tmp / "b.db"), "--config", str(cfg), "--write-policy", policy,
+                        "--log-level", "warning"], log=tmp / "daemon.log")
+    return proc, sock
 
 
 def rss_kb(pid: int) -> int:
@@ -179,13 +173,22 @@ def sqlite_insert_floor(tmp: Path, n: int) -> float:
     return rate
 
 
-def cold_start(tmp: Path, n: int) -> tuple[list[float], list[float]]:
+def memoryd_command() -> list[str]:
+    """What a harness runs: the installed console script (``python -m`` adds runpy)."""
+    script = Path(sys.executable).parent / "memoryd"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "memoryd"]
+
+
+def stdio_start(serve_args: list[str], n: int) -> tuple[list[float], list[float]]:
+    """Spawn ``memoryd serve --stdio <serve_args>`` until ``initialize`` is answered, beside
+    spawning ``python -c pass``, alternating so both see the same machine."""
     init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}).encode() + b"\n"
     ours, floor = [], []
     for i in range(n):
+        args = [a.replace("{i}", str(i)) for a in serve_args]
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--stdio", "--standalone", "--db", str(tmp / f"cs{i}.db"),
-                              "--log-level", "warning"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        p = subprocess.Popen([*memoryd_command(), "serve", "--stdio", *args],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert p.stdin and p.stdout
         p.stdin.write(init)
         p.stdin.flush()
@@ -224,12 +227,17 @@ def main() -> None:
             results["add_1_client_per_s"] = round(asyncio.run(add_clients(sock, 1, nw)))
             results["add_16_clients_per_s"] = round(asyncio.run(add_clients(sock, 16, max(nw // 16, 20))))
             results["rss_after_kb"] = rss_kb(proc.pid)
+            ours, floor = stdio_start(["--socket", sock], 10 if args.quick else 30)
+            results["relay_start"] = summary("relay", ours)
+            results["relay_floor_python_start"] = summary("py", floor)
+            results["relay_start_vs_python"] = round(statistics.median(ours) / statistics.median(floor), 2)
         finally:
             proc.terminate()
             proc.wait()
         results["floor_sqlite_commit_per_s"] = round(sqlite_insert_floor(tmp, nw))
         results["add_1_vs_floor"] = round(results["add_1_client_per_s"] / results["floor_sqlite_commit_per_s"], 2)
-        ours, floor = cold_start(tmp, 5 if args.quick else 15)
+        ours, floor = stdio_start(["--standalone", "--db", str(tmp / "cs{i}.db"), "--log-level", "warning"],
+                                  5 if args.quick else 15)
         results["cold_start"] = summary("start", ours)
         results["floor_python_start"] = summary("py", floor)
     print(json.dumps(results, indent=2))

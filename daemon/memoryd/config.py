@@ -7,7 +7,6 @@ bug, not a convenience).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +36,26 @@ class ConfigError(ValueError):
 _POLICY_RANK = {"auto": 0, "ask": 1, "off": 2}
 
 
-@dataclass
 class Config:
-    db_path: Path = field(default_factory=default_db_path)
-    socket_path: Path = field(default_factory=default_socket_path)
-    write_policy: str = "ask"
-    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
-    language: str = "en"
-    max_entries_per_query: int = QUERY_DEFAULT_LIMIT
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    budgets: dict[tuple[str, str], int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
-    write_policies: dict[str, str] = field(default_factory=dict)
-    proposal_max_text: int = PROPOSAL_MAX_TEXT
-    proposal_max_pending: int = PROPOSAL_MAX_PENDING
-    #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
-    db_path_configured: bool = False
+    """Every setting, at its default until the file or a command-line option changes it.
+
+    A plain class rather than a dataclass: ``dataclasses`` imports ``inspect``, which was a
+    fifth of the stdio relay's start-up, and the relay loads the config too."""
+
+    def __init__(self) -> None:
+        self.db_path: Path = default_db_path()
+        self.socket_path: Path = default_socket_path()
+        self.write_policy: str = "ask"
+        self.approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+        self.language: str = "en"
+        self.max_entries_per_query: int = QUERY_DEFAULT_LIMIT
+        self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self.budgets: dict[tuple[str, str], int] = dict(DEFAULT_BUDGETS)
+        self.write_policies: dict[str, str] = {}
+        self.proposal_max_text: int = PROPOSAL_MAX_TEXT
+        self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
+        #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
+        self.db_path_configured = False
 
     def policy_for(self, track: str, scope: str, source: str) -> str:
         """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import secrets
 import select
 import socket
 import struct
@@ -102,7 +101,7 @@ def spawn_ready(
 
     Raises :class:`LaunchFailed` when it exits first or is not ready within ``wait_s``
     (it is stopped then)."""
-    name = f"memoryd-launch-{os.getpid()}-{secrets.token_hex(8)}"
+    name = f"memoryd-launch-{os.getpid()}-{os.urandom(8).hex()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
         notify.bind("\0" + name)
         notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)

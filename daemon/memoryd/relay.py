@@ -24,8 +24,6 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import launch
-
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
 #: connect() errors that mean "no daemon there" (anything else, EACCES say, is reported).
@@ -54,6 +52,8 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     sock = _connect(socket_path)
     if sock is not None:
         return sock
+    from . import launch  # only when no daemon answers: subprocess and friends cost start-up
+
     runtime = socket_path.parent
     try:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
