@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 from e2e_helpers import add, entry_input, state
-from rawclient import Raw, socket_client, stdio_client, write_ctx
+from rawclient import Raw, relay_client, socket_client, stdio_client, write_ctx
 
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., AbstractAsyncContextManager[Raw]]
 
 
-@pytest.fixture(params=["socket", "stdio"])
+@pytest.fixture(params=["socket", "stdio", "relay"])
 def connect(request: pytest.FixtureRequest, daemon_factory: Any, tmp_path: Path) -> Connect:
-    """``connect(policy=..., config=...)`` → a Raw peer over the parametrized transport."""
+    """``connect(policy=..., config=...)`` → a Raw peer over the parametrized transport:
+    the socket, a ``--standalone`` stdio child, or a stdio relay to a socket daemon (the
+    whole core contract passes through the relay unchanged)."""
 
     def factory(policy: str = "auto", config: str | None = None) -> AbstractAsyncContextManager[Raw]:
         extra: list[str] = []
@@ -26,9 +28,9 @@ def connect(request: pytest.FixtureRequest, daemon_factory: Any, tmp_path: Path)
             cfg = tmp_path / f"cfg-{len(list(tmp_path.iterdir()))}.toml"
             cfg.write_text(config)
             extra = ["--config", str(cfg)]
-        if request.param == "socket":
+        if request.param in ("socket", "relay"):
             d = daemon_factory(*extra, policy=policy)
-            return socket_client(d.socket_path)
+            return (socket_client if request.param == "socket" else relay_client)(d.socket_path)
         return stdio_client(tmp_path / "stdio.db", "--write-policy", policy, *extra)
 
     return factory
