@@ -48,6 +48,8 @@ class Config:
     write_policies: dict[str, str] = field(default_factory=dict)
     proposal_max_text: int = PROPOSAL_MAX_TEXT
     proposal_max_pending: int = PROPOSAL_MAX_PENDING
+    #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
+    config_path: Path | None = None
 
     def policy_for(self, track: str, scope: str, source: str) -> str:
         """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
@@ -94,6 +96,7 @@ def load(path: Path | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
     apply(cfg, raw)
+    cfg.config_path = path.absolute()
     return cfg
 
 
