@@ -84,7 +84,7 @@ def texts(d: Any) -> list[str]:
 
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(VERBS) == {"list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit",
-                          "proposals", "export", "import", "adapters", "status", "snapshot", "approve"}
+                          "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve"}
     for verb, parser in verbs().items():
         assert parser.description and len(parser.description) > 40, verb
         assert parser.epilog and parser.epilog.startswith("examples:"), verb
@@ -369,10 +369,27 @@ def test_usage_errors_are_one_line_exit_2(daemon: Any, tmp_path: Path) -> None:
     assert r.returncode == 2 and "is not JSON" in error_line(r.stderr)
 
 
-def test_no_daemon_is_exit_3(tmp_path: Path) -> None:
-    r = run("--socket", str(tmp_path / "none.sock"), "--no-autostart", "status")
+def test_no_daemon_is_exit_3_and_says_how_to_start_one(tmp_path: Path) -> None:
+    missing = tmp_path / "none.sock"
+    r = run("--socket", str(missing), "--no-autostart", "status")
     assert r.returncode == 3 and r.stdout == ""
-    assert error_line(r.stderr).startswith("error: CONNECT_FAILED: cannot connect to memoryd at ")
+    assert error_line(r.stderr) == (
+        f"error: CONNECT_FAILED: cannot connect to memoryd at {missing}: No such file or directory; "
+        f"no daemon runs there: start one with `memoryd serve --socket {missing}` or drop --no-autostart"
+    )
+    # a stale socket file (connection refused), and the default socket with --db: the same advice
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))
+    r = run("--no-autostart", "--db", str(tmp_path / "my.db"), "list")
+    assert r.returncode == 3 and error_line(r.stderr).endswith(
+        f"; no daemon runs there: start one with `memoryd serve --db {tmp_path / 'my.db'}` or drop --no-autostart")
+    r = run("--socket", str(stale), "--no-autostart", "list")
+    assert r.returncode == 3 and error_line(r.stderr) == (
+        f"error: CONNECT_FAILED: cannot connect to memoryd at {stale}: Connection refused; "
+        f"no daemon runs there: start one with `memoryd serve --socket {stale}` or drop --no-autostart"
+    )
+    assert not (tmp_path / "my.db").exists()
 
 
 def test_connection_lost_is_exit_3(ask_daemon: Any) -> None:
@@ -672,9 +689,14 @@ def test_via_approver_routes_a_script_write_to_memoryctl_approve(ask_daemon: Any
     assert r.returncode == 0, r.stderr
     assert code == 0 and "| From cron" in err
     assert texts(ask_daemon) == ["From cron"]
-    # with no approver subscribed it is denied at once, fail closed
+    # with no approver subscribed it is denied at once, fail closed, and says what to run
+    before = store_state(ask_daemon)
     r = run(*sock(ask_daemon), "--via-approver", "add", *UG, "Nobody listening")
-    assert r.returncode == 1 and "WRITE_DENIED" in r.stderr
+    assert r.returncode == 1
+    assert error_line(r.stderr) == ("error: WRITE_DENIED: write denied: unavailable; no approver is subscribed: "
+                                    "run `memoryctl approve` in another terminal")
+    entries, budgets, ledger = store_state(ask_daemon)
+    assert (entries, budgets, ledger) == (before[0], before[1], before[2] + 1)  # + the add-denied row
 
 
 def test_invisible_characters_are_escaped_in_everything_shown() -> None:
@@ -693,9 +715,207 @@ def test_export_to_an_existing_world_readable_file_leaves_it_private(daemon: Any
     target = tmp_path / "pub.json"
     target.write_text("old")
     target.chmod(0o644)
-    r = run(*sock(daemon), "export", "-o", str(target))
+    r = run(*sock(daemon), "export", "-o", str(target), "--force")
     assert r.returncode == 0, r.stderr
     assert (target.stat().st_mode & 0o777) == 0o600
     assert json.loads(target.read_text())["schema"] == "memory-export-v1"
     r = run(*sock(daemon), "export", "-o", str(tmp_path / "missing-dir" / "x.json"))
     assert r.returncode == 2 and error_line(r.stderr).startswith("error: USAGE: cannot write")
+
+
+# --- the human's tool: version, stop, status, and errors that say what to do next ----------
+
+
+def store_state(d: Any) -> tuple[Any, Any, int]:
+    """Everything an error must leave unchanged: entries, budgets, ledger length."""
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        return c.list(), c.budgets(), len(c.audit_list(1000))
+
+
+def test_version_needs_no_daemon(fresh_socket: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORYD_SOCKET", str(fresh_socket))
+    r = run("--version")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"memoryctl {mc.__version__} (dsh-memory-protocol/v1)\n", "")
+    assert not fresh_socket.parent.exists()  # nothing was started, not even the runtime dir
+
+
+def test_stop_waits_until_the_daemon_is_gone(daemon_factory: Any) -> None:
+    d = daemon_factory()
+    assert run(*sock(d), "add", *UG, "Survives a restart").returncode == 0
+    with mc.connect_sync(d.socket_path, timeout=10) as other:  # another open connection does not hold it up
+        r = run("--socket", str(d.socket_path), "stop")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == f"stopped memoryd (pid {d.proc.pid}) on {d.socket_path}\n"
+        assert r.stderr == ""
+        # when stop returns, the socket is gone and the process has exited, cleanly
+        assert not d.socket_path.exists()
+        assert d.proc.poll() == 0
+        with pytest.raises(mc.ConnectionClosed):
+            other.status()
+    # and the store is free: a new daemon opens it, with the entry intact
+    d2 = daemon_factory(db=d.db_path, name="d2")
+    assert texts(d2) == ["Survives a restart"]
+    r = run("--socket", str(d2.socket_path), "stop", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"stopped": True, "pid": d2.proc.pid, "socket": str(d2.socket_path)}
+    assert d2.proc.poll() == 0
+
+
+def test_stop_when_nothing_runs_is_not_an_error(fresh_socket: Path, tmp_path: Path) -> None:
+    r = run("--socket", str(fresh_socket), "stop")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"memoryd is not running on {fresh_socket}\n", "")
+    assert not fresh_socket.parent.exists()  # never autostarts
+    stale = tmp_path / "stale.sock"  # a socket file nobody listens on: connection refused
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))
+    r = run("--socket", str(stale), "--json", "stop")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"stopped": False, "pid": None, "socket": str(stale)}
+    assert stale.exists() and not (tmp_path / "memoryd.log").exists()
+
+
+def status_fields(out: str) -> dict[str, str]:
+    return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())  # type: ignore[misc]
+
+
+def test_status_shows_socket_pid_policy_config_and_log(daemon_factory: Any, tmp_path: Path) -> None:
+    cfg = tmp_path / "memoryd.toml"
+    cfg.write_text('write_policy = "ask"\n')
+    d = daemon_factory("--config", str(cfg), policy=None)
+    r = run(*sock(d), "status")
+    assert r.returncode == 0, r.stderr
+    fields = status_fields(r.stdout)
+    assert list(fields) == ["socket", "pid", "version", "uptime", "write policy", "store", "store schema", "config",
+                            "log", "connections", "pending approvals", "queue depth"]
+    assert fields["socket"] == str(d.socket_path) and fields["pid"] == str(d.proc.pid)
+    assert (fields["version"], fields["write policy"], fields["store schema"]) == (mc.__version__, "ask", "4")
+    assert (fields["store"], fields["config"], fields["log"]) == (str(d.db_path), str(cfg), str(d.stderr_path))
+    assert (fields["connections"], fields["pending approvals"], fields["queue depth"]) == ("1", "0", "0")
+    assert re.fullmatch(r"\d+s", fields["uptime"])
+
+    r = run(*sock(d), "status", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert set(st) == {"version", "uptimeS", "connections", "pendingApprovals", "queueDepth", "store", "pid",
+                       "writePolicy", "socket", "config", "log"}
+    assert (st["pid"], st["writePolicy"], st["socket"], st["config"], st["log"]) == (
+        d.proc.pid, "ask", str(d.socket_path), str(cfg), str(d.stderr_path))
+    assert st["store"] == {"path": str(d.db_path), "schemaVersion": 4}
+
+
+def test_status_without_a_config_file_or_a_log_file(tmp_path: Path) -> None:
+    """stderr on a pipe (a terminal, the journal): the log is "stderr"; no config: "none"."""
+    sock_path = Path(tempfile.mkdtemp(prefix="mctl-", dir="/tmp")) / "p.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "memoryd", "serve", "--socket", str(sock_path), "--db",
+                             str(tmp_path / "p.db")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # ready once it says so (it binds first)
+            if "memoryd ready" in line:
+                break
+        r = run("--socket", str(sock_path), "--no-autostart", "status")
+        assert r.returncode == 0, r.stderr
+        fields = status_fields(r.stdout)
+        assert (fields["config"], fields["log"], fields["write policy"]) == ("none", "stderr", "ask")
+        assert json.loads(run("--socket", str(sock_path), "status", "--json").stdout)["log"] is None
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        shutil.rmtree(sock_path.parent, ignore_errors=True)
+
+
+def test_export_never_overwrites_without_force(daemon: Any, tmp_path: Path) -> None:
+    assert run(*sock(daemon), "add", *UG, "Prefers tabs").returncode == 0
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "backup.json"
+    target.write_text("yesterday's backup")
+    target.chmod(0o644)
+    before = store_state(daemon)
+    r = run(*sock(daemon), "export", "-o", str(target))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert error_line(r.stderr) == f"error: USAGE: {target} exists; pass --force to overwrite it"
+    assert target.read_text() == "yesterday's backup" and target.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in target.parent.iterdir()] == ["backup.json"]  # no temp file left
+    assert store_state(daemon) == before
+
+    r = run(*sock(daemon), "export", "-o", str(target), "--force")
+    assert r.returncode == 0, r.stderr
+    assert [e["text"] for e in json.loads(target.read_text())["entries"]] == ["Prefers tabs"]
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_export_refuses_a_file_that_appeared_meanwhile(tmp_path: Path) -> None:
+    """-o checks before connecting; a file created between that check and the write is not
+    replaced either (link, not rename)."""
+    from memoryd_client.cli import UsageError, _write_private
+
+    target = tmp_path / "late.json"
+    target.write_text("someone else's")
+    with pytest.raises(UsageError, match=r"late\.json exists; pass --force to overwrite it"):
+        _write_private(str(target), "{}\n", force=False)
+    assert target.read_text() == "someone else's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.json", "xdg"]  # no temp file left
+    fresh = tmp_path / "new.json"
+    assert _write_private(str(fresh), "{}\n", force=False) == str(fresh)
+    assert fresh.read_text() == "{}\n" and fresh.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.json", "new.json", "xdg"]
+
+
+def test_markdown_import_without_adapter_names_the_adapters(daemon: Any, tmp_path: Path) -> None:
+    claude = tmp_path / "CLAUDE.md"
+    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
+    prose = tmp_path / "notes.md"  # no markdown syntax at all: known by its name
+    prose.write_text("Just a paragraph.\n")
+    before = store_state(daemon)
+    hint = ("is markdown, not a memory-export-v1 envelope: import it through an adapter "
+            "(hermes-memory-md, claude-code-memory-md; 'memoryctl adapters' lists all): ")
+    for name, args, shown, fixed in [
+        (claude, [str(claude)], str(claude), f"memoryctl import --adapter claude-code-memory-md {claude}"),
+        (prose, [str(prose)], str(prose), f"memoryctl import --adapter claude-code-memory-md {prose}"),
+        (claude, ["-"], "stdin", "memoryctl import --adapter claude-code-memory-md -"),
+    ]:
+        r = run(*sock(daemon), "import", *args, input=name.read_text())
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert error_line(r.stderr) == f"error: USAGE: {shown} {hint}{fixed}"
+        assert r.stderr.count("\n") == 1
+    memory = tmp_path / "MEMORY.md"
+    memory.write_text("## Facts\n- Lives in Berlin\n")
+    r = run(*sock(daemon), "import", str(memory))
+    assert error_line(r.stderr).endswith(f": memoryctl import --adapter hermes-memory-md {memory}")
+    assert store_state(daemon) == before
+    # the command it shows is the one that works
+    r = run(*sock(daemon), "import", "--adapter", "claude-code-memory-md", str(claude))
+    assert r.returncode == 0 and r.stdout.startswith("imported 2 entries"), r.stderr
+
+
+def test_a_socket_directory_that_cannot_be_made_is_one_line_exit_3(
+    fresh_socket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = fresh_socket.parent.parent
+    base.joinpath("run").symlink_to(base / "nowhere")  # something in the way (a dangling link)
+    monkeypatch.setenv("MEMORYD_SOCKET", str(fresh_socket))
+    r = run("status")
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == f"error: AUTOSTART_FAILED: cannot create the socket directory {base / 'run'}: File exists\n"
+    blocker = base / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("MEMORYD_SOCKET", str(blocker / "run" / "memoryd.sock"))
+    r = run("status")
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == (f"error: CONNECT_FAILED: cannot connect to memoryd at {blocker / 'run' / 'memoryd.sock'}: "
+                        "Not a directory\n")
+    assert not (base / "nowhere").exists() and blocker.read_text() == ""
+
+
+def test_autostart_on_a_locked_store_prints_the_daemons_reason(
+    daemon: Any, fresh_socket: Path
+) -> None:
+    before = store_state(daemon)
+    r = run("--socket", str(fresh_socket), "--db", str(daemon.db_path), "status")
+    assert (r.returncode, r.stdout) == (3, "")
+    reason, error = r.stderr.splitlines()
+    assert reason.startswith("memoryd: STORE_LOCKED: ") and str(daemon.db_path) in reason
+    assert error == (f"error: AUTOSTART_FAILED: memoryd exited with status 1 before it was ready "
+                     f"(log: {fresh_socket.parent / 'memoryd.log'})")
+    assert store_state(daemon) == before

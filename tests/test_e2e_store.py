@@ -264,6 +264,7 @@ def test_systemd_socket_activation_and_notify(tmp_path: Path) -> None:
             c.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon/status"}\n')
             reply = json.loads(c.makefile("rb").readline())
         assert reply["result"]["store"]["path"] == str(tmp_path / "m.db")
+        assert reply["result"]["socket"] is None  # systemd's socket: not a path this daemon owns
         assert not (tmp_path / "unused.sock").exists()
     finally:
         proc.terminate()

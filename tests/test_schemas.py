@@ -505,8 +505,15 @@ def test_validate_message_results_and_notifications() -> None:
         pending_approvals=0,
         queue_depth=0,
         store=types.StoreInfo(path="/x", schema_version=4),
+        pid=42,
+        write_policy="ask",
+        socket="/run/user/1000/memoryd/memoryd.sock",
+        config=None,
+        log="/run/user/1000/memoryd/memoryd.log",
     )
     validate_message({"jsonrpc": "2.0", "id": 9, "result": msgspec.to_builtins(status)}, "daemon/status")
+    unbound = msgspec.structs.replace(status, socket=None, log=None, config="/home/u/.config/memoryd/config.toml")
+    validate_message({"jsonrpc": "2.0", "id": 9, "result": msgspec.to_builtins(unbound)}, "daemon/status")
 
 
 @pytest.mark.parametrize(

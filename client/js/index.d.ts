@@ -262,6 +262,16 @@ export interface DaemonStatus {
   pendingApprovals: number;
   queueDepth: number;
   store: { path: string; schemaVersion: number };
+  /** The daemon's process id. */
+  pid: number;
+  /** The default write policy. */
+  writePolicy: WritePolicy;
+  /** The socket it bound and removes on stop; null on stdio or under systemd socket activation. */
+  socket: string | null;
+  /** The config file it loaded, or null. */
+  config: string | null;
+  /** The file its stderr (the log) goes to, or null when stderr is not a regular file. */
+  log: string | null;
 }
 
 export type Empty = Record<string, never>;

@@ -63,8 +63,17 @@ def _tail(path: Path, offset: int, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _open(path: Path, flags: int, what: str) -> int:
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise AutostartFailed(
+            f"cannot open {what} {path}: {exc.strerror or exc}", {"path": str(path), "errno": exc.errno}
+        ) from None
+
+
 def _lock(path: Path, deadline: float) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open(path, os.O_RDWR | os.O_CREAT, "the autostart lock")
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -95,7 +104,13 @@ def start_daemon(
     """
     sock = Path(socket_path).absolute()
     rundir = sock.parent
-    rundir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        rundir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, a read-only parent, ...
+        raise AutostartFailed(
+            f"cannot create the socket directory {rundir}: {exc.strerror or exc}",
+            {"path": str(rundir), "errno": exc.errno},
+        ) from None
     deadline = time.monotonic() + wait
     lock_fd = _lock(rundir / LOCK_NAME, deadline)
     try:
@@ -108,7 +123,7 @@ def start_daemon(
             args += ["--config", str(Path(config).absolute())]
         args += list(extra_args)
         log = log_path_for(sock)
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "the log")
         try:
             offset = os.lseek(log_fd, 0, os.SEEK_END)
             env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -2,7 +2,7 @@
 
 Exit status: 0 success; 1 the daemon refused (a protocol error such as BUDGET_EXCEEDED or
 WRITE_DENIED); 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
-lost / timeout / autostart failed; 130 interrupted. Every error is one line on stderr:
+lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is one line on stderr:
 ``error: <CODE>: <message>`` (with ``--json``, also ``{"error": {...}}`` on stdout).
 """
 
@@ -13,6 +13,9 @@ import contextlib
 import inspect
 import json
 import os
+import re
+import shlex
+import signal
 import sys
 import tempfile
 import textwrap
@@ -24,14 +27,14 @@ from typing import Any, NoReturn
 
 import anyio
 from memoryd_protocol import types as T
-from memoryd_protocol.constants import ALLOWED_ONCE, SCOPES, TRACKS
+from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL, SCOPES, TRACKS
 from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.paths import default_socket_path
 
 from . import render
 from .autostart import NO_DAEMON_ERRNOS, AutostartFailed, start_daemon
-from .client import DECIDED, Client, connect, make_session
-from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed
+from .client import DECIDED, Client, __version__, connect, make_session
+from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
 from .prompt import Approver
 
 PROG = "memoryctl"
@@ -40,6 +43,12 @@ EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2,
 
 class UsageError(Exception):
     """A local problem with the command line or its input files (exit 2)."""
+
+
+class StopFailed(ClientError):
+    """``memoryctl stop`` could not stop the daemon or confirm that it stopped (exit 3)."""
+
+    CODE = "STOP_FAILED"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,9 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         """).strip(),
         epilog=textwrap.dedent("""
             exit status: 0 ok, 1 refused by the daemon (error code on stderr), 2 usage,
-            3 no daemon / connection lost / timeout, 130 interrupted.
+            3 no daemon / connection lost / timeout / stop failed, 130 interrupted.
             Run 'memoryctl VERB --help' for a verb's options.
         """).strip(),
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__} ({PROTOCOL})", help="print the version and exit"
     )
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_Parser)
@@ -320,10 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
         "write every entry as JSON (or an adapter's format)",
         """Print the memory-export-v1 envelope (a complete backup), or with --adapter the
               adapter's document (e.g. markdown). Read-only: no approval, no audit row.""",
-        "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o CLAUDE.md",
+        "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o CLAUDE.md\n"
+        "memoryctl export -o memory.json --force   # replace yesterday's backup",
     )
     p.add_argument("--adapter", metavar="ID", help="export through this adapter (see 'memoryctl adapters')")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (mode 0600) instead of stdout")
+    p.add_argument("--force", action="store_true", help="let -o replace an existing FILE (refused otherwise)")
 
     p = _verb(
         sub,
@@ -358,9 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "status",
         "show the daemon's status",
-        """Daemon version, uptime, connections, pending approvals, write queue depth and
-          store, plus the socket and the daemon's pid.""",
+        """The daemon's socket, pid, version, uptime and write policy; its store (path and
+          schema), config file and log file; its connections, pending approvals and write
+          queue depth. --json prints the daemon/status result (the wire shape).""",
         "memoryctl status\nmemoryctl status --json",
+    )
+
+    _verb(
+        sub,
+        "stop",
+        "stop the daemon and wait until it is gone",
+        """Stop the daemon on the socket cleanly (SIGTERM): it stops accepting, cancels
+          pending approvals, lets in-flight writes finish, removes its socket and exits.
+          Returns once the socket is gone and the process has exited (the store is free).
+          Never starts a daemon; when none runs it says so and exits 0.""",
+        "memoryctl stop\nmemoryctl stop --socket /tmp/memoryd-test.sock",
     )
 
     p = _verb(
@@ -438,10 +464,16 @@ def _text(value: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _write_private(name: str, text: str) -> str:
+def _exists(name: str) -> UsageError:
+    return UsageError(f"{name} exists; pass --force to overwrite it")
+
+
+def _write_private(name: str, text: str, *, force: bool) -> str:
     """Write ``text`` to ``name`` with mode 0600 (memory is personal), atomically: a temp
-    file in the same directory renamed over the target, so an existing file readable by
-    others is replaced rather than rewritten in place. Returns the path."""
+    file in the same directory, then moved into place, so an existing file readable by
+    others is replaced rather than rewritten in place. Without ``force`` an existing
+    ``name`` is refused, also one created since the command started (``link`` fails then,
+    where a rename would replace it). Returns the path."""
     path = os.path.expanduser(name)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -451,12 +483,44 @@ def _write_private(name: str, text: str) -> str:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise _exists(name) from None
+            except OSError:  # no hard links on this file system: check, then rename
+                if os.path.lexists(path):
+                    raise _exists(name) from None
+                os.replace(tmp, path)
     except OSError as exc:
+        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
     return path
+
+
+_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
+_MARKDOWN_LINE = re.compile(r"^(#{1,6}[ \t]|[-*+][ \t]+\S)", re.M)
+
+
+def _is_markdown(name: str, raw: str) -> bool:
+    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(_MARKDOWN_LINE.search(raw))
+
+
+def _markdown_without_adapter(name: str) -> UsageError:
+    """``import NOTES.md`` without ``--adapter``: name the adapters and the command that works."""
+    from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
+
+    ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
+    pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
+    shown = "stdin" if name == "-" else name
+    return UsageError(
+        f"{shown} is markdown, not a memory-export-v1 envelope: import it through an adapter "
+        f"({', '.join(ids)}; 'memoryctl adapters' lists all): memoryctl import --adapter {pick} {shlex.quote(name)}"
+    )
 
 
 def prepare(ctx: Ctx) -> None:
@@ -470,12 +534,16 @@ def prepare(ctx: Ctx) -> None:
         raise UsageError(f"proposals {a.action} needs an ID")
     if a.verb == "proposals" and a.action == "list" and a.id:
         raise UsageError("proposals: an ID goes with approve or dismiss")
+    if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):
+        raise _exists(a.output)  # before asking the daemon for anything
     if a.verb == "import":
         raw = _read_input(a.file)
         if a.adapter is None or a.format == "json":
             try:
                 ctx.data["payload"] = json.loads(raw)
             except json.JSONDecodeError as exc:
+                if a.adapter is None and _is_markdown(a.file, raw):
+                    raise _markdown_without_adapter(a.file) from None
                 raise UsageError(f"{a.file} is not JSON: {exc}") from None
         else:
             ctx.data["raw"] = raw  # decided with the adapter's import formats (cmd_import)
@@ -589,7 +657,7 @@ async def cmd_export(c: Client, ctx: Ctx) -> None:
     if not text.endswith("\n"):
         text += "\n"
     if ctx.args.output:
-        path = await anyio.to_thread.run_sync(_write_private, ctx.args.output, text)
+        path = await anyio.to_thread.run_sync(partial(_write_private, ctx.args.output, text, force=ctx.args.force))
         if not ctx.json:
             print(f"exported to {path}", file=sys.stderr)
     else:
@@ -638,7 +706,69 @@ async def cmd_adapters(c: Client, ctx: Ctx) -> None:
 
 async def cmd_status(c: Client, ctx: Ctx) -> None:
     s = await c.status()
-    ctx.result(s, lambda: render.status_lines(s, socket=str(ctx.socket), pid=c.peer_pid))
+    ctx.result(s, lambda: render.status_lines(s, socket=str(ctx.socket)))
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (Linux ≥ 5.3): signal it without a pid-reuse race, and wait for
+    its exit. None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _terminate(pid: int, pidfd: int | None) -> None:
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # exiting already: its connection ends all the same
+    except OSError as exc:
+        raise StopFailed(f"cannot signal memoryd (pid {pid}): {exc.strerror or exc}", {"pid": pid}) from None
+
+
+def _present(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _not_running(ctx: Ctx) -> None:
+    where = str(ctx.socket)
+    ctx.result({"stopped": False, "pid": None, "socket": where}, lambda: f"memoryd is not running on {where}")
+
+
+async def cmd_stop(c: Client, ctx: Ctx) -> None:
+    """SIGTERM the daemon, then wait on what it does as it finishes draining: it unlinks its
+    socket and closes every connection (EOF on this one), then exits (its pidfd turns
+    readable). No polling."""
+    s = await c.status()
+    pid, peer = s.pid, c.peer_pid
+    if peer is not None and peer != pid:  # another pid namespace, or something in between
+        raise StopFailed(
+            f"the daemon at {ctx.socket} reports pid {pid} but the socket's peer is pid {peer}; not signalling",
+            {"pid": pid, "peerPid": peer},
+        )
+    pidfd = _pidfd(pid)
+    try:
+        _terminate(pid, pidfd)
+        with anyio.move_on_after(ctx.args.timeout) as waiting:
+            await c.wait_closed()
+            if s.socket is not None and _present(s.socket):
+                raise StopFailed(
+                    f"memoryd (pid {pid}) closed its connections but {s.socket} is still there", {"pid": pid}
+                )
+            if pidfd is not None:
+                await anyio.wait_readable(pidfd)
+        if waiting.cancelled_caught:
+            raise Timeout(f"memoryd (pid {pid}) did not stop within {ctx.args.timeout:g}s", {"pid": pid})
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    where = s.socket if s.socket is not None else str(ctx.socket)
+    note = "" if s.socket is not None else " (systemd keeps the socket and starts memoryd on the next connection)"
+    ctx.result({"stopped": True, "pid": pid, "socket": where}, lambda: f"stopped memoryd (pid {pid}) on {where}{note}")
 
 
 async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
@@ -694,6 +824,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "import": cmd_import,
     "adapters": cmd_adapters,
     "status": cmd_status,
+    "stop": cmd_stop,
     "snapshot": cmd_snapshot,
     "approve": cmd_approve,
 }
@@ -730,6 +861,30 @@ async def _warn_db(c: Client, ctx: Ctx) -> None:
         print(f"warning: the daemon at {ctx.socket} serves {have}, not --db {want}", file=sys.stderr)
 
 
+def _daemon_reason(tail: str) -> list[str]:
+    """What to show of a daemon that exited before it was ready: its own one-line reason
+    (``memoryd: STORE_LOCKED: ...``, printed last) when it gave one, else its log tail."""
+    lines = tail.splitlines()
+    reasons = [line for line in lines if line.startswith("memoryd: ")]
+    if reasons:
+        return reasons[-1:]
+    # the daemon's own lines already carry its "memoryd" prefix
+    return [line if line.startswith("memoryd") else f"memoryd: {line}" for line in lines]
+
+
+def _serve_command(ctx: Ctx) -> str:
+    """The ``memoryd serve`` that would serve what this command asked for."""
+    a = ctx.args
+    cmd = ["memoryd", "serve"]
+    if ctx.socket != default_socket_path():
+        cmd += ["--socket", str(ctx.socket)]
+    if a.db:
+        cmd += ["--db", a.db]
+    if a.config:
+        cmd += ["--config", a.config]
+    return shlex.join(cmd)
+
+
 async def run(ctx: Ctx) -> int:
     a = ctx.args
     session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
@@ -754,7 +909,11 @@ async def run(ctx: Ctx) -> int:
                     code = await command(c, ctx)
                     return code if isinstance(code, int) else EXIT_OK
             except ConnectFailed as exc:
-                if autostarted or a.no_autostart or exc.details.get("errno") not in NO_DAEMON_ERRNOS:
+                no_daemon = exc.details.get("errno") in NO_DAEMON_ERRNOS
+                if a.verb == "stop" and no_daemon:  # nothing to stop is not an error; never autostart
+                    _not_running(ctx)
+                    return EXIT_OK
+                if autostarted or a.no_autostart or not no_daemon:
                     raise
             autostarted = True
             pid = await anyio.to_thread.run_sync(partial(start_daemon, ctx.socket, db=a.db, config=a.config))
@@ -764,14 +923,23 @@ async def run(ctx: Ctx) -> int:
         _error(ctx, "USAGE", str(exc))
         return EXIT_USAGE
     except ProtocolError as exc:
-        _error(ctx, exc.code, exc.message, exc.details)
+        message = exc.message
+        if exc.code == "WRITE_DENIED" and exc.details.get("outcome") == "unavailable" and a.via_approver:
+            message += "; no approver is subscribed: run `memoryctl approve` in another terminal"
+        _error(ctx, exc.code, message, exc.details)
         return EXIT_PROTOCOL
     except AutostartFailed as exc:
-        tail = exc.details.get("stderr") or ""
-        for line in tail.splitlines():
-            # the daemon's own lines already carry its "memoryd: " prefix
-            print(line if line.startswith("memoryd") else f"memoryd: {line}", file=sys.stderr)
+        for line in _daemon_reason(exc.details.get("stderr") or ""):
+            print(line, file=sys.stderr)
         _error(ctx, exc.code, exc.message, exc.details)
+        return EXIT_CONNECTION
+    except ConnectFailed as exc:
+        message = exc.message
+        if exc.details.get("errno") in NO_DAEMON_ERRNOS:
+            message += f"; no daemon runs there: start one with `{_serve_command(ctx)}`"
+            if a.no_autostart:
+                message += " or drop --no-autostart"
+        _error(ctx, exc.code, message, exc.details)
         return EXIT_CONNECTION
     except BadResponse as exc:
         _error(ctx, exc.code, exc.message, exc.details)

@@ -285,6 +285,7 @@ class Client:
         self._asks: dict[str, anyio.CancelScope] = {}
         self._deciding = 0
         self._closed: str | None = None
+        self._closed_event = anyio.Event()
         self._tg: TaskGroup | None = None
         self.path = path
         self.session = _session(session)
@@ -315,6 +316,16 @@ class Client:
         pid, _uid, _gid = struct.unpack("3i", creds)
         return pid or None
 
+    @property
+    def close_reason(self) -> str | None:
+        """Why the connection ended (``"connection closed by the daemon"`` on EOF), or None."""
+        return self._closed
+
+    async def wait_closed(self) -> None:
+        """Return once the connection has ended: EOF from the daemon, a broken connection,
+        or :meth:`aclose`. ``close_reason`` says which."""
+        await self._closed_event.wait()
+
     async def aclose(self) -> None:
         """Close the connection; waiting calls fail with :class:`ConnectionClosed`."""
         self._shutdown("connection closed by the client")
@@ -325,6 +336,7 @@ class Client:
         if self._closed is not None:
             return
         self._closed = reason
+        self._closed_event.set()
         for pending in builtins.list(self._pending.values()):
             if not pending.done.is_set():
                 pending.error = ConnectionClosed(reason, {"method": pending.method})

@@ -166,17 +166,22 @@ def usage(row: T.BudgetRow) -> str:
     return f"{row.track}/{row.scope} {row.used}/{row.limit} chars"
 
 
-def status_lines(status: T.DaemonStatus, *, socket: str, pid: int | None) -> str:
+def status_lines(status: T.DaemonStatus, *, socket: str) -> str:
+    """``memoryctl status``: ``socket`` is the path memoryctl connected to, shown when the
+    daemon reports none of its own (a listener inherited from systemd)."""
     pairs = [
-        ("socket", socket),
-        ("pid", str(pid) if pid else "-"),
+        ("socket", status.socket if status.socket is not None else f"{socket} (from systemd socket activation)"),
+        ("pid", str(status.pid)),
         ("version", status.version),
         ("uptime", f"{status.uptime_s:.0f}s"),
+        ("write policy", status.write_policy),
+        ("store", status.store.path),
+        ("store schema", str(status.store.schema_version)),
+        ("config", status.config if status.config is not None else "none"),
+        ("log", status.log if status.log is not None else "stderr"),
         ("connections", str(status.connections)),
         ("pending approvals", str(status.pending_approvals)),
         ("queue depth", str(status.queue_depth)),
-        ("store", status.store.path),
-        ("store schema", str(status.store.schema_version)),
     ]
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)

@@ -166,6 +166,8 @@ class Daemon:
         # The handlers go in before the socket exists: a SIGTERM that arrives as soon as a
         # client can connect must drain and exit 0, not kill the process (socket left behind).
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            if stdio:
+                self.service.socket_path = None
             sock = None if stdio else self._bind()
             await self._run(stdio, sock, signals)
 
@@ -208,7 +210,8 @@ class Daemon:
             sock = bind_unix(path, private_dir=path == private_socket_path())
             self._socket_path: Path | None = path
         else:
-            self._socket_path = None
+            self._socket_path = None  # systemd owns the path: it is not ours to report or remove
+        self.service.socket_path = self._socket_path
         return sock
 
     async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
@@ -282,8 +285,10 @@ async def _serve(cfg: Config, stdio: bool) -> int:
 
     from .transports import SocketInUse
 
+    # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
+    activated = os.environ.get("LISTEN_PID") == str(os.getpid())
     try:
-        daemon = await Daemon.open(cfg, endpoint=None if stdio else str(cfg.socket_path))
+        daemon = await Daemon.open(cfg, endpoint=None if stdio or activated else str(cfg.socket_path))
     except StoreLocked as exc:
         print(f"memoryd: {exc.code}: {exc.message}", file=sys.stderr)
         return 1

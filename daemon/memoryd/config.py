@@ -56,6 +56,8 @@ class Config:
         self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
+        #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
+        self.config_path: Path | None = None
 
     def policy_for(self, track: str, scope: str, source: str) -> str:
         """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
@@ -110,6 +112,7 @@ def load(path: Path | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
     apply(cfg, raw)
+    cfg.config_path = path.absolute()
     return cfg
 
 

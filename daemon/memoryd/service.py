@@ -10,10 +10,13 @@ it touches a row.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -92,6 +95,17 @@ class Approved:
     policy: str
 
 
+def stderr_file() -> str | None:
+    """The file this process's stderr (its log) is appended to, or None when stderr is not
+    a regular file (a terminal, a pipe, the journal) or /proc is not there to say."""
+    try:
+        if not stat.S_ISREG(os.fstat(2).st_mode):
+            return None
+        return os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+
+
 class Service:
     def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals,
                  loop_reader: sqlite3.Connection) -> None:
@@ -107,6 +121,10 @@ class Service:
         self.approvals = approvals
         self.started = time.monotonic()
         self.connections = 0
+        #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
+        #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
+        #: a listener inherited from systemd socket activation).
+        self.socket_path: Path | None = config.socket_path
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -237,6 +255,11 @@ class Service:
             pending_approvals=len(self.approvals),
             queue_depth=self.writer.depth,
             store=StoreInfo(path=str(self.config.db_path), schema_version=STORE_SCHEMA_VERSION),
+            pid=os.getpid(),
+            write_policy=self.config.write_policy,  # type: ignore[arg-type]
+            socket=None if self.socket_path is None else str(self.socket_path),
+            config=None if self.config.config_path is None else str(self.config.config_path),
+            log=stderr_file(),
         )
 
     async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:

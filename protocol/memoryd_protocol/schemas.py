@@ -266,6 +266,14 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "connections": {"minimum": 0},
         "pendingApprovals": {"minimum": 0},
         "queueDepth": {"minimum": 0},
+        "pid": {"minimum": 1, "description": "The daemon's process id (memoryctl stop signals it)."},
+        "writePolicy": {"description": "The default write policy (config write_policy or --write-policy)."},
+        "socket": {
+            "description": "The socket path the daemon bound and removes when it stops; null when it serves no "
+            "socket of its own (stdio, or a listener inherited from systemd socket activation)."
+        },
+        "config": {"description": "The config file it loaded (absolute path), or null when it runs without one."},
+        "log": {"description": "The file its stderr (the log) goes to, or null when stderr is not a regular file."},
     },
     "StoreInfo": {"schemaVersion": {"minimum": 1}},
     "ApprovalAsked": {

@@ -342,6 +342,12 @@ class DaemonStatus(_Out):
     pending_approvals: int
     queue_depth: int
     store: StoreInfo
+    #: Additive (beyond wire-v1's minimum), for a human's ``memoryctl status`` and ``stop``.
+    pid: int
+    write_policy: WritePolicy
+    socket: str | None
+    config: str | None
+    log: str | None
 
 
 class Empty(_Out):
