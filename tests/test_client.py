@@ -246,7 +246,7 @@ async def test_budget_exceeded_is_typed(daemon_factory: Any, tmp_path: Path) -> 
             await c.add(entry("abcd"))
         err = info.value
         assert isinstance(err, mc.ProtocolError) and err.code == "BUDGET_EXCEEDED" and err.rpc_code == -32011
-        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 4}
+        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 12}
         with pytest.raises(mc.BudgetExceeded):
             await c.seed([entry("a"), entry("bcd")])
         assert [e.text for e in await c.list()] == ["12345678"]

@@ -346,6 +346,8 @@ export interface BudgetExceededDetails {
   scope: Scope;
   used: number;
   limit: number;
+  /** the total the layer would need with this write: `used` + the write's size (not the
+   *  increment; `needed - used` is how many more characters it needs) */
   needed: number;
 }
 

@@ -344,7 +344,14 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
             "scope": _SCOPE,
             "used": {"type": "integer", "minimum": 0},
             "limit": {"type": "integer", "minimum": 0},
-            "needed": {"type": "integer", "minimum": 1, "description": "How many more characters the write needs."},
+            "needed": {
+                "type": "integer",
+                "minimum": 1,
+                "description": (
+                    "The total the track/scope would need with this write: used + the write's size "
+                    "(not the increment; needed - used is how many more)."
+                ),
+            },
         },
     ),
     "ENTRY_NOT_FOUND": _details(["track", "scope", "match"], {"track": _TRACK, "scope": _SCOPE, "match": _STR}),
