@@ -486,7 +486,7 @@ async def test_events_listeners_and_stream(daemon: Any) -> None:
     assert got["memory/updated"][0].previous.text == "Prefers tabs"
     assert got["memory/updated"][0].entry.text == "Prefers spaces"
     assert isinstance(got["memory/recalled"][0], T.MemoryRecalled)
-    assert got["memory/recalled"][0].query == "spaces" and got["memory/recalled"][0].session_id == "s-1"
+    assert got["memory/recalled"][0] == T.MemoryRecalled(query="spaces", matches=1, session_id="s-1")
     assert got["memory/snapshot"][0].session_id == "ev-1"
     assert got["memory/removed"][0].entry.text == "Prefers spaces"
 

@@ -254,12 +254,23 @@ async def test_query_ranks_and_counts_recalls(connect: Connect) -> None:
         assert r["total"] == 2
         r = await raw.ok("memory/query", {"filter": {"text": "alpha"}, "opts": {"agentKey": "someone-else"}})
         assert r["total"] == 0
+        # memory/recalled carries the hit count (the query's total, not the page), as the reference does
+        n = len(raw.notifications)
+        r = await raw.ok("memory/query", {"filter": {"text": "alpha", "limit": 1}, "opts": {"sessionId": "s-9"}})
+        assert r["total"] == 3 and len(r["entries"]) == 1
+        recalled = await raw.notification("memory/recalled", n)
+        assert recalled["params"] == {"query": "alpha", "matches": 3, "sessionId": "s-9"}
         n = len(raw.notifications)
         await raw.ok("memory/query", {"filter": {"text": "beta"}, "opts": {"sessionId": "s-9"}})
         recalled = await raw.notification("memory/recalled", n)
-        assert recalled["params"]["sessionId"] == "s-9" and recalled["params"]["query"] == "beta"
-        audit = await raw.ok("audit/list", {"limit": 1})
-        assert audit[0]["action"] == "recalled" and audit[0]["text"] == "beta" and audit[0]["sessionId"] == "s-9"
+        assert recalled["params"] == {"query": "beta", "matches": 1, "sessionId": "s-9"}
+        n = len(raw.notifications)
+        await raw.ok("memory/query", {"filter": {"text": "nothing like it"}, "opts": {"sessionId": "s-9"}})
+        recalled = await raw.notification("memory/recalled", n)
+        assert recalled["params"] == {"query": "nothing like it", "matches": 0, "sessionId": "s-9"}
+        audit = await raw.ok("audit/list", {"limit": 3})
+        assert [(a["action"], a["text"], a["sessionId"]) for a in audit] == [
+            ("recalled", "nothing like it", "s-9"), ("recalled", "beta", "s-9"), ("recalled", "alpha", "s-9")]
         err = await raw.fail("memory/query", {"filter": {"limit": 0}})
         assert err.code == "INVALID_INPUT"
 

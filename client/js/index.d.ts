@@ -302,7 +302,8 @@ export interface MemoryRemoved {
 
 export interface MemoryRecalled {
   query: string;
-  matches: Entry[];
+  /** the number of hits: the query's `total` (not only the returned page) */
+  matches: number;
   sessionId: string | null;
 }
 

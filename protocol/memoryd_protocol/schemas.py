@@ -209,6 +209,9 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "agentKey": {"description": "Session-visibility filter: shared layer plus this agent's entries."},
         "workspaceKey": {"description": "Session-visibility filter for workspace entries."},
     },
+    "MemoryRecalled": {
+        "matches": {"minimum": 0, "description": "The number of hits: the query's total, not only the returned page."},
+    },
     "ProposalInput": {
         "text": {"minLength": 1, "maxLength": PROPOSAL_MAX_TEXT},
         "source": SOURCE_INPUT,
@@ -664,7 +667,7 @@ NOTIFICATION_DOCS: Final[dict[str, str]] = {
     "memory/added": "A committed add/seed/import/consolidate/proposal entry (sent to the writing connection).",
     "memory/updated": "A committed replace: {previous, entry}.",
     "memory/removed": "A committed remove (and each consolidated target).",
-    "memory/recalled": "A query with opts.sessionId hit entries: {query, matches, sessionId}.",
+    "memory/recalled": "A query with opts.sessionId ran: {query, matches, sessionId}; matches is the hit count.",
     "memory/snapshot": "The first snapshot of a session was rendered: {sessionId, text}.",
 }
 
