@@ -285,6 +285,12 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     assert backup.stat().st_mode & 0o777 == 0o600
     assert json.loads(backup.read_text())["entries"] == envelope["entries"]
 
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({k: v for k, v in envelope.items() if k != "plugin"}))
+    code, out, err = cli(capsys, b, "import", str(foreign))
+    assert (code, out) == (1, "") and error_line(err).startswith("error: INVALID_INPUT: envelope has no plugin;")
+    assert texts(b) == []
+
     code, out, err = cli(capsys, b, "import", str(backup))
     assert code == 0 and out.strip() == "imported 2 entries", err
     assert texts(b) == ["Prefers tabs", "Uses uv for Python"]

@@ -186,7 +186,8 @@ async def test_export_envelope_and_import(daemon: Any, daemon_factory: Any, tmp_
         assert [a["action"] for a in audit] == ["add", "add", "seed"]
         before = await state(raw)
         for bad, code in [({"envelope": {**env, "schema": "memory-export-v9"}}, "INVALID_INPUT"),
-                          ({"envelope": {"schema": "memory-export-v1", "entries": [{"text": "x"}]}}, "INVALID_INPUT"),
+                          ({"envelope": {"plugin": "dsh-memento", "schema": "memory-export-v1",
+                                         "entries": [{"text": "x"}]}}, "INVALID_INPUT"),
                           ({"envelope": {**env, "entries": env["entries"] * 501}}, "INVALID_INPUT"),
                           ({"envelope": env, "adapter": "mem0", "payload": []}, "INVALID_INPUT"),
                           ({}, "INVALID_INPUT"),
@@ -200,6 +201,49 @@ async def test_export_envelope_and_import(daemon: Any, daemon_factory: Any, tmp_
         err = await raw.fail("memory/import", {"adapter": "hermes-memory-md", "payload": "# N\n- ok\nstray\n",
                                                "write": write_ctx("imp")})
         assert err.details["line"] == 3 and err.details["adapterId"] == "hermes-memory-md"
+        assert await state(raw) == before
+
+
+async def test_import_refuses_an_envelope_from_another_plugin(daemon: Any) -> None:
+    """Only plugin "dsh-memento" is an envelope (a missing plugin too is refused), like a schema
+    other than memory-export-v1; nothing is written, nothing is asked."""
+    async with socket_client(daemon.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        env = await raw.ok("memory/export", {})
+        assert env["plugin"] == "dsh-memento"  # our own export imports
+        before = await state(raw)
+        no_plugin = {k: v for k, v in env.items() if k != "plugin"}
+        for bad, field, says in [
+            (no_plugin, "envelope.plugin", "envelope has no plugin; expected 'dsh-memento'"),
+            ({**env, "plugin": None}, "envelope.plugin", "envelope has a plugin of type null;"),
+            ({**env, "plugin": "mem0"}, "envelope.plugin", "envelope has plugin 'mem0';"),
+            ({**env, "plugin": "DSH-MEMENTO"}, "envelope.plugin", "envelope has plugin 'DSH-MEMENTO';"),
+            ({**env, "plugin": "dsh-memento "}, "envelope.plugin", "envelope has plugin 'dsh-memento ';"),
+            ({**env, "plugin": ""}, "envelope.plugin", "envelope has plugin '';"),
+            ({**env, "plugin": 1}, "envelope.plugin", "envelope has a plugin of type number;"),
+            ({**env, "plugin": ["dsh-memento"]}, "envelope.plugin", "envelope has a plugin of type array;"),
+            ({"plugin": "mem0", "facts": [{"memory": "x"}]}, "envelope.plugin", "envelope has plugin 'mem0';"),
+            ({**env, "plugin": "mem0", "schema": "memory-export-v9"}, "envelope.plugin", "envelope has plugin"),
+            ({**env, "schema": "memory-export-v9"}, "envelope.schema", "unknown envelope schema"),
+            ({**no_plugin, "schema": "memory-export-v1"}, "envelope.plugin", "envelope has no plugin"),
+        ]:
+            err = await raw.fail("memory/import", {"envelope": bad, "write": write_ctx("imp")})
+            assert (err.code, err.details) == ("INVALID_INPUT", {"field": field}), bad
+            assert err.error["message"].startswith(says), err.error
+        assert await state(raw) == before
+        res = await raw.ok("memory/import", {"envelope": env, "write": write_ctx("imp")})
+        assert res["added"] == 1
+
+
+async def test_import_plugin_refusal_asks_nobody(ask_daemon: Any) -> None:
+    async with socket_client(ask_daemon.socket_path) as raw:
+        raw.on_approval = _allow
+        before = await state(raw)
+        env = {"schema": "memory-export-v1", "exportedAt": "2026-01-01T00:00:00.000Z", "budgets": [],
+               "entries": [entry_input("x")]}
+        err = await raw.fail("memory/import", {"envelope": env, "write": write_ctx()})
+        assert (err.code, err.details) == ("INVALID_INPUT", {"field": "envelope.plugin"})
+        assert [n for n in raw.notifications if n["method"] == "approval/asked"] == []
         assert await state(raw) == before
 
 

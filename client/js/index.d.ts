@@ -182,6 +182,8 @@ export interface ExportParams {
   adapter?: string | null;
 }
 
+/** `envelope` must say `plugin: 'dsh-memento'` and `schema: 'memory-export-v1'` (as `export()`
+ *  returns it), else INVALID_INPUT (`envelope.plugin` / `envelope.schema`). */
 export type ImportParams =
   | { envelope: ExportEnvelope | Record<string, unknown>; adapter?: undefined; payload?: undefined; write?: WriteContext | null }
   | { adapter: string; payload: unknown; envelope?: undefined; write?: WriteContext | null };

@@ -9,7 +9,7 @@ import sqlite3
 from typing import Any
 
 import msgspec
-from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter
+from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
 from memoryd_protocol.snapshot import render
@@ -56,9 +56,9 @@ class _ImportedEntry(msgspec.Struct, rename="camel", kw_only=True):
 
 
 class _Envelope(msgspec.Struct, rename="camel", kw_only=True):
+    plugin: str
     schema: str
     entries: list[Any]
-    plugin: str | None = None
 
 
 class Lifecycle:
@@ -245,6 +245,20 @@ class Lifecycle:
 
     @staticmethod
     def _envelope_inputs(raw: Any) -> list[EntryInput]:
+        # As the reference's import: only a dsh-memento document is an envelope. The plugin is
+        # checked first, so another tool's document (which has no schema) is named as such.
+        if isinstance(raw, dict) and raw.get("plugin") != EXPORT_PLUGIN:
+            plugin = raw.get("plugin")
+            if "plugin" not in raw:
+                got = "no plugin"
+            elif isinstance(plugin, str):
+                got = f"plugin {plugin[:64]!r}"
+            else:
+                got = f"a plugin of type {json_type(plugin)}"
+            raise InvalidInput(
+                f"envelope has {got}; expected {EXPORT_PLUGIN!r} (another tool's document imports through its adapter)",
+                "envelope.plugin",
+            )
         try:
             env = msgspec.convert(raw, _Envelope)
         except msgspec.ValidationError as exc:

@@ -235,7 +235,8 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
     "ImportParams": {
         "envelope": {
             "description": (
-                "A memory-export-v1 envelope (see exportEnvelope). Entries from a dsh-memento export "
+                "A memory-export-v1 envelope (see exportEnvelope). Its plugin must be 'dsh-memento' and its "
+                "schema 'memory-export-v1', else INVALID_INPUT. Entries from a dsh-memento export "
                 "may lack sessionId; ids, timestamps, versions and recall counts are not kept."
             ),
         },
