@@ -20,6 +20,10 @@ SESSION = {"id": "snap-1", "header": {"cwd": "/home/u/proj", "agentPreset": "cod
 
 HEADER_EN = ("[dsh-memento: frozen memory snapshot — captured at session start; memory changes during this session "
              "do not update this block. To change memory, use the memory tool.]")
+HEADER_ZH = "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]"
+PROPOSALS_EN = ("## Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals "
+                "command)")
+PROPOSALS_ZH = "## 待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）"
 
 
 async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:
@@ -52,7 +56,13 @@ async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:
         # the empty snapshot was frozen as well
         assert (await raw.ok("memory/snapshot", {"session": {"id": "empty-1"}}))["text"] == ""
         zh = (await raw.ok("memory/snapshot", {"session": {"id": "zh-1", "header": SESSION["header"]}, "language": "zh"}))["text"]
-        assert zh.startswith("[dsh-memento：冻结的记忆快照") and "字符已用" in zh
+        assert zh == (
+            f"{HEADER_ZH}\n\n"
+            "## 用户画像（全局偏好、沟通风格、雷区） — 30/2000 已用字符\n"
+            "- Prefers tabs\n- Prefers spaces too\n\n"
+            "## 本工作区的事实、约定与教训 — 32/4000 已用字符\n"
+            "- uses pnpm\n- other workspace"
+        )
         err = await raw.fail("memory/snapshot", {"session": {"header": {}}})
         assert err.code == "INVALID_INPUT"
 
@@ -72,14 +82,64 @@ async def test_snapshot_survives_restart(daemon_factory: Any, tmp_path: Path) ->
         assert len(snaps) == 1 and snaps[0]["text"] == first
 
 
-async def test_snapshot_shows_pending_proposals(daemon: Any) -> None:
+def _session(session_id: str, cwd: str | None = None, agent: str | None = None) -> dict[str, Any]:
+    header = {k: v for k, v in (("cwd", cwd), ("agentPreset", agent)) if v is not None}
+    return {"id": session_id, "header": header}
+
+
+def _lines(proposals: list[dict[str, Any]]) -> str:
+    """The reference's proposal lines, ordered (createdAt, id) as it lists them."""
+    ordered = sorted(proposals, key=lambda p: (p["createdAt"], p["id"]))
+    return "\n".join(f"- [{p['id']}] {p['track']}/{p['scope']}: {p['text']}" for p in ordered)
+
+
+async def test_snapshot_lists_the_sessions_visible_pending_proposals(daemon: Any) -> None:
+    """After the entry sections: the reference's header, then `- [<id>] <track>/<scope>: <text>` for
+    every pending proposal the session sees (any session's, with the entries' visibility)."""
     async with socket_client(daemon.socket_path) as raw:
-        await add(raw, "Prefers tabs")
-        await raw.ok("proposals/create", {"input": {"kind": "compaction", "track": "agent", "scope": "workspace",
-                                                    "text": "build with make"}, "session": SESSION})
+        await add(raw, "Prefers tabs")  # agentKey coder: invisible to the reviewer below
+
+        async def propose(session: dict[str, Any], track: str, scope: str, text: str) -> dict[str, Any]:
+            p = await raw.ok("proposals/create", {"input": {"kind": "compaction", "track": track, "scope": scope,
+                                                            "text": text}, "session": session})
+            assert p is not None
+            return p
+
+        ws_coder = await propose(_session("o-1", "/home/u/proj", "coder"), "agent", "workspace", "build with make")
+        shared = await propose(_session("o-2"), "user", "user-global", "likes tea")
+        reviewer = await propose(_session("o-3", "/home/u/proj", "reviewer"), "user", "user-global", "terse reviews")
+        await propose(_session("o-4", "/elsewhere", "coder"), "agent", "workspace", "elsewhere only")
+        own = await propose(SESSION, "user", "user-global", "my own idea")
+        n = len(raw.notifications)
         text = (await raw.ok("memory/snapshot", {"session": SESSION}))["text"]
-        assert text.endswith("## Pending memory proposals (awaiting the user's decision)\n"
-                             "- [agent/workspace] build with make")
+        assert text == (
+            f"{HEADER_EN}\n\n"
+            "## User profile (global preferences, communication style, landmines) — 12/2000 chars used\n"
+            "- Prefers tabs\n\n"
+            f"{PROPOSALS_EN}\n{_lines([ws_coder, shared, own])}"
+        )
+        assert (await raw.notification("memory/snapshot", n))["params"] == {"sessionId": "snap-1", "text": text}
+        assert (await raw.ok("audit/list", {"limit": 1}))[0]["text"] == text
+
+        # no entry visible, proposals visible: the block is still rendered (en and zh)
+        rev = (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"]
+        assert rev == f"{HEADER_EN}\n\n{PROPOSALS_EN}\n{_lines([shared, reviewer])}"
+        rev_zh = (await raw.ok("memory/snapshot", {"session": _session("rev-2", "/tmp/x", "reviewer"),
+                                                   "language": "zh"}))["text"]
+        assert rev_zh == f"{HEADER_ZH}\n\n{PROPOSALS_ZH}\n{_lines([shared, reviewer])}"
+
+        # frozen: a proposal created (and one dismissed) after the first snapshot changes nothing
+        late = await propose(_session("o-5"), "agent", "user-global", "late idea")
+        await raw.ok("proposals/dismiss", {"id": ws_coder["id"]})
+        assert (await raw.ok("memory/snapshot", {"session": SESSION}))["text"] == text
+        assert (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"] == rev
+        # a new session sees the new state
+        fresh = (await raw.ok("memory/snapshot", {"session": {**SESSION, "id": "snap-new"}}))["text"]
+        assert fresh.endswith(f"{PROPOSALS_EN}\n{_lines([shared, own, late])}")
+        # neither entries nor proposals visible: empty
+        await raw.ok("proposals/dismiss", {"id": shared["id"]})
+        await raw.ok("proposals/dismiss", {"id": late["id"]})
+        assert (await raw.ok("memory/snapshot", {"session": _session("nobody", "/tmp/y", "stranger")}))["text"] == ""
 
 
 async def test_proposals_lifecycle(ask_daemon: Any) -> None:

@@ -12,7 +12,7 @@ import msgspec
 from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
-from memoryd_protocol.snapshot import render
+from memoryd_protocol.snapshot import render, visible_proposals
 from memoryd_protocol.text import js_trim, utf16_len
 from memoryd_protocol.types import (
     AdapterInfo,
@@ -98,9 +98,11 @@ class Lifecycle:
 
         entries, pending = await self.s.read(gather)
         visible = [(e.track, e.scope, e.text) for e in entries if view.sees(e.scope, e.workspace_key, e.agent_key)]
-        mine = [(x.track, x.scope, x.text) for x in pending if x.session_id == session_id]
+        # every pending proposal this session sees (not only its own), as the reference lists them
+        shown = [(x.id, x.track, x.scope, x.text)
+                 for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
-        text = render(visible, usage, mine, language)  # type: ignore[arg-type]
+        text = render(visible, usage, shown, language)  # type: ignore[arg-type]
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
             existing = store.frozen_snapshot(conn, session_id)
