@@ -285,6 +285,12 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     assert backup.stat().st_mode & 0o777 == 0o600
     assert json.loads(backup.read_text())["entries"] == envelope["entries"]
 
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({k: v for k, v in envelope.items() if k != "plugin"}))
+    code, out, err = cli(capsys, b, "import", str(foreign))
+    assert (code, out) == (1, "") and error_line(err).startswith("error: INVALID_INPUT: envelope has no plugin;")
+    assert texts(b) == []
+
     code, out, err = cli(capsys, b, "import", str(backup))
     assert code == 0 and out.strip() == "imported 2 entries", err
     assert texts(b) == ["Prefers tabs", "Uses uv for Python"]
@@ -341,10 +347,12 @@ def test_protocol_errors_are_one_line_exit_1(daemon_factory: Any, tmp_path: Path
     assert r.returncode == 1 and error_line(r.stderr).startswith("error: AMBIGUOUS_MATCH: ")
 
     r = run(*sock(d), "--json", "add", *UG, "this will not fit")
-    assert r.returncode == 1 and error_line(r.stderr).startswith("error: BUDGET_EXCEEDED: ")
+    assert r.returncode == 1 and error_line(r.stderr) == (
+        "error: BUDGET_EXCEEDED: memory budget exceeded: user/user-global has 24/30 characters used, "
+        "this write would bring it to 41/30 (17 more)")
     err = json.loads(r.stdout)["error"]
     assert err["code"] == "BUDGET_EXCEEDED"
-    assert err["details"] == {"track": "user", "scope": "user-global", "used": 24, "limit": 30, "needed": 17}
+    assert err["details"] == {"track": "user", "scope": "user-global", "used": 24, "limit": 30, "needed": 41}
     r = run(*sock(d), "export", "--adapter", "nope")
     assert r.returncode == 1 and error_line(r.stderr).startswith("error: ADAPTER_NOT_FOUND: ")
     assert texts(d) == ["Uses vim at work", "vim home"]

@@ -246,7 +246,7 @@ async def test_budget_exceeded_is_typed(daemon_factory: Any, tmp_path: Path) -> 
             await c.add(entry("abcd"))
         err = info.value
         assert isinstance(err, mc.ProtocolError) and err.code == "BUDGET_EXCEEDED" and err.rpc_code == -32011
-        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 4}
+        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 12}
         with pytest.raises(mc.BudgetExceeded):
             await c.seed([entry("a"), entry("bcd")])
         assert [e.text for e in await c.list()] == ["12345678"]
@@ -486,7 +486,7 @@ async def test_events_listeners_and_stream(daemon: Any) -> None:
     assert got["memory/updated"][0].previous.text == "Prefers tabs"
     assert got["memory/updated"][0].entry.text == "Prefers spaces"
     assert isinstance(got["memory/recalled"][0], T.MemoryRecalled)
-    assert got["memory/recalled"][0].query == "spaces" and got["memory/recalled"][0].session_id == "s-1"
+    assert got["memory/recalled"][0] == T.MemoryRecalled(query="spaces", matches=1, session_id="s-1")
     assert got["memory/snapshot"][0].session_id == "ev-1"
     assert got["memory/removed"][0].entry.text == "Prefers spaces"
 

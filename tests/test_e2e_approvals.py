@@ -208,7 +208,7 @@ async def test_race_budget_fills_during_pending_add(daemon_factory: Any, tmp_pat
             await a.ok("approval/decided", {"id": gate.asked[0]["id"], "outcome": "allowed-once"})
         err = box["r"]["error"]["data"]
         assert err["code"] == "BUDGET_EXCEEDED"
-        assert err["details"] == {"track": "user", "scope": "user-global", "used": 6, "limit": 10, "needed": 6}
+        assert err["details"] == {"track": "user", "scope": "user-global", "used": 6, "limit": 10, "needed": 12}
         assert await state(b) == before
 
 

@@ -14,6 +14,7 @@ from rawclient import Raw, relay_client, socket_client, stdio_client, write_ctx
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., AbstractAsyncContextManager[Raw]]
+UG = {"track": "user", "scope": "user-global"}
 
 
 @pytest.fixture(params=["socket", "stdio", "relay"])
@@ -78,8 +79,49 @@ async def test_budget_exceeded_changes_nothing(connect: Connect) -> None:
         err = await raw.fail("memory/add", {"input": entry_input("abc"), "write": write_ctx()})
         assert err.code == "BUDGET_EXCEEDED"
         assert err.error["code"] == -32011
-        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 3}
+        assert err.details == {"track": "user", "scope": "user-global", "used": 8, "limit": 10, "needed": 11}
         assert await state(raw) == before
+
+
+async def test_budget_needed_is_the_total_the_layer_would_need(daemon_factory: Any, tmp_path: Path) -> None:
+    """details.needed = used + this write's size (the reference's checkBudget), for every write
+    kind; a write that does not grow usage passes even in a layer left over budget."""
+    db = tmp_path / "budget.db"
+    cfg = tmp_path / "b20.toml"
+    cfg.write_text("[budgets.user]\nuser_global = 20\n")
+    d = daemon_factory("--config", str(cfg), db=db, name="b20")
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "1234567890")  # 10/20
+        before = await state(raw)
+        over = {"track": "user", "scope": "user-global", "used": 10, "limit": 20}
+        cases = [
+            ("memory/add", {"input": entry_input("x" * 11)}, 21),
+            ("memory/replace", {"input": {**UG, "match": "12345", "text": "y" * 25}}, 25),  # 10 + (25 - 10)
+            ("memory/consolidate", {"input": {**UG, "matches": ["12345"], "text": "z" * 23}}, 23),
+            ("memory/seed", {"inputs": [entry_input("a" * 6), entry_input("b" * 6)]}, 22),
+            ("memory/import", {"envelope": {"plugin": "dsh-memento", "schema": "memory-export-v1",
+                                            "exportedAt": "2026-01-01T00:00:00.000Z", "budgets": [],
+                                            "entries": [entry_input("c" * 11)]}}, 21),
+        ]
+        for method, params, needed in cases:
+            err = await raw.fail(method, {**params, "write": write_ctx()})
+            assert (err.code, err.details) == ("BUDGET_EXCEEDED", {**over, "needed": needed}), method
+            assert err.error["message"].endswith(f"would bring it to {needed}/20 ({needed - 10} more)"), err.error
+        assert await state(raw) == before
+    assert d.stop() == 0
+    # the same store under a lowered limit: the layer is over budget (10/5)
+    cfg.write_text("[budgets.user]\nuser_global = 5\n")
+    d = daemon_factory("--config", str(cfg), db=db, name="b5")
+    async with socket_client(d.socket_path) as raw:
+        before = await state(raw)
+        err = await raw.fail("memory/add", {"input": entry_input("q"), "write": write_ctx()})
+        assert err.details == {"track": "user", "scope": "user-global", "used": 10, "limit": 5, "needed": 11}
+        assert await state(raw) == before
+        res = await raw.ok("memory/replace", {"input": {**UG, "match": "12345", "text": "0987654321"},
+                                              "write": write_ctx()})
+        assert res["usage"]["used"] == 10  # no growth: passes
+        res = await raw.ok("memory/replace", {"input": {**UG, "match": "0987", "text": "0987"}, "write": write_ctx()})
+        assert res["usage"]["used"] == 4
 
 
 async def test_workspace_scope_and_visibility(connect: Connect) -> None:
@@ -214,12 +256,23 @@ async def test_query_ranks_and_counts_recalls(connect: Connect) -> None:
         assert r["total"] == 2
         r = await raw.ok("memory/query", {"filter": {"text": "alpha"}, "opts": {"agentKey": "someone-else"}})
         assert r["total"] == 0
+        # memory/recalled carries the hit count (the query's total, not the page), as the reference does
+        n = len(raw.notifications)
+        r = await raw.ok("memory/query", {"filter": {"text": "alpha", "limit": 1}, "opts": {"sessionId": "s-9"}})
+        assert r["total"] == 3 and len(r["entries"]) == 1
+        recalled = await raw.notification("memory/recalled", n)
+        assert recalled["params"] == {"query": "alpha", "matches": 3, "sessionId": "s-9"}
         n = len(raw.notifications)
         await raw.ok("memory/query", {"filter": {"text": "beta"}, "opts": {"sessionId": "s-9"}})
         recalled = await raw.notification("memory/recalled", n)
-        assert recalled["params"]["sessionId"] == "s-9" and recalled["params"]["query"] == "beta"
-        audit = await raw.ok("audit/list", {"limit": 1})
-        assert audit[0]["action"] == "recalled" and audit[0]["text"] == "beta" and audit[0]["sessionId"] == "s-9"
+        assert recalled["params"] == {"query": "beta", "matches": 1, "sessionId": "s-9"}
+        n = len(raw.notifications)
+        await raw.ok("memory/query", {"filter": {"text": "nothing like it"}, "opts": {"sessionId": "s-9"}})
+        recalled = await raw.notification("memory/recalled", n)
+        assert recalled["params"] == {"query": "nothing like it", "matches": 0, "sessionId": "s-9"}
+        audit = await raw.ok("audit/list", {"limit": 3})
+        assert [(a["action"], a["text"], a["sessionId"]) for a in audit] == [
+            ("recalled", "nothing like it", "s-9"), ("recalled", "beta", "s-9"), ("recalled", "alpha", "s-9")]
         err = await raw.fail("memory/query", {"filter": {"limit": 0}})
         assert err.code == "INVALID_INPUT"
 

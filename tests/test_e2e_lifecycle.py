@@ -20,6 +20,10 @@ SESSION = {"id": "snap-1", "header": {"cwd": "/home/u/proj", "agentPreset": "cod
 
 HEADER_EN = ("[dsh-memento: frozen memory snapshot — captured at session start; memory changes during this session "
              "do not update this block. To change memory, use the memory tool.]")
+HEADER_ZH = "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]"
+PROPOSALS_EN = ("## Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals "
+                "command)")
+PROPOSALS_ZH = "## 待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）"
 
 
 async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:
@@ -52,7 +56,13 @@ async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:
         # the empty snapshot was frozen as well
         assert (await raw.ok("memory/snapshot", {"session": {"id": "empty-1"}}))["text"] == ""
         zh = (await raw.ok("memory/snapshot", {"session": {"id": "zh-1", "header": SESSION["header"]}, "language": "zh"}))["text"]
-        assert zh.startswith("[dsh-memento：冻结的记忆快照") and "字符已用" in zh
+        assert zh == (
+            f"{HEADER_ZH}\n\n"
+            "## 用户画像（全局偏好、沟通风格、雷区） — 30/2000 已用字符\n"
+            "- Prefers tabs\n- Prefers spaces too\n\n"
+            "## 本工作区的事实、约定与教训 — 32/4000 已用字符\n"
+            "- uses pnpm\n- other workspace"
+        )
         err = await raw.fail("memory/snapshot", {"session": {"header": {}}})
         assert err.code == "INVALID_INPUT"
 
@@ -72,14 +82,64 @@ async def test_snapshot_survives_restart(daemon_factory: Any, tmp_path: Path) ->
         assert len(snaps) == 1 and snaps[0]["text"] == first
 
 
-async def test_snapshot_shows_pending_proposals(daemon: Any) -> None:
+def _session(session_id: str, cwd: str | None = None, agent: str | None = None) -> dict[str, Any]:
+    header = {k: v for k, v in (("cwd", cwd), ("agentPreset", agent)) if v is not None}
+    return {"id": session_id, "header": header}
+
+
+def _lines(proposals: list[dict[str, Any]]) -> str:
+    """The reference's proposal lines, ordered (createdAt, id) as it lists them."""
+    ordered = sorted(proposals, key=lambda p: (p["createdAt"], p["id"]))
+    return "\n".join(f"- [{p['id']}] {p['track']}/{p['scope']}: {p['text']}" for p in ordered)
+
+
+async def test_snapshot_lists_the_sessions_visible_pending_proposals(daemon: Any) -> None:
+    """After the entry sections: the reference's header, then `- [<id>] <track>/<scope>: <text>` for
+    every pending proposal the session sees (any session's, with the entries' visibility)."""
     async with socket_client(daemon.socket_path) as raw:
-        await add(raw, "Prefers tabs")
-        await raw.ok("proposals/create", {"input": {"kind": "compaction", "track": "agent", "scope": "workspace",
-                                                    "text": "build with make"}, "session": SESSION})
+        await add(raw, "Prefers tabs")  # agentKey coder: invisible to the reviewer below
+
+        async def propose(session: dict[str, Any], track: str, scope: str, text: str) -> dict[str, Any]:
+            p = await raw.ok("proposals/create", {"input": {"kind": "compaction", "track": track, "scope": scope,
+                                                            "text": text}, "session": session})
+            assert p is not None
+            return p
+
+        ws_coder = await propose(_session("o-1", "/home/u/proj", "coder"), "agent", "workspace", "build with make")
+        shared = await propose(_session("o-2"), "user", "user-global", "likes tea")
+        reviewer = await propose(_session("o-3", "/home/u/proj", "reviewer"), "user", "user-global", "terse reviews")
+        await propose(_session("o-4", "/elsewhere", "coder"), "agent", "workspace", "elsewhere only")
+        own = await propose(SESSION, "user", "user-global", "my own idea")
+        n = len(raw.notifications)
         text = (await raw.ok("memory/snapshot", {"session": SESSION}))["text"]
-        assert text.endswith("## Pending memory proposals (awaiting the user's decision)\n"
-                             "- [agent/workspace] build with make")
+        assert text == (
+            f"{HEADER_EN}\n\n"
+            "## User profile (global preferences, communication style, landmines) — 12/2000 chars used\n"
+            "- Prefers tabs\n\n"
+            f"{PROPOSALS_EN}\n{_lines([ws_coder, shared, own])}"
+        )
+        assert (await raw.notification("memory/snapshot", n))["params"] == {"sessionId": "snap-1", "text": text}
+        assert (await raw.ok("audit/list", {"limit": 1}))[0]["text"] == text
+
+        # no entry visible, proposals visible: the block is still rendered (en and zh)
+        rev = (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"]
+        assert rev == f"{HEADER_EN}\n\n{PROPOSALS_EN}\n{_lines([shared, reviewer])}"
+        rev_zh = (await raw.ok("memory/snapshot", {"session": _session("rev-2", "/tmp/x", "reviewer"),
+                                                   "language": "zh"}))["text"]
+        assert rev_zh == f"{HEADER_ZH}\n\n{PROPOSALS_ZH}\n{_lines([shared, reviewer])}"
+
+        # frozen: a proposal created (and one dismissed) after the first snapshot changes nothing
+        late = await propose(_session("o-5"), "agent", "user-global", "late idea")
+        await raw.ok("proposals/dismiss", {"id": ws_coder["id"]})
+        assert (await raw.ok("memory/snapshot", {"session": SESSION}))["text"] == text
+        assert (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"] == rev
+        # a new session sees the new state
+        fresh = (await raw.ok("memory/snapshot", {"session": {**SESSION, "id": "snap-new"}}))["text"]
+        assert fresh.endswith(f"{PROPOSALS_EN}\n{_lines([shared, own, late])}")
+        # neither entries nor proposals visible: empty
+        await raw.ok("proposals/dismiss", {"id": shared["id"]})
+        await raw.ok("proposals/dismiss", {"id": late["id"]})
+        assert (await raw.ok("memory/snapshot", {"session": _session("nobody", "/tmp/y", "stranger")}))["text"] == ""
 
 
 async def test_proposals_lifecycle(ask_daemon: Any) -> None:
@@ -186,7 +246,8 @@ async def test_export_envelope_and_import(daemon: Any, daemon_factory: Any, tmp_
         assert [a["action"] for a in audit] == ["add", "add", "seed"]
         before = await state(raw)
         for bad, code in [({"envelope": {**env, "schema": "memory-export-v9"}}, "INVALID_INPUT"),
-                          ({"envelope": {"schema": "memory-export-v1", "entries": [{"text": "x"}]}}, "INVALID_INPUT"),
+                          ({"envelope": {"plugin": "dsh-memento", "schema": "memory-export-v1",
+                                         "entries": [{"text": "x"}]}}, "INVALID_INPUT"),
                           ({"envelope": {**env, "entries": env["entries"] * 501}}, "INVALID_INPUT"),
                           ({"envelope": env, "adapter": "mem0", "payload": []}, "INVALID_INPUT"),
                           ({}, "INVALID_INPUT"),
@@ -200,6 +261,49 @@ async def test_export_envelope_and_import(daemon: Any, daemon_factory: Any, tmp_
         err = await raw.fail("memory/import", {"adapter": "hermes-memory-md", "payload": "# N\n- ok\nstray\n",
                                                "write": write_ctx("imp")})
         assert err.details["line"] == 3 and err.details["adapterId"] == "hermes-memory-md"
+        assert await state(raw) == before
+
+
+async def test_import_refuses_an_envelope_from_another_plugin(daemon: Any) -> None:
+    """Only plugin "dsh-memento" is an envelope (a missing plugin too is refused), like a schema
+    other than memory-export-v1; nothing is written, nothing is asked."""
+    async with socket_client(daemon.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        env = await raw.ok("memory/export", {})
+        assert env["plugin"] == "dsh-memento"  # our own export imports
+        before = await state(raw)
+        no_plugin = {k: v for k, v in env.items() if k != "plugin"}
+        for bad, field, says in [
+            (no_plugin, "envelope.plugin", "envelope has no plugin; expected 'dsh-memento'"),
+            ({**env, "plugin": None}, "envelope.plugin", "envelope has a plugin of type null;"),
+            ({**env, "plugin": "mem0"}, "envelope.plugin", "envelope has plugin 'mem0';"),
+            ({**env, "plugin": "DSH-MEMENTO"}, "envelope.plugin", "envelope has plugin 'DSH-MEMENTO';"),
+            ({**env, "plugin": "dsh-memento "}, "envelope.plugin", "envelope has plugin 'dsh-memento ';"),
+            ({**env, "plugin": ""}, "envelope.plugin", "envelope has plugin '';"),
+            ({**env, "plugin": 1}, "envelope.plugin", "envelope has a plugin of type number;"),
+            ({**env, "plugin": ["dsh-memento"]}, "envelope.plugin", "envelope has a plugin of type array;"),
+            ({"plugin": "mem0", "facts": [{"memory": "x"}]}, "envelope.plugin", "envelope has plugin 'mem0';"),
+            ({**env, "plugin": "mem0", "schema": "memory-export-v9"}, "envelope.plugin", "envelope has plugin"),
+            ({**env, "schema": "memory-export-v9"}, "envelope.schema", "unknown envelope schema"),
+            ({**no_plugin, "schema": "memory-export-v1"}, "envelope.plugin", "envelope has no plugin"),
+        ]:
+            err = await raw.fail("memory/import", {"envelope": bad, "write": write_ctx("imp")})
+            assert (err.code, err.details) == ("INVALID_INPUT", {"field": field}), bad
+            assert err.error["message"].startswith(says), err.error
+        assert await state(raw) == before
+        res = await raw.ok("memory/import", {"envelope": env, "write": write_ctx("imp")})
+        assert res["added"] == 1
+
+
+async def test_import_plugin_refusal_asks_nobody(ask_daemon: Any) -> None:
+    async with socket_client(ask_daemon.socket_path) as raw:
+        raw.on_approval = _allow
+        before = await state(raw)
+        env = {"schema": "memory-export-v1", "exportedAt": "2026-01-01T00:00:00.000Z", "budgets": [],
+               "entries": [entry_input("x")]}
+        err = await raw.fail("memory/import", {"envelope": env, "write": write_ctx()})
+        assert (err.code, err.details) == ("INVALID_INPUT", {"field": "envelope.plugin"})
+        assert [n for n in raw.notifications if n["method"] == "approval/asked"] == []
         assert await state(raw) == before
 
 

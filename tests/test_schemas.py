@@ -496,8 +496,12 @@ def test_validate_message_results_and_notifications() -> None:
     validate_message({"jsonrpc": "2.0", "method": "approval/asked", "params": params})
     validate_message({"jsonrpc": "2.0", "method": "memory/updated", "params": {"previous": entry, "entry": entry}})
     validate_message(
-        {"jsonrpc": "2.0", "method": "memory/recalled", "params": {"query": "x", "matches": [entry], "sessionId": "s"}}
+        {"jsonrpc": "2.0", "method": "memory/recalled", "params": {"query": "x", "matches": 2, "sessionId": "s"}}
     )
+    with pytest.raises(AssertionError, match="memory/recalled"):  # matches is the hit count, not the entries
+        validate_message(
+            {"jsonrpc": "2.0", "method": "memory/recalled", "params": {"query": "x", "matches": [entry], "sessionId": "s"}}
+        )
     status = types.DaemonStatus(
         version="0.1.0",
         uptime_s=1.5,

@@ -118,9 +118,18 @@ def test_resolve_one() -> None:
 def test_budget_check() -> None:
     check_budget("user", "user-global", 90, 100, 10)
     check_budget("user", "user-global", 150, 100, -5)  # shrinking always allowed
+    check_budget("user", "user-global", 150, 100, 0)  # a write that does not grow usage passes
     with pytest.raises(BudgetExceeded) as exc:
         check_budget("user", "user-global", 90, 100, 11)
-    assert exc.value.details == {"track": "user", "scope": "user-global", "used": 90, "limit": 100, "needed": 11}
+    # needed is the total the layer would need (used + this write), as the reference computes it
+    assert exc.value.details == {"track": "user", "scope": "user-global", "used": 90, "limit": 100, "needed": 101}
+    assert exc.value.message == (
+        "memory budget exceeded: user/user-global has 90/100 characters used, this write would bring it to "
+        "101/100 (11 more)"
+    )
+    with pytest.raises(BudgetExceeded) as exc:
+        check_budget("agent", "workspace", 150, 100, 1)  # a lowered limit left the layer over budget
+    assert exc.value.details == {"track": "agent", "scope": "workspace", "used": 150, "limit": 100, "needed": 151}
 
 
 def test_payload_texts() -> None:

@@ -182,6 +182,8 @@ export interface ExportParams {
   adapter?: string | null;
 }
 
+/** `envelope` must say `plugin: 'dsh-memento'` and `schema: 'memory-export-v1'` (as `export()`
+ *  returns it), else INVALID_INPUT (`envelope.plugin` / `envelope.schema`). */
 export type ImportParams =
   | { envelope: ExportEnvelope | Record<string, unknown>; adapter?: undefined; payload?: undefined; write?: WriteContext | null }
   | { adapter: string; payload: unknown; envelope?: undefined; write?: WriteContext | null };
@@ -312,7 +314,8 @@ export interface MemoryRemoved {
 
 export interface MemoryRecalled {
   query: string;
-  matches: Entry[];
+  /** the number of hits: the query's `total` (not only the returned page) */
+  matches: number;
   sessionId: string | null;
 }
 
@@ -357,6 +360,8 @@ export interface BudgetExceededDetails {
   scope: Scope;
   used: number;
   limit: number;
+  /** the total the layer would need with this write: `used` + the write's size (not the
+   *  increment; `needed - used` is how many more characters it needs) */
   needed: number;
 }
 

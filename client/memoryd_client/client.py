@@ -713,7 +713,8 @@ class Client:
     async def import_(
         self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
     ) -> T.SeedResult:
-        """Import an export envelope, or an adapter's ``payload`` (``adapter=`` given)."""
+        """Import an export envelope (``plugin`` "dsh-memento", ``schema`` "memory-export-v1",
+        else INVALID_INPUT), or an adapter's ``payload`` (``adapter=`` given)."""
         params: dict[str, Any] = {}
         if adapter is not None:
             params["adapter"] = adapter

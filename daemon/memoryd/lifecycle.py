@@ -9,10 +9,10 @@ import sqlite3
 from typing import Any
 
 import msgspec
-from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter
+from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
-from memoryd_protocol.snapshot import render
+from memoryd_protocol.snapshot import render, visible_proposals
 from memoryd_protocol.text import js_trim, utf16_len
 from memoryd_protocol.types import (
     AdapterInfo,
@@ -56,9 +56,9 @@ class _ImportedEntry(msgspec.Struct, rename="camel", kw_only=True):
 
 
 class _Envelope(msgspec.Struct, rename="camel", kw_only=True):
+    plugin: str
     schema: str
     entries: list[Any]
-    plugin: str | None = None
 
 
 class Lifecycle:
@@ -98,9 +98,11 @@ class Lifecycle:
 
         entries, pending = await self.s.read(gather)
         visible = [(e.track, e.scope, e.text) for e in entries if view.sees(e.scope, e.workspace_key, e.agent_key)]
-        mine = [(x.track, x.scope, x.text) for x in pending if x.session_id == session_id]
+        # every pending proposal this session sees (not only its own), as the reference lists them
+        shown = [(x.id, x.track, x.scope, x.text)
+                 for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
-        text = render(visible, usage, mine, language)  # type: ignore[arg-type]
+        text = render(visible, usage, shown, language)  # type: ignore[arg-type]
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
             existing = store.frozen_snapshot(conn, session_id)
@@ -245,6 +247,20 @@ class Lifecycle:
 
     @staticmethod
     def _envelope_inputs(raw: Any) -> list[EntryInput]:
+        # As the reference's import: only a dsh-memento document is an envelope. The plugin is
+        # checked first, so another tool's document (which has no schema) is named as such.
+        if isinstance(raw, dict) and raw.get("plugin") != EXPORT_PLUGIN:
+            plugin = raw.get("plugin")
+            if "plugin" not in raw:
+                got = "no plugin"
+            elif isinstance(plugin, str):
+                got = f"plugin {plugin[:64]!r}"
+            else:
+                got = f"a plugin of type {json_type(plugin)}"
+            raise InvalidInput(
+                f"envelope has {got}; expected {EXPORT_PLUGIN!r} (another tool's document imports through its adapter)",
+                "envelope.plugin",
+            )
         try:
             env = msgspec.convert(raw, _Envelope)
         except msgspec.ValidationError as exc:

@@ -345,7 +345,7 @@ class Service:
         # next query exact meanwhile, and ledger reads flush them first (Writer.settled).
         self.writer.defer(job, committed)
         if session_id is not None:
-            await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=page, session_id=session_id))
+            await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=total, session_id=session_id))
         return QueryResult(entries=page, total=total, truncated=total > len(page))
 
     # --- writes ------------------------------------------------------------------------

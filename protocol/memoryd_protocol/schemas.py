@@ -209,6 +209,9 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "agentKey": {"description": "Session-visibility filter: shared layer plus this agent's entries."},
         "workspaceKey": {"description": "Session-visibility filter for workspace entries."},
     },
+    "MemoryRecalled": {
+        "matches": {"minimum": 0, "description": "The number of hits: the query's total, not only the returned page."},
+    },
     "ProposalInput": {
         "text": {"minLength": 1, "maxLength": PROPOSAL_MAX_TEXT},
         "source": SOURCE_INPUT,
@@ -232,7 +235,8 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
     "ImportParams": {
         "envelope": {
             "description": (
-                "A memory-export-v1 envelope (see exportEnvelope). Entries from a dsh-memento export "
+                "A memory-export-v1 envelope (see exportEnvelope). Its plugin must be 'dsh-memento' and its "
+                "schema 'memory-export-v1', else INVALID_INPUT. Entries from a dsh-memento export "
                 "may lack sessionId; ids, timestamps, versions and recall counts are not kept."
             ),
         },
@@ -352,7 +356,14 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
             "scope": _SCOPE,
             "used": {"type": "integer", "minimum": 0},
             "limit": {"type": "integer", "minimum": 0},
-            "needed": {"type": "integer", "minimum": 1, "description": "How many more characters the write needs."},
+            "needed": {
+                "type": "integer",
+                "minimum": 1,
+                "description": (
+                    "The total the track/scope would need with this write: used + the write's size "
+                    "(not the increment; needed - used is how many more)."
+                ),
+            },
         },
     ),
     "ENTRY_NOT_FOUND": _details(["track", "scope", "match"], {"track": _TRACK, "scope": _SCOPE, "match": _STR}),
@@ -668,7 +679,7 @@ NOTIFICATION_DOCS: Final[dict[str, str]] = {
     "memory/added": "A committed add/seed/import/consolidate/proposal entry (sent to the writing connection).",
     "memory/updated": "A committed replace: {previous, entry}.",
     "memory/removed": "A committed remove (and each consolidated target).",
-    "memory/recalled": "A query with opts.sessionId hit entries: {query, matches, sessionId}.",
+    "memory/recalled": "A query with opts.sessionId ran: {query, matches, sessionId}; matches is the hit count.",
     "memory/snapshot": "The first snapshot of a session was rendered: {sessionId, text}.",
 }
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from .constants import GRID
 
+if TYPE_CHECKING:
+    from .types import Proposal
+    from .validation import SessionView
+
 Language = Literal["en", "zh"]
 
+# The model-visible strings are the reference's (dsh-memento 0.4.4 lib/strings.mjs), word for
+# word: a harness that moves between the two providers sees the same block.
 HEADERS: dict[str, str] = {
     "en": (
         "[dsh-memento: frozen memory snapshot — captured at session start; memory changes "
         "during this session do not update this block. To change memory, use the memory tool.]"
     ),
-    "zh": "[dsh-memento：冻结的记忆快照——在会话开始时捕获；本会话期间的记忆变更不会更新此块。如需修改记忆，请使用记忆工具。]",
+    "zh": "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]",
 }
 TITLES: dict[str, dict[tuple[str, str], str]] = {
     "en": {
@@ -27,34 +33,42 @@ TITLES: dict[str, dict[tuple[str, str], str]] = {
         ("user", "user-global"): "用户画像（全局偏好、沟通风格、雷区）",
         ("user", "workspace"): "本工作区的用户偏好",
         ("agent", "user-global"): "环境事实与约定（跨工作区）",
-        ("agent", "workspace"): "工作区事实、约定与经验",
+        ("agent", "workspace"): "本工作区的事实、约定与教训",
     },
 }
-USED: dict[str, str] = {"en": "chars used", "zh": "字符已用"}
+USED: dict[str, str] = {"en": "chars used", "zh": "已用字符"}
 PROPOSALS_TITLE: dict[str, str] = {
-    "en": "Pending memory proposals (awaiting the user's decision)",
-    "zh": "待定的记忆提案（等待用户决定）",
+    "en": "Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals command)",
+    "zh": "待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）",
 }
+
+
+def visible_proposals(pending: Iterable[Proposal], view: SessionView, limit: int) -> list[Proposal]:
+    """The pending proposals a session's snapshot lists, as the reference picks them: the
+    first ``limit`` pending proposals of the store by ``(createdAt, id)``, then those the
+    session sees (the same visibility as entries: agentKey ``''`` or its own; user-global,
+    or workspace of its workspaceKey). Not only the session's own proposals."""
+    first = sorted(pending, key=lambda p: (p.created_at, p.id))[:limit]
+    return [p for p in first if view.sees(p.scope, p.workspace_key, p.agent_key)]
 
 
 def render(
     entries: Sequence[tuple[str, str, str]],
     usage: Mapping[tuple[str, str], tuple[int, int]],
-    proposals: Sequence[tuple[str, str, str]] = (),
+    proposals: Sequence[tuple[str, str, str, str]] = (),
     language: Language = "en",
 ) -> str:
     """Render the snapshot.
 
     ``entries``: the session's visible ``(track, scope, text)`` in creation order.
-    ``usage``: ``(track, scope) → (used, limit)``. ``proposals``: pending ``(track, scope,
-    text)`` of this session. No entries → ``""``.
+    ``usage``: ``(track, scope) → (used, limit)``. ``proposals``: the session's visible
+    pending ``(id, track, scope, text)`` in order (see :func:`visible_proposals`); their
+    section follows the entry sections. Neither entries nor proposals → ``""``.
     """
-    if not entries:
-        return ""
     by_cell: dict[tuple[str, str], list[str]] = {}
     for track, scope, text in entries:
         by_cell.setdefault((track, scope), []).append(text)
-    sections = [HEADERS[language]]
+    sections: list[str] = []
     for cell in GRID:
         texts = by_cell.get(cell)
         if not texts:
@@ -65,9 +79,11 @@ def render(
         sections.append("\n".join(lines))
     if proposals:
         lines = [f"## {PROPOSALS_TITLE[language]}"]
-        lines.extend(f"- [{track}/{scope}] {text}" for track, scope, text in proposals)
+        lines.extend(f"- [{pid}] {track}/{scope}: {text}" for pid, track, scope, text in proposals)
         sections.append("\n".join(lines))
-    return "\n\n".join(sections)
+    if not sections:
+        return ""
+    return "\n\n".join([HEADERS[language], *sections])
 
 
-__all__ = ["HEADERS", "TITLES", "Language", "render"]
+__all__ = ["HEADERS", "PROPOSALS_TITLE", "TITLES", "USED", "Language", "render", "visible_proposals"]

@@ -389,7 +389,8 @@ class MemoryRemoved(_Out):
 
 class MemoryRecalled(_Out):
     query: str
-    matches: list[Entry]
+    #: the number of hits (the query's ``total``, not only the page), as the reference sends it
+    matches: int
     session_id: str | None
 
 

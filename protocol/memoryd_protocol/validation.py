@@ -147,11 +147,16 @@ def resolve_one(
 
 def check_budget(track: str, scope: str, used: int, limit: int, delta: int) -> None:
     """Refuse a write that would take ``track/scope`` over its limit. A write that does not
-    grow usage always passes, even when a lowered limit left the cell over budget."""
-    if delta > 0 and used + delta > limit:
+    grow usage always passes, even when a lowered limit left the cell over budget.
+
+    ``needed`` is the total the cell would need, ``used + delta`` (the reference's
+    ``checkBudget``), not the increment."""
+    needed = used + delta
+    if delta > 0 and needed > limit:
         raise BudgetExceeded(
-            f"memory budget exceeded: {track}/{scope} has {used}/{limit} characters used, this write needs {delta} more",
-            {"track": track, "scope": scope, "used": used, "limit": limit, "needed": delta},
+            f"memory budget exceeded: {track}/{scope} has {used}/{limit} characters used, "
+            f"this write would bring it to {needed}/{limit} ({delta} more)",
+            {"track": track, "scope": scope, "used": used, "limit": limit, "needed": needed},
         )
 
 

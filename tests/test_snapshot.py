@@ -1,0 +1,104 @@
+"""The snapshot renderer and the choice of proposals it lists (pure: no daemon)."""
+
+from __future__ import annotations
+
+from memoryd_protocol.snapshot import render, visible_proposals
+from memoryd_protocol.types import Proposal
+from memoryd_protocol.validation import SessionView
+
+HEADER_EN = ("[dsh-memento: frozen memory snapshot — captured at session start; memory changes during this session "
+             "do not update this block. To change memory, use the memory tool.]")
+HEADER_ZH = "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]"
+PROPOSALS_EN = ("## Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals "
+                "command)")
+PROPOSALS_ZH = "## 待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）"
+
+USAGE = {("user", "user-global"): (12, 2000), ("user", "workspace"): (0, 2000),
+         ("agent", "user-global"): (5, 4000), ("agent", "workspace"): (9, 4000)}
+ENTRIES = [("agent", "workspace", "uses pnpm"), ("user", "user-global", "Prefers tabs"),
+           ("agent", "user-global", "on uv")]
+PROPOSALS = [("p-1", "agent", "workspace", "build with make"), ("p-2", "user", "user-global", "likes tea")]
+
+
+def test_render_en_entries_then_proposals() -> None:
+    assert render(ENTRIES, USAGE, PROPOSALS, "en") == (
+        f"{HEADER_EN}\n\n"
+        "## User profile (global preferences, communication style, landmines) — 12/2000 chars used\n"
+        "- Prefers tabs\n\n"
+        "## Environment facts and conventions (cross-workspace) — 5/4000 chars used\n"
+        "- on uv\n\n"
+        "## Workspace facts, conventions, and lessons — 9/4000 chars used\n"
+        "- uses pnpm\n\n"
+        f"{PROPOSALS_EN}\n"
+        "- [p-1] agent/workspace: build with make\n"
+        "- [p-2] user/user-global: likes tea"
+    )
+
+
+def test_render_zh_entries_then_proposals() -> None:
+    entries = [*ENTRIES, ("user", "workspace", "中文")]
+    usage = {**USAGE, ("user", "workspace"): (2, 2000)}
+    assert render(entries, usage, PROPOSALS, "zh") == (
+        f"{HEADER_ZH}\n\n"
+        "## 用户画像（全局偏好、沟通风格、雷区） — 12/2000 已用字符\n"
+        "- Prefers tabs\n\n"
+        "## 本工作区的用户偏好 — 2/2000 已用字符\n"
+        "- 中文\n\n"
+        "## 环境事实与约定（跨工作区） — 5/4000 已用字符\n"
+        "- on uv\n\n"
+        "## 本工作区的事实、约定与教训 — 9/4000 已用字符\n"
+        "- uses pnpm\n\n"
+        f"{PROPOSALS_ZH}\n"
+        "- [p-1] agent/workspace: build with make\n"
+        "- [p-2] user/user-global: likes tea"
+    )
+
+
+def test_render_proposals_without_entries() -> None:
+    """The reference renders the proposal block even when no entry is visible."""
+    assert render([], USAGE, PROPOSALS[:1], "en") == (
+        f"{HEADER_EN}\n\n{PROPOSALS_EN}\n- [p-1] agent/workspace: build with make")
+    assert render([], USAGE, PROPOSALS[1:], "zh") == f"{HEADER_ZH}\n\n{PROPOSALS_ZH}\n- [p-2] user/user-global: likes tea"
+
+
+def test_render_empty_and_entries_only() -> None:
+    assert render([], USAGE, [], "en") == ""
+    assert render([], USAGE, [], "zh") == ""
+    only = render(ENTRIES[1:2], USAGE, [], "en")
+    assert only == (f"{HEADER_EN}\n\n## User profile (global preferences, communication style, landmines) — "
+                    "12/2000 chars used\n- Prefers tabs")
+
+
+def proposal(pid: str, created_at: int, scope: str = "user-global", workspace_key: str = "", agent_key: str = "",
+             session_id: str | None = "other-session") -> Proposal:
+    return Proposal(id=pid, kind="compaction", track="agent", scope=scope,  # type: ignore[arg-type]
+                    workspace_key=workspace_key, agent_key=agent_key, text=f"text {pid}", source="dsh-memento",
+                    session_id=session_id, status="pending", created_at=created_at, decided_at=None)
+
+
+def test_visible_proposals_visibility_and_order() -> None:
+    view = SessionView("s-1", "/home/u/proj", "coder")
+    pending = [
+        proposal("b-shared-global", 10),
+        proposal("a-own-agent", 10, agent_key="coder"),  # same ms: ordered by id
+        proposal("other-agent", 5, agent_key="reviewer"),
+        proposal("ws-mine", 20, scope="workspace", workspace_key="/home/u/proj", session_id="s-1"),
+        proposal("ws-elsewhere", 1, scope="workspace", workspace_key="/elsewhere"),
+        proposal("ws-other-agent", 2, scope="workspace", workspace_key="/home/u/proj", agent_key="reviewer"),
+        proposal("no-session", 30, session_id=None),
+    ]
+    got = visible_proposals(pending, view, 8)
+    # visible ones, not only the session's own, ordered (createdAt, id)
+    assert [p.id for p in got] == ["a-own-agent", "b-shared-global", "ws-mine", "no-session"]
+    shared = SessionView("s-2", "", "")
+    assert [p.id for p in visible_proposals(pending, shared, 8)] == ["b-shared-global", "no-session"]
+
+
+def test_visible_proposals_limit_applies_to_the_store_first() -> None:
+    """As the reference: the first ``limit`` pending proposals by (createdAt, id), then visibility."""
+    view = SessionView("s-1", "/home/u/proj", "coder")
+    pending = [proposal("late-visible", 9), proposal("early-hidden", 1, agent_key="reviewer"),
+               proposal("mid-visible", 5)]
+    assert [p.id for p in visible_proposals(pending, view, 2)] == ["mid-visible"]
+    assert [p.id for p in visible_proposals(pending, view, 3)] == ["mid-visible", "late-visible"]
+    assert visible_proposals([], view, 8) == []
