@@ -101,24 +101,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
+    """``serve --detach``: start the daemon in the background, print its pid once it is
+    ready. Exit status: 0 (also when one already answers, then nothing is printed), else
+    the daemon's own, with its one-line reason on stderr."""
     from . import launch
 
     runtime = socket_path.parent
+    log = launch.log_path_for(socket_path)
     try:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"memoryd: cannot create the socket directory {runtime}: {exc.strerror}", file=sys.stderr)
-        return 1
-    with launch.start_lock(runtime):
-        if launch.answers(socket_path):
-            print(f"memoryd: already running on {socket_path}", file=sys.stderr)
-            return 0
-        log = launch.log_path_for(socket_path)
-        try:
+        with launch.start_lock(runtime):
+            if launch.answers(socket_path):
+                print(f"memoryd: already running on {socket_path}", file=sys.stderr)
+                return 0
             proc = launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
-        except launch.LaunchFailed as exc:
-            print(f"memoryd: could not start on {socket_path}: {exc} (log: {log})", file=sys.stderr)
-            return 1
+    except launch.LaunchFailed as exc:
+        reason = str(exc)
+        if not reason.startswith("memoryd: "):
+            reason = f"memoryd: could not start on {socket_path}: {reason} (log: {log})"
+        print(reason, file=sys.stderr)
+        return exc.returncode or 1
+    except OSError as exc:  # the runtime dir, its lock or the log cannot be made
+        print(f"memoryd: cannot start on {socket_path}: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
     print(proc.pid)
     return 0
 
