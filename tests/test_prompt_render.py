@@ -102,7 +102,7 @@ def test_seed_entry_headers_and_small_batches() -> None:
     shown = approval_request(seed([entry("x", "agent", "workspace", "/srv/a b", "ops", ["deploy"])]))
     assert '  [1] agent/workspace  workspace "/srv/a b"  agent "ops"  tags deploy\n  | x' in shown
     assert "  entries:\n" in shown and "more" not in shown
-    assert "  summary: 1 entries, 1 chars, in 1 layer\n" in shown
+    assert "  summary: 1 entry, 1 chars, in 1 layer\n" in shown
     many = approval_request(seed([entry(str(n)) for n in range(21)]))
     assert many.endswith("  | 19\n  … and 1 more entry (not shown)")
     assert approval_request(seed([entry(str(n)) for n in range(5)]), shown=2).endswith(

@@ -272,7 +272,8 @@ def _summary(entries: Sequence[T.ApprovalEntry]) -> list[str]:
     total = sum(g[1] for g in groups.values())
     layers = "layer" if len(groups) == 1 else "layers"
     grid = table(["LAYER", "WORKSPACE", "AGENT", "ENTRIES", "CHARS"], rows)
-    return [f"  summary: {len(entries)} entries, {total} chars, in {len(groups)} {layers}",
+    how_many = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    return [f"  summary: {how_many}, {total} chars, in {len(groups)} {layers}",
             *(f"    {line}" for line in grid.split("\n"))]
 
 
