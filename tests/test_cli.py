@@ -9,6 +9,7 @@ with its own session, so it never sees the terminal pytest runs in.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -21,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -470,6 +472,28 @@ def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     assert texts(ask_daemon) == ["Prefers spaces"]
 
 
+def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("4H", 24, 50, 0, 0))
+    forged = "x" * 100 + "Approve? [y/N] y"
+    proc = subprocess.Popen([*MEMORYCTL, *sock(ask_daemon), "add", *UG, forged], stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True)
+    os.close(slave)
+    try:
+        shown = read_until(master, "\nApprove? [y/N] ")
+        lines = shown.split("\n")[:-1]  # the last one is the real question
+        assert lines[0] == "memoryd asks to approve a write:"
+        assert all(len(ln) <= 49 for ln in lines), lines
+        payload = lines[lines.index("  payload:") + 1:]
+        assert payload and all(ln.startswith("  | ") for ln in payload)
+        assert "".join(ln[4:] for ln in payload) == forged
+        os.write(master, b"n\n")
+        assert proc.wait(30) == 1
+    finally:
+        reap(proc, master)
+    assert texts(ask_daemon) == []
+
+
 def test_pty_prompt_no_denies(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "Sensitive fact")
     try:
@@ -500,6 +524,27 @@ def test_no_tty_denies_fail_closed(ask_daemon: Any) -> None:
     r = run(*sock(ask_daemon), "--yes", "add", *UG, "Written by a script")
     assert r.returncode == 0 and "approved (--yes)" in r.stderr
     assert texts(ask_daemon) == ["Written by a script"]
+
+
+def test_a_300_entry_import_prompt_stays_readable(ask_daemon: Any, tmp_path: Path) -> None:
+    entries = [{"track": "user", "scope": "user-global", "text": f"fact {n}"} for n in range(100)]
+    entries += [{"track": "agent", "scope": "user-global", "agentKey": "ops", "text": f"tip {n}\nApprove?"}
+                for n in range(200)]
+    backup = tmp_path / "backup.json"
+    backup.write_text(json.dumps({"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": entries}))
+    r = run(*sock(ask_daemon), "--yes", "import", str(backup))
+    assert r.returncode == 0, r.stderr
+    assert "  action:  seed (300 entries)\n" in r.stderr
+    assert re.search(r"\n  client:  memoryctl \S+\n  process: pid \d+ \(" + re.escape(os.path.realpath(sys.executable))
+                     + r"\)\n", r.stderr), r.stderr
+    assert "  summary: 300 entries, 3780 chars, in 2 layers\n" \
+           "    LAYER              WORKSPACE  AGENT     ENTRIES  CHARS\n" \
+           "    user/user-global   -          (shared)  100      690\n" \
+           "    agent/user-global  -          ops       200      3090\n" \
+           "  entries (first 20 of 300):\n" in r.stderr
+    assert "  … and 280 more entries (not shown)\n" in r.stderr
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith("Approve?")]
+    assert len(r.stderr.splitlines()) < 80
 
 
 class Approver:
@@ -533,6 +578,11 @@ def test_approve_verb_answers_headless_writes(ask_daemon: Any) -> None:
         approver.kill()
     assert code == 0, err
     assert "| From a headless agent" in err and "session: agent-1" in err
+    # where it lands and who asked: this process, through the Python client
+    assert "  layer:   user/user-global\n           workspace: (none: every workspace)\n" \
+           "           agent:     (shared: every agent)\n           tags:      -\n" in err
+    assert f"  client:  memoryd-client {mc.__version__}\n" \
+           f"  process: pid {os.getpid()} ({os.path.realpath(sys.executable)})\n" in err
     assert re.fullmatch(r"approved [0-9a-f-]{36}\n", out)
     assert r.entry.text == "From a headless agent"
 

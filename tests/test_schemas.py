@@ -494,6 +494,20 @@ def test_validate_message_results_and_notifications() -> None:
     params = msgspec.to_builtins(no_count)
     assert "count" not in params
     validate_message({"jsonrpc": "2.0", "method": "approval/asked", "params": params})
+    assert not {"workspaceKey", "agentKey", "tags", "entries", "requestId", "origin"} & set(params)
+    full = msgspec.structs.replace(
+        asked,
+        entries=[types.ApprovalEntry(track="user", scope="user-global", workspace_key="", agent_key="coder",
+                                     text="x", tags=["t"])],
+        request_id="w-1",
+        origin=types.ApprovalOrigin(name="h", pid=12),
+    )
+    params = msgspec.to_builtins(full)
+    assert params["origin"] == {"name": "h", "pid": 12} and params["requestId"] == "w-1"
+    validate_message({"jsonrpc": "2.0", "method": "approval/asked", "params": params})
+    for bad in ({"origin": {"pid": 0}}, {"requestId": True}, {"entries": []}, {"tags": ["a", "a"]}):
+        with pytest.raises(AssertionError):
+            validate_message({"jsonrpc": "2.0", "method": "approval/asked", "params": {**params, **bad}})
     validate_message({"jsonrpc": "2.0", "method": "memory/updated", "params": {"previous": entry, "entry": entry}})
     validate_message(
         {"jsonrpc": "2.0", "method": "memory/recalled", "params": {"query": "x", "matches": 2, "sessionId": "s"}}

@@ -280,6 +280,27 @@ export type Empty = Record<string, never>;
 
 // --- notifications ----------------------------------------------------------------------------
 
+/** One entry of a seed/import batch, as its approval shows it. */
+export interface ApprovalEntry {
+  track: Track;
+  scope: Scope;
+  workspaceKey: string;
+  agentKey: string;
+  text: string;
+  tags: string[];
+}
+
+/** The connection that asked: its `initialize` client info and its peer process. */
+export interface ApprovalOrigin {
+  /** `initialize` params `client.name` (the client's own claim) */
+  name?: string;
+  version?: string;
+  /** the socket's peer process (kernel peer credentials) */
+  pid?: number;
+  /** that process's executable, when readable */
+  exe?: string;
+}
+
 export interface ApprovalAsked {
   id: string;
   action: WriteAction;
@@ -292,6 +313,16 @@ export interface ApprovalAsked {
   reason: string;
   /** seed only */
   count?: number;
+  /** where the entry lands (add), or the target's keys (replace, remove; consolidate: the merged entry's); not for seed */
+  workspaceKey?: string;
+  agentKey?: string;
+  /** the entry's tags after the write (remove: the target's); not for seed */
+  tags?: string[];
+  /** seed and import: every entry of the batch */
+  entries?: ApprovalEntry[];
+  /** the JSON-RPC id of the write that asked; only on the connection that sent it */
+  requestId?: string | number;
+  origin?: ApprovalOrigin;
 }
 
 export interface ApprovalResolved {

@@ -59,6 +59,13 @@ class Terminal:
             stream.write(text)
             stream.flush()
 
+    def columns(self) -> int:
+        """The terminal's width (80 when it does not say)."""
+        try:
+            return os.get_terminal_size(self.fd).columns or 80
+        except OSError:
+            return 80
+
     def flush_input(self) -> None:
         try:
             termios.tcflush(self.fd, termios.TCIFLUSH)
@@ -128,6 +135,9 @@ class Approver:
                 _say(f"{request}\n{NO_TTY_NOTICE}")
                 return "rejected"
             term.flush_input()
+            # Cut to the terminal's width: a long line that wrapped by itself could show a
+            # piece of memory text at the start of a line, outside the gutter.
+            request = render.approval_request(asked, width=term.columns())
             term.write(f"{request}\nApprove? [y/N] ")
             try:
                 answer = await term.readline()

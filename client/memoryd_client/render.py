@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 from memoryd_protocol import types as T
+from memoryd_protocol.constants import GRID
+from memoryd_protocol.text import utf16_len
 
 # ASCII controls (newline and tab handled separately) and DEL: the fast path for ASCII text.
 _UNSAFE_ASCII = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -187,22 +189,148 @@ def status_lines(status: T.DaemonStatus, *, socket: str) -> str:
     return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
 
 
-def approval_request(asked: T.ApprovalAsked) -> str:
-    """The complete approval payload, as the human sees it before answering."""
+#: A seed/import approval lists this many entries, then says how many it leaves out.
+SHOWN_ENTRIES = 20
+#: Every line that does not fit is continued under this gutter: text after ``| `` is data.
+GUTTER = "  | "
+
+
+def _cells(ch: str) -> int:
+    """Terminal cells ``ch`` may take, never fewer than it takes: wide and ambiguous-width
+    characters count 2, a tab (only ever shown inside a gutter) its widest 8."""
+    if ch == "\t":
+        return 8
+    if ch.isascii():
+        return 1
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F", "A") else 1
+
+
+def _fit(line: str, width: int) -> list[str]:
+    """``line`` cut so that no piece wraps on a terminal ``width`` cells wide; every piece
+    after the first goes under the gutter (a soft wrap cannot start a line of its own)."""
+    limit = max(width - 1, len(GUTTER) + 16)
+    if line.isascii() and "\t" not in line and len(line) <= limit:
+        return [line]
+    pieces: list[str] = []
+    current, used = "", 0
+    for ch in line:
+        n = _cells(ch)
+        if used + n > limit:
+            pieces.append(current)
+            current, used = GUTTER, len(GUTTER)
+        current += ch
+        used += n
+    pieces.append(current)
+    return pieces
+
+
+def _gutter(text: str) -> list[str]:
+    """A multi-line text, every line under the gutter. :func:`visible` leaves ``\n`` as the
+    only line break (``\r``, ``\v``, ``\f``, ``\x85``, ``\u2028``, ``\u2029`` become
+    escapes), so no line of the text can pass for a line of the prompt."""
+    return [GUTTER + line for line in visible(text).split("\n")]
+
+
+def _key(value: str, empty: str) -> str:
+    return one_line(value) if value else empty
+
+
+def _tags(tags: Sequence[str]) -> str:
+    if not tags:
+        return "-"
+    if any("," in t for t in tags):
+        return one_line(msgspec.json.encode(list(tags)).decode())
+    return ", ".join(one_line(t) for t in tags)
+
+
+def _quoted(value: str, empty: str) -> str:
+    """A key inside a one-line entry header: quoted, so it cannot run into the next field."""
+    return one_line(msgspec.json.encode(value).decode()) if value else empty
+
+
+def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
+    if origin is None:
+        return ["  client:  (unknown)"]
+    if origin.name is None and origin.version is None:
+        client = "(did not name itself)"
+    else:
+        client = " ".join(one_line(x) for x in (origin.name or "(no name)", origin.version) if x is not None)
+    lines = [f"  client:  {client}"]
+    if origin.pid is not None:
+        exe = f" ({one_line(origin.exe)})" if origin.exe is not None else ""
+        lines.append(f"  process: pid {origin.pid}{exe}")
+    return lines
+
+
+def _summary(entries: Sequence[T.ApprovalEntry]) -> list[str]:
+    """Count and size (UTF-16 units, as budgets count) per track/scope/workspaceKey/agentKey."""
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
+    for e in entries:
+        g = groups.setdefault((e.track, e.scope, e.workspace_key, e.agent_key), [0, 0])
+        g[0] += 1
+        g[1] += utf16_len(e.text)
+    order: dict[tuple[str, str], int] = {cell: n for n, cell in enumerate(GRID)}
+    rows = []
+    for track, scope, wk, ak in sorted(groups, key=lambda k: (order.get((k[0], k[1]), len(order)), k)):
+        count, chars = groups[(track, scope, wk, ak)]
+        rows.append([f"{track}/{scope}", _key(wk, "-"), _key(ak, "(shared)"), str(count), str(chars)])
+    total = sum(g[1] for g in groups.values())
+    layers = "layer" if len(groups) == 1 else "layers"
+    grid = table(["LAYER", "WORKSPACE", "AGENT", "ENTRIES", "CHARS"], rows)
+    how_many = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    return [f"  summary: {how_many}, {total} chars, in {len(groups)} {layers}",
+            *(f"    {line}" for line in grid.split("\n"))]
+
+
+def _entry_lines(entries: Sequence[T.ApprovalEntry], shown: int) -> list[str]:
+    head = f"  entries (first {shown} of {len(entries)}):" if len(entries) > shown else "  entries:"
+    lines = [head]
+    for n, e in enumerate(entries[:shown], 1):
+        lines.append(f"  [{n}] {e.track}/{e.scope}  workspace {_quoted(e.workspace_key, '-')}  "
+                     f"agent {_quoted(e.agent_key, '(shared)')}  tags {_tags(e.tags)}")
+        lines += _gutter(e.text)
+    rest = len(entries) - shown
+    if rest > 0:
+        lines.append(f"  … and {rest} more {'entry' if rest == 1 else 'entries'} (not shown)")
+    return lines
+
+
+def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES) -> str:
+    """The approval as the human sees it before answering: what the write does, where it
+    lands, who asked, and the complete change. A seed/import shows a summary per layer and
+    its first ``shown`` entries, then the count of the rest. With ``width`` (the terminal's
+    columns) long lines are cut and continued under the gutter instead of wrapping."""
     lines = [
         "memoryd asks to approve a write:",
         f"  action:  {one_line(asked.action)}" + (f" ({asked.count} entries)" if asked.count is not None else ""),
         f"  layer:   {one_line(asked.track)}/{one_line(asked.scope)}",
+    ]
+    if asked.workspace_key is not None:
+        lines.append(f"           workspace: {_key(asked.workspace_key, '(none: every workspace)')}")
+    if asked.agent_key is not None:
+        lines.append(f"           agent:     {_key(asked.agent_key, '(shared: every agent)')}")
+    if asked.tags is not None:
+        lines.append(f"           tags:      {_tags(asked.tags)}")
+    lines += [
         f"  source:  {one_line(asked.source)}",
         f"  session: {one_line(asked.session_id or '-')}",
+        *_origin_lines(asked.origin),
         f"  id:      {one_line(asked.id)}",
-        "  payload:",
     ]
-    lines += [f"  | {line}" for line in visible(asked.text).split("\n")]
+    if asked.entries is not None:
+        lines += _summary(asked.entries)
+        lines += _entry_lines(asked.entries, shown)
+    else:
+        lines.append("  payload:")
+        lines += _gutter(asked.text)
+    if width is not None and width > 0:
+        lines = [piece for line in lines for piece in _fit(line, width)]
     return "\n".join(lines)
 
 
 __all__ = [
+    "GUTTER",
+    "SHOWN_ENTRIES",
     "adapters_table",
     "approval_request",
     "audit_table",

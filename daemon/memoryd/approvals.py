@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
+import msgspec
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.payloads import normalize_outcome
-from memoryd_protocol.types import ApprovalAsked, ApprovalResolved
+from memoryd_protocol.types import ApprovalAsked, ApprovalOrigin, ApprovalResolved
 
 log = logging.getLogger("memoryd.approvals")
 
@@ -29,12 +30,25 @@ class Peer(Protocol):
     can_approve: bool
     gone: bool
 
+    def describe(self) -> ApprovalOrigin | None:
+        """Who is on the other end: the ``origin`` of the approvals this peer asks (None
+        when nothing is known)."""
+        ...
+
     async def notify(self, method: str, params: object) -> None: ...
 
+
+# Per-request state that reaches the approval gate without passing through the handlers'
+# signatures. Issue #9 replaces both context variables with an explicit request context.
 
 #: Set by the connection for the request being served: called when the request parks on
 #: an approval, so the connection may serve its next line (the decision) meanwhile.
 release_turn: ContextVar[Callable[[], None] | None] = ContextVar("release_turn", default=None)
+
+#: Set by the dispatcher (rpc.py) for the request being served: its JSON-RPC id, which
+#: ``approval/asked`` carries as ``requestId`` to the connection that sent the request.
+#: None for a notification (and for an id of null).
+request_id: ContextVar[str | int | float | None] = ContextVar("request_id", default=None)
 
 
 @dataclass(eq=False)
@@ -75,6 +89,9 @@ class Approvals:
         targets = [origin] if origin.can_approve else [a for a in self.approvers if a is not origin]
         if not targets or origin.gone:
             return "unavailable"
+        asked = msgspec.structs.replace(asked, origin=origin.describe())
+        # requestId means something only on the connection that sent the request.
+        own = msgspec.structs.replace(asked, request_id=request_id.get())
         p = Pending(asked, origin, targets)
         self.pending[asked.id] = p
         try:
@@ -83,7 +100,7 @@ class Approvals:
                 release()
             with anyio.move_on_after(wait_s):
                 for target in targets:
-                    await target.notify("approval/asked", asked)  # never waits on the peer
+                    await target.notify("approval/asked", own if target is origin else asked)  # never waits
                 await p.done.wait()
             if p.outcome is None:
                 p.resolve("cancelled")

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterable
 from typing import Any, Protocol
 
 import anyio
+from memoryd_protocol.types import ApprovalOrigin, ClientInfo
 
 from .approvals import Approvals, release_turn
 from .framing import OVERSIZE, lines
@@ -29,6 +30,7 @@ from .rpc import (
     never_parks,
     parse,
 )
+from .transports import PeerProcess
 
 log = logging.getLogger("memoryd.connection")
 
@@ -48,11 +50,16 @@ _ids = itertools.count(1)
 
 class Connection:
     def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
-                 max_bytes: int, name: str = "socket") -> None:
+                 max_bytes: int, name: str = "socket", peer: PeerProcess | None = None) -> None:
         self.id = next(_ids)
         self.name = name
         self.can_approve = True
         self.initialized = False
+        #: the peer process (socket peer credentials, or stdio's parent); transports
+        #: expose it as ``sink.peer``
+        self.peer = peer if peer is not None else getattr(sink, "peer", None)
+        #: ``initialize``'s ``client``, as the peer names itself
+        self.client: ClientInfo | None = None
         self.closed = False
         #: the peer sent EOF: it can no longer answer approvals (replies may still go out)
         self.gone = False
@@ -103,6 +110,12 @@ class Connection:
                 await self._sink.drain()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 self.closed = True
+
+    def describe(self) -> ApprovalOrigin | None:
+        c, p = self.client, self.peer
+        origin = ApprovalOrigin(name=c.name if c else None, version=c.version if c else None,
+                                pid=p.pid if p else None, exe=p.exe if p else None)
+        return None if origin == ApprovalOrigin() else origin
 
     async def notify(self, method: str, params: Any) -> None:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""

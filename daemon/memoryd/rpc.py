@@ -34,6 +34,8 @@ from memoryd_protocol.errors import InvalidInput, ProtocolError, WriteRequiresAg
 from memoryd_protocol.types import PARAMS
 from oslash.either import Left  # type: ignore[import-untyped]
 
+from .approvals import request_id
+
 log = logging.getLogger("memoryd.rpc")
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -203,8 +205,16 @@ class Dispatcher:
         ctx = _Context(peer)
         response = dispatch_to_response("", self.methods, context=ctx, deserializer=lambda _: obj,
                                         validator=_check_shape)
-        for call in ctx.calls:
-            await call.run()
+        if ctx.calls:
+            # The approval gate reads the id from here (approvals.request_id; issue #9
+            # replaces this with an explicit request context). Each batch item runs in its
+            # own task, so each sees its own id.
+            token = request_id.set(_request_id(obj))
+            try:
+                for call in ctx.calls:
+                    await call.run()
+            finally:
+                request_id.reset(token)
         if response is None:
             return None
         id_ = _request_id(obj)

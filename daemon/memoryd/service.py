@@ -38,6 +38,7 @@ from memoryd_protocol.types import (
     AddParams,
     ApprovalAsked,
     ApprovalDecidedParams,
+    ApprovalEntry,
     AuditListParams,
     AuditRow,
     BudgetRow,
@@ -170,8 +171,13 @@ class Service:
         policy: str,
         entry_id: str | None = None,
         count: int | None = None,
+        lands: tuple[str, str, list[str]] | None = None,
+        entries: Sequence[Entry] | None = None,
     ) -> Approved:
-        """The gate. Returns only for ``allowed-once``; a denial is audited, then raised."""
+        """The gate. Returns only for ``allowed-once``; a denial is audited, then raised.
+
+        ``lands`` is (workspaceKey, agentKey, tags) of the entry as it will be after the
+        write; ``entries`` the batch of a seed. Both are shown to the human."""
         if policy == "auto":
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
         if policy == "off":
@@ -187,6 +193,12 @@ class Service:
                 session_id=view.session_id,
                 reason=payloads.reason(action, track, scope, source, text, count),
                 count=count,
+                workspace_key=lands[0] if lands else None,
+                agent_key=lands[1] if lands else None,
+                tags=list(lands[2]) if lands else None,
+                entries=None if entries is None else [
+                    ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
+                                  text=e.text, tags=list(e.tags)) for e in entries],
             )
             try:
                 outcome = await self.approvals.ask(peer, asked, self.config.approval_timeout_s)
@@ -239,6 +251,7 @@ class Service:
             peer.can_approve = False
             self.approvals.unsubscribe(peer)
         peer.initialized = True
+        peer.client = p.client  # shown as the origin of this connection's approvals
         return InitializeResult(
             protocol=PROTOCOL,
             server=ServerInfo(name="memoryd", version=VERSION),
@@ -391,7 +404,7 @@ class Service:
         check_budget(i.track, i.scope, self.writer.usage.get((i.track, i.scope), 0), self.limit(i.track, i.scope), delta)
         ok = await self.approve(
             peer, view, action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
-            policy=self.config.policy_for(i.track, i.scope, source),
+            policy=self.config.policy_for(i.track, i.scope, source), lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
@@ -433,6 +446,7 @@ class Service:
         ok = await self.approve(
             peer, view, action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
             source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ReplaceResult:
@@ -464,6 +478,7 @@ class Service:
         ok = await self.approve(
             peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
             source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            lands=(target.workspace_key, target.agent_key, target.tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
@@ -503,7 +518,7 @@ class Service:
         ok = await self.approve(
             peer, view, action="consolidate", track=i.track, scope=i.scope,
             text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
-            source=source, policy=self.config.policy_for(i.track, i.scope, source), count=None,
+            source=source, policy=self.config.policy_for(i.track, i.scope, source), count=None, lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
@@ -559,7 +574,7 @@ class Service:
         source = sources.pop() if len(sources) == 1 else check_source(None)
         policy = self.config.strictest([self.config.policy_for(e.track, e.scope, e.source) for e in planned])
         ok = await self.approve(peer, view, action="seed", track="batch", scope="batch", text=text, source=source,
-                                policy=policy, count=len(planned))
+                                policy=policy, count=len(planned), entries=planned)
 
         def job(conn: sqlite3.Connection, usage: Usage) -> SeedResult:
             check_batch_budget(deltas, usage, self.config.budgets)

@@ -9,15 +9,52 @@ import logging
 import os
 import socket
 import stat
+import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 log = logging.getLogger("memoryd.transports")
 
 READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class PeerProcess:
+    """The process on the other end of a connection, as the kernel reports it (not as the
+    client claims): shown to the human who approves that connection's writes."""
+
+    pid: int
+    exe: str | None = None
+
+    @classmethod
+    def of(cls, pid: int) -> PeerProcess | None:
+        if pid <= 0:  # 0: the peer lives in another pid namespace
+            return None
+        try:
+            exe: str | None = os.readlink(f"/proc/{pid}/exe")
+        except OSError:  # gone already, not ours to inspect, or no /proc
+            exe = None
+        return cls(pid, exe)
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def socket_peer(sock: Any) -> PeerProcess | None:
+    """SO_PEERCRED of a connected Unix socket (or asyncio's wrapper of one): the peer's pid
+    at connect time."""
+    if sock is None:
+        return None
+    try:
+        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except (OSError, AttributeError, struct.error):  # not a Unix socket, or not Linux
+        return None
+    return PeerProcess.of(pid)
 
 
 class SocketInUse(Exception):
@@ -137,6 +174,8 @@ class FdStream:
         self._drained = asyncio.Event()
         self._drained.set()
         self._broken: OSError | None = None
+        #: stdio's peer is the process that spawned us
+        self.peer = PeerProcess.of(os.getppid())
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
@@ -232,10 +271,12 @@ class StreamProtocol(asyncio.Protocol):
         self._paused = False
         self.closed = False
         self.transport: asyncio.Transport | None = None
+        self.peer: PeerProcess | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.peer = socket_peer(transport.get_extra_info("socket"))
         self._on_connect(self)
 
     def data_received(self, data: bytes) -> None:

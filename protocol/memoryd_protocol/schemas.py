@@ -37,6 +37,7 @@ from .constants import (
     EXPORT_SCHEMA,
     GRID,
     MAX_CONSOLIDATE,
+    MAX_IMPORT_ENTRIES,
     MAX_SOURCE_UNITS,
     MAX_TAG_UNITS,
     MAX_TAGS,
@@ -289,6 +290,42 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
             "description": "'[dsh-memento] <action>[ (<n> entries)] <track>/<scope>[ [source:<s>]]' + newline + text."
         },
         "count": {"minimum": 1, "description": "Number of entries; seed only (absent otherwise)."},
+        "workspaceKey": {
+            "description": (
+                "Where the entry lands (add; proposals/approve: the proposal's), or the target's key "
+                "(replace, remove; consolidate: the merged entry's). Absent for seed."
+            ),
+        },
+        "agentKey": {"description": "As workspaceKey, for the agentKey ('' = the shared layer)."},
+        "tags": {
+            **TAGS,
+            "description": (
+                "The entry's tags after the write (add, replace, consolidate) or the target's (remove). "
+                "Absent for seed."
+            ),
+        },
+        "entries": {
+            "minItems": 1,
+            "maxItems": MAX_IMPORT_ENTRIES,
+            "description": "seed and import: every entry of the batch, in order (absent otherwise).",
+        },
+        "requestId": {
+            "description": (
+                "The JSON-RPC id of the write request that asked, on the connection that sent it; "
+                "absent when the approval goes to subscribed approvers, and for a write sent as a notification."
+            ),
+        },
+        "origin": {"description": "The connection that asked the write (absent when nothing is known of it)."},
+    },
+    "ApprovalEntry": {
+        "text": {"minLength": 1},
+        "tags": TAGS,
+    },
+    "ApprovalOrigin": {
+        "name": {"description": "initialize's client.name: the client's own claim."},
+        "version": {"description": "initialize's client.version: the client's own claim."},
+        "pid": {"minimum": 1, "description": "The peer process id, from the socket's peer credentials (SO_PEERCRED)."},
+        "exe": {"description": "The peer process's executable (/proc/<pid>/exe); absent when unreadable."},
     },
     "ApprovalResolved": {"id": UUID4},
 }
@@ -328,6 +365,8 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     },
     "Header": {"description": "header.cwd gives the workspaceKey, header.agentPreset the agentKey."},
     "ApprovalAsked": {"description": "A write waits for a decision (approval/decided)."},
+    "ApprovalEntry": {"description": "One entry of a seed/import batch, as its approval shows it."},
+    "ApprovalOrigin": {"description": "Who asked: the client's initialize info and the kernel's peer credentials."},
 }
 
 #: Results with constraints beyond their Struct (inline list results).

@@ -357,6 +357,27 @@ class Empty(_Out):
 # --- notifications (daemon → client) -----------------------------------------------------
 
 
+class ApprovalEntry(_Out):
+    """One entry of a seed/import batch, as the approval shows it."""
+
+    track: Track
+    scope: Scope
+    workspace_key: str
+    agent_key: str
+    text: str
+    tags: list[str]
+
+
+class ApprovalOrigin(_Out, omit_defaults=True):
+    """The connection that asked: its ``initialize`` client info (the client's own claim)
+    and the process on the other end of the socket (the kernel's peer credentials)."""
+
+    name: str | None = None
+    version: str | None = None
+    pid: int | None = None
+    exe: str | None = None
+
+
 class ApprovalAsked(_Out, omit_defaults=True):
     id: str
     action: Action
@@ -367,6 +388,15 @@ class ApprovalAsked(_Out, omit_defaults=True):
     session_id: str | None
     reason: str
     count: int | None = None
+    #: where the entry lands (add) or the target's keys (replace/remove/consolidate); absent for seed
+    workspace_key: str | None = None
+    agent_key: str | None = None
+    tags: list[str] | None = None
+    #: seed and import: every entry of the batch
+    entries: list[ApprovalEntry] | None = None
+    #: the JSON-RPC id of the write that asked; only on the connection that sent it
+    request_id: str | int | float | None = None
+    origin: ApprovalOrigin | None = None
 
 
 class ApprovalResolved(_Out):
