@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from e2e_helpers import entry_input, state
-from rawclient import Raw, socket_client, stdio_client, write_ctx
+from rawclient import Raw, relay_client, socket_client, stdio_client, write_ctx
 
 pytestmark = pytest.mark.anyio
 
@@ -243,3 +243,14 @@ async def test_stdio_origin_is_the_parent_process(tmp_path: Path) -> None:
         raw.on_approval = rec
         await ok(raw, "memory/add", {"input": entry_input("via stdio"), "write": write_ctx()}, "s-1")
         assert rec.asked[0]["origin"] == RAW_ORIGIN and rec.asked[0]["requestId"] == "s-1"
+
+
+async def test_through_the_relay_the_origin_is_the_harness_not_the_relay(ask_daemon: Any) -> None:
+    """The relay only copies the harness's lines: the human is shown the harness process
+    (the relay's parent, this test), with the client name the harness sent."""
+    async with relay_client(ask_daemon.socket_path) as raw:
+        rec = Recorder()
+        raw.on_approval = rec
+        await ok(raw, "memory/add", {"input": entry_input("via the relay"), "write": write_ctx()}, "r-1")
+        assert raw.process.pid != os.getpid()
+        assert rec.asked[0]["origin"] == RAW_ORIGIN and rec.asked[0]["requestId"] == "r-1"

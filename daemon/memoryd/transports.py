@@ -54,7 +54,27 @@ def socket_peer(sock: Any) -> PeerProcess | None:
         pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except (OSError, AttributeError, struct.error):  # not a Unix socket, or not Linux
         return None
-    return PeerProcess.of(pid)
+    return PeerProcess.of(_behind_relay(pid))
+
+
+def _is_stdio_relay(argv: list[str]) -> bool:
+    """``memoryd serve --stdio`` without ``--standalone`` (console script or ``-m memoryd``)."""
+    is_memoryd = any(os.path.basename(a) == "memoryd" for a in argv[:3]) or "memoryd" in argv[1:3]
+    return is_memoryd and "serve" in argv and "--stdio" in argv and "--standalone" not in argv
+
+
+def _behind_relay(pid: int) -> int:
+    """The process a human should see for a connection: for a stdio relay, the harness that
+    spawned it (its parent), since the relay only copies that harness's lines."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        if not _is_stdio_relay(argv):
+            return pid
+        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces and parens
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return pid
+    return ppid if ppid > 1 else pid
 
 
 class SocketInUse(Exception):
