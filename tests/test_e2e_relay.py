@@ -319,3 +319,14 @@ def test_sigterm_the_moment_the_socket_appears_drains_and_exits_0(sock_dir: Path
     assert proc.returncode == 0, err.decode()
     assert not sock.exists()
     assert b"Traceback" not in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--standalone"], "--standalone needs --stdio"),
+    (["--stdio", "--standalone", "--socket", "/tmp/x.sock"], "--socket has no meaning with --standalone"),
+    (["--detach", "--stdio"], "--detach cannot be combined with --stdio"),
+])
+def test_serve_option_combinations_that_mean_nothing_are_usage_errors(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "memoryd", "serve", *args], capture_output=True, timeout=30)
+    assert r.returncode == 2
+    assert message in r.stderr.decode()

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.standalone and not args.stdio:
         parser.error("--standalone needs --stdio")
+    if args.standalone and args.socket is not None:
+        parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
     if args.detach and args.stdio:
         parser.error("--detach cannot be combined with --stdio")
     config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
