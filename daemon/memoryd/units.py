@@ -1,0 +1,364 @@
+"""``memoryd systemd-units``: the two systemd user units for *this* installed memoryd.
+
+The units are generated, not shipped: ``ExecStart=`` must name the ``memoryd`` of the
+environment it was installed into (pipx, a venv, ``pip --user``), and the sandbox must leave
+exactly the store directory writable, which depends on the user's XDG dirs and config.
+
+- ``memoryd.socket`` listens on ``%t/memoryd/memoryd.sock`` (``%t`` is ``$XDG_RUNTIME_DIR``:
+  the path ``memoryctl`` looks at first), 0600 in a 0700 directory.
+- ``memoryd.service`` runs ``memoryd serve``, which takes the inherited listening socket
+  (``LISTEN_FDS``, fd 3) and reports ``READY=1`` once the store is open (``Type=notify``).
+
+Sandbox, measured with systemd 252 (Debian 12): ``systemd-analyze security --user
+--offline=true memoryd.service`` rates the generated service **1.2 OK** (1.3 when memoryd or
+its store lives under /tmp, where ``PrivateTmp=`` must stay off); tests/test_systemd_units.py
+fails above 4.0. What still counts against it, and why it stays:
+
+- ``User=``/``DynamicUser=``, ``RootDirectory=``: not available to a user unit, or pointless
+  for a program that runs from the user's own install;
+- ``ProtectControlGroups=``, ``ProtectProc=``, ``ProcSubset=``: systemd.exec(5) of 252 says a
+  user manager does not support them, so the unit does not pretend to set them;
+- ``IPAddressDeny=``: needs BPF, which a user manager cannot attach; ``PrivateNetwork=``
+  already leaves the service with only a loopback device;
+- ``RestrictAddressFamilies=AF_UNIX``, ``ProtectHome=read-only``: the daemon needs Unix
+  sockets, and reads its install and config under ``$HOME``;
+- ``DeviceAllow=char-rtc:r``: added by ``ProtectClock=`` itself.
+
+The store directory and ``%t/memoryd`` stay writable (``ReadWritePaths=``); everything else
+is read-only (``ProtectSystem=strict``). Checked by hand under a real ``systemd --user``
+(252): socket activation, ``READY=1``, writes to the store, re-creation of a deleted store
+directory, and a clean stop (status 0) all work with the full sandbox.
+
+Stdlib only and cheap to import: the configuration is read (to find ``db_path``) only when
+the units are rendered.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    import argparse
+
+SOCKET_UNIT = "memoryd.socket"
+SERVICE_UNIT = "memoryd.service"
+#: Where ``systemd --user`` looks for a user's own units (systemd.unit(5), "User Unit Search Path").
+USER_UNIT_DIR_HINT = "~/.config/systemd/user"
+NEXT_STEP = "systemctl --user daemon-reload && systemctl --user enable --now memoryd.socket"
+DISTRIBUTION = "dsh-memoryd"
+
+
+class UnitError(ValueError):
+    """A path that cannot be written into a unit file."""
+
+
+class Install:
+    """What the units depend on; everything else in them is fixed. (A plain class: the
+    memoryd command line imports this module, and dataclasses is not free to import.)"""
+
+    __slots__ = ("documentation", "exec_start", "mkdir", "private_tmp", "store_dir")
+
+    def __init__(self, exec_start: Sequence[str], documentation: Sequence[str], store_dir: Path, mkdir: str,
+                 private_tmp: bool = True) -> None:
+        self.exec_start = tuple(exec_start)  # argv without "serve"
+        self.documentation = tuple(documentation)  # URIs
+        self.store_dir = store_dir
+        self.mkdir = mkdir  # absolute path of mkdir(1), for ExecStartPre
+        self.private_tmp = private_tmp  # False when memoryd or its store is in a temporary directory
+
+
+# --- discovering this install --------------------------------------------------------------
+
+
+def memoryd_command(executable: str | None = None) -> tuple[str, ...]:
+    """The installed console script next to the interpreter, else ``python -m memoryd``.
+
+    The interpreter path is made absolute but not resolved: a venv's ``bin/python`` is a
+    symlink, and only the unresolved path finds the venv's site-packages.
+    """
+    python = Path(os.path.abspath(executable or sys.executable))
+    script = python.parent / "memoryd"
+    if script.is_file() and os.access(script, os.X_OK):
+        return (str(script),)
+    return (str(python), "-m", "memoryd")
+
+
+def documentation(package_root: Path | None = None) -> tuple[str, ...]:
+    """``Documentation=`` URIs for this install, most useful first.
+
+    The project publishes no URL (no ``Project-URL`` in its metadata) and ships no man page,
+    and a wheel does not install README.md as a file. So:
+
+    1. a source checkout or editable install (README.md and pyproject.toml beside the
+       package directories): that README, the one that describes this very code;
+    2. otherwise the distribution's ``METADATA`` file in site-packages: its body *is* the
+       README (``readme = "README.md"`` in pyproject.toml), it is local, and it matches the
+       installed version;
+    3. plus any ``Project-URL`` the metadata does carry (none today).
+    """
+    if package_root is None:
+        package_root = Path(__file__).resolve().parents[2]
+    readme = package_root / "README.md"
+    if readme.is_file() and (package_root / "pyproject.toml").is_file():
+        return (readme.as_uri(),)
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return ()
+    uris: list[str] = []
+    for file in dist.files or ():
+        if file.name == "METADATA" and file.parent.name.endswith(".dist-info"):
+            path = Path(str(dist.locate_file(file))).absolute()
+            if path.is_file():
+                uris.append(path.as_uri())
+                break
+    for entry in dist.metadata.get_all("Project-URL") or []:
+        url = entry.partition(",")[2].strip()
+        if url.startswith(("https://", "http://")):
+            uris.append(url)
+    return tuple(uris)
+
+
+def store_dir() -> Path:
+    """The directory of the store ``memoryd serve`` opens: ``db_path`` from the default
+    config file when it sets one, else the per-user data dir (platformdirs)."""
+    from memoryd_protocol.paths import default_config_path, default_db_path
+
+    config_path = default_config_path()
+    if config_path.exists():
+        from . import config
+
+        return config.load(config_path).db_path.parent
+    return default_db_path().parent
+
+
+TEMPORARY_DIRS = (Path("/tmp"), Path("/var/tmp"))
+
+
+def in_temporary_dir(path: Path) -> bool:
+    """Under /tmp or /var/tmp, which PrivateTmp= replaces with empty directories."""
+    return any(path == tmp or tmp in path.parents for tmp in TEMPORARY_DIRS)
+
+
+def detect() -> Install:
+    import shutil
+
+    command = memoryd_command()
+    store = store_dir()
+    mkdir = shutil.which("mkdir") or "/bin/mkdir"
+    private_tmp = not any(in_temporary_dir(Path(p)) for p in (command[0], store))
+    return Install(command, documentation(), store, mkdir, private_tmp)
+
+
+# --- rendering (pure) ----------------------------------------------------------------------
+
+
+def _literal(value: str) -> str:
+    """Refuse what would break a unit file's line structure."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        raise UnitError(f"a control character cannot go into a unit file: {value!r}")
+    return value
+
+
+def _escape(value: str) -> str:
+    """A literal for a unit file value: no specifier (``%``) expansion."""
+    return _literal(value).replace("%", "%%")
+
+
+def quote(arg: str, *, command: bool = True) -> str:
+    """One word of a command line (``ExecStart=``) or of a path list (``ReadWritePaths=``),
+    literal: no specifier expansion, no variable expansion in a command (paths have none),
+    quoted when it must be."""
+    value = _escape(arg)
+    if command:
+        value = value.replace("$", "$$")
+    if value and not any(c in value for c in ' \t"\'\\;'):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _command(argv: Sequence[str]) -> str:
+    return " ".join(quote(a) for a in argv)
+
+
+def _header(install: Install) -> list[str]:
+    return [f"# Generated by `memoryd systemd-units` (memoryd {__version__}) for the memoryd at",
+            f"#   {_literal(' '.join(install.exec_start))}",
+            "# Regenerate it after reinstalling memoryd elsewhere or changing db_path."]
+
+
+def _documentation(install: Install) -> list[str]:
+    return [f"Documentation={_escape(uri)}" for uri in install.documentation]
+
+
+def _text(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def render_socket(install: Install) -> str:
+    return _text([
+        *_header(install),
+        "[Unit]",
+        "Description=memoryd socket (dsh-memory-protocol v1)",
+        *_documentation(install),
+        "",
+        "[Socket]",
+        "# The path memoryctl and the clients try first ($XDG_RUNTIME_DIR/memoryd/memoryd.sock).",
+        "ListenStream=%t/memoryd/memoryd.sock",
+        "SocketMode=0600",
+        "DirectoryMode=0700",
+        "Accept=no",
+        "",
+        "[Install]",
+        "WantedBy=sockets.target",
+    ])
+
+
+def render_service(install: Install) -> str:
+    store = str(install.store_dir)
+    private_tmp = (["PrivateTmp=yes"] if install.private_tmp else
+                   ["# No PrivateTmp=: memoryd or its store is under /tmp or /var/tmp, which it would hide."])
+    return _text([
+        *_header(install),
+        "[Unit]",
+        "Description=memoryd: local, approval-gated agent memory",
+        *_documentation(install),
+        "Requires=memoryd.socket",
+        "After=memoryd.socket",
+        "",
+        "[Service]",
+        "# READY=1 once the store is open; the listening socket is inherited from memoryd.socket.",
+        "Type=notify",
+        "NotifyAccess=main",
+        "# '+': outside the sandbox, where the store's parent directory is writable (the store",
+        "# directory must exist before ReadWritePaths= can make it writable).",
+        f"ExecStartPre=+{_command([install.mkdir, '-p', '-m', '0700', store])}",
+        f"ExecStart={_command([*install.exec_start, 'serve'])}",
+        "Restart=on-failure",
+        "# SIGTERM: stop accepting, deny pending approvals (audited), finish queued commits.",
+        "TimeoutStopSec=30",
+        "UMask=0077",
+        "",
+        "# Sandbox. A user manager can set up namespaces only inside a user namespace of the",
+        "# service's own, hence PrivateUsers= (systemd 252 does not imply it).",
+        "PrivateUsers=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        "# Writable: the store (db, -wal, -shm) and the socket's directory; nothing else.",
+        f"ReadWritePaths={quote(store, command=False)} %t/memoryd",
+        *private_tmp,
+        "PrivateDevices=yes",
+        "PrivateIPC=yes",
+        "PrivateMounts=yes",
+        "# Only AF_UNIX. The inherited listener and the notify and journal sockets live in the",
+        "# file system, which a private network namespace does not hide.",
+        "PrivateNetwork=yes",
+        "RestrictAddressFamilies=AF_UNIX",
+        "ProtectHostname=yes",
+        "ProtectClock=yes",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "RestrictNamespaces=yes",
+        "RestrictRealtime=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "# CPython (no JIT) and memoryd's extension modules never map writable+executable memory.",
+        "MemoryDenyWriteExecute=yes",
+        "KeyringMode=private",
+        "SystemCallArchitectures=native",
+        "SystemCallFilter=@system-service",
+        "SystemCallFilter=~@privileged @resources",
+        "SystemCallErrorNumber=EPERM",
+        "",
+        "[Install]",
+        "# Enable the socket; the service starts on the first connection.",
+        "Also=memoryd.socket",
+    ])
+
+
+def render(install: Install) -> dict[str, str]:
+    """File name → contents."""
+    return {SOCKET_UNIT: render_socket(install), SERVICE_UNIT: render_service(install)}
+
+
+# --- command line --------------------------------------------------------------------------
+
+DESCRIPTION = ("Print the systemd user units (memoryd.socket, memoryd.service) for this memoryd, "
+               "or write them with --output-dir. ExecStart= names this install's memoryd; the "
+               "service is sandboxed with only the store and socket directories writable.")
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output-dir", type=Path, metavar="DIR",
+                        help=f"write {SOCKET_UNIT} and {SERVICE_UNIT} into DIR (usually {USER_UNIT_DIR_HINT}) "
+                             "instead of printing them")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``systemd-units`` to memoryd's subcommands; dispatch it to :func:`run`."""
+    _configure(subparsers.add_parser("systemd-units", help="print or write the systemd user units",
+                                     description=DESCRIPTION))
+
+
+def _is_user_unit_dir(path: Path) -> bool:
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return path.absolute() == (config_home / "systemd" / "user").absolute()
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import ConfigError
+
+    try:
+        units = render(detect())
+    except (ConfigError, UnitError) as exc:
+        print(f"memoryd: {exc}", file=sys.stderr)
+        return 2
+    output_dir: Path | None = args.output_dir
+    if output_dir is None:
+        for name, text in units.items():
+            print(f"# ---- {name} (save as {USER_UNIT_DIR_HINT}/{name}) ----")
+            sys.stdout.write(text)
+            print()
+        print(f"memoryd: to install them: memoryd systemd-units --output-dir {USER_UNIT_DIR_HINT} && {NEXT_STEP}",
+              file=sys.stderr)
+        return 0
+    output_dir = output_dir.expanduser()
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in units.items():
+            tmp = output_dir / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(output_dir / name)
+    except OSError as exc:
+        print(f"memoryd: cannot write the units to {output_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 3
+    for name in units:
+        print(f"wrote {output_dir / name}")
+    if not _is_user_unit_dir(output_dir):
+        print(f"note: systemd --user does not read {output_dir}; {USER_UNIT_DIR_HINT} is the usual place "
+              "(systemd.unit(5), User Unit Search Path)")
+    print(f"next: {NEXT_STEP}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="memoryd systemd-units", description=DESCRIPTION)
+    _configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
