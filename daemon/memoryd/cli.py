@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, units
 from . import config as config_mod
 
 
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--write-policy", choices=["ask", "auto", "off"], help="override the config's write_policy")
     serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
                        help="stderr log level (default: $MEMORYD_LOG_LEVEL, else info)")
+    units.add_parser(sub)
     return parser
 
 
@@ -66,6 +67,8 @@ def _forwarded(args: argparse.Namespace, config_path: Path | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "systemd-units":
+        return units.run(args)
     if args.standalone and not args.stdio:
         parser.error("--standalone needs --stdio")
     if args.standalone and args.socket is not None:
