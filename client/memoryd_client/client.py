@@ -699,15 +699,28 @@ class Client:
         return await self.call("memory/export", {} if adapter is None else {"adapter": adapter})
 
     async def import_(
-        self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
+        self,
+        envelope: Any = None,
+        adapter: str | None = None,
+        payload: Any = None,
+        write: Any = None,
+        *,
+        skip_existing: bool | None = None,
     ) -> T.SeedResult:
-        """Import an export envelope, or an adapter's ``payload`` (``adapter=`` given)."""
+        """Import an export envelope, or an adapter's ``payload`` (``adapter=`` given).
+
+        ``skip_existing=True`` leaves out entries whose track, scope, workspaceKey, agentKey
+        and text already exist (``result.skipped`` counts them); when that is all of them,
+        nothing is written and no approval is asked.
+        """
         params: dict[str, Any] = {}
         if adapter is not None:
             params["adapter"] = adapter
             params["payload"] = payload
         else:
             params["envelope"] = envelope
+        if skip_existing is not None:
+            params["skipExisting"] = skip_existing
         return await self._write_call("memory/import", params, write)  # type: ignore[no-any-return]
 
     async def adapters_list(self) -> builtins.list[T.AdapterInfo]:

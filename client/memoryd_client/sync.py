@@ -174,9 +174,17 @@ class SyncClient:
         return self._run(self._client.export, adapter)
 
     def import_(
-        self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
+        self,
+        envelope: Any = None,
+        adapter: str | None = None,
+        payload: Any = None,
+        write: Any = None,
+        *,
+        skip_existing: bool | None = None,
     ) -> T.SeedResult:
-        return self._run(self._client.import_, envelope, adapter, payload, write)  # type: ignore[no-any-return]
+        return self._run(  # type: ignore[no-any-return]
+            self._client.import_, envelope, adapter, payload, write, skip_existing=skip_existing
+        )
 
     def adapters_list(self) -> builtins.list[T.AdapterInfo]:
         return self._run(self._client.adapters_list)  # type: ignore[no-any-return]
