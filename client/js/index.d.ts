@@ -560,7 +560,7 @@ export interface ConnectOptions extends ClientOptions {
   /**
    * When nothing answers, spawn `<memoryd> serve --socket <socketPath> [--db] [--config]
    * [...autostartArgs]` detached (own session, stdio ignored, stderr appended to `memoryd.log`
-   * next to the socket), then wait for it (`wait`). Clients starting at once spawn one daemon.
+   * next to the socket), then wait for it (`wait`). Node clients starting at once spawn one daemon.
    */
   autostart?: boolean;
   /** The daemon command for `autostart`: `'memoryd'` (default), or `[command, ...args]` such as `['python3', '-m', 'memoryd']`. */

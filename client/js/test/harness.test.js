@@ -228,7 +228,7 @@ describe('connect: wait for a starting daemon, or start one', () => {
 
   test('wait: connects as soon as the daemon comes up, even in a directory that does not exist yet', async () => {
     const socketPath = path.join(dir, 'run', 'sub', 'memoryd.sock');
-    const connecting = connect({ socketPath, wait: 20_000, session: A });
+    const connecting = connect({ socketPath, wait: 30_000, session: A });
     const { proc, exited } = serve(socketPath, path.join(dir, 'd.db'));
     cleanups.push(async () => {
       proc.kill('SIGTERM');
@@ -268,7 +268,7 @@ describe('connect: wait for a starting daemon, or start one', () => {
   test('autostart: spawns memoryd detached with its log next to the socket; the next client reuses it', async () => {
     const socketPath = path.join(dir, 'run', 'memoryd.sock');
     const db = path.join(dir, 'auto.db');
-    const opts = { socketPath, autostart: true, memoryd: MEMORYD(), db, autostartArgs: ['--write-policy', 'auto'], session: A };
+    const opts = { socketPath, autostart: true, memoryd: MEMORYD(), db, autostartArgs: ['--write-policy', 'auto'], session: A, wait: 30_000 };
     const first = await connect(opts);
     assert.equal(typeof first.autostartedPid, 'number');
     cleanups.push(() => stopDetached(first, first.autostartedPid));
@@ -285,7 +285,7 @@ describe('connect: wait for a starting daemon, or start one', () => {
 
   test('autostart: clients starting at the same moment spawn one daemon', async () => {
     const socketPath = path.join(dir, 'memoryd.sock');
-    const opts = { socketPath, autostart: true, memoryd: MEMORYD(), db: path.join(dir, 'race.db'), autostartArgs: ['--write-policy', 'auto'] };
+    const opts = { socketPath, autostart: true, memoryd: MEMORYD(), db: path.join(dir, 'race.db'), autostartArgs: ['--write-policy', 'auto'], wait: 30_000 };
     const clients = await Promise.all([connect(opts), connect(opts), connect(opts)]);
     const starters = clients.filter((c) => c.autostartedPid !== undefined);
     assert.equal(starters.length, 1);
@@ -300,7 +300,7 @@ describe('connect: wait for a starting daemon, or start one', () => {
     const db = path.join(dir, 'corrupt.db');
     const junk = 'this is not an SQLite database'.repeat(100);
     writeFileSync(db, junk);
-    const err = await connect({ socketPath, autostart: true, memoryd: MEMORYD(), db, wait: 20_000 }).catch((e) => e);
+    const err = await connect({ socketPath, autostart: true, memoryd: MEMORYD(), db, wait: 30_000 }).catch((e) => e);
     assert.equal(err.code, CONNECTION_FAILED);
     assert.match(err.message, /^memoryd exited with 1 before it was ready \(log: .*memoryd\.log\)$/);
     assert.equal(err.details.exit.code, 1);
