@@ -294,7 +294,7 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     assert texts(b) == []
 
     code, out, err = cli(capsys, b, "import", str(backup))
-    assert code == 0 and out.strip() == "imported 2 entries", err
+    assert code == 0 and out.strip() == "imported 2 entries, skipped 0 already in the store", err
     assert texts(b) == ["Prefers tabs", "Uses uv for Python"]
 
     code, md, _ = cli(capsys, a, "export", "--adapter", "claude-code-memory-md")
@@ -303,7 +303,7 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     claude = tmp_path / "CLAUDE.md"
     claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n\nA paragraph\nof prose.\n")
     code, out, err = cli(capsys, b, "import", "--adapter", "claude-code-memory-md", str(claude))
-    assert code == 0 and out.strip() == "imported 3 entries", err
+    assert code == 0 and out.strip() == "imported 3 entries, skipped 0 already in the store", err
     assert texts(b)[-3:] == ["Use pnpm, not npm", "Tests live in tests/", "A paragraph of prose."]
 
     facts = json.dumps([{"memory": "Lives in Berlin", "metadata": {"category": "personal"}}])
@@ -977,3 +977,101 @@ def test_autostart_on_a_locked_store_prints_the_daemons_reason(
     assert error == (f"error: AUTOSTART_FAILED: memoryd exited with status 1 before it was ready "
                      f"(log: {fresh_socket.parent / 'memoryd.log'})")
     assert store_state(daemon) == before
+# --- harness-facing details: --id, import skipping what exists ------------------------------
+
+
+def ledger(d: Any) -> tuple[list[Any], int]:
+    """Entries and ledger length: what a no-op must leave as it was."""
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        return [mc.plain(e) for e in c.list()], len(c.audit_list(10000))
+
+
+def test_reimporting_a_backup_or_claude_md_is_a_no_op(ask_daemon: Any, tmp_path: Path) -> None:
+    d = ask_daemon  # policy ask, and memoryctl has no terminal: any approval it is asked is denied
+    for text in ("Prefers tabs", "Prefers tabs", "Uses uv for Python"):
+        assert run(*sock(d), "--yes", "add", *UG, text).returncode == 0
+    backup = tmp_path / "backup.json"
+    assert run(*sock(d), "export", "-o", str(backup)).returncode == 0
+    before = ledger(d)
+    r = run(*sock(d), "import", str(backup))
+    assert (r.returncode, r.stdout.strip()) == (0, "imported 0 entries, skipped 3 already in the store"), r.stderr
+    assert "memoryd asks" not in r.stderr  # no approval was asked
+    assert ledger(d) == before
+    r = run(*sock(d), "--json", "import", str(backup))
+    assert json.loads(r.stdout) == {"added": 0, "entries": [], "skipped": 3}
+
+    claude = tmp_path / "CLAUDE.md"
+    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
+    md = ["import", "--adapter", "claude-code-memory-md", str(claude)]
+    r = run(*sock(d), "--yes", *md)
+    assert (r.returncode, r.stdout.strip()) == (0, "imported 2 entries, skipped 0 already in the store"), r.stderr
+    before = ledger(d)
+    r = run(*sock(d), *md)
+    assert (r.returncode, r.stdout.strip()) == (0, "imported 0 entries, skipped 2 already in the store"), r.stderr
+    assert ledger(d) == before
+    # an edited file brings in only its new line, and that one is asked (denied here: no terminal)
+    claude.write_text(claude.read_text() + "- CI runs make check\n")
+    r = run(*sock(d), *md)
+    assert r.returncode == 1 and "WRITE_DENIED" in error_line(r.stderr)
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        denied = c.audit_list(1)[0]
+    assert (denied.action, denied.text) == ("seed-denied", "agent/user-global: CI runs make check")
+    r = run(*sock(d), "--yes", *md)
+    assert (r.returncode, r.stdout.strip()) == (0, "imported 1 entries, skipped 2 already in the store"), r.stderr
+
+    # --allow-duplicates is the plain restore
+    r = run(*sock(d), "--yes", "import", "--allow-duplicates", str(backup))
+    assert (r.returncode, r.stdout.strip()) == (0, "imported 3 entries"), r.stderr
+    assert texts(d).count("Prefers tabs") == 4
+
+
+def test_replace_and_remove_by_id(daemon: Any) -> None:
+    d = daemon
+    coder = [*sock(d), "--agent", "coder"]  # private to the coder preset: another agent cannot see them
+    for text in ("Prefers tabs", "Prefers tabs"):
+        assert run(*coder, "add", *UG, text).returncode == 0
+    first, second = (e["id"] for e in json.loads(run(*sock(d), "list", "--json").stdout))
+    before = ledger(d)
+    r = run(*coder, "remove", *UG, "tabs")
+    assert r.returncode == 1 and error_line(r.stderr).startswith("error: AMBIGUOUS_MATCH: ")
+
+    for args, fragment in [(["remove", *UG], "remove needs MATCH or --id"),
+                           (["remove", *UG, "--id", second, "tabs"], "give MATCH or --id, not both"),
+                           (["replace", *UG, "--id", second, "tabs", "x"], "give MATCH or --id, not both"),
+                           (["replace", *UG, "x"], "replace needs MATCH or --id")]:
+        r = run(*coder, *args)
+        assert r.returncode == 2 and fragment in error_line(r.stderr), (args, r.stderr)
+    # an id in another layer, or one the session cannot see, is not found
+    for args, track, entry_id in (
+        (["--agent", "coder", "remove", "--track", "agent", "--scope", "user-global", "--id", second], "agent", second),
+        (["--agent", "reviewer", "remove", *UG, "--id", second], "user", second),
+        (["--agent", "reviewer", "remove", *UG, "--id", second[:8]], "user", second[:8]),
+        (["remove", *UG, "--id", second], "user", second),  # memoryctl's default: the shared layer only
+    ):
+        r = run(*sock(d), "--json", *args)
+        assert r.returncode == 1 and error_line(r.stderr).startswith("error: ENTRY_NOT_FOUND: "), r.stderr
+        details = json.loads(r.stdout)["error"]["details"]
+        assert details == {"track": track, "scope": "user-global", "entryId": entry_id}
+    assert ledger(d) == before
+
+    r = run(*coder, "--json", "remove", *UG, "--id", second[:8])  # the prefix 'memoryctl list' shows
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["entry"]["id"] == second
+    r = run(*coder, "--json", "replace", *UG, "--id", first, "Prefers spaces")  # a full id
+    assert r.returncode == 0, r.stderr
+    assert (json.loads(r.stdout)["entry"]["id"], json.loads(r.stdout)["entry"]["version"]) == (first, 2)
+    assert texts(d) == ["Prefers spaces"]
+
+
+def test_id_prefix_that_starts_several_ids_is_refused(daemon: Any) -> None:
+    with mc.connect_sync(daemon.socket_path, timeout=10) as c:
+        # 17 ids over 16 hex digits: at least two share their first character
+        entries = c.seed([{"track": "user", "scope": "user-global", "text": f"fact {n}"} for n in range(17)],
+                         write={"agent": {"session": {"id": "s", "header": {"cwd": os.getcwd()}}}}).entries
+    firsts = [e.id[0] for e in entries]
+    shared = next(ch for ch in firsts if firsts.count(ch) > 1)
+    before = ledger(daemon)
+    r = run(*sock(daemon), "remove", *UG, "--id", shared)
+    assert r.returncode == 2, r.stderr
+    assert f"--id {shared} starts {firsts.count(shared)} entries' ids in user/user-global" in error_line(r.stderr)
+    assert ledger(daemon) == before

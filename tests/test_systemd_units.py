@@ -436,8 +436,9 @@ def test_generated_exec_start_serves_the_inherited_socket_and_the_store_the_unit
 def test_memoryd_systemd_units_is_the_installed_command(tmp_path: Path) -> None:
     """The README's command, as a user runs it: the installed console script."""
     script = Path(sys.executable).parent / "memoryd"
-    r = subprocess.run([str(script), "systemd-units", "--output-dir", str(tmp_path)], capture_output=True,
+    out = tmp_path / "units"
+    r = subprocess.run([str(script), "systemd-units", "--output-dir", str(out)], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["memoryd.service", "memoryd.socket"]
-    assert (tmp_path / "memoryd.service").read_text() == units.render(units.detect())["memoryd.service"]
+    assert sorted(p.name for p in out.iterdir()) == ["memoryd.service", "memoryd.socket"]
+    assert (out / "memoryd.service").read_text() == units.render(units.detect())["memoryd.service"]

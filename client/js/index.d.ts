@@ -131,19 +131,24 @@ export interface InitializeParams {
   [key: string]: unknown;
 }
 
-export interface ReplaceInput {
+/**
+ * How replace/remove name their target: exactly one of `match` (a unique substring of its
+ * text) or `id` (its entry id; it must be an entry of that track/scope the session sees).
+ * `id` is how to pick one of two entries with the same text.
+ */
+export type Target = { match: string; id?: undefined } | { id: string; match?: undefined };
+
+export type ReplaceInput = {
   track: Track;
   scope: Scope;
-  match: string;
   text: string;
   tags?: string[] | null;
-}
+} & Target;
 
-export interface RemoveInput {
+export type RemoveInput = {
   track: Track;
   scope: Scope;
-  match: string;
-}
+} & Target;
 
 export interface ConsolidateInput {
   track: Track;
@@ -184,9 +189,16 @@ export interface ExportParams {
 
 /** `envelope` must say `plugin: 'dsh-memento'` and `schema: 'memory-export-v1'` (as `export()`
  *  returns it), else INVALID_INPUT (`envelope.plugin` / `envelope.schema`). */
-export type ImportParams =
+export type ImportParams = (
   | { envelope: ExportEnvelope | Record<string, unknown>; adapter?: undefined; payload?: undefined; write?: WriteContext | null }
-  | { adapter: string; payload: unknown; envelope?: undefined; write?: WriteContext | null };
+  | { adapter: string; payload: unknown; envelope?: undefined; write?: WriteContext | null }
+) & {
+  /**
+   * true: leave out every entry whose track, scope, workspaceKey, agentKey and text already
+   * exist (counted in `skipped`); when that is all of them, nothing is written or asked.
+   */
+  skipExisting?: boolean | null;
+};
 
 export interface ProposalInput {
   kind: string;
@@ -230,6 +242,8 @@ export interface ConsolidateResult {
 export interface SeedResult {
   added: number;
   entries: Entry[];
+  /** import with `skipExisting` only: the entries left out because they already exist */
+  skipped?: number;
 }
 
 export interface QueryResult {
@@ -399,7 +413,10 @@ export interface BudgetExceededDetails {
 export interface EntryNotFoundDetails {
   track: Track;
   scope: Scope;
-  match: string;
+  /** the match that found nothing (a target named by match) */
+  match?: string;
+  /** the id that names no visible entry (a target named by id), or the approved entry that changed */
+  entryId?: string;
 }
 
 export interface AmbiguousMatchDetails {
@@ -523,6 +540,14 @@ export interface ApprovalContext {
   /** Aborted when another approver decided first (`approval/resolved`) or the connection closed. */
   signal: AbortSignal;
   client: Client;
+  /**
+   * The call of this connection that asked (`payload.requestId` names it): its JSON-RPC id,
+   * method and params as sent. All three are undefined when the ask names no in-flight call of
+   * this connection (an approver deciding for another connection, or a daemon without requestId).
+   */
+  requestId?: number | string;
+  method?: string;
+  params?: unknown;
 }
 
 /**
@@ -572,6 +597,29 @@ export interface StreamClientOptions extends ClientOptions {
 export interface ConnectOptions extends ClientOptions {
   /** Default: `defaultSocketPath()`. */
   socketPath?: string;
+  /**
+   * Milliseconds to keep trying while no daemon answers yet (ENOENT / ECONNREFUSED): each retry
+   * is woken by a change in the socket's directory (`fs.watch`; the daemon moves its socket into
+   * place once it listens), not by a fixed sleep. Default 0 (fail at once); with `autostart`,
+   * 10 000. `Infinity` waits for as long as it takes.
+   */
+  wait?: number;
+  /**
+   * When nothing answers, run the daemon's launcher `<memoryd> serve --detach --socket
+   * <socketPath> [--db] [--config] [...autostartArgs]`: it starts memoryd detached (stderr
+   * appended to `memoryd.log` next to the socket) and returns once the daemon reported
+   * READY=1. It takes the start lock memoryctl and `memoryd serve --stdio` take too, so
+   * starters of every kind that race start one daemon. Bounded by `wait`.
+   */
+  autostart?: boolean;
+  /** The daemon command for `autostart`: `'memoryd'` (default), or `[command, ...args]` such as `['python3', '-m', 'memoryd']`. */
+  memoryd?: string | string[];
+  /** `--db` for an autostarted daemon (resolved to an absolute path). */
+  db?: string;
+  /** `--config` for an autostarted daemon (resolved to an absolute path). */
+  config?: string;
+  /** More `memoryd serve` arguments for an autostarted daemon, e.g. `['--write-policy', 'ask']`. */
+  autostartArgs?: string[];
   /** Timeout for connecting and `initialize` (default: timeoutMs). */
   connectTimeoutMs?: number;
   /** Extra/overriding `initialize` params. */
@@ -629,6 +677,14 @@ export declare class Client extends EventEmitter {
   readonly pendingCount: number;
   /** connect() only. */
   socketPath?: string;
+  /** connect({autostart}) only: the pid of the daemon this call started (undefined when one already answered). */
+  autostartedPid?: number;
+  /**
+   * The `opts` `query()` sends when given none: the session's visible set,
+   * `{sessionId?, agentKey: header.agentPreset ?? '', workspaceKey: header.cwd ?? ''}`
+   * (`sessionId` only when the session has an id); undefined without a session.
+   */
+  readonly queryOpts: QueryOpts | undefined;
   /** spawn() only. */
   process?: ChildProcess;
   /** spawn() only: resolves when the daemon exits. */
@@ -647,6 +703,7 @@ export declare class Client extends EventEmitter {
   remove(input: RemoveInput, opts?: WriteOptions): Promise<WriteResult>;
   consolidate(input: ConsolidateInput, opts?: WriteOptions): Promise<ConsolidateResult>;
   seed(inputs: EntryInput[], opts?: WriteOptions): Promise<SeedResult>;
+  /** `opts` left out: `queryOpts` (the session's visible set); `null` or `{}`: the whole store. */
   query(filter?: QueryFilter | null, opts?: QueryOpts | null, call?: CallOptions): Promise<QueryResult>;
   budgets(call?: CallOptions): Promise<BudgetRow[]>;
   list(call?: CallOptions): Promise<Entry[]>;
@@ -690,12 +747,18 @@ export declare const DEFAULT_WRITE_TIMEOUT_MS: number;
 export declare const ALLOWED_ONCE: 'allowed-once';
 export declare const REJECTED: 'rejected';
 export declare const NOTIFICATIONS: readonly NotificationMethod[];
+/** errno codes of a connect that mean "no daemon there (yet)": `['ENOENT', 'ECONNREFUSED']`. */
+export declare const NO_DAEMON_ERRNOS: readonly string[];
+/** How long `connect({autostart: true})` waits by default (10 000 ms). */
+export declare const DEFAULT_AUTOSTART_WAIT_MS: number;
+/** `'memoryd.log'`: an autostarted daemon's stderr, next to the socket. */
+export declare const AUTOSTART_LOG: string;
 
 /** `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`, else `<os.tmpdir()>/memoryd-<uid>/memoryd.sock`. */
 export declare function defaultSocketPath(env?: NodeJS.ProcessEnv): string;
 /** `{agent: {session}}` */
 export declare function writeContext(session: Session): WriteContext;
-/** Connect to a running daemon's Unix socket and `initialize`. */
+/** Connect to a daemon's Unix socket (waiting for it, or starting it, if asked) and `initialize`. */
 export declare function connect(options?: ConnectOptions): Promise<Client>;
 /** Spawn `memoryd serve --stdio` (or `command args`) and `initialize` over its stdio. */
 export declare function spawn(options?: SpawnOptions): Promise<Client>;

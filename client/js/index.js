@@ -2,6 +2,7 @@
 // contract (shared/design/wire-v1.md): NDJSON over a Unix socket or over a child's stdio.
 
 import { EventEmitter } from 'node:events';
+import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -206,7 +207,7 @@ export class Client extends EventEmitter {
       }
       const id = this._nextId++;
       const ms = timeoutMs ?? this.timeoutMs;
-      const entry = { method, resolve, reject, timer: undefined, signal, onAbort: undefined, fire: undefined, deadline: 0, remaining: undefined };
+      const entry = { method, params: params ?? {}, resolve, reject, timer: undefined, signal, onAbort: undefined, fire: undefined, deadline: 0, remaining: undefined };
       if (isTimeout(ms)) {
         entry.fire = () => {
           this._settle(id, undefined, clientError(TIMEOUT, `${method} timed out after ${ms} ms`, { method, timeoutMs: ms }));
@@ -281,11 +282,33 @@ export class Client extends EventEmitter {
     return this._writeCall('memory/seed', { inputs }, opts);
   }
 
-  /** `memory/query` → `{entries, total, truncated}`. `opts` is the wire `opts` (`sessionId`, …). */
+  /**
+   * The `opts` that `query()` sends when the call passes none: the connection's session's
+   * visible set, `{sessionId?, agentKey: header.agentPreset ?? '', workspaceKey: header.cwd ?? ''}`
+   * (`sessionId` only when the session has an id: the daemon then audits the recall and sends
+   * `memory/recalled`). `undefined` without a session: the whole store.
+   */
+  get queryOpts() {
+    const session = this.session;
+    if (!session || typeof session !== 'object') return undefined;
+    const header = session.header && typeof session.header === 'object' ? session.header : {};
+    const opts = {};
+    if (session.id !== undefined && session.id !== null) opts.sessionId = session.id;
+    opts.agentKey = header.agentPreset ?? '';
+    opts.workspaceKey = header.cwd ?? '';
+    return opts;
+  }
+
+  /**
+   * `memory/query` → `{entries, total, truncated}`. `opts` is the wire `opts` (`sessionId`,
+   * `agentKey`, `workspaceKey`); left out (`undefined`), it is `client.queryOpts`: a client with
+   * a session sees that session's visible set. `null` (or `{}`) asks for the whole store.
+   */
   query(filter, opts, call) {
     const params = {};
     if (filter !== undefined) params.filter = filter;
-    if (opts !== undefined) params.opts = opts;
+    const o = opts === undefined ? this.queryOpts : opts;
+    if (o !== undefined) params.opts = o;
     return this.call('memory/query', params, call);
   }
 
@@ -314,7 +337,11 @@ export class Client extends EventEmitter {
     return this.call('memory/export', params ?? {}, call);
   }
 
-  /** `memory/import` (`{envelope}` or `{adapter, payload}`) → `{added, entries}`. */
+  /**
+   * `memory/import` (`{envelope}` or `{adapter, payload}`, plus `skipExisting?`) →
+   * `{added, entries, skipped?}`. `skipExisting: true` leaves out entries whose track, scope,
+   * workspaceKey, agentKey and text already exist.
+   */
   import(params, opts) {
     const { write, ...rest } = params ?? {};
     const o = write !== undefined && (opts?.write === undefined) ? { ...(opts ?? {}), write } : opts;
@@ -541,9 +568,18 @@ export class Client extends EventEmitter {
     }
   }
 
+  /** The in-flight call an `approval/asked` names by its `requestId`: `{requestId, method, params}`. */
+  _askingCall(payload) {
+    const requestId = payload?.requestId;
+    if (requestId === undefined || requestId === null) return {};
+    const entry = this._pending.get(requestId);
+    return entry ? { requestId, method: entry.method, params: entry.params } : {};
+  }
+
   async _onApprovalAsked(payload) {
     const id = payload?.id;
     if (typeof id !== 'string' || this._approvals.has(id)) return;
+    const call = this._askingCall(payload); // before any await: the call is in flight now
     const state = { controller: new AbortController(), resolved: false };
     this._approvals.set(id, state);
     let outcome = REJECTED;
@@ -553,7 +589,7 @@ export class Client extends EventEmitter {
     try {
       const handler = this._approvalHandler;
       if (typeof handler === 'function') {
-        outcome = normalizeOutcome(await handler(payload, { signal: state.controller.signal, client: this }));
+        outcome = normalizeOutcome(await handler(payload, { ...call, signal: state.controller.signal, client: this }));
       }
     } catch (err) {
       outcome = REJECTED;
@@ -646,32 +682,178 @@ function defaultShutdown(readable, writable) {
   });
 }
 
-/**
- * Connect to a running daemon over its Unix socket and `initialize`.
- * Options: socketPath, session, write, capabilities ({approvals}), clientInfo ({name, version}),
- * timeoutMs, writeTimeoutMs, connectTimeoutMs, onApproval, onEvent, initialize (extra params).
- */
-export async function connect(options = {}) {
-  const socketPath = options.socketPath ?? defaultSocketPath();
-  const connectTimeoutMs = options.connectTimeoutMs ?? options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-  const socket = await new Promise((resolve, reject) => {
+/** errno codes of a connect that mean "no daemon there (yet)", as opposed to, say, EACCES. */
+export const NO_DAEMON_ERRNOS = Object.freeze(['ENOENT', 'ECONNREFUSED']);
+/** How long `connect({autostart: true})` waits for the daemon it started, unless `wait` says. */
+export const DEFAULT_AUTOSTART_WAIT_MS = 10_000;
+/** The daemon's stderr goes here, next to the socket (as memoryctl's autostart does). */
+export const AUTOSTART_LOG = 'memoryd.log';
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** One connect attempt; rejects with the raw socket error (its `code`, e.g. ENOENT). */
+function connectOnce(socketPath, timeoutMs) {
+  return new Promise((resolve, reject) => {
     const s = net.createConnection({ path: socketPath });
     let timer;
     const fail = (err) => {
       clearTimeout(timer);
       s.destroy();
-      reject(
-        clientError(CONNECTION_FAILED, `cannot connect to memoryd at ${socketPath}: ${err.message}`, { socketPath, errno: err.code }, err),
-      );
+      reject(err);
     };
     s.once('error', fail);
-    if (isTimeout(connectTimeoutMs)) timer = setTimeout(() => fail(Object.assign(new Error('connect timed out'), { code: 'ETIMEDOUT' })), connectTimeoutMs);
+    if (isTimeout(timeoutMs)) timer = setTimeout(() => fail(Object.assign(new Error('connect timed out'), { code: 'ETIMEDOUT' })), timeoutMs);
     s.once('connect', () => {
       clearTimeout(timer);
       s.off('error', fail);
       resolve(s);
     });
   });
+}
+
+/**
+ * A one-shot wake-up for the next change on the way to `socketPath`: an `fs.watch` on the
+ * socket's directory, or on its nearest existing ancestor while that directory does not exist
+ * yet. The daemon moves its socket into place once it listens, so that directory sees an event
+ * exactly when a connection can succeed. Where nothing can be watched, a backoff stands in.
+ */
+function watchForSocket(socketPath, attempt) {
+  let dir = path.dirname(socketPath);
+  for (;;) {
+    try {
+      if (fs.statSync(dir).isDirectory()) break;
+    } catch {
+      /* missing: look further up */
+    }
+    const up = path.dirname(dir);
+    if (up === dir) break;
+    dir = up;
+  }
+  let wake;
+  const changed = new Promise((resolve) => {
+    wake = resolve;
+  });
+  let watcher;
+  let timer;
+  try {
+    watcher = fs.watch(dir, { persistent: false }, () => wake());
+    watcher.on('error', () => wake());
+  } catch {
+    timer = setTimeout(wake, Math.min(10 * 2 ** attempt, 250)); // e.g. inotify limits reached
+  }
+  return {
+    changed,
+    close() {
+      watcher?.close();
+      clearTimeout(timer);
+    },
+  };
+}
+
+/**
+ * Connect to `socketPath`, retrying ENOENT/ECONNREFUSED until `deadline` (epoch ms): each
+ * retry waits for a change in the socket's directory (or `stop`), never a fixed sleep.
+ * Rejects with the last socket error (`err.code`); `timedOut` is set when the deadline passed.
+ */
+async function connectWaiting(socketPath, { deadline, connectTimeoutMs, stop }) {
+  for (let attempt = 0; ; attempt++) {
+    const watch = watchForSocket(socketPath, attempt); // armed before the attempt: nothing is missed
+    try {
+      return await connectOnce(socketPath, connectTimeoutMs);
+    } catch (err) {
+      if (!NO_DAEMON_ERRNOS.includes(err.code)) throw err;
+      const left = deadline - Date.now();
+      if (left <= 0) throw Object.assign(err, { timedOut: true });
+      let timer;
+      const expired = new Promise((resolve) => {
+        timer = setTimeout(resolve, Math.min(left, MAX_TIMER_MS)); // a longer wait loops
+      });
+      const woke = await Promise.race([watch.changed, expired, stop ?? new Promise(() => {})].map((p, i) => p.then(() => i)));
+      clearTimeout(timer);
+      // `stop`: the daemon we started has exited. One last attempt: another one may have won.
+      if (woke === 2) return await connectOnce(socketPath, connectTimeoutMs);
+    } finally {
+      watch.close();
+    }
+  }
+}
+
+function connectFailed(socketPath, err, extra = {}) {
+  const waited = err.timedOut && extra.waitMs > 0 ? ` (waited ${extra.waitMs} ms)` : '';
+  return clientError(
+    CONNECTION_FAILED,
+    `cannot connect to memoryd at ${socketPath}: ${err.message}${waited}`,
+    { socketPath, errno: err.code, ...extra },
+    err,
+  );
+}
+
+/** Run `command args` to completion, collecting its output (never rejects). */
+function runToExit(command, args, timeoutMs) {
+  return new Promise((resolve) => {
+    childProcess.execFile(
+      command,
+      args,
+      { cwd: '/', env: { ...process.env, PYTHONUNBUFFERED: '1' }, timeout: timeoutMs, killSignal: 'SIGTERM' },
+      (error, stdout, stderr) => resolve({ error, stdout: String(stdout), stderr: String(stderr) }),
+    );
+  });
+}
+
+/**
+ * Start the daemon with its own launcher, `memoryd serve --detach --socket PATH [--db]
+ * [--config] [...autostartArgs]`: it starts memoryd in its own session (stderr appended to
+ * memoryd.log next to the socket), waits for the daemon's READY=1 and exits, printing the pid.
+ * It holds the start lock that memoryctl and `memoryd serve --stdio` take too, so clients of
+ * every kind that start at the same moment start one daemon. Resolves `{socket, pid}` (pid
+ * undefined when another daemon answered first).
+ */
+async function autostart(socketPath, options, deadline, connectTimeoutMs) {
+  const base = options.memoryd ?? 'memoryd';
+  const [command, ...prefix] = Array.isArray(base) ? base : [base];
+  const args = [...prefix, 'serve', '--detach', '--socket', socketPath];
+  if (options.db !== undefined) args.push('--db', path.resolve(options.db));
+  if (options.config !== undefined) args.push('--config', path.resolve(options.config));
+  args.push(...(options.autostartArgs ?? []));
+  const log = path.join(path.dirname(socketPath), AUTOSTART_LOG);
+  const details = { socketPath, log, command: [command, ...args] };
+  const { error, stdout, stderr } = await runToExit(command, args, Math.max(1, Math.min(deadline - Date.now(), MAX_TIMER_MS)));
+  if (error) {
+    const reason = stderr.trim();
+    let how;
+    if (typeof error.code === 'string') how = `could not be started: ${error.message}`;
+    else if (error.killed) how = `did not start on ${socketPath} in time`;
+    else how = `exited with ${error.code ?? error.signal} before it was ready`;
+    throw clientError(CONNECTION_FAILED, `memoryd ${how} (log: ${log})`, { ...details, stderr: reason, exit: { code: error.code, signal: error.signal } }, error);
+  }
+  const pid = stdout.trim() ? Number.parseInt(stdout, 10) : undefined;
+  return { socket: await connectOnce(socketPath, connectTimeoutMs), pid };
+}
+
+/**
+ * Connect to a daemon over its Unix socket and `initialize`.
+ * Options: socketPath, session, write, capabilities ({approvals}), clientInfo ({name, version}),
+ * timeoutMs, writeTimeoutMs, connectTimeoutMs, onApproval, onEvent, initialize (extra params);
+ * wait (ms: retry while no daemon answers yet, woken by the socket's appearance);
+ * autostart (spawn `memoryd serve` when none answers) with memoryd, db, config, autostartArgs.
+ */
+export async function connect(options = {}) {
+  const socketPath = options.socketPath ?? defaultSocketPath();
+  const connectTimeoutMs = options.connectTimeoutMs ?? options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  const waitMs = options.wait ?? (options.autostart ? DEFAULT_AUTOSTART_WAIT_MS : 0);
+  const deadline = Date.now() + (waitMs > 0 ? waitMs : 0); // Infinity: wait for as long as it takes
+  let socket;
+  let autostartedPid;
+  try {
+    socket = await connectWaiting(socketPath, { deadline: options.autostart ? 0 : deadline, connectTimeoutMs });
+  } catch (err) {
+    if (!options.autostart || !NO_DAEMON_ERRNOS.includes(err.code)) throw connectFailed(socketPath, err, { waitMs });
+    try {
+      ({ socket, pid: autostartedPid } = await autostart(socketPath, options, deadline, connectTimeoutMs));
+    } catch (startErr) {
+      if (startErr instanceof MemorydError) throw startErr;
+      throw connectFailed(socketPath, startErr, { waitMs });
+    }
+  }
   const client = new Client({
     ...options,
     readable: socket,
@@ -679,6 +861,7 @@ export async function connect(options = {}) {
     destroyTransport: () => socket.destroy(),
   });
   client.socketPath = socketPath;
+  if (autostartedPid !== undefined) client.autostartedPid = autostartedPid;
   try {
     await client.initialize(options.initialize ?? {}, { timeoutMs: connectTimeoutMs });
   } catch (err) {

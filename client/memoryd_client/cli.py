@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
+import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL, SCOPES, TRACKS
 from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.paths import default_socket_path
+from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
+from memoryd_protocol.validation import SessionView
 
 from . import render
 from .autostart import NO_DAEMON_ERRNOS, AutostartFailed, start_daemon
@@ -39,6 +42,8 @@ from .prompt import Approver
 
 PROG = "memoryctl"
 EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: A canonical entry id (UUID) is 36 characters; a shorter --id is a prefix.
+FULL_ID_LENGTH = 36
 
 
 class UsageError(Exception):
@@ -161,6 +166,15 @@ def _layer(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     )
 
 
+def _id_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--id",
+        dest="entry_id",
+        metavar="ID",
+        help="the entry's id instead of MATCH: the full id or a unique prefix (as 'memoryctl list' shows it)",
+    )
+
+
 def _text_arg(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("text", metavar="TEXT", help=f"{help} ('-' reads it from stdin)")
 
@@ -245,27 +259,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(
         sub,
         "replace",
-        "rewrite the one entry that MATCH finds",
+        "rewrite the one entry that MATCH (or --id) finds",
         """Rewrite exactly one entry, found by a unique case-insensitive substring of its
-              text. The id stays, its version goes up. Tags are replaced when --tag is given,
-              kept otherwise. Zero hits: ENTRY_NOT_FOUND; several: AMBIGUOUS_MATCH.""",
-        'memoryctl replace --track user --scope user-global "tabs" "Prefers 4-space indents"',
+              text, or by its id (--id, as 'memoryctl list' shows it). The id stays, its
+              version goes up. Tags are replaced when --tag is given, kept otherwise. Zero
+              hits: ENTRY_NOT_FOUND; several: AMBIGUOUS_MATCH.""",
+        'memoryctl replace --track user --scope user-global "tabs" "Prefers 4-space indents"\n'
+        'memoryctl replace --track user --scope user-global --id 3f2a1b2c "Prefers 4-space indents"',
     )
     _layer(p)
     p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
-    p.add_argument("match", metavar="MATCH", help="unique substring of the entry to replace")
+    _id_arg(p)
+    p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to replace (or --id)")
     _text_arg(p, "the new text")
 
     p = _verb(
         sub,
         "remove",
-        "delete the one entry that MATCH finds",
+        "delete the one entry that MATCH (or --id) finds",
         """Delete exactly one entry, found by a unique case-insensitive substring of its
+              text, or by its id (--id): the way to remove one of two entries with the same
               text. The approval shows the full text being deleted.""",
-        'memoryctl remove --track agent --scope workspace "make check"',
+        'memoryctl remove --track agent --scope workspace "make check"\n'
+        "memoryctl remove --track agent --scope workspace --id 3f2a1b2c",
     )
     _layer(p)
-    p.add_argument("match", metavar="MATCH", help="unique substring of the entry to remove")
+    _id_arg(p)
+    p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to remove (or --id)")
 
     p = _verb(
         sub,
@@ -346,11 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
         """Import entries through seed: one approval for the whole batch, a budget check
               of the whole batch, one transaction. Without --adapter FILE must be a
               memory-export-v1 envelope; with --adapter it is that adapter's format (JSON or
-              text, detected; --format to force).""",
+              text, detected; --format to force). Entries that already exist (same track,
+              scope, workspace, agent and text) are skipped, so importing the same backup
+              or CLAUDE.md again changes nothing; --allow-duplicates imports them anyway.""",
         "memoryctl import memory.json\nmemoryctl import --adapter claude-code-memory-md CLAUDE.md\n"
         "memoryctl import --adapter mem0 - < facts.json",
     )
     p.add_argument("--adapter", metavar="ID", help="convert FILE with this adapter (see 'memoryctl adapters')")
+    p.add_argument(
+        "--allow-duplicates",
+        action="store_true",
+        help="also import entries that already exist (same layer, keys and text); by default they are skipped",
+    )
     p.add_argument(
         "--format",
         choices=("auto", "json", "text"),
@@ -530,6 +557,11 @@ def prepare(ctx: Ctx) -> None:
         ctx.data["db"] = os.path.abspath(os.path.expanduser(a.db))
     if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
         ctx.data["text"] = _text(a.text)
+    if a.verb in ("replace", "remove"):
+        if a.entry_id is not None and a.match is not None:
+            raise UsageError(f"{a.verb}: give MATCH or --id, not both")
+        if a.entry_id is None and a.match is None:
+            raise UsageError(f"{a.verb} needs MATCH or --id")
     if a.verb == "proposals" and a.action != "list" and not a.id:
         raise UsageError(f"proposals {a.action} needs an ID")
     if a.verb == "proposals" and a.action == "list" and a.id:
@@ -598,15 +630,38 @@ async def cmd_add(c: Client, ctx: Ctx) -> None:
     ctx.result(r, lambda: f"added {render.short(r.entry.id)} ({render.usage(r.usage)})")
 
 
+async def _target(c: Client, ctx: Ctx) -> dict[str, str]:
+    """``{match}`` or ``{id}``; an --id shorter than a full id is widened to the one entry of
+    this track/scope, visible to the session, whose id starts with it."""
+    a = ctx.args
+    if a.entry_id is None:
+        return {"match": a.match}
+    prefix: str = a.entry_id
+    if len(prefix) >= FULL_ID_LENGTH or not prefix:
+        return {"id": prefix}
+    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
+    hits = [
+        e.id
+        for e in await c.list()
+        if e.track == a.track
+        and e.scope == a.scope
+        and e.id.startswith(prefix)
+        and view.sees(e.scope, e.workspace_key, e.agent_key)
+    ]
+    if len(hits) > 1:
+        raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
+    return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
+
+
 async def cmd_replace(c: Client, ctx: Ctx) -> None:
-    r = await c.replace(_input(ctx, match=ctx.args.match))
+    r = await c.replace(_input(ctx, **await _target(c, ctx)))
     ctx.result(
         r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
     )
 
 
 async def cmd_remove(c: Client, ctx: Ctx) -> None:
-    r = await c.remove(_input(ctx, match=ctx.args.match))
+    r = await c.remove(_input(ctx, **await _target(c, ctx)))
     ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
 
 
@@ -692,11 +747,18 @@ async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
 
 async def cmd_import(c: Client, ctx: Ctx) -> None:
     a = ctx.args
+    skip = None if a.allow_duplicates else True
     if a.adapter:
-        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx))
+        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx), skip_existing=skip)
     else:
-        r = await c.import_(envelope=ctx.data["payload"])
-    ctx.result(r, lambda: f"imported {r.added} entries")
+        r = await c.import_(envelope=ctx.data["payload"], skip_existing=skip)
+
+    def human() -> str:
+        if isinstance(r.skipped, msgspec.UnsetType):
+            return f"imported {r.added} entries"
+        return f"imported {r.added} entries, skipped {r.skipped} already in the store"
+
+    ctx.result(r, human)
 
 
 async def cmd_adapters(c: Client, ctx: Ctx) -> None:

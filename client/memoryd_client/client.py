@@ -70,10 +70,21 @@ JSON: TypeAlias = Any
 #: A session: ``{"id": ..., "header": {"cwd": ..., "agentPreset": ...}}``, a ``types.Session``,
 #: or just the id.
 SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
-ApprovalHandler: TypeAlias = "Callable[[T.ApprovalAsked], str | bool | Awaitable[str | bool | None] | None]"
+#: ``on_approval(asked)`` or ``on_approval(asked, call)``: ``call`` is the :class:`ApprovalCall`
+#: that asked, or None.
+ApprovalHandler: TypeAlias = (
+    "Callable[[T.ApprovalAsked], str | bool | Awaitable[str | bool | None] | None]"
+    " | Callable[[T.ApprovalAsked, ApprovalCall | None], str | bool | Awaitable[str | bool | None] | None]"
+)
 Listener: TypeAlias = "Callable[[Event], Any]"
 
 _DEFAULT: Any = object()  # "use the connection's timeout"
+
+
+class _AskedBy(msgspec.Struct, rename="camel"):
+    """The one field of ``approval/asked`` that routes it to a call of this connection."""
+
+    request_id: int | str | None = None
 
 
 class _Message(msgspec.Struct):
@@ -91,6 +102,7 @@ _ENCODER: Final = msgspec.json.Encoder()
 _MESSAGE: Final = msgspec.json.Decoder(_Message)
 _BATCH: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY: Final = msgspec.json.Decoder()
+_ASKED_BY: Final = msgspec.json.Decoder(_AskedBy)
 _RESULT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     method: msgspec.json.Decoder(rtype) for method, rtype in T.RESULTS.items()
 }
@@ -113,6 +125,18 @@ class Decided:
     id: str
     outcome: str
     refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalCall:
+    """The call of this connection that an ``approval/asked`` is about: the ask's
+    ``requestId`` is that request's JSON-RPC id. ``params`` are the params as sent (plain
+    JSON). A two-argument approval handler gets it (None when the ask names no call of this
+    connection, e.g. at an approver)."""
+
+    request_id: int | str
+    method: str
+    params: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +189,22 @@ def _session(value: SessionLike | None) -> dict[str, Any] | None:
     return out
 
 
+def _takes_call(handler: Callable[..., Any]) -> bool:
+    """Whether an approval handler takes a second positional argument (the asking call);
+    one-argument handlers keep working as they are."""
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for p in params:
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
+
+
 def _outcome(value: Any) -> str:
     """What a handler returned, as an approval outcome: ``True`` approves, a string is sent as
     is (only ``"allowed-once"`` lets the write through), anything else rejects."""
@@ -176,10 +216,11 @@ def _outcome(value: Any) -> str:
 
 
 class _Pending:
-    __slots__ = ("done", "error", "method", "result", "scope", "timeout")
+    __slots__ = ("done", "error", "method", "params", "result", "scope", "timeout")
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, params: Any = None) -> None:
         self.method = method
+        self.params = params
         self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -500,7 +541,7 @@ class Client:
             if isinstance(ask_id, str):
                 scope = anyio.CancelScope()
                 self._asks[ask_id] = scope
-                self._spawn(self._answer_approval, ask_id, params, scope)
+                self._spawn(self._answer_approval, ask_id, params, scope, self._asking_call(data))
         elif method == "approval/resolved":
             rid = params.id if isinstance(params, T.ApprovalResolved) else (params or {}).get("id")
             asking = self._asks.pop(rid, None) if isinstance(rid, str) else None
@@ -524,12 +565,25 @@ class Client:
                 if pending.scope is not None:
                     pending.scope.deadline = now + pending.timeout
 
-    async def _answer_approval(self, ask_id: str, asked: Any, scope: anyio.CancelScope) -> None:
+    def _asking_call(self, raw: bytes | msgspec.Raw) -> ApprovalCall | None:
+        """The in-flight call an ``approval/asked`` names by its ``requestId``, if any."""
+        try:
+            request_id = _ASKED_BY.decode(raw).request_id
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        pending = self._pending.get(request_id) if request_id is not None else None
+        if pending is None or request_id is None:
+            return None
+        return ApprovalCall(request_id=request_id, method=pending.method, params=pending.params)
+
+    async def _answer_approval(
+        self, ask_id: str, asked: Any, scope: anyio.CancelScope, call: ApprovalCall | None = None
+    ) -> None:
         outcome = "rejected"
         self._pause_clocks()
         try:
             with scope:
-                outcome = await self._decide(asked)
+                outcome = await self._decide(asked, call)
         finally:
             self._restart_clocks()
             self._asks.pop(ask_id, None)
@@ -545,7 +599,7 @@ class Client:
             refused = exc.code
         self._emit(Event(DECIDED, Decided(id=ask_id, outcome=outcome, refused=refused)))
 
-    async def _decide(self, asked: Any) -> str:
+    async def _decide(self, asked: Any, call: ApprovalCall | None = None) -> str:
         handler = self.on_approval
         if handler is None:
             log.info("approval asked with no handler: rejecting (fail closed)")
@@ -553,11 +607,12 @@ class Client:
         if not isinstance(asked, T.ApprovalAsked):
             log.warning("approval/asked does not fit the wire contract: rejecting")
             return "rejected"
+        args: tuple[Any, ...] = (asked, call) if _takes_call(handler) else (asked,)
         try:
             if inspect.iscoroutinefunction(handler):
-                result = await handler(asked)
+                result = await handler(*args)
             else:
-                result = await anyio.to_thread.run_sync(handler, asked, abandon_on_cancel=True)
+                result = await anyio.to_thread.run_sync(handler, *args, abandon_on_cancel=True)
             if inspect.isawaitable(result):
                 result = await result
         except Exception:
@@ -610,7 +665,7 @@ class Client:
         self._pending[request_id] = pending
         try:
             message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-            message["params"] = plain(params) if params is not None else {}
+            message["params"] = pending.params = plain(params) if params is not None else {}
             await self._send(message)
             if timeout is None:
                 await pending.done.wait()
@@ -678,11 +733,36 @@ class Client:
     async def seed(self, inputs: Sequence[Mapping[str, Any] | T.EntryInput], write: Any = None) -> T.SeedResult:
         return await self._write_call("memory/seed", {"inputs": builtins.list(inputs)}, write)  # type: ignore[no-any-return]
 
+    @property
+    def query_opts(self) -> dict[str, Any] | None:
+        """The ``opts`` :meth:`query` sends by default: the connection's session's visible set
+        (``agentKey`` = its ``agentPreset`` or ``''``, ``workspaceKey`` = its ``cwd`` or ``''``)
+        and, when the session has an id, ``sessionId`` (the daemon then audits the recall and
+        sends ``memory/recalled``). None without a session: the whole store."""
+        if self.session is None:
+            return None
+        header = self.session.get("header")
+        header = header if isinstance(header, Mapping) else {}
+        opts: dict[str, Any] = {}
+        session_id = self.session.get("id")
+        if session_id is not None:
+            opts["sessionId"] = session_id
+        agent = header.get("agentPreset")
+        opts["agentKey"] = agent if agent is not None else ""
+        cwd = header.get("cwd")
+        opts["workspaceKey"] = cwd if cwd is not None else ""
+        return opts
+
     async def query(
         self,
         filter: Mapping[str, Any] | T.QueryFilter | None = None,
-        opts: Mapping[str, Any] | T.QueryOpts | None = None,
+        opts: Mapping[str, Any] | T.QueryOpts | None = _DEFAULT,
     ) -> T.QueryResult:
+        """``memory/query``. Without ``opts``, a connection with a session sees only that
+        session's visible set (:attr:`query_opts`); pass ``opts`` to choose, ``None`` (or
+        ``{}``) for the whole store."""
+        if opts is _DEFAULT:
+            opts = self.query_opts
         params: dict[str, Any] = {}
         if filter is not None:
             params["filter"] = filter
@@ -711,16 +791,29 @@ class Client:
         return await self.call("memory/export", {} if adapter is None else {"adapter": adapter})
 
     async def import_(
-        self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
+        self,
+        envelope: Any = None,
+        adapter: str | None = None,
+        payload: Any = None,
+        write: Any = None,
+        *,
+        skip_existing: bool | None = None,
     ) -> T.SeedResult:
         """Import an export envelope (``plugin`` "dsh-memento", ``schema`` "memory-export-v1",
-        else INVALID_INPUT), or an adapter's ``payload`` (``adapter=`` given)."""
+        else INVALID_INPUT), or an adapter's ``payload`` (``adapter=`` given).
+
+        ``skip_existing=True`` leaves out entries whose track, scope, workspaceKey, agentKey
+        and text already exist (``result.skipped`` counts them); when that is all of them,
+        nothing is written and no approval is asked.
+        """
         params: dict[str, Any] = {}
         if adapter is not None:
             params["adapter"] = adapter
             params["payload"] = payload
         else:
             params["envelope"] = envelope
+        if skip_existing is not None:
+            params["skipExisting"] = skip_existing
         return await self._write_call("memory/import", params, write)  # type: ignore[no-any-return]
 
     async def adapters_list(self) -> builtins.list[T.AdapterInfo]:
@@ -775,11 +868,14 @@ async def connect(
 
     ``path``: the socket (default ``memoryd_protocol.paths.default_socket_path()``).
     ``session``: the session of this connection's writes, ``{id, header: {cwd, agentPreset}}``
-    (the ``write`` context of every write method unless one passes ``write=``).
+    (the ``write`` context of every write method unless one passes ``write=``); ``query()``
+    without ``opts`` then sees only that session's visible set.
     ``approvals``: whether this connection answers approvals itself (``False``: a subscribed
     approver, e.g. ``memoryctl approve``, decides its writes). ``on_approval(asked)`` returns
-    the outcome (``"allowed-once"`` or ``True`` approves); without one, every approval is
-    rejected (fail closed), as it is when the handler raises. ``timeout``: seconds per call.
+    the outcome (``"allowed-once"`` or ``True`` approves); a handler that takes a second
+    argument also gets the :class:`ApprovalCall` that asked (or None). Without a handler,
+    every approval is rejected (fail closed), as it is when the handler raises. ``timeout``:
+    seconds per call.
 
     Raises :class:`ConnectFailed` when no daemon listens there.
     """
@@ -829,6 +925,7 @@ __all__ = [
     "DECIDED",
     "EVENT_METHODS",
     "WRITE_METHODS",
+    "ApprovalCall",
     "Client",
     "Decided",
     "Event",

@@ -20,7 +20,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from memoryd_protocol import types as T
 
-from .client import Client, Event, EventStream, SessionLike, connect
+from .client import _DEFAULT, Client, Event, EventStream, SessionLike, connect
 from .errors import ConnectionClosed
 
 
@@ -155,7 +155,8 @@ class SyncClient:
     def seed(self, inputs: Sequence[Mapping[str, Any] | T.EntryInput], write: Any = None) -> T.SeedResult:
         return self._run(self._client.seed, inputs, write)  # type: ignore[no-any-return]
 
-    def query(self, filter: Any = None, opts: Any = None) -> T.QueryResult:
+    def query(self, filter: Any = None, opts: Any = _DEFAULT) -> T.QueryResult:
+        """Without ``opts``, the session's visible set (see :attr:`Client.query_opts`)."""
         return self._run(self._client.query, filter, opts)  # type: ignore[no-any-return]
 
     def budgets(self) -> builtins.list[T.BudgetRow]:
@@ -174,9 +175,17 @@ class SyncClient:
         return self._run(self._client.export, adapter)
 
     def import_(
-        self, envelope: Any = None, adapter: str | None = None, payload: Any = None, write: Any = None
+        self,
+        envelope: Any = None,
+        adapter: str | None = None,
+        payload: Any = None,
+        write: Any = None,
+        *,
+        skip_existing: bool | None = None,
     ) -> T.SeedResult:
-        return self._run(self._client.import_, envelope, adapter, payload, write)  # type: ignore[no-any-return]
+        return self._run(  # type: ignore[no-any-return]
+            self._client.import_, envelope, adapter, payload, write, skip_existing=skip_existing
+        )
 
     def adapters_list(self) -> builtins.list[T.AdapterInfo]:
         return self._run(self._client.adapters_list)  # type: ignore[no-any-return]

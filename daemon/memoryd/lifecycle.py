@@ -61,6 +61,19 @@ class _Envelope(msgspec.Struct, rename="camel", kw_only=True):
     entries: list[Any]
 
 
+EntryKey = tuple[str, str, str, str, str]
+
+
+def entry_key(e: Entry) -> EntryKey:
+    """What makes an imported entry one that already exists: its layer, keys and text."""
+    return (e.track, e.scope, e.workspace_key, e.agent_key, e.text)
+
+
+def existing_keys(conn: sqlite3.Connection) -> set[EntryKey]:
+    rows = conn.execute("SELECT track, scope, workspace_key, agent_key, text FROM entries")
+    return {(track, scope, wk or "", ak or "", text) for track, scope, wk, ak, text in rows}
+
+
 class Lifecycle:
     def __init__(self, service: Service, adapters: dict[str, Any]) -> None:
         self.s = service
@@ -244,7 +257,20 @@ class Lifecycle:
             raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.s.plan_seed(view, inputs, source_default, restricted=False)
-        return await self.s.seed_planned(peer, view, planned)
+        if not p.skip_existing:
+            result = await self.s.seed_planned(peer, view, planned)
+            if p.skip_existing is not None:
+                result.skipped = 0
+            return result
+        present = await self.s.read(existing_keys)
+        fresh = [e for e in planned if entry_key(e) not in present]
+        skipped = len(planned) - len(fresh)
+        if not fresh:
+            # Everything is already there: a no-op, with no approval to ask and nothing to audit.
+            return SeedResult(added=0, entries=[], skipped=skipped)
+        result = await self.s.seed_planned(peer, view, fresh)
+        result.skipped = skipped
+        return result
 
     @staticmethod
     def _envelope_inputs(raw: Any) -> list[EntryInput]:

@@ -67,10 +67,12 @@ from memoryd_protocol.types import (
 )
 from memoryd_protocol.validation import (
     SessionView,
+    Target,
     check_batch_budget,
     check_budget,
     check_match,
     check_source,
+    check_target,
     check_text,
     resolve_one,
     target_keys,
@@ -157,6 +159,16 @@ class Service:
         entries = await self.visible(view, track, scope)
         by_id = {e.id: e for e in entries}
         return by_id[resolve_one(((e.id, e.text) for e in entries), track, scope, match)]
+
+    async def resolve_target(self, view: SessionView, track: str, scope: str, target: Target) -> Entry:
+        """The entry a replace/remove names: by unique substring, or by id. An id must name
+        an entry of this track/scope that the session sees, exactly as a match must."""
+        if target.match is not None:
+            return await self.resolve(view, track, scope, target.match)
+        for e in await self.visible(view, track, scope):
+            if e.id == target.entry_id:
+                return e
+        raise EntryNotFound("no visible memory entry has this id", target.details(track, scope))
 
     async def approve(
         self,
@@ -423,9 +435,12 @@ class Service:
         return result
 
     @staticmethod
-    def still_same(conn: sqlite3.Connection, approved: Entry, match: str) -> Entry:
+    def still_same(conn: sqlite3.Connection, approved: Entry, match: str | None) -> Entry:
         """The approved entry, re-read by id, unchanged since the human saw it."""
-        details = {"track": approved.track, "scope": approved.scope, "match": match, "entryId": approved.id}
+        details: dict[str, str] = {"track": approved.track, "scope": approved.scope}
+        if match is not None:
+            details["match"] = match
+        details["entryId"] = approved.id
         current = store.get_entry(conn, approved.id)
         if current is None:
             raise EntryNotFound("the approved entry was removed while the approval was pending", details)
@@ -436,10 +451,11 @@ class Service:
     async def replace(self, peer: Peer, p: ReplaceParams) -> ReplaceResult:
         view = writer_view(p.write)
         i = p.input
-        match = check_match(i.match)
+        selector = check_target(i.match, i.id)
+        match = selector.match
         text = check_text(i.text)
         tags = normalize_tags(i.tags) if i.tags is not None else None
-        target = await self.resolve(view, i.track, i.scope, match)
+        target = await self.resolve_target(view, i.track, i.scope, selector)
         delta = utf16_len(text) - utf16_len(target.text)
         cell = (i.track, i.scope)
         check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
@@ -472,8 +488,9 @@ class Service:
     async def remove(self, peer: Peer, p: RemoveParams) -> WriteResult:
         view = writer_view(p.write)
         i = p.input
-        match = check_match(i.match)
-        target = await self.resolve(view, i.track, i.scope, match)
+        selector = check_target(i.match, i.id)
+        match = selector.match
+        target = await self.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
         ok = await self.approve(
             peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),

@@ -116,6 +116,19 @@ SOURCE_INPUT: Final[JSON] = {
     ),
 }
 EPOCH_MS: Final[JSON] = {"description": "Epoch milliseconds."}
+MATCH_INPUT: Final[JSON] = {
+    "minLength": 1,
+    "description": "Case-insensitive (ASCII) unique substring of the target's text (or give id instead).",
+}
+ID_INPUT: Final[JSON] = {
+    "minLength": 1,
+    "description": (
+        "The target's entry id (instead of match): it must name an entry of this track/scope that "
+        "the session sees. The way to pick one of several entries with the same text."
+    ),
+}
+#: replace/remove name their target by exactly one of match and id.
+ONE_TARGET: Final[JSON] = {"oneOf": [{"required": ["match"]}, {"required": ["id"]}]}
 
 #: Per-Struct, per-wire-field schema fragments merged into msgspec's output. A fragment for an
 #: optional field (``anyOf: [X, null]``) applies to the non-null branch.
@@ -185,12 +198,14 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "budgets": {"minItems": len(GRID), "maxItems": len(GRID), "description": "The four budget rows."},
     },
     "ReplaceInput": {
-        "match": {"minLength": 1, "description": "Case-insensitive (ASCII) unique substring of the target's text."},
+        "match": MATCH_INPUT,
+        "id": ID_INPUT,
         "text": {"minLength": 1},
         "tags": {**INPUT_TAGS, "description": "Replace the tags when given; keep them when absent."},
     },
     "RemoveInput": {
-        "match": {"minLength": 1, "description": "Case-insensitive (ASCII) unique substring of the target's text."},
+        "match": MATCH_INPUT,
+        "id": ID_INPUT,
     },
     "ConsolidateInput": {
         "matches": {
@@ -243,6 +258,13 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         },
         "adapter": {"description": "An adapter id from adapters/list (with payload, instead of envelope)."},
         "payload": {"description": "The adapter's input document (with adapter)."},
+        "skipExisting": {
+            "description": (
+                "true: leave out every entry whose track, scope, workspaceKey, agentKey and text already "
+                "exist (the result counts them in 'skipped'); when all are left out, nothing is written, "
+                "asked or audited."
+            ),
+        },
     },
     "ProposalApproveParams": {"id": {"description": "Id of a pending proposal."}},
     "ProposalDismissParams": {"id": {"description": "Id of a pending proposal."}},
@@ -265,7 +287,10 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "total": {"minimum": 0, "description": "All hits, before the limit."},
         "truncated": {"description": "Whether the limit cut some hits."},
     },
-    "SeedResult": {"added": {"minimum": 0}},
+    "SeedResult": {
+        "added": {"minimum": 0},
+        "skipped": {"minimum": 0, "description": "Entries left out by skipExisting (present only with it)."},
+    },
     "DaemonStatus": {
         "uptimeS": {"minimum": 0},
         "connections": {"minimum": 0},
@@ -343,6 +368,8 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
         ],
     },
     "EntryInput": {"description": "What a caller writes to add (or seed) an entry; unknown fields are refused."},
+    "ReplaceInput": {"description": "The target (exactly one of match and id) and its new text.", **ONE_TARGET},
+    "RemoveInput": {"description": "The target: exactly one of match and id.", **ONE_TARGET},
     "BudgetRow": {"description": "Usage of one track × scope budget."},
     "AuditRow": {"description": "One row of the provider's audit ledger (seed spec §6)."},
     "Proposal": {
@@ -405,7 +432,18 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
             },
         },
     ),
-    "ENTRY_NOT_FOUND": _details(["track", "scope", "match"], {"track": _TRACK, "scope": _SCOPE, "match": _STR}),
+    "ENTRY_NOT_FOUND": {
+        **_details(
+            ["track", "scope"],
+            {
+                "track": _TRACK,
+                "scope": _SCOPE,
+                "match": {**_STR, "description": "The match that found nothing."},
+                "entryId": {**_STR, "description": "The id that names no visible entry (or the approved entry)."},
+            },
+        ),
+        "anyOf": [{"required": ["match"]}, {"required": ["entryId"]}],
+    },
     "AMBIGUOUS_MATCH": _details(
         ["track", "scope", "match", "candidates", "sample"],
         {
@@ -642,11 +680,11 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     ),
     "memory/add": ("Insert a new entry (fresh id, version 1) through the write pipeline.", _WRITE_ERRORS),
     "memory/replace": (
-        "Rewrite exactly one entry located by a unique substring; id kept, version + 1.",
+        "Rewrite exactly one entry located by a unique substring or by its id; id kept, version + 1.",
         (*_WRITE_ERRORS, *_MATCH_ERRORS),
     ),
     "memory/remove": (
-        "Delete exactly one entry located by a unique substring.",
+        "Delete exactly one entry located by a unique substring or by its id.",
         ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", *_MATCH_ERRORS),
     ),
     "memory/consolidate": (
@@ -677,7 +715,8 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     ),
     "memory/import": (
         "Restore entries through seed: {envelope, write} or {adapter, payload, write}. Fresh ids, "
-        "version 1, recall counts 0; at most 1000 entries.",
+        "version 1, recall counts 0; at most 1000 entries. skipExisting: true leaves out entries that "
+        "already exist (counted in 'skipped').",
         (*_WRITE_ERRORS, "ADAPTER_NOT_FOUND", "ADAPTER_PAYLOAD"),
     ),
     "adapters/list": ("The registered import/export adapters.", ("INVALID_INPUT",)),

@@ -152,10 +152,13 @@ class AddParams(_Env):
 
 
 class ReplaceInput(_In):
+    """Exactly one of ``match`` (a unique substring) or ``id`` (an entry id) names the target."""
+
     track: Track
     scope: Scope
-    match: str
     text: str
+    match: str | msgspec.UnsetType = msgspec.UNSET
+    id: str | msgspec.UnsetType = msgspec.UNSET
     tags: list[str] | None = None
 
 
@@ -165,9 +168,12 @@ class ReplaceParams(_Env):
 
 
 class RemoveInput(_In):
+    """Exactly one of ``match`` (a unique substring) or ``id`` (an entry id) names the target."""
+
     track: Track
     scope: Scope
-    match: str
+    match: str | msgspec.UnsetType = msgspec.UNSET
+    id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class RemoveParams(_Env):
@@ -233,6 +239,8 @@ class ImportParams(_Env):
     envelope: Any = None
     adapter: str | None = None
     payload: Any = None
+    #: Skip every entry whose track, scope, workspaceKey, agentKey and text already exist.
+    skip_existing: bool | None = None
 
 
 class ProposalInput(_In):
@@ -303,6 +311,8 @@ class ConsolidateResult(_Out):
 class SeedResult(_Out):
     added: int
     entries: list[Entry]
+    #: Entries an import with ``skipExisting`` left out (present only then).
+    skipped: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class QueryResult(_Out):

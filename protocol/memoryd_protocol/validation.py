@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from .constants import AMBIGUOUS_SAMPLE_COUNT, AMBIGUOUS_SAMPLE_UNITS, DEFAULT_SOURCE, MAX_SOURCE_UNITS
 from .errors import AmbiguousMatch, BudgetExceeded, EntryNotFound, InvalidInput, WriteRequiresAgent
 from .text import (
@@ -75,6 +77,38 @@ def check_match(match: str, field: str = "match") -> str:
     if not js_trim(match):
         raise InvalidInput(f"{field} must not be empty", field)
     return match
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """How replace/remove name their target: a unique substring, or an entry id."""
+
+    match: str | None = None
+    entry_id: str | None = None
+
+    def details(self, track: str, scope: str) -> dict[str, str]:
+        """ENTRY_NOT_FOUND details for this target."""
+        if self.entry_id is not None:
+            return {"track": track, "scope": scope, "entryId": self.entry_id}
+        return {"track": track, "scope": scope, "match": self.match or ""}
+
+
+def check_target(match: str | msgspec.UnsetType | None, entry_id: str | msgspec.UnsetType | None) -> Target:
+    """Exactly one of ``match`` and ``id``; both or neither is INVALID_INPUT naming the field."""
+    if isinstance(match, msgspec.UnsetType):
+        match = None
+    if isinstance(entry_id, msgspec.UnsetType):
+        entry_id = None
+    if match is not None and entry_id is not None:
+        raise InvalidInput("input takes match or id, not both", "id")
+    if entry_id is not None:
+        check_storable(entry_id, "id")
+        if not js_trim(entry_id):
+            raise InvalidInput("id must not be empty", "id")
+        return Target(entry_id=entry_id)
+    if match is None:
+        raise InvalidInput("input needs match (a unique substring) or id (an entry id)", "match")
+    return Target(match=check_match(match))
 
 
 def check_source(source: str | None) -> str:
@@ -171,10 +205,12 @@ def check_batch_budget(
 
 __all__ = [
     "SessionView",
+    "Target",
     "check_batch_budget",
     "check_budget",
     "check_match",
     "check_source",
+    "check_target",
     "check_text",
     "resolve_one",
     "session_view",
