@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from rawclient import Raw, write_ctx
 
 
@@ -23,3 +24,16 @@ async def state(raw: Raw) -> tuple[Any, Any, int]:
     audit = await raw.ok("audit/list", {"limit": 10000})
     writes = [a for a in audit if a["action"] != "recalled"]
     return entries, budgets, len(writes)
+
+
+class Gate:
+    """An approval handler that records each ask and leaves it open (the test decides)."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+        self.arrived = anyio.Event()
+
+    async def __call__(self, params: dict[str, Any]) -> None:
+        self.asked.append(params)
+        self.arrived.set()
+        return None

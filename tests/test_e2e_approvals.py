@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, entry_input, state
+from e2e_helpers import Gate, add, entry_input, state
 from rawclient import socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -19,19 +19,6 @@ def allow(outcome: str = "allowed-once") -> Any:
         return outcome
 
     return handler
-
-
-class Gate:
-    """Holds approvals open until the test releases them."""
-
-    def __init__(self) -> None:
-        self.asked: list[dict[str, Any]] = []
-        self.arrived = anyio.Event()
-
-    async def __call__(self, params: dict[str, Any]) -> None:
-        self.asked.append(params)
-        self.arrived.set()
-        return None
 
 
 def start_held(tg: Any, raw: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:

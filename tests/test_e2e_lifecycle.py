@@ -13,17 +13,12 @@ from e2e_helpers import add, entry_input, state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawclient import socket_client, write_ctx
+from reference_text import HEADER_EN, HEADER_ZH, PROPOSALS_EN, PROPOSALS_ZH
 
 pytestmark = pytest.mark.anyio
 
 SESSION = {"id": "snap-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}
 
-HEADER_EN = ("[dsh-memento: frozen memory snapshot — captured at session start; memory changes during this session "
-             "do not update this block. To change memory, use the memory tool.]")
-HEADER_ZH = "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]"
-PROPOSALS_EN = ("## Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals "
-                "command)")
-PROPOSALS_ZH = "## 待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）"
 
 
 async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:

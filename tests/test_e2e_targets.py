@@ -7,25 +7,12 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, entry_input, state
+from e2e_helpers import Gate, add, entry_input, state
 from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
 
 UG = {"track": "user", "scope": "user-global"}
-
-
-class Gate:
-    """An approval handler that records each ask and leaves it open."""
-
-    def __init__(self) -> None:
-        self.asked: list[dict[str, Any]] = []
-        self.arrived = anyio.Event()
-
-    async def __call__(self, params: dict[str, Any]) -> None:
-        self.asked.append(params)
-        self.arrived.set()
-        return None
 
 
 async def allow(params: dict[str, Any]) -> str:

@@ -5,13 +5,7 @@ from __future__ import annotations
 from memoryd_protocol.snapshot import render, visible_proposals
 from memoryd_protocol.types import Proposal
 from memoryd_protocol.validation import SessionView
-
-HEADER_EN = ("[dsh-memento: frozen memory snapshot — captured at session start; memory changes during this session "
-             "do not update this block. To change memory, use the memory tool.]")
-HEADER_ZH = "[dsh-memento：冻结记忆快照——会话启动时捕获；本会话内的记忆变更不更新此块。要修改记忆，请使用 memory 工具。]"
-PROPOSALS_EN = ("## Pending memory proposals (reviewed by the user; approve or dismiss via the /memory proposals "
-                "command)")
-PROPOSALS_ZH = "## 待审批记忆提案（由用户裁决；用 /memory proposals 命令 approve 或 dismiss）"
+from reference_text import HEADER_EN, HEADER_ZH, PROPOSALS_EN, PROPOSALS_ZH
 
 USAGE = {("user", "user-global"): (12, 2000), ("user", "workspace"): (0, 2000),
          ("agent", "user-global"): (5, 4000), ("agent", "workspace"): (9, 4000)}
