@@ -86,7 +86,8 @@ def texts(d: Any) -> list[str]:
 
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(VERBS) == {"list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit",
-                          "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve"}
+                          "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve",
+                          "socket"}
     for verb, parser in verbs().items():
         assert parser.description and len(parser.description) > 40, verb
         assert parser.epilog and parser.epilog.startswith("examples:"), verb
@@ -129,6 +130,31 @@ def test_python_dash_m_and_console_script() -> None:
     if script.exists():
         r2 = subprocess.run([str(script), "status", "--help"], capture_output=True, text=True, timeout=60)
         assert r2.returncode == 0 and "usage: memoryctl status" in r2.stdout
+
+
+def test_socket_prints_the_path_memoryctl_uses(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = Path(os.environ["XDG_RUNTIME_DIR"])  # set by hermetic_env; nothing listens there
+    assert main(["socket"]) == 0
+    assert capsys.readouterr() == (f"{runtime / 'memoryd' / 'memoryd.sock'}\n", "")
+    assert not (runtime / "memoryd").exists()  # no autostart, no directory created
+    monkeypatch.setenv("MEMORYD_SOCKET", str(tmp_path / "env.sock"))
+    assert main(["socket"]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'env.sock'}\n"
+    monkeypatch.chdir(tmp_path)
+    assert main(["--socket", "rel.sock", "socket", "--json"]) == 0  # --socket beats the env, made absolute
+    assert json.loads(capsys.readouterr().out) == {"socket": str(tmp_path / "rel.sock")}
+
+
+def test_socket_without_xdg_runtime_dir_is_the_tmp_fallback(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "MEMORYD_SOCKET")}
+    env["TMPDIR"] = str(tmp)
+    r = subprocess.run([*MEMORYCTL, "socket"], env=env, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == f"{tmp / f'memoryd-{os.getuid()}' / 'memoryd.sock'}\n"
+    assert list(tmp.iterdir()) == []
 
 
 def test_global_options_before_or_after_the_verb() -> None:

@@ -440,6 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reject", action="store_true", help="reject every approval without asking")
     p.add_argument("--count", type=int, metavar="N", help="exit after N decisions")
+
+    _verb(
+        sub,
+        "socket",
+        "print the socket path memoryctl uses (no daemon contact)",
+        """Print the absolute path of the daemon socket memoryctl connects to: --socket,
+          else $MEMORYD_SOCKET, else the per-user default. Contacts no daemon and starts
+          none, so it also works before one runs. --json prints {"socket": PATH}.""",
+        'socat - UNIX-CONNECT:"$(memoryctl socket)"\nmemoryctl --socket /tmp/m.sock socket',
+    )
     return parser
 
 
@@ -1028,6 +1038,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         approver=Approver(yes=args.yes, reject=getattr(args, "reject", False)),
         fit=_isatty(sys.stdout),
     )
+    if args.verb == "socket":  # local only: no connection, no autostart
+        path = str(ctx.socket.absolute())
+        ctx.out(json.dumps({"socket": path}) if ctx.json else path)
+        return EXIT_OK
     try:
         return anyio.run(run, ctx)
     except BrokenPipeError:  # `memoryctl list | head`: the reader left; not an error
