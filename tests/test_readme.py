@@ -217,7 +217,10 @@ def sandbox() -> Iterator[Sandbox]:
         (work / "client" / "js").symlink_to(ROOT / "client" / "js", target_is_directory=True)
         sb = Sandbox(root, _sandbox_env(root / "home", root / "tmp"), work)
         assert len(os.fsencode(sb.socket_path)) <= 107, sb.socket_path
-        yield sb
+        try:
+            yield sb
+        finally:
+            clean_up(sb)  # a failed test leaves nothing running either
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
