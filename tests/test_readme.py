@@ -423,9 +423,24 @@ def clean_up(sb: Sandbox) -> list[str]:
     return problems
 
 
+def left_behind(sb: Sandbox) -> list[str]:
+    """What is left in the sandbox besides the user's own things (the working directory, the
+    demo project, npm's cache) and the runner's: after an uninstall, nothing may be."""
+    own = {sb.runner, sb.home / "work", sb.home / "proj", sb.home / ".npm"}
+    left: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(sb.root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d not in own]
+        left += [str(here / f) for f in filenames]
+        left += [str(here / d) for d in dirnames if d.startswith("memoryd")]
+    return sorted(left)
+
+
 # --- the tests -----------------------------------------------------------------------------
 
 RUNNABLE = {str(p.relative_to(ROOT)): p for p in DOCS if runnable_blocks(p)}
+#: Documents whose runnable blocks end with the uninstall: memoryd's files must all be gone.
+UNINSTALLS = {"README.md"}
 
 
 def _need_tools() -> None:
@@ -449,6 +464,10 @@ def test_runnable_blocks_run(doc: str) -> None:
             store = daemon_store(sb)
             if store is not None and not store.startswith(f"{sb.home}/"):
                 problems.append(f"the daemon serves {store}, outside the sandbox's HOME {sb.home}")
+            if doc in UNINSTALLS:
+                if store is not None:
+                    problems.append(f"the uninstall left the daemon running on {sb.socket_path}")
+                problems += [f"the uninstall left {path}" for path in left_behind(sb)]
         finally:
             problems += clean_up(sb)
         assert not problems, "\n".join(problems) + "\n" + "\n".join(sb.transcript)[-6000:]
