@@ -564,12 +564,15 @@ def test_console_commands_keeps_commands_continuations_and_heredocs() -> None:
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _TIMES = frozenset({"createdAt", "updatedAt"})
+#: approval/asked's origin: the asking process, which is another one on every machine
+_PROCESS = frozenset({"pid", "exe"})
 
 
 def _volatile(key: str | None, value: Any) -> bool:
-    """Ids and clock readings: bound to what the daemon sends, not compared literally."""
+    """Ids, clock readings and process facts: bound to what the daemon sends, not compared
+    literally."""
     return (isinstance(value, str) and _UUID.match(value) is not None) or (
-        key in _TIMES and isinstance(value, int) and not isinstance(value, bool))
+        key in _TIMES and isinstance(value, int) and not isinstance(value, bool)) or key in _PROCESS
 
 
 def shown_in(shown: Any, sent: Any, bound: dict[Any, Any], key: str | None = None, at: str = "") -> list[str]:
