@@ -754,7 +754,7 @@ export declare const DEFAULT_AUTOSTART_WAIT_MS: number;
 /** `'memoryd.log'`: an autostarted daemon's stderr, next to the socket. */
 export declare const AUTOSTART_LOG: string;
 
-/** `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`, else `<os.tmpdir()>/memoryd-<uid>/memoryd.sock`. */
+/** `$MEMORYD_SOCKET`, else `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`, else `<tmpdir>/memoryd-<uid>/memoryd.sock`. */
 export declare function defaultSocketPath(env?: NodeJS.ProcessEnv): string;
 /** `{agent: {session}}` */
 export declare function writeContext(session: Session): WriteContext;

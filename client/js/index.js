@@ -56,10 +56,11 @@ export const NOTIFICATIONS = Object.freeze([
 ]);
 
 /**
- * Default daemon socket: `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`, else
- * `<os.tmpdir()>/memoryd-<uid>/memoryd.sock` (the same rule as the daemon, wire-v1.md §2).
+ * Default daemon socket: `$MEMORYD_SOCKET` when set, else `$XDG_RUNTIME_DIR/memoryd/memoryd.sock`,
+ * else `<os.tmpdir()>/memoryd-<uid>/memoryd.sock` (the daemon's and memoryctl's rule, wire-v1.md §2).
  */
 export function defaultSocketPath(env = process.env) {
+  if (env.MEMORYD_SOCKET) return env.MEMORYD_SOCKET;
   const xdg = env.XDG_RUNTIME_DIR;
   if (xdg) return path.join(xdg, 'memoryd', 'memoryd.sock');
   const uid = typeof process.getuid === 'function' ? process.getuid() : os.userInfo().uid;

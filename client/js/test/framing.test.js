@@ -377,6 +377,8 @@ describe('Client routing (fake peer)', () => {
   test('default socket path', () => {
     assert.equal(defaultSocketPath({ XDG_RUNTIME_DIR: '/run/user/7' }), '/run/user/7/memoryd/memoryd.sock');
     assert.match(defaultSocketPath({}), /\/memoryd-\d+\/memoryd\.sock$/);
+    // MEMORYD_SOCKET wins, as for the daemon and memoryctl
+    assert.equal(defaultSocketPath({ MEMORYD_SOCKET: '/x/m.sock', XDG_RUNTIME_DIR: '/run/user/7' }), '/x/m.sock');
   });
 });
 
