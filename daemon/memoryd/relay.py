@@ -18,8 +18,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import socket
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,10 +110,23 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     return rest
 
 
+def _read(fd: int) -> bytes:
+    """A chunk of stdin; the harness may have left its end O_NONBLOCK (EAGAIN is not EOF)."""
+    while True:
+        try:
+            return os.read(fd, CHUNK)
+        except BlockingIOError:
+            select.select([fd], [], [])
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:  # an O_NONBLOCK stdout that is full: wait for the harness
+            select.select([], [fd], [])
+            continue
         view = view[n:]
 
 
@@ -125,7 +138,7 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
     def upstream() -> None:
         try:
             while True:
-                data = os.read(in_fd, CHUNK)
+                data = _read(in_fd)
                 if not data:
                     break
                 sock.sendall(data)
@@ -156,7 +169,28 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
         sock.close()
 
 
+def _open_std_fds() -> None:
+    """A harness may start us with fd 0, 1 or 2 closed; the next socket would take that
+    number, and the relay would read its own daemon connection as stdin, or write to it as
+    stdout. A closed descriptor reads as EOF and writes into /dev/null instead."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
+def _say(message: str) -> None:
+    """One line on fd 2. Not print(): with fd 2 closed at start, sys.stderr is None and
+    print() would write to stdout, the harness's protocol stream."""
+    try:
+        _write_all(2, f"memoryd: {message}\n".encode())
+    except OSError:
+        pass
+
+
 def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
+    _open_std_fds()
     try:
         sock = attach(socket_path, serve_args)
         try:
@@ -165,7 +199,7 @@ def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args
             sock.close()
             raise
     except RelayError as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 1
     # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
     # stderr, so a stray print() cannot corrupt the stream.
@@ -174,7 +208,7 @@ def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args
     reason = pump(sock, 0, out_fd, rest)
     os.close(out_fd)
     if reason is not None:
-        print(f"memoryd: {reason} ({socket_path})", file=sys.stderr)
+        _say(f"{reason} ({socket_path})")
         return 1
     return 0
 
