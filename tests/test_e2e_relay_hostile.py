@@ -125,3 +125,48 @@ def test_with_stderr_closed_a_refusal_never_reaches_stdout(daemon: Daemon, tmp_p
                         "--db", str(other)], input=_line("memory/list"), capture_output=True, timeout=30)
     assert (r.returncode, r.stdout) == (1, b"")
     assert not other.exists()
+
+
+# --- the daemon going away ----------------------------------------------------------------
+
+def test_daemon_death_noticed_first_by_a_write_still_gives_rc_1_and_one_line(daemon: Daemon) -> None:
+    """The daemon dies while the relay is behind on stdout and the harness writes the next
+    line: the relay's send fails first, then it reads the daemon's EOF. That is the daemon
+    going away, not the harness closing stdin."""
+    big_id = "y" * 2_000_000
+    with subprocess.Popen([*RELAY, "--socket", str(daemon.socket_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc.stdin.write(_line("memory/budgets", big_id))
+        proc.stdin.flush()
+        # The reply has begun: the daemon read the whole request (nothing unread at its end).
+        assert os.read(proc.stdout.fileno(), 1) == b"{"
+        daemon.proc.kill()
+        daemon.proc.wait()
+        proc.stdin.write(_line("memory/budgets", 2))  # the relay's send of this one fails
+        proc.stdin.flush()
+        rest = proc.stdout.read()
+        err = proc.stderr.read().decode()
+        assert proc.wait(10) == 1, err
+    assert len(rest) < len(big_id)  # cut short: the daemon died mid-reply
+    assert err.count("\n") == 1 and err.startswith("memoryd: the daemon closed the connection"), err
+
+
+def test_a_peer_that_resets_the_connection_before_answering_is_one_line(sock_dir: Path) -> None:
+    """Something accepts on the socket, then drops the connection with the relay's probe
+    unread (a daemon closing its listener with connections still queued does this): one
+    line, rc 1, not a traceback."""
+    path = sock_dir / "reset.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        srv.listen(1)
+        with subprocess.Popen([*RELAY, "--socket", str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            conn, _ = srv.accept()
+            assert select.select([conn], [], [], 20)[0]  # the probe is there, unread
+            conn.close()  # unread data: the relay's recv gets ECONNRESET
+            out, err = proc.communicate(_line("memory/budgets"), timeout=20)
+    assert proc.returncode == 1
+    assert out == b""
+    text = err.decode()
+    assert text == f"memoryd: lost the connection to the daemon on {path}: Connection reset by peer\n"

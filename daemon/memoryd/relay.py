@@ -89,8 +89,11 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     """Ask the daemon what it serves before relaying anything; the reply is ours, not the
     harness's. Returns any bytes read past that reply (none in practice)."""
     probe = {"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}
-    sock.sendall(json.dumps(probe).encode() + b"\n")
-    line, rest = _read_line(sock)
+    try:
+        sock.sendall(json.dumps(probe).encode() + b"\n")
+        line, rest = _read_line(sock)
+    except OSError as exc:  # reset or closed under us: it stopped, or it closed its listener
+        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror}") from None
     try:
         status = json.loads(line)["result"]
         served = Path(status["store"]["path"])
@@ -133,19 +136,22 @@ def _write_all(fd: int, data: bytes) -> None:
 def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
     """Relay until the daemon closes. Returns ``None`` after a clean end (the harness
     closed stdin first, or stopped reading stdout), else the reason the daemon went."""
-    stdin_done = threading.Event()
+    stdin_done = threading.Event()  # the harness ended its input (not: our send failed)
 
     def upstream() -> None:
         try:
             while True:
-                data = _read(in_fd)
+                try:
+                    data = _read(in_fd)
+                except OSError:
+                    data = b""  # stdin unreadable: as good as closed
                 if not data:
+                    stdin_done.set()
                     break
                 sock.sendall(data)
         except OSError:
             pass  # the daemon went away: the downstream half reports it
         finally:
-            stdin_done.set()
             try:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
