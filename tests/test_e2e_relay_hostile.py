@@ -170,3 +170,35 @@ def test_a_peer_that_resets_the_connection_before_answering_is_one_line(sock_dir
     assert out == b""
     text = err.decode()
     assert text == f"memoryd: lost the connection to the daemon on {path}: Connection reset by peer\n"
+
+
+# --- store identity -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["symlink", "relative", "hard link"])
+def test_another_name_for_the_served_store_attaches(daemon: Daemon, tmp_path: Path, how: str) -> None:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    if how == "symlink":
+        db = cwd / "link.db"
+        db.symlink_to(daemon.db_path)
+    elif how == "hard link":
+        db = cwd / "hard.db"
+        os.link(daemon.db_path, db)
+    else:
+        db = Path(os.path.relpath(daemon.db_path, cwd))
+    r = subprocess.run([*RELAY, "--socket", str(daemon.socket_path), "--db", str(db)], cwd=cwd,
+                       input=_line("daemon/status"), capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stderr == b""
+    assert json.loads(r.stdout)["result"]["store"]["path"] == str(daemon.db_path)
+
+
+def test_a_daemon_that_cannot_start_is_named_once_in_one_line(daemon: Daemon, sock_dir: Path) -> None:
+    """The daemon's own line already says "memoryd: "; the relay's line says it once."""
+    elsewhere = sock_dir / "elsewhere.sock"
+    r = subprocess.run([*RELAY, "--socket", str(elsewhere), "--db", str(daemon.db_path)],
+                       input=_line("memory/list"), capture_output=True, timeout=30)
+    assert (r.returncode, r.stdout) == (1, b"")
+    assert r.stderr.decode() == (
+        f"memoryd: could not start a daemon on {elsewhere}: STORE_LOCKED: store {daemon.db_path} is owned by "
+        f"memoryd pid {daemon.proc.pid}, serving {daemon.socket_path} (log: {sock_dir / 'memoryd.log'})\n")

@@ -66,7 +66,8 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
             try:
                 launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
             except launch.LaunchFailed as exc:
-                raise RelayError(f"could not start a daemon on {socket_path}: {exc} (log: {log})") from None
+                reason = str(exc).removeprefix("memoryd: ")  # the daemon's own line, already prefixed
+                raise RelayError(f"could not start a daemon on {socket_path}: {reason} (log: {log})") from None
             sock = _connect(socket_path)
     if sock is None:
         raise RelayError(f"the daemon started on {socket_path} does not accept connections")
@@ -99,7 +100,7 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
         served = Path(status["store"]["path"])
     except (ValueError, KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
-    if db is not None and os.path.realpath(served) != os.path.realpath(db):
+    if db is not None and not _same_file(served, db):
         raise RelayError(
             f"the daemon on {socket_path} serves the store {served}, not {db}; "
             f"give --socket of the daemon that serves {db}, or drop --db to use {served}"
@@ -111,6 +112,14 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
             "the policy is the daemon's (its --write-policy or config), not the relay's"
         )
     return rest
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One store by any name: a symlink, a relative path or a hard link to it."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): then the names must agree
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _read(fd: int) -> bytes:
