@@ -4,22 +4,26 @@ misbehave on cue), raw bytes."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
 import select
 import signal
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, spawn_ready
+from rawclient import write_ctx
 
 RELAY = [sys.executable, "-m", "memoryd", "serve", "--stdio"]
 
@@ -202,3 +206,92 @@ def test_a_daemon_that_cannot_start_is_named_once_in_one_line(daemon: Daemon, so
     assert r.stderr.decode() == (
         f"memoryd: could not start a daemon on {elsewhere}: STORE_LOCKED: store {daemon.db_path} is owned by "
         f"memoryd pid {daemon.proc.pid}, serving {daemon.socket_path} (log: {sock_dir / 'memoryd.log'})\n")
+
+
+# --- a relay that arrives while the daemon drains -------------------------------------------
+
+_IN_MODIFY, _IN_CREATE, _IN_DELETE = 0x002, 0x100, 0x200
+
+
+@contextmanager
+def _inotify(directory: Path, mask: int) -> Iterator[int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, str(directory).encode(), mask) >= 0
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _names(fd: int, timeout: float = 30) -> list[str]:
+    """The names of the next batch of inotify events (waits for one)."""
+    assert select.select([fd], [], [], timeout)[0], f"no inotify event within {timeout}s"
+    buf, names = os.read(fd, 65536), []
+    while buf:
+        _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf)
+        names.append(buf[16:16 + length].rstrip(b"\0").decode())
+        buf = buf[16 + length:]
+    return names
+
+
+def _read_lines_until(sock: socket.socket, needle: bytes) -> None:
+    buf = b""
+    while needle not in buf:
+        data = sock.recv(65536)
+        assert data, f"closed before {needle!r}"
+        buf += data
+
+
+def test_a_relay_that_arrives_while_the_daemon_drains_attaches_to_its_successor(
+        sock_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM: the daemon removes its socket at once, but holds the store until it has
+    drained. A relay arriving in between finds no daemon and starts one; that one must wait
+    for its predecessor to let go of the store, not fail with STORE_LOCKED."""
+    sock, db = sock_dir / "memoryd.sock", tmp_path / "m.db"
+    old = spawn_ready(["--socket", str(sock), "--db", str(db), "--write-policy", "ask"], tmp_path / "old.stderr")
+    asker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    asker.connect(str(sock))
+    asker.sendall(_line("initialize", 0, {"protocol": "dsh-memory-protocol/v1", "capabilities": {"approvals": True}})
+                  + _line("memory/add", 1, {"input": {"track": "user", "scope": "user-global", "text": "pending"},
+                                            "write": write_ctx()}))
+    _read_lines_until(asker, b'"approval/asked"')
+    # Hold SQLite's write lock: the drain's audited denial of that approval cannot commit,
+    # so the old daemon stays between "socket removed" and "store released".
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    with _inotify(sock_dir, _IN_DELETE) as fd:
+        old.send_signal(signal.SIGTERM)
+        while sock.name not in _names(fd):
+            pass
+    old.send_signal(signal.SIGSTOP)  # frozen in the window; nothing of it moves until SIGCONT
+    blocker.rollback()
+    blocker.close()
+    log = sock_dir / "memoryd.log"  # the successor's stderr (the old one's is old.stderr)
+    try:
+        with _inotify(sock_dir, _IN_CREATE | _IN_MODIFY) as fd, \
+                subprocess.Popen([*RELAY, "--socket", str(sock), "--db", str(db)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) as relay:
+            assert relay.stdin is not None and relay.stdout is not None and relay.stderr is not None
+            relay.stdin.write(_line("daemon/status"))
+            relay.stdin.flush()
+            waiting = f"owned by memoryd pid {old.pid}, which is stopping; waiting for it to exit"
+            while not (log.exists() and waiting in log.read_text()):
+                readable, _, _ = select.select([fd, relay.stdout], [], [], 30)
+                assert readable, "neither a waiting successor nor a relay exit within 30s"
+                assert relay.stdout not in readable, relay.stderr.read().decode()
+                os.read(fd, 65536)
+            old.send_signal(signal.SIGCONT)
+            assert old.wait(20) == 0
+            status = json.loads(relay.stdout.readline())["result"]
+            relay.stdin.close()
+            assert relay.wait(20) == 0, relay.stderr.read().decode()
+    finally:
+        if old.poll() is None:
+            old.send_signal(signal.SIGCONT)
+            old.kill()
+            old.wait()
+        asker.close()
+    assert status["store"]["path"] == str(db)
+    assert status["pid"] not in (old.pid, relay.pid)

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import sqlite3
 from dataclasses import dataclass, field
@@ -28,10 +29,14 @@ from .connection import Connection
 from .lifecycle import Lifecycle
 from .rpc import Dispatcher
 from .service import Service
-from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
+from .transports import FdStream, StreamProtocol, _is_live, bind_unix, inherited_listener, sd_notify
 from .writer import Writer, run_on
 
 log = logging.getLogger("memoryd")
+
+#: How long a starting daemon waits for the previous owner of its store and socket to
+#: finish stopping (it drains for at most 10 s, then closes the store).
+STOPPING_OWNER_WAIT_S = 12.0
 
 
 def _owner_file(path: Path) -> Path:
@@ -50,8 +55,9 @@ def lock_store(path: Path, endpoint: str | None) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
-        raise _locked(path) from None
+        if not _outwait_stopping_owner(path, endpoint, fd):
+            os.close(fd)
+            raise _locked(path) from None
     try:
         owner = _owner_file(path)
         tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
@@ -61,6 +67,42 @@ def lock_store(path: Path, endpoint: str | None) -> int:
     except OSError as exc:
         log.warning("cannot record the store's owner next to it: %s", exc.strerror)
     return fd
+
+
+def _outwait_stopping_owner(path: Path, endpoint: str | None, fd: int) -> bool:
+    """The store's owner served our socket and no longer answers there: it is stopping (a
+    daemon removes its socket first, then drains, then lets go of the store). A client that
+    found no daemon and started us must not fail in that window: wait for the owner to exit,
+    then take the lock. True once we hold it."""
+    if endpoint is None:
+        return False
+    try:
+        info = json.loads(_owner_file(path).read_text())
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    try:
+        if info.get("socket") != endpoint or _is_live(Path(endpoint)):
+            return False
+    except OSError:
+        return False
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pass  # gone already
+    except OSError:
+        return False
+    else:
+        log.info("store %s is owned by memoryd pid %d, which is stopping; waiting for it to exit", path, pid)
+        try:
+            select.select([pidfd], [], [], STOPPING_OWNER_WAIT_S)
+        finally:
+            os.close(pidfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _locked(path: Path) -> StoreLocked:
