@@ -4,6 +4,7 @@ misbehave on cue), raw bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -295,3 +296,48 @@ def test_a_relay_that_arrives_while_the_daemon_drains_attaches_to_its_successor(
         asker.close()
     assert status["store"]["path"] == str(db)
     assert status["pid"] not in (old.pid, relay.pid)
+
+
+# --- a starter that gives up before the daemon is ready --------------------------------------
+
+_NEVER_READY = """
+import os, signal
+fd = os.open(os.environ["FAKE_DAEMON_FIFO"], os.O_WRONLY)  # the test holds the other end
+os.write(fd, f"{os.getpid()}\\n".encode())
+signal.pause()  # never says READY=1
+"""
+
+
+@pytest.mark.parametrize("mode", ["--detach", "--stdio"])
+def test_a_starter_stopped_before_the_daemon_is_ready_stops_that_daemon(sock_dir: Path, tmp_path: Path,
+                                                                         mode: str) -> None:
+    """Node's autostart gives up by SIGTERM to `memoryd serve --detach` (its wait is shorter
+    than the launcher's); a harness gives up on a relay the same way. The daemon being
+    started, in a session of its own, must not be left running half-started."""
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    fake = tmp_path / "never-ready-python"
+    fake.write_text(f"#!{sys.executable}\n{_NEVER_READY}")
+    fake.chmod(0o755)
+    sock, db = sock_dir / "memoryd.sock", tmp_path / "m.db"
+    code = (f"import sys\nsys.executable = {str(fake)!r}  # what the launcher runs as the daemon\n"
+            "from memoryd.cli import main\n"
+            f"raise SystemExit(main(['serve', {mode!r}, '--socket', {str(sock)!r}, '--db', {str(db)!r}]))\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, FAKE_DAEMON_FIFO=str(fifo)),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with open(fifo, "rb") as started:  # returns once the daemon opened its end
+        pid = int(started.readline())
+        try:
+            starter.send_signal(signal.SIGTERM)
+            out, err = starter.communicate(timeout=20)
+            assert select.select([started], [], [], 20)[0], "the half-started daemon is still running"
+            assert started.read() == b""  # its end closed: it is gone (the launcher reaped it)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert out == b""
+    assert starter.returncode == (143 if mode == "--detach" else 1)
+    where = "could not start on" if mode == "--detach" else "could not start a daemon on"
+    assert err.decode() == (f"memoryd: {where} {sock}: interrupted by SIGTERM before memoryd was ready; "
+                            f"stopped it (log: {sock_dir / 'memoryd.log'})\n")
+    assert not db.exists()

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import select
+import signal
 import socket
 import threading
 from collections.abc import Sequence
@@ -64,7 +65,10 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
         if sock is None:
             log = launch.log_path_for(socket_path)
             try:
-                launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
+                # The harness giving up on this session (SIGTERM, SIGINT, SIGHUP) while the
+                # daemon starts stops that daemon too, rather than leave it half-started.
+                launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log,
+                                   cancel_on=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
             except launch.LaunchFailed as exc:
                 reason = str(exc).removeprefix("memoryd: ")  # the daemon's own line, already prefixed
                 raise RelayError(f"could not start a daemon on {socket_path}: {reason} (log: {log})") from None
