@@ -341,3 +341,20 @@ def test_a_starter_stopped_before_the_daemon_is_ready_stops_that_daemon(sock_dir
     assert err.decode() == (f"memoryd: {where} {sock}: interrupted by SIGTERM before memoryd was ready; "
                             f"stopped it (log: {sock_dir / 'memoryd.log'})\n")
     assert not db.exists()
+
+
+def test_a_store_sqlite_cannot_open_is_the_daemons_one_line_not_a_traceback_tail(
+        sock_dir: Path, tmp_path: Path) -> None:
+    """The launcher reports the last line the daemon wrote. An SQLite error while opening
+    the store was an uncaught traceback whose last line came from aiosqlite's thread
+    ("RuntimeError: Event loop is closed"). A FIFO stands in for any store SQLite refuses."""
+    sock, fifo = sock_dir / "memoryd.sock", tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    with subprocess.Popen([*RELAY, "--socket", str(sock), "--db", str(fifo)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        with open(fifo, "wb"):  # returns once the daemon opened it; SQLite then fails on it
+            out, err = proc.communicate(_line("memory/list"), timeout=30)
+    assert (proc.returncode, out) == (1, b"")
+    assert err.decode() == (f"memoryd: could not start a daemon on {sock}: cannot open store {fifo}: "
+                            f"disk I/O error (log: {sock_dir / 'memoryd.log'})\n")
+    assert "Traceback" not in (sock_dir / "memoryd.log").read_text()

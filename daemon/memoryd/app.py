@@ -153,7 +153,11 @@ class Daemon:
         store.prepare_path(path)
         lock_fd = lock_store(path, endpoint)
         try:
-            writer_conn = await aiosqlite.Connection(lambda: store.open_store(path, version), 64)
+            # Opened (and migrated) here, not by aiosqlite's connector: a connector that fails
+            # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
+            # and its traceback, not our one line, ends the log a launcher reports from.
+            conn = await anyio.to_thread.run_sync(store.open_store, path, version)
+            writer_conn = await aiosqlite.Connection(lambda: conn, 64)
         except BaseException:
             unlock_store(path, lock_fd)
             raise
@@ -339,6 +343,9 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     except OSError as exc:
         print(f"memoryd: cannot open store {cfg.db_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"memoryd: cannot open store {cfg.db_path}: {exc}", file=sys.stderr)
         return 1
     try:
         await daemon.run(stdio=stdio)
