@@ -358,3 +358,24 @@ def test_a_store_sqlite_cannot_open_is_the_daemons_one_line_not_a_traceback_tail
     assert err.decode() == (f"memoryd: could not start a daemon on {sock}: cannot open store {fifo}: "
                             f"disk I/O error (log: {sock_dir / 'memoryd.log'})\n")
     assert "Traceback" not in (sock_dir / "memoryd.log").read_text()
+
+
+def test_a_socket_path_that_is_a_regular_file_is_refused_creating_no_store(sock_dir: Path, tmp_path: Path) -> None:
+    sock, db = sock_dir / "memoryd.sock", tmp_path / "m.db"
+    sock.write_text("not a socket")
+    r = subprocess.run([*RELAY, "--socket", str(sock), "--db", str(db)], input=_line("memory/list"),
+                       capture_output=True, timeout=30)
+    assert (r.returncode, r.stdout) == (1, b"")
+    assert r.stderr.decode() == (f"memoryd: could not start a daemon on {sock}: {sock} exists and is not a socket "
+                                 f"(log: {sock_dir / 'memoryd.log'})\n")
+    assert not db.exists()
+    assert sock.read_text() == "not a socket"
+
+
+def test_a_second_daemon_on_a_live_socket_is_refused_creating_no_store(daemon: Daemon, tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--socket", str(daemon.socket_path),
+                        "--db", str(other)], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    assert (r.returncode, r.stdout) == (1, b"")
+    assert r.stderr.decode() == f"memoryd: a memoryd is already serving on {daemon.socket_path}\n"
+    assert not other.exists()

@@ -329,10 +329,19 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 async def _serve(cfg: Config, stdio: bool) -> int:
     import sys
 
-    from .transports import SocketInUse
+    from .transports import SocketInUse, refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
     activated = os.environ.get("LISTEN_PID") == str(os.getpid())
+    if not (stdio or activated):
+        try:  # before the store is opened: a refusal creates nothing (bind checks again)
+            refuse_taken(cfg.socket_path)
+        except SocketInUse as exc:
+            print(f"memoryd: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"memoryd: cannot use the socket path {cfg.socket_path}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     try:
         daemon = await Daemon.open(cfg, endpoint=None if stdio or activated else str(cfg.socket_path))
     except StoreLocked as exc:
