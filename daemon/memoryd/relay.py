@@ -43,7 +43,7 @@ def _connect(path: Path) -> socket.socket | None:
         sock.close()
         if exc.errno in NO_DAEMON:
             return None
-        raise RelayError(f"cannot connect to {path}: {exc.strerror}") from None
+        raise RelayError(f"cannot connect to {path}: {exc.strerror or exc}") from None
     return sock
 
 
@@ -59,7 +59,7 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     try:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror}") from None
+        raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror or exc}") from None
     with launch.start_lock(runtime):
         sock = _connect(socket_path)  # another starter may have won the lock first
         if sock is None:
@@ -98,7 +98,7 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
         sock.sendall(json.dumps(probe).encode() + b"\n")
         line, rest = _read_line(sock)
     except OSError as exc:  # reset or closed under us: it stopped, or it closed its listener
-        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror}") from None
+        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
     try:
         status = json.loads(line)["result"]
         served = Path(status["store"]["path"])
@@ -178,7 +178,7 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
             try:
                 data = sock.recv(CHUNK)
             except OSError as exc:
-                return f"lost the connection to the daemon: {exc.strerror}"
+                return f"lost the connection to the daemon: {exc.strerror or exc}"
             if not data:
                 return None if stdin_done.is_set() else "the daemon closed the connection (it stopped)"
             _write_all(out_fd, data)
