@@ -19,7 +19,6 @@ import errno
 import json
 import os
 import select
-import signal
 import socket
 import threading
 from collections.abc import Sequence
@@ -53,6 +52,8 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     sock = _connect(socket_path)
     if sock is not None:
         return sock
+    import signal
+
     from . import launch  # only when no daemon answers: subprocess and friends cost start-up
 
     runtime = socket_path.parent
