@@ -272,7 +272,8 @@ def test_a_relay_that_arrives_while_the_daemon_drains_attaches_to_its_successor(
     log = sock_dir / "memoryd.log"  # the successor's stderr (the old one's is old.stderr)
     try:
         with _inotify(sock_dir, _IN_CREATE | _IN_MODIFY) as fd, \
-                subprocess.Popen([*RELAY, "--socket", str(sock), "--db", str(db)], stdin=subprocess.PIPE,
+                subprocess.Popen([*RELAY, "--socket", str(sock), "--db", str(db), "--log-level", "info"],
+                                 stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) as relay:
             assert relay.stdin is not None and relay.stdout is not None and relay.stderr is not None
             relay.stdin.write(_line("daemon/status"))
