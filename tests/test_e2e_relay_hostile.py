@@ -389,3 +389,33 @@ def test_a_socket_path_too_long_for_a_unix_socket_is_named_in_the_reason(tmp_pat
     assert (r.returncode, r.stdout) == (1, b"")
     assert r.stderr.decode() == f"memoryd: cannot connect to {sock}: AF_UNIX path too long\n"
     assert not (tmp_path / "m.db").exists()
+
+
+_SPOOFER = """
+import os, socket, sys
+addr = "\\0" + os.environ["NOTIFY_SOCKET"][1:]
+pid = os.fork()
+if pid == 0:  # another process (any local one could find the name in /proc/net/unix)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b"READY=1", addr)
+    os._exit(0)
+os.waitpid(pid, 0)  # the forged READY=1 is queued before we exit
+sys.stderr.write(f"forged READY=1 from pid {pid}\\n")
+sys.exit(3)
+"""
+
+
+def test_ready_from_any_process_but_the_daemon_is_ignored(tmp_path: Path) -> None:
+    """The launcher checks the sender's pid (SCM_CREDENTIALS) of READY=1: a forged one does
+    not make it report a daemon that is not ready (this one then exits, rc 3)."""
+    from memoryd.launch import LaunchFailed
+    from memoryd.launch import spawn_ready as launch
+
+    fake = tmp_path / "spoofing-python"
+    fake.write_text(f"#!{sys.executable}\n{_SPOOFER}")
+    fake.chmod(0o755)
+    log = tmp_path / "memoryd.log"
+    with pytest.raises(LaunchFailed) as failed:
+        launch(["--socket", str(tmp_path / "s.sock")], log=log, python=str(fake), wait_s=30)
+    assert failed.value.returncode == 3
+    assert str(failed.value).startswith("forged READY=1 from pid ")
