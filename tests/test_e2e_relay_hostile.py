@@ -299,6 +299,21 @@ def test_a_relay_that_arrives_while_the_daemon_drains_attaches_to_its_successor(
     assert status["pid"] not in (old.pid, relay.pid)
 
 
+
+def test_a_live_owner_whose_socket_was_deleted_is_refused_at_once(daemon: Daemon) -> None:
+    """Only an owner that has begun to stop is waited for: one whose socket a tmp cleaner
+    deleted under it is alive and keeps the store, and the starter says so without delay."""
+    sock = daemon.socket_path
+    sock.unlink()
+    r = subprocess.run([*RELAY, "--socket", str(sock), "--db", str(daemon.db_path), "--log-level", "info"],
+                       input=_line("memory/list"), capture_output=True, timeout=30)
+    log = sock.parent / "memoryd.log"
+    assert (r.returncode, r.stdout) == (1, b"")
+    assert r.stderr.decode() == (f"memoryd: could not start a daemon on {sock}: STORE_LOCKED: store {daemon.db_path} "
+                                 f"is owned by memoryd pid {daemon.proc.pid}, serving {sock} (log: {log})\n")
+    assert "waiting" not in log.read_text()
+
+
 # --- a starter that gives up before the daemon is ready --------------------------------------
 
 _NEVER_READY = """

@@ -29,7 +29,7 @@ from .connection import Connection
 from .lifecycle import Lifecycle
 from .rpc import Dispatcher
 from .service import Service
-from .transports import FdStream, StreamProtocol, _is_live, bind_unix, inherited_listener, sd_notify
+from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer, run_on
 
 log = logging.getLogger("memoryd")
@@ -50,41 +50,45 @@ def lock_store(path: Path, endpoint: str | None) -> int:
 
     The holder writes its pid and socket next to the store, so that a refused second
     daemon (or a stdio relay that started one) can say who owns the store and where it
-    listens. The file means something only while the flock is held."""
+    listens, and marks it once it is stopping. The file means something only while the
+    flock is held."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        if not _outwait_stopping_owner(path, endpoint, fd):
+        if not _outwait_stopping_owner(path, fd):
             os.close(fd)
             raise _locked(path) from None
     try:
-        owner = _owner_file(path)
-        tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "socket": endpoint}) + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, owner)
+        write_owner(path, endpoint)
     except OSError as exc:
         log.warning("cannot record the store's owner next to it: %s", exc.strerror)
     return fd
 
 
-def _outwait_stopping_owner(path: Path, endpoint: str | None, fd: int) -> bool:
-    """The store's owner served our socket and no longer answers there: it is stopping (a
-    daemon removes its socket first, then drains, then lets go of the store). A client that
-    found no daemon and started us must not fail in that window: wait for the owner to exit,
-    then take the lock. True once we hold it."""
-    if endpoint is None:
-        return False
+def write_owner(path: Path, endpoint: str | None, *, stopping: bool = False) -> None:
+    owner = _owner_file(path)
+    record: dict[str, Any] = {"pid": os.getpid(), "socket": endpoint}
+    if stopping:
+        record["stopping"] = True
+    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, owner)
+
+
+def _outwait_stopping_owner(path: Path, fd: int) -> bool:
+    """The store's owner has begun to stop (it marks its record, then removes its socket,
+    drains, and lets go of the store). A client that found no daemon in that window and
+    started us must not fail: wait for the owner to exit, then take the lock. True once we
+    hold it. An owner that is not stopping (alive, its socket deleted under it, say) is
+    refused at once."""
     try:
         info = json.loads(_owner_file(path).read_text())
         pid = int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    try:
-        if info.get("socket") != endpoint or _is_live(Path(endpoint)):
-            return False
-    except OSError:
+    if info.get("stopping") is not True:
         return False
     try:
         pidfd = os.pidfd_open(pid)
@@ -144,6 +148,8 @@ class Daemon:
     lock_fd: int
     connections: set[Connection] = field(default_factory=set)
     stopping: anyio.Event = field(default_factory=anyio.Event)
+    #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
+    endpoint: str | None = None
 
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
@@ -184,7 +190,8 @@ class Daemon:
         }
         handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
-        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd)
+        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd,
+                   endpoint=endpoint)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         return Connection(sink, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
@@ -293,6 +300,12 @@ class Daemon:
 
     async def _drain(self, serving: TaskGroup) -> None:
         """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
+        # First of all, before the socket goes: a starter that finds no daemon now waits
+        # for us to let go of the store instead of failing with STORE_LOCKED.
+        try:
+            write_owner(self.config.db_path, self.endpoint, stopping=True)
+        except OSError as exc:
+            log.warning("cannot mark the store's owner record as stopping: %s", exc.strerror)
         server = getattr(self, "_server", None)
         if server is not None:
             server.close()
