@@ -800,6 +800,14 @@ function runToExit(command, args, timeoutMs) {
   });
 }
 
+/** The launcher's last stderr line (the daemon's own reason), as `: <reason>`, or ''. */
+function oneLineReason(stderr, log) {
+  const last = stderr.split('\n').filter((l) => l.trim()).pop();
+  if (!last) return '';
+  const reason = last.trim().replace(/^memoryd: /, '').replace(` (log: ${log})`, '');
+  return `: ${reason}`;
+}
+
 /**
  * Start the daemon with its own launcher, `memoryd serve --detach --socket PATH [--db]
  * [--config] [...autostartArgs]`: it starts memoryd in its own session (stderr appended to
@@ -823,7 +831,7 @@ async function autostart(socketPath, options, deadline, connectTimeoutMs) {
     let how;
     if (typeof error.code === 'string') how = `could not be started: ${error.message}`;
     else if (error.killed) how = `did not start on ${socketPath} in time`;
-    else how = `exited with ${error.code ?? error.signal} before it was ready`;
+    else how = `exited with ${error.code ?? error.signal} before it was ready${oneLineReason(reason, log)}`;
     throw clientError(CONNECTION_FAILED, `memoryd ${how} (log: ${log})`, { ...details, stderr: reason, exit: { code: error.code, signal: error.signal } }, error);
   }
   const pid = stdout.trim() ? Number.parseInt(stdout, 10) : undefined;

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import sqlite3
 from dataclasses import dataclass, field
@@ -33,6 +34,10 @@ from .writer import Writer, run_on
 
 log = logging.getLogger("memoryd")
 
+#: How long a starting daemon waits for the previous owner of its store and socket to
+#: finish stopping (it drains for at most 10 s, then closes the store).
+STOPPING_OWNER_WAIT_S = 12.0
+
 
 def _owner_file(path: Path) -> Path:
     return path.with_name(path.name + ".memoryd-owner")
@@ -45,22 +50,63 @@ def lock_store(path: Path, endpoint: str | None) -> int:
 
     The holder writes its pid and socket next to the store, so that a refused second
     daemon (or a stdio relay that started one) can say who owns the store and where it
-    listens. The file means something only while the flock is held."""
+    listens, and marks it once it is stopping. The file means something only while the
+    flock is held."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
-        raise _locked(path) from None
+        if not _outwait_stopping_owner(path, fd):
+            os.close(fd)
+            raise _locked(path) from None
     try:
-        owner = _owner_file(path)
-        tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "socket": endpoint}) + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, owner)
+        write_owner(path, endpoint)
     except OSError as exc:
         log.warning("cannot record the store's owner next to it: %s", exc.strerror)
     return fd
+
+
+def write_owner(path: Path, endpoint: str | None, *, stopping: bool = False) -> None:
+    owner = _owner_file(path)
+    record: dict[str, Any] = {"pid": os.getpid(), "socket": endpoint}
+    if stopping:
+        record["stopping"] = True
+    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, owner)
+
+
+def _outwait_stopping_owner(path: Path, fd: int) -> bool:
+    """The store's owner has begun to stop (it marks its record, then removes its socket,
+    drains, and lets go of the store). A client that found no daemon in that window and
+    started us must not fail: wait for the owner to exit, then take the lock. True once we
+    hold it. An owner that is not stopping (alive, its socket deleted under it, say) is
+    refused at once."""
+    try:
+        info = json.loads(_owner_file(path).read_text())
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if info.get("stopping") is not True:
+        return False
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pass  # gone already
+    except OSError:
+        return False
+    else:
+        log.info("store %s is owned by memoryd pid %d, which is stopping; waiting for it to exit", path, pid)
+        try:
+            select.select([pidfd], [], [], STOPPING_OWNER_WAIT_S)
+        finally:
+            os.close(pidfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _locked(path: Path) -> StoreLocked:
@@ -102,6 +148,8 @@ class Daemon:
     lock_fd: int
     connections: set[Connection] = field(default_factory=set)
     stopping: anyio.Event = field(default_factory=anyio.Event)
+    #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
+    endpoint: str | None = None
 
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
@@ -111,7 +159,11 @@ class Daemon:
         store.prepare_path(path)
         lock_fd = lock_store(path, endpoint)
         try:
-            writer_conn = await aiosqlite.Connection(lambda: store.open_store(path, version), 64)
+            # Opened (and migrated) here, not by aiosqlite's connector: a connector that fails
+            # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
+            # and its traceback, not our one line, ends the log a launcher reports from.
+            conn = await anyio.to_thread.run_sync(store.open_store, path, version)
+            writer_conn = await aiosqlite.Connection(lambda: conn, 64)
         except BaseException:
             unlock_store(path, lock_fd)
             raise
@@ -138,7 +190,8 @@ class Daemon:
         }
         handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
-        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd)
+        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd,
+                   endpoint=endpoint)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         return Connection(sink, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
@@ -247,6 +300,12 @@ class Daemon:
 
     async def _drain(self, serving: TaskGroup) -> None:
         """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
+        # First of all, before the socket goes: a starter that finds no daemon now waits
+        # for us to let go of the store instead of failing with STORE_LOCKED.
+        try:
+            write_owner(self.config.db_path, self.endpoint, stopping=True)
+        except OSError as exc:
+            log.warning("cannot mark the store's owner record as stopping: %s", exc.strerror)
         server = getattr(self, "_server", None)
         if server is not None:
             server.close()
@@ -283,10 +342,19 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 async def _serve(cfg: Config, stdio: bool) -> int:
     import sys
 
-    from .transports import SocketInUse
+    from .transports import SocketInUse, refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
     activated = os.environ.get("LISTEN_PID") == str(os.getpid())
+    if not (stdio or activated):
+        try:  # before the store is opened: a refusal creates nothing (bind checks again)
+            refuse_taken(cfg.socket_path)
+        except SocketInUse as exc:
+            print(f"memoryd: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"memoryd: cannot use the socket path {cfg.socket_path}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     try:
         daemon = await Daemon.open(cfg, endpoint=None if stdio or activated else str(cfg.socket_path))
     except StoreLocked as exc:
@@ -297,6 +365,9 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     except OSError as exc:
         print(f"memoryd: cannot open store {cfg.db_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"memoryd: cannot open store {cfg.db_path}: {exc}", file=sys.stderr)
         return 1
     try:
         await daemon.run(stdio=stdio)

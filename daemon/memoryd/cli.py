@@ -109,6 +109,8 @@ def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status: 0 (also when one already answers, then nothing is printed), else
     the daemon's own, with its one-line reason on stderr."""
+    import signal
+
     from . import launch
 
     runtime = socket_path.parent
@@ -119,7 +121,10 @@ def _detach(socket_path: Path, serve_args: list[str]) -> int:
             if launch.answers(socket_path):
                 print(f"memoryd: already running on {socket_path}", file=sys.stderr)
                 return 0
-            proc = launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
+            # A client that gives up on us (Node's autostart timeout sends SIGTERM) must not
+            # leave a half-started daemon behind: these stop it before we exit.
+            proc = launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log,
+                                      cancel_on=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     except launch.LaunchFailed as exc:
         reason = str(exc)
         if not reason.startswith("memoryd: "):

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -78,6 +79,40 @@ def _last_line(path: Path, offset: int) -> str:
     return lines[-1] if lines else ""
 
 
+@contextlib.contextmanager
+def _signals_as_fd(signums: Sequence[int]) -> Iterator[tuple[int | None, list[int]]]:
+    """While inside: the signals in ``signums`` are recorded (not fatal) and make the
+    returned descriptor readable, so a select() sees them, whenever they arrive."""
+    if not signums:
+        yield None, []
+        return
+    got: list[int] = []
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def record(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    old = {s: signal.signal(s, record) for s in signums}
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        yield r, got
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        os.close(r)
+        os.close(w)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _ready_from(notify: socket.socket, pid: int) -> bool:
     """One datagram: is it ``READY=1`` sent by ``pid``?"""
     msg, anc, _flags, _addr = notify.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
@@ -95,14 +130,18 @@ def spawn_ready(
     wait_s: float = DEFAULT_WAIT_S,
     python: str = sys.executable,
     env: dict[str, str] | None = None,
+    cancel_on: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Run ``python -m memoryd serve <serve_args>`` in its own session (stdin and stdout
     on /dev/null, stderr appended to ``log``) and return once it said ``READY=1``.
 
     Raises :class:`LaunchFailed` when it exits first or is not ready within ``wait_s``
-    (it is stopped then)."""
+    (it is stopped then). A signal in ``cancel_on`` that arrives before it is ready stops
+    it as well: whoever sent it gave up waiting (a client's own timeout), and a daemon that
+    nobody waits for must not linger half-started in its own session."""
     name = f"memoryd-launch-{os.getpid()}-{os.urandom(8).hex()}"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
+            _signals_as_fd(cancel_on) as (wake, got):
         notify.bind("\0" + name)
         notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         child_env = dict(os.environ if env is None else env, NOTIFY_SOCKET="@" + name, PYTHONUNBUFFERED="1")
@@ -125,9 +164,18 @@ def spawn_ready(
         pidfd = os.pidfd_open(proc.pid)
         try:
             deadline = time.monotonic() + wait_s
+            watched = [notify.fileno(), pidfd] + ([] if wake is None else [wake])
             while True:
                 left = deadline - time.monotonic()
-                readable, _, _ = select.select([notify.fileno(), pidfd], [], [], max(left, 0))
+                readable, _, _ = select.select(watched, [], [], max(left, 0))
+                if got:
+                    _stop(proc)
+                    signame = signal.Signals(got[0]).name
+                    raise LaunchFailed(f"interrupted by {signame} before memoryd was ready; stopped it",
+                                       log, 128 + got[0])
+                if wake is not None and wake in readable:
+                    os.read(wake, 512)  # another signal with a Python handler: not ours
+                    continue
                 if notify.fileno() in readable and _ready_from(notify, proc.pid):
                     return proc
                 if pidfd in readable:
@@ -135,12 +183,7 @@ def spawn_ready(
                     reason = (_last_line(log, offset) if log is not None else "") or f"exit status {code}"
                     raise LaunchFailed(reason, log, code)
                 if not readable:
-                    proc.terminate()
-                    try:
-                        proc.wait(5)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                    _stop(proc)
                     raise LaunchFailed(f"memoryd was not ready within {wait_s:g}s; stopped it", log)
         finally:
             os.close(pidfd)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import socket
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +42,7 @@ def _connect(path: Path) -> socket.socket | None:
         sock.close()
         if exc.errno in NO_DAEMON:
             return None
-        raise RelayError(f"cannot connect to {path}: {exc.strerror}") from None
+        raise RelayError(f"cannot connect to {path}: {exc.strerror or exc}") from None
     return sock
 
 
@@ -52,21 +52,27 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     sock = _connect(socket_path)
     if sock is not None:
         return sock
+    import signal
+
     from . import launch  # only when no daemon answers: subprocess and friends cost start-up
 
     runtime = socket_path.parent
     try:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror}") from None
+        raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror or exc}") from None
     with launch.start_lock(runtime):
         sock = _connect(socket_path)  # another starter may have won the lock first
         if sock is None:
             log = launch.log_path_for(socket_path)
             try:
-                launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log)
+                # The harness giving up on this session (SIGTERM, SIGINT, SIGHUP) while the
+                # daemon starts stops that daemon too, rather than leave it half-started.
+                launch.spawn_ready(["--socket", str(socket_path), *serve_args], log=log,
+                                   cancel_on=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
             except launch.LaunchFailed as exc:
-                raise RelayError(f"could not start a daemon on {socket_path}: {exc} (log: {log})") from None
+                reason = str(exc).removeprefix("memoryd: ")  # the daemon's own line, already prefixed
+                raise RelayError(f"could not start a daemon on {socket_path}: {reason} (log: {log})") from None
             sock = _connect(socket_path)
     if sock is None:
         raise RelayError(f"the daemon started on {socket_path} does not accept connections")
@@ -89,14 +95,17 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     """Ask the daemon what it serves before relaying anything; the reply is ours, not the
     harness's. Returns any bytes read past that reply (none in practice)."""
     probe = {"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}
-    sock.sendall(json.dumps(probe).encode() + b"\n")
-    line, rest = _read_line(sock)
+    try:
+        sock.sendall(json.dumps(probe).encode() + b"\n")
+        line, rest = _read_line(sock)
+    except OSError as exc:  # reset or closed under us: it stopped, or it closed its listener
+        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
     try:
         status = json.loads(line)["result"]
         served = Path(status["store"]["path"])
     except (ValueError, KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
-    if db is not None and os.path.realpath(served) != os.path.realpath(db):
+    if db is not None and not _same_file(served, db):
         raise RelayError(
             f"the daemon on {socket_path} serves the store {served}, not {db}; "
             f"give --socket of the daemon that serves {db}, or drop --db to use {served}"
@@ -110,29 +119,53 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     return rest
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """One store by any name: a symlink, a relative path or a hard link to it."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): then the names must agree
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _read(fd: int) -> bytes:
+    """A chunk of stdin; the harness may have left its end O_NONBLOCK (EAGAIN is not EOF)."""
+    while True:
+        try:
+            return os.read(fd, CHUNK)
+        except BlockingIOError:
+            select.select([fd], [], [])
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:  # an O_NONBLOCK stdout that is full: wait for the harness
+            select.select([], [fd], [])
+            continue
         view = view[n:]
 
 
 def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
     """Relay until the daemon closes. Returns ``None`` after a clean end (the harness
     closed stdin first, or stopped reading stdout), else the reason the daemon went."""
-    stdin_done = threading.Event()
+    stdin_done = threading.Event()  # the harness ended its input (not: our send failed)
 
     def upstream() -> None:
         try:
             while True:
-                data = os.read(in_fd, CHUNK)
+                try:
+                    data = _read(in_fd)
+                except OSError:
+                    data = b""  # stdin unreadable: as good as closed
                 if not data:
+                    stdin_done.set()
                     break
                 sock.sendall(data)
         except OSError:
             pass  # the daemon went away: the downstream half reports it
         finally:
-            stdin_done.set()
             try:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -146,7 +179,7 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
             try:
                 data = sock.recv(CHUNK)
             except OSError as exc:
-                return f"lost the connection to the daemon: {exc.strerror}"
+                return f"lost the connection to the daemon: {exc.strerror or exc}"
             if not data:
                 return None if stdin_done.is_set() else "the daemon closed the connection (it stopped)"
             _write_all(out_fd, data)
@@ -156,7 +189,28 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
         sock.close()
 
 
+def _open_std_fds() -> None:
+    """A harness may start us with fd 0, 1 or 2 closed; the next socket would take that
+    number, and the relay would read its own daemon connection as stdin, or write to it as
+    stdout. A closed descriptor reads as EOF and writes into /dev/null instead."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
+def _say(message: str) -> None:
+    """One line on fd 2. Not print(): with fd 2 closed at start, sys.stderr is None and
+    print() would write to stdout, the harness's protocol stream."""
+    try:
+        _write_all(2, f"memoryd: {message}\n".encode())
+    except OSError:
+        pass
+
+
 def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
+    _open_std_fds()
     try:
         sock = attach(socket_path, serve_args)
         try:
@@ -165,7 +219,7 @@ def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args
             sock.close()
             raise
     except RelayError as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 1
     # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
     # stderr, so a stray print() cannot corrupt the stream.
@@ -174,7 +228,7 @@ def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args
     reason = pump(sock, 0, out_fd, rest)
     os.close(out_fd)
     if reason is not None:
-        print(f"memoryd: {reason} ({socket_path})", file=sys.stderr)
+        _say(f"{reason} ({socket_path})")
         return 1
     return 0
 

@@ -95,6 +95,15 @@ def _is_live(path: Path) -> bool:
         return True
 
 
+def refuse_taken(path: Path) -> None:
+    """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket."""
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise SocketInUse(f"{path} exists and is not a socket")
+        if _is_live(path):
+            raise SocketInUse(f"a memoryd is already serving on {path}")
+
+
 def bind_unix(path: Path, *, private_dir: bool) -> socket.socket:
     """Bind and listen, then move the socket into place: the path appears only once it
     accepts connections. A stale socket file is replaced; a live daemon is refused."""
@@ -103,11 +112,7 @@ def bind_unix(path: Path, *, private_dir: bool) -> socket.socket:
         os.chmod(path.parent, 0o700)
     elif not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise SocketInUse(f"{path} exists and is not a socket")
-        if _is_live(path):
-            raise SocketInUse(f"a memoryd is already serving on {path}")
+    refuse_taken(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
