@@ -31,13 +31,20 @@ EXPOSURE = re.compile(r"Overall exposure level for memoryd\.service: (\d+\.\d+) 
 
 
 @pytest.fixture(autouse=True)
-def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test may read the user's real config or name their real store."""
-    for var in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
         path = tmp_path / "xdg" / var.lower()
         path.mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(var, str(path))
+    # Short: systemd-analyze verify --user loads every installed user unit, and a socket
+    # under %t (gpg-agent's, say) must fit a Unix socket path (108 bytes), which pytest's
+    # tmp_path under a busy /tmp/pytest-of-root/pytest-NNN/<test name> may not.
+    runtime = Path(tempfile.mkdtemp(prefix="md-rt-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     monkeypatch.delenv("MEMORYD_SOCKET", raising=False)
+    yield
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
