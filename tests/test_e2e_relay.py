@@ -330,3 +330,26 @@ def test_serve_option_combinations_that_mean_nothing_are_usage_errors(args: list
     r = subprocess.run([sys.executable, "-m", "memoryd", "serve", *args], capture_output=True, timeout=30)
     assert r.returncode == 2
     assert message in r.stderr.decode()
+
+
+def test_a_process_that_accepts_but_never_answers_does_not_hang_the_relay(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket as socketlib
+
+    from memoryd import relay as relay_mod
+
+    monkeypatch.setattr(relay_mod, "PROBE_TIMEOUT_S", 0.2)
+    ours, silent = socketlib.socketpair()
+    with ours, silent:
+        with pytest.raises(relay_mod.RelayError, match=r"did not answer within 0.2s"):
+            relay_mod.check_store(ours, Path("/x/memoryd.sock"), None, None)
+        assert silent.recv(4096).startswith(b'{"jsonrpc": "2.0", "id": "memoryd-relay-probe"')
+
+
+def test_a_socket_path_too_long_to_bind_is_one_line_before_the_store_is_made(tmp_path: Path) -> None:
+    sock = Path("/tmp") / ("s" * 100) / "memoryd.sock"
+    db = tmp_path / "never.db"
+    r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--socket", str(sock), "--db", str(db)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "is too long for a Unix socket" in r.stderr, r.stderr
+    assert not db.exists() and not sock.parent.exists()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
+PROBE_TIMEOUT_S = 10.0
 #: connect() errors that mean "no daemon there" (anything else, EACCES say, is reported).
 NO_DAEMON = frozenset({errno.ENOENT, errno.ECONNREFUSED})
 
@@ -95,11 +96,17 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     """Ask the daemon what it serves before relaying anything; the reply is ours, not the
     harness's. Returns any bytes read past that reply (none in practice)."""
     probe = {"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}
+    # Something that accepts but never answers must not hang the harness at spawn.
+    sock.settimeout(PROBE_TIMEOUT_S)
     try:
         sock.sendall(json.dumps(probe).encode() + b"\n")
         line, rest = _read_line(sock)
+    except TimeoutError:
+        raise RelayError(f"the process on {socket_path} did not answer within {PROBE_TIMEOUT_S:g}s") from None
     except OSError as exc:  # reset or closed under us: it stopped, or it closed its listener
         raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
+    finally:
+        sock.settimeout(None)
     try:
         status = json.loads(line)["result"]
         served = Path(status["store"]["path"])

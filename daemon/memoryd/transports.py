@@ -95,8 +95,22 @@ def _is_live(path: Path) -> bool:
         return True
 
 
+#: sun_path holds 108 bytes, one of them the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def _temporary(path: Path) -> Path:
+    """The name bind_unix binds first (then renames into place), a few bytes longer."""
+    return path.with_name(f".{path.name}.{os.getpid()}")
+
+
 def refuse_taken(path: Path) -> None:
-    """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket."""
+    """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket, and short
+    enough to bind (with the temporary name it is bound under first)."""
+    length = len(os.fsencode(_temporary(path)))
+    if length > MAX_SOCKET_PATH:
+        raise SocketInUse(f"the socket path {path} is too long for a Unix socket: {length} bytes with its "
+                          f"temporary name, at most {MAX_SOCKET_PATH}; choose a shorter --socket")
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise SocketInUse(f"{path} exists and is not a socket")
@@ -113,7 +127,7 @@ def bind_unix(path: Path, *, private_dir: bool) -> socket.socket:
     elif not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
     refuse_taken(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = _temporary(path)
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
