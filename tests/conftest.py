@@ -109,3 +109,18 @@ def daemon(daemon_factory) -> Daemon:  # type: ignore[no-untyped-def]
 def ask_daemon(daemon_factory) -> Daemon:  # type: ignore[no-untyped-def]
     """A daemon under write policy ``ask``: every write sends approval/asked."""
     return daemon_factory(policy="ask")  # type: ignore[operator,no-any-return]
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory under /tmp for sockets (a Unix socket path has at most 107 bytes,
+    and pytest's tmp paths can be longer); every daemon still serving in it is stopped."""
+    from processes import peer_pid, stop
+
+    d = Path(tempfile_dir(Path("/tmp")))
+    yield d
+    for sock in d.rglob("*.sock"):
+        pid = peer_pid(sock)
+        if pid is not None:
+            stop(pid)
+    shutil.rmtree(d, ignore_errors=True)

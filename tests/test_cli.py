@@ -33,6 +33,7 @@ import memoryd_client as mc
 import pytest
 from memoryd_client.cli import build_parser, main, verbs
 from memoryd_protocol.constants import ALLOWED_ONCE
+from processes import peer_pid, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORYCTL = [sys.executable, "-m", "memoryd_client"]
@@ -681,40 +682,10 @@ def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
 # --- autostart -----------------------------------------------------------------------------
 
 
-def peer_pid(path: Path) -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(str(path))
-        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[0])
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie (reparented to an init that does not reap) is gone too
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
-def stop(pid: int) -> None:
-    """SIGTERM (then SIGKILL) a daemon that is not our child, waiting on its pidfd: its exit
-    is the event (a zombie that init has not reaped yet counts as gone)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        try:
-            os.kill(pid, sig)
-            if select.select([fd], [], [], 10)[0]:
-                return
-        except ProcessLookupError:
-            return
-        finally:
-            os.close(fd)
 
 
 @pytest.fixture
@@ -748,8 +719,7 @@ def test_autostart(fresh_socket: Path, tmp_path: Path) -> None:
     r = run("--socket", str(fresh_socket), "list", "--json")
     assert [e["text"] for e in json.loads(r.stdout)] == ["Autostarted"]
 
-    stop(pid)
-    assert gone(pid)
+    assert stop(pid)  # it exited on SIGTERM
 
 
 def test_autostart_failure_shows_the_daemon_stderr(fresh_socket: Path, tmp_path: Path) -> None:

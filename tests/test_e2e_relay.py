@@ -11,7 +11,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import anyio
 import pytest
 from conftest import Daemon
 from e2e_helpers import add, state
+from processes import peer_pid, stop
 from rawclient import relay_client, socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -28,60 +28,19 @@ pytestmark = pytest.mark.anyio
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"memory/list"}\n'
 
 
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to ~107 bytes; pytest's tmp paths can be long.
-    d = Path(tempfile.mkdtemp(prefix="md-relay-", dir="/tmp"))
-    yield d
-    for sock in d.glob("*.sock"):
-        pid = _peer_pid(sock)
-        if pid is not None:
-            _stop_pid(pid)
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    d.rmdir()
 
 
-def _wait_pid_exit(pid: int, timeout: float = 10) -> None:
-    """Wait for a process that is not our child (a detached daemon) to exit."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        assert readable, f"pid {pid} did not exit within {timeout}s"
-    finally:
-        os.close(fd)
 
 
-def _stop_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    _wait_pid_exit(pid)
 
 
-def _peer_pid(sock: Path) -> int | None:
-    """The pid of the daemon that accepts on ``sock`` (SO_PEERCRED), or None."""
-    import socket as socketlib
-
-    with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as c:
-        try:
-            c.connect(str(sock))
-        except OSError:
-            return None
-        pid: int = struct.unpack("3i", c.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED,
-                                                    struct.calcsize("3i")))[0]
-        return pid
 
 
 def _shutdown(sock: Path) -> None:
     """Stop a detached daemon found by its socket."""
-    pid = _peer_pid(sock)
+    pid = peer_pid(sock)
     assert pid is not None
-    _stop_pid(pid)
+    stop(pid)
     assert not sock.exists()
 
 
@@ -135,12 +94,12 @@ async def test_relay_starts_the_daemon_when_none_runs_and_the_next_one_attaches(
         await add(r, "remembered by the daemon the relay started")
     # the daemon outlives the relay that started it, detached, with its log next to the socket
     assert r.process.returncode == 0
-    pid = _peer_pid(sock)
+    pid = peer_pid(sock)
     assert pid is not None and pid != r.process.pid
     assert (await _status(sock))["store"]["path"] == str(db)
     async with relay_client(sock, "--db", str(db)) as r2:
         assert [e["text"] for e in await r2.ok("memory/list", {})] == ["remembered by the daemon the relay started"]
-    assert _peer_pid(sock) == pid
+    assert peer_pid(sock) == pid
     assert (sock_dir / "memoryd.log").read_text().count("memoryd ready") == 1
     _shutdown(sock)
 
@@ -264,12 +223,12 @@ def test_detach_starts_once_and_reports_a_running_daemon(sock_dir: Path, tmp_pat
     first = subprocess.run(args, capture_output=True, timeout=30)
     assert first.returncode == 0, first.stderr
     pid = int(first.stdout)
-    assert _peer_pid(sock) == pid
+    assert peer_pid(sock) == pid
     second = subprocess.run(args, capture_output=True, timeout=30)
     assert second.returncode == 0
     assert second.stdout == b""
     assert second.stderr.decode() == f"memoryd: already running on {sock}\n"
-    _stop_pid(pid)
+    stop(pid)
     assert not sock.exists()
 
 

@@ -16,7 +16,6 @@ import sqlite3
 import struct
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,40 +35,10 @@ def _line(method: str, id_: Any = 1, params: Any = None) -> bytes:
     return json.dumps(msg).encode() + b"\n"
 
 
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to ~107 bytes; pytest's tmp paths can be long.
-    d = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))
-    yield d
-    for sock in d.glob("*.sock"):
-        pid = _peer_pid(sock)
-        if pid is not None:
-            _stop_pid(pid)
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    d.rmdir()
 
 
-def _peer_pid(sock: Path) -> int | None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-        try:
-            c.connect(str(sock))
-        except OSError:
-            return None
-        pid: int = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        return pid
 
 
-def _stop_pid(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-        assert select.select([fd], [], [], 20)[0], f"pid {pid} did not exit"
-    finally:
-        os.close(fd)
 
 
 # --- the harness's descriptors ------------------------------------------------------------

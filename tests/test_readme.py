@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import peer_pid, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -352,38 +353,10 @@ def _quote(path: Path) -> str:
 
 # --- cleaning up ---------------------------------------------------------------------------
 
-_UCRED = struct.Struct("3i")
 
 
-def peer_pid(path: Path) -> int | None:
-    """The pid of whoever listens on the Unix socket ``path`` (SO_PEERCRED), or None."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            return None
-        pid, _uid, _gid = _UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-        return pid
 
 
-def stop(pid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
-    """SIGTERM ``pid`` and wait for it to exit (on a pidfd, so a reused pid is never hit);
-    SIGKILL when it outlives ``timeout``. True when SIGTERM was enough."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        if select.select([pidfd], [], [], timeout)[0]:
-            return True
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        select.select([pidfd], [], [], timeout)
-        return False
-    except ProcessLookupError:
-        return True
-    finally:
-        os.close(pidfd)
 
 
 def processes_of(home: Path) -> dict[int, str]:
@@ -415,7 +388,7 @@ def clean_up(sb: Sandbox) -> list[str]:
     """Stop the sandbox's daemon, then anything else it left running; the problems found."""
     problems: list[str] = []
     pid = peer_pid(sb.socket_path)
-    if pid is not None and not stop(pid):
+    if pid is not None and not stop(pid, STOP_TIMEOUT_S):
         problems.append(f"the daemon (pid {pid}) did not exit within {STOP_TIMEOUT_S:g}s of SIGTERM")
     for pid, cmdline in processes_of(sb.home).items():
         problems.append(f"left running: pid {pid}: {cmdline}")

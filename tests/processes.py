@@ -1,0 +1,56 @@
+"""Processes that are not our children (detached daemons), found and stopped by events:
+the socket's peer credentials name the daemon, its pidfd says when it is gone."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+from pathlib import Path
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_pid(path: Path) -> int | None:
+    """The pid of whoever accepts on the Unix socket ``path`` (SO_PEERCRED), or None."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return None
+        pid: int = _UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[0]
+        return pid
+
+
+def wait_exit(pid: int, timeout: float = 10) -> None:
+    """Wait for ``pid`` to exit (a zombie not yet reaped by init counts as exited)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], timeout)[0], f"pid {pid} did not exit within {timeout}s"
+    finally:
+        os.close(fd)
+
+
+def stop(pid: int, timeout: float = 10) -> bool:
+    """SIGTERM ``pid`` and wait for it to exit (through its pidfd, so a reused pid is never
+    hit); SIGKILL when it outlives ``timeout``. True when SIGTERM was enough."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        if select.select([pidfd], [], [], timeout)[0]:
+            return True
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        select.select([pidfd], [], [], timeout)
+        return False
+    except ProcessLookupError:
+        return True
+    finally:
+        os.close(pidfd)
