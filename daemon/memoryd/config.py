@@ -7,6 +7,7 @@ bug, not a convenience).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,24 @@ class Config:
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
         self.config_path: Path | None = None
 
-    def policy_for(self, track: str, scope: str, source: str) -> str:
-        """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
-        by_source = self.write_policies.get(f"source:{source}")
-        if by_source is not None:
-            return by_source
-        return self.write_policies.get(f"{track}/{scope}", self.write_policy)
+    def policy_for(self, layers: Iterable[tuple[str, str]], sources: Iterable[str]) -> str:
+        """The effective write policy of one write, the only place it is computed.
 
-    def strictest(self, policies: list[str]) -> str:
-        return max(policies, key=_POLICY_RANK.__getitem__) if policies else self.write_policy
+        It starts from the policy of each layer (track, scope) the write lands in: the
+        ``track/scope`` override where there is one, else ``write_policy``. So a layer
+        override may loosen the default (``"agent/workspace" = "auto"`` under ``ask``). Then
+        the ``source:<name>`` override of every source the write touches (the new text's
+        and that of every entry it replaces or removes) can only make it stricter
+        (``off`` > ``ask`` > ``auto``), never looser: a client picks its own source label,
+        so a label must never open what the layer's policy closes."""
+        policies = [self.write_policies.get(f"{track}/{scope}", self.write_policy) for track, scope in layers]
+        if not policies:
+            raise ValueError("a write lands in at least one layer")
+        for source in sources:
+            override = self.write_policies.get(f"source:{source}")
+            if override is not None:
+                policies.append(override)
+        return max(policies, key=_POLICY_RANK.__getitem__)
 
 
 def _int(key: str, value: Any, lo: int, hi: int) -> int:

@@ -416,7 +416,7 @@ class Service:
         check_budget(i.track, i.scope, self.writer.usage.get((i.track, i.scope), 0), self.limit(i.track, i.scope), delta)
         ok = await self.approve(
             peer, view, action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
-            policy=self.config.policy_for(i.track, i.scope, source), lands=(wk, ak, tags),
+            policy=self.config.policy_for([(i.track, i.scope)], [source]), lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
@@ -459,9 +459,10 @@ class Service:
         delta = utf16_len(text) - utf16_len(target.text)
         cell = (i.track, i.scope)
         check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
+        # A replacement keeps the target's source: that one source is the old text's and the new one's.
         ok = await self.approve(
             peer, view, action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
-            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
             lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags),
         )
 
@@ -494,7 +495,7 @@ class Service:
         cell = (i.track, i.scope)
         ok = await self.approve(
             peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
-            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
             lands=(target.workspace_key, target.agent_key, target.tags),
         )
 
@@ -535,7 +536,8 @@ class Service:
         ok = await self.approve(
             peer, view, action="consolidate", track=i.track, scope=i.scope,
             text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
-            source=source, policy=self.config.policy_for(i.track, i.scope, source), count=None, lands=(wk, ak, tags),
+            source=source, policy=self.config.policy_for([cell], [source, *(t.source for t in targets)]), count=None,
+            lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
@@ -589,7 +591,7 @@ class Service:
         text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
-        policy = self.config.strictest([self.config.policy_for(e.track, e.scope, e.source) for e in planned])
+        policy = self.config.policy_for([(e.track, e.scope) for e in planned], [e.source for e in planned])
         ok = await self.approve(peer, view, action="seed", track="batch", scope="batch", text=text, source=source,
                                 policy=policy, count=len(planned), entries=planned)
 
