@@ -50,7 +50,7 @@ def test_refusals_are_logged_one_by_one_up_to_a_burst_then_summed_up(caplog: pyt
     clock.now += 0.1  # the window is over: the ones left out are counted, then the new one
     limiter.refused(201, 1001)
     assert warnings(caplog) == [
-        "refused 8 more connections from other users in the last 60 s (not logged one by one)",
+        "refused 8 more connections from other users, not logged one by one (at most 3 per 60 s)",
         "refused a connection from pid 201 uid 1001: only the daemon's own uid "
         f"({euid}) and root may connect",
     ]

@@ -96,8 +96,8 @@ class RefusalLog:
         now = self._clock()
         if now - self._start >= self.window_s:
             if self._suppressed:
-                log.warning("refused %d more connections from other users in the last %.0f s (not logged one by one)",
-                            self._suppressed, now - self._start)
+                log.warning("refused %d more connections from other users, not logged one by one (at most %d per %g s)",
+                            self._suppressed, self.burst, self.window_s)
             self._start, self._logged, self._suppressed = now, 0, 0
         if self._logged >= self.burst:
             self._suppressed += 1
