@@ -288,6 +288,26 @@ export interface DaemonStatus {
   config: string | null;
   /** The file its stderr (the log) goes to, or null when stderr is not a regular file. */
   log: string | null;
+  /** The live connections (`connections` is their count), the asking one included, oldest first. */
+  connectionList: ConnectionInfo[];
+}
+
+/** One live connection: the kernel's peer credentials and /proc beside the client's own claim. */
+export interface ConnectionInfo {
+  id: number;
+  transport: "socket" | "stdio";
+  /** Peer pid (SO_PEERCRED; for a `memoryd serve --stdio` relay, the harness behind it). */
+  pid: number | null;
+  /** Peer uid (SO_PEERCRED): the daemon's own or root; other uids are refused at accept. */
+  uid: number | null;
+  /** The peer's executable (/proc/<pid>/exe), or null when unreadable. */
+  exe: string | null;
+  /** `initialize`'s `client`, as the peer names itself; null before initialize. */
+  client: { name: string | null; version: string | null } | null;
+  /** Subscribed with `approval/subscribe`. */
+  approver: boolean;
+  /** When the daemon accepted it (ms since the epoch). */
+  openedAt: number;
 }
 
 export type Empty = Record<string, never>;

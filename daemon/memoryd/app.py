@@ -19,7 +19,6 @@ import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
-from memoryd_protocol.paths import private_socket_path
 
 from . import store
 from .adapter_registry import load_adapters
@@ -151,6 +150,9 @@ class Daemon:
     #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
     endpoint: str | None = None
 
+    def __post_init__(self) -> None:
+        self.service.live = self.connections  # daemon/status lists them
+
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
                    endpoint: str | None = None) -> Daemon:
@@ -260,7 +262,7 @@ class Daemon:
         sock = inherited_listener()
         if sock is None:
             path = self.config.socket_path
-            sock = bind_unix(path, private_dir=path == private_socket_path())
+            sock = bind_unix(path)
             self._socket_path: Path | None = path
         else:
             self._socket_path = None  # systemd owns the path: it is not ours to report or remove
@@ -342,6 +344,7 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 async def _serve(cfg: Config, stdio: bool) -> int:
     import sys
 
+    from .rundir import UnsafeDir
     from .transports import SocketInUse, refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
@@ -349,7 +352,7 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     if not (stdio or activated):
         try:  # before the store is opened: a refusal creates nothing (bind checks again)
             refuse_taken(cfg.socket_path)
-        except SocketInUse as exc:
+        except (SocketInUse, UnsafeDir) as exc:
             print(f"memoryd: {exc}", file=sys.stderr)
             return 1
         except OSError as exc:
@@ -371,7 +374,7 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     try:
         await daemon.run(stdio=stdio)
-    except SocketInUse as exc:
+    except (SocketInUse, UnsafeDir) as exc:
         print(f"memoryd: {exc}", file=sys.stderr)
         await daemon.close()
         return 1

@@ -14,10 +14,10 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 import anyio
@@ -84,6 +84,9 @@ from .approvals import Approvals, Peer
 from .config import Config
 from .writer import Usage, Writer, run_on
 
+if TYPE_CHECKING:
+    from .connection import Connection
+
 log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
@@ -124,6 +127,8 @@ class Service:
         self.approvals = approvals
         self.started = time.monotonic()
         self.connections = 0
+        #: the live connections, for ``daemon/status`` (the Daemon's own set)
+        self.live: Collection[Connection] = ()
         #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
         #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
         #: a listener inherited from systemd socket activation).
@@ -285,6 +290,8 @@ class Service:
             socket=None if self.socket_path is None else str(self.socket_path),
             config=None if self.config.config_path is None else str(self.config.config_path),
             log=stderr_file(),
+            connection_list=[c.listing(approver=c in self.approvals.approvers)
+                             for c in sorted(self.live, key=lambda c: c.id)],
         )
 
     async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:

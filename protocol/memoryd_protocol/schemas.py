@@ -304,6 +304,22 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         },
         "config": {"description": "The config file it loaded (absolute path), or null when it runs without one."},
         "log": {"description": "The file its stderr (the log) goes to, or null when stderr is not a regular file."},
+        "connectionList": {"description": "The live connections, the asking one included, in the order they opened "
+                           "(connections is their count)."},
+    },
+    "ConnectionInfo": {
+        "id": {"minimum": 1, "description": "The daemon's number for the connection, unique while it runs."},
+        "transport": {"description": "'socket' (the Unix socket) or 'stdio' (a standalone daemon's one client)."},
+        "pid": {"minimum": 1, "description": "The peer process id from the socket's peer credentials (SO_PEERCRED); "
+                "for a `memoryd serve --stdio` relay, the harness that spawned it; for stdio, the parent process. "
+                "null when the peer is in another pid namespace."},
+        "uid": {"minimum": 0, "description": "The peer's uid from the socket's peer credentials: the daemon's own "
+                "uid or root, since every other uid is refused at accept."},
+        "exe": {"description": "The peer process's executable (/proc/<pid>/exe); null when unreadable."},
+        "client": {"description": "initialize's client (the client's own claim); null before initialize or "
+                   "without one."},
+        "approver": {"description": "Whether the connection is a subscribed approver (approval/subscribe)."},
+        "openedAt": {"minimum": 0, "description": "When the daemon accepted it (ms since the epoch)."},
     },
     "StoreInfo": {"schemaVersion": {"minimum": 1}},
     "ApprovalAsked": {
@@ -394,6 +410,8 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     "ApprovalAsked": {"description": "A write waits for a decision (approval/decided)."},
     "ApprovalEntry": {"description": "One entry of a seed/import batch, as its approval shows it."},
     "ApprovalOrigin": {"description": "Who asked: the client's initialize info and the kernel's peer credentials."},
+    "ConnectionInfo": {"description": "A live connection: the kernel's peer credentials and /proc beside the "
+                       "client's initialize claim."},
 }
 
 #: Results with constraints beyond their Struct (inline list results).
