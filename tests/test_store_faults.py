@@ -495,6 +495,23 @@ def test_read_only_mount_is_refused(tmp_path: Path) -> None:
         assert info.value.details == {"reason": "readonly", "path": str(db)}
 
 
+def test_busy_store_at_start_is_refused(tmp_path: Path) -> None:
+    """A store that needs migrating while another process holds its write lock."""
+    db = tmp_path / "memory.db"
+    make_store(db, 3)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode = WAL")  # its readers (inspect) are not blocked, its writers are
+    conn.close()
+    cfg = config(tmp_path, "busy_timeout_ms = 100\n")
+    with write_lock(db):
+        before = digest(db)
+        r = serve("--socket", str(tmp_path / "s.sock"), "--db", str(db), "--config", str(cfg))
+        assert digest(db) == before
+    assert r.returncode == 1
+    assert r.stderr == f"memoryd: STORE_UNAVAILABLE: {store.FAULT_MESSAGES['busy']}: {db}\n"
+    assert not (tmp_path / "s.sock").exists()
+
+
 async def test_an_existing_store_keeps_its_modes(daemon_factory: Any, tmp_path: Path) -> None:
     """Only a store memoryd creates gets 0600; one it finds keeps whatever its owner chose."""
     db = tmp_path / "memory.db"

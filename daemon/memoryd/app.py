@@ -158,7 +158,7 @@ class Daemon:
         busy_ms = config.busy_timeout_ms
         # Refuse read-only, corrupt and newer stores before creating or locking anything.
         store.refuse_read_only(path)
-        version = store.inspect(path)
+        version = store.inspect(path, busy_ms)
         store.prepare_path(path)
         lock_fd = lock_store(path, endpoint)
         try:

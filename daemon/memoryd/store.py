@@ -221,7 +221,7 @@ def prepare_path(path: Path) -> None:
     os.close(fd)
 
 
-def inspect(path: Path) -> int:
+def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
     """The store's schema version (0 for a new, empty file), read without writing a byte.
 
     Raises StoreCorrupt for anything that is not a readable memory store and
@@ -244,7 +244,7 @@ def inspect(path: Path) -> int:
     if magic != SQLITE_MAGIC:
         raise StoreCorrupt("store is not an SQLite database", details)
     try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
     except sqlite3.Error as exc:
         raise _unreadable(exc, path) or StoreCorrupt(f"store cannot be opened: {exc}", details) from None
     try:

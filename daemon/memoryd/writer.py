@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 import aiosqlite
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from memoryd_protocol.errors import ProtocolError, StoreUnavailable
+from memoryd_protocol.errors import ProtocolError
 
 from .store import store_fault
 
@@ -129,8 +129,8 @@ class Writer:
     async def _flush(self) -> None:
         try:
             await self.submit(_noop, durable=False)
-        except StoreUnavailable:
-            pass  # logged by _commit; recall counters are not an acknowledged write
+        except Exception:  # _commit logged it; recall bookkeeping is not an acknowledged write
+            pass
 
     async def bookkeeping_committed(self) -> None:
         """Return once no commit carrying deferred bookkeeping is in flight."""
