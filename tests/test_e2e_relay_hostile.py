@@ -340,8 +340,8 @@ def test_a_store_sqlite_cannot_open_is_the_daemons_one_line_not_a_traceback_tail
         with open(fifo, "wb"):  # returns once the daemon opened it; SQLite then fails on it
             out, err = proc.communicate(_line("memory/list"), timeout=30)
     assert (proc.returncode, out) == (1, b"")
-    assert err.decode() == (f"memoryd: could not start a daemon on {sock}: cannot open store {fifo}: "
-                            f"disk I/O error (log: {sock_dir / 'memoryd.log'})\n")
+    assert err.decode() == (f"memoryd: could not start a daemon on {sock}: STORE_UNAVAILABLE: the store had an I/O "
+                            f"error: {fifo} (log: {sock_dir / 'memoryd.log'})\n")
     assert "Traceback" not in (sock_dir / "memoryd.log").read_text()
 
 

@@ -129,8 +129,8 @@ def unlock_store(path: Path, fd: int) -> None:
     os.close(fd)
 
 
-def _reader(path: Path) -> sqlite3.Connection:
-    conn = store.connect(path)
+def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    conn = store.connect(path, busy_timeout_ms)
     conn.execute("PRAGMA query_only = ON")
     return conn
 
@@ -157,22 +157,25 @@ class Daemon:
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
                    endpoint: str | None = None) -> Daemon:
         path = config.db_path
-        version = store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
+        busy_ms = config.busy_timeout_ms
+        # Refuse read-only, corrupt and newer stores before creating or locking anything.
+        store.refuse_read_only(path)
+        version = store.inspect(path, busy_ms)
         store.prepare_path(path)
         lock_fd = lock_store(path, endpoint)
         try:
             # Opened (and migrated) here, not by aiosqlite's connector: a connector that fails
             # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
             # and its traceback, not our one line, ends the log a launcher reports from.
-            conn = await anyio.to_thread.run_sync(store.open_store, path, version)
+            conn = await anyio.to_thread.run_sync(store.open_store, path, version, busy_ms)
             writer_conn = await aiosqlite.Connection(lambda: conn, 64)
         except BaseException:
             unlock_store(path, lock_fd)
             raise
-        reader_conn = await aiosqlite.Connection(lambda: _reader(path), 64)
-        loop_reader = _reader(path)
+        reader_conn = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
+        loop_reader = _reader(path, busy_ms)
         usage = await run_on(writer_conn, store.usage)
-        writer = Writer(writer_conn, usage)
+        writer = Writer(writer_conn, usage, path)
         approvals = Approvals()
         service = Service(config, writer, reader_conn, approvals, loop_reader)
         handlers: dict[str, Any] = {

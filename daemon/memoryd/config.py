@@ -14,6 +14,7 @@ from typing import Any
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
     DEFAULT_BUDGETS,
+    DEFAULT_BUSY_TIMEOUT_MS,
     DEFAULT_MAX_MESSAGE_BYTES,
     GRID,
     PROPOSAL_MAX_PENDING,
@@ -55,6 +56,8 @@ class Config:
         self.write_policies: dict[str, str] = {}
         self.proposal_max_text: int = PROPOSAL_MAX_TEXT
         self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
+        #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
+        self.busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
@@ -151,6 +154,8 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             cfg.proposal_max_text = _int(key, value, 1, 100_000)
         elif key == "proposal_max_pending":
             cfg.proposal_max_pending = _int(key, value, 1, 1000)
+        elif key == "busy_timeout_ms":
+            cfg.busy_timeout_ms = _int(key, value, 0, 600_000)
         elif key == "budgets":
             _budgets(cfg, value)
         elif key == "write_policies":

@@ -45,6 +45,7 @@ from .constants import (
     PROTOCOL,
     QUERY_HARD_CAP,
     RPC_LEVEL_CODES,
+    STORE_FAULTS,
 )
 
 JSON = dict[str, Any]
@@ -485,6 +486,20 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
     "STORE_UNSUPPORTED_VERSION": _details(["path"], {"path": _STR}),
     "ADAPTER_NOT_FOUND": _details(["adapterId"], {"adapterId": _STR}),
     "ADAPTER_PAYLOAD": _details(["adapterId"], {"adapterId": _STR}),
+    "STORE_UNAVAILABLE": _details(
+        ["reason", "path"],
+        {
+            "reason": {
+                "enum": list(STORE_FAULTS),
+                "description": (
+                    "busy: another process held the store's write lock past the busy timeout; full: the disk "
+                    "(or the store's quota) is full; readonly: the store, its directory or its mount is "
+                    "read-only; io: any other I/O error."
+                ),
+            },
+            "path": _STR,
+        },
+    ),
     "STORE_LOCKED": _details(["path"], {"path": _STR, "pid": {"type": "integer"},
                                         "socket": {"type": ["string", "null"]}}),
 }
@@ -500,6 +515,7 @@ ERROR_MESSAGES: Final[dict[str, str]] = {
     "STORE_UNSUPPORTED_VERSION": "store schema version is newer than supported",
     "ADAPTER_NOT_FOUND": "adapter not found",
     "ADAPTER_PAYLOAD": "adapter cannot convert the payload",
+    "STORE_UNAVAILABLE": "the store cannot take a write",
     "STORE_LOCKED": "the store is owned by another memoryd",
     "PARSE_ERROR": "parse error",
     "INVALID_REQUEST": "invalid request",
@@ -688,7 +704,7 @@ def json_schema_document() -> JSON:
 # --- the OpenRPC document ----------------------------------------------------------------
 
 #: method → (summary, data.codes it may return besides INTERNAL_ERROR).
-_WRITE_ERRORS: Final = ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "BUDGET_EXCEEDED", "WRITE_DENIED")
+_WRITE_ERRORS: Final = ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "BUDGET_EXCEEDED", "WRITE_DENIED", "STORE_UNAVAILABLE")
 _MATCH_ERRORS: Final = ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH")
 METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "initialize": (
@@ -703,7 +719,7 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     ),
     "memory/remove": (
         "Delete exactly one entry located by a unique substring or by its id.",
-        ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", *_MATCH_ERRORS),
+        ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", "STORE_UNAVAILABLE", *_MATCH_ERRORS),
     ),
     "memory/consolidate": (
         f"Atomically delete 1..{MAX_CONSOLIDATE} entries and insert one new entry, under one approval.",
@@ -724,7 +740,7 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "memory/snapshot": (
         "The frozen memory block for a session: rendered once per session id, then the same text "
         "forever. The first render sends memory/snapshot and lands a 'snapshot' audit row.",
-        ("INVALID_INPUT",),
+        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
     ),
     "memory/export": (
         "The memory-export-v1 envelope (read-only, no approval, no audit row), or with 'adapter' "
@@ -740,14 +756,16 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "adapters/list": ("The registered import/export adapters.", ("INVALID_INPUT",)),
     "proposals/create": (
         "Create a pending proposal; null when the session already has one of that kind.",
-        ("INVALID_INPUT",),
+        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
     ),
     "proposals/list": ("Proposals, optionally filtered by status.", ("INVALID_INPUT",)),
     "proposals/approve": (
         "Approve a pending proposal: its entry rides the full add pipeline (approval, budget, audit).",
         (*_WRITE_ERRORS, "PROPOSAL_NOT_FOUND"),
     ),
-    "proposals/dismiss": ("Dismiss a pending proposal; returns it.", ("INVALID_INPUT", "PROPOSAL_NOT_FOUND")),
+    "proposals/dismiss": (
+        "Dismiss a pending proposal; returns it.", ("INVALID_INPUT", "PROPOSAL_NOT_FOUND", "STORE_UNAVAILABLE")
+    ),
     "approval/decided": (
         "Answer an approval/asked notification sent to this connection. Also accepted as a "
         "notification (no id, no response).",
