@@ -52,6 +52,15 @@ def visible_proposals(pending: Iterable[Proposal], view: SessionView, limit: int
     return [p for p in first if view.sees(p.scope, p.workspace_key, p.agent_key)]
 
 
+def fence_proposal(text: str) -> str:
+    """A proposal's text as its one line of the snapshot: every line break in it (``\\n``,
+    ``\\r\\n``, ``\\r`` and the other breaks :meth:`str.splitlines` knows: VT, FF, NEL,
+    U+2028, U+2029, and U+001C-U+001E) becomes one space. A proposal is not yet approved,
+    so nothing inside it may start a line of its own and pass for a heading, an entry line
+    or another proposal."""
+    return " ".join(text.splitlines()) if text else text
+
+
 def render(
     entries: Sequence[tuple[str, str, str]],
     usage: Mapping[tuple[str, str], tuple[int, int]],
@@ -63,7 +72,8 @@ def render(
     ``entries``: the session's visible ``(track, scope, text)`` in creation order.
     ``usage``: ``(track, scope) → (used, limit)``. ``proposals``: the session's visible
     pending ``(id, track, scope, text)`` in order (see :func:`visible_proposals`); their
-    section follows the entry sections. Neither entries nor proposals → ``""``.
+    section follows the entry sections, each on one line (:func:`fence_proposal`).
+    Neither entries nor proposals → ``""``.
     """
     by_cell: dict[tuple[str, str], list[str]] = {}
     for track, scope, text in entries:
@@ -79,11 +89,11 @@ def render(
         sections.append("\n".join(lines))
     if proposals:
         lines = [f"## {PROPOSALS_TITLE[language]}"]
-        lines.extend(f"- [{pid}] {track}/{scope}: {text}" for pid, track, scope, text in proposals)
+        lines.extend(f"- [{pid}] {track}/{scope}: {fence_proposal(text)}" for pid, track, scope, text in proposals)
         sections.append("\n".join(lines))
     if not sections:
         return ""
     return "\n\n".join([HEADERS[language], *sections])
 
 
-__all__ = ["HEADERS", "PROPOSALS_TITLE", "TITLES", "USED", "Language", "render", "visible_proposals"]
+__all__ = ["HEADERS", "PROPOSALS_TITLE", "TITLES", "USED", "Language", "fence_proposal", "render", "visible_proposals"]
