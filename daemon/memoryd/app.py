@@ -195,6 +195,7 @@ class Daemon:
         }
         handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
+        handlers = {name: service.sessions.binding(h) for name, h in handlers.items()}
         return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd,
                    endpoint=endpoint)
 
@@ -207,6 +208,7 @@ class Daemon:
         try:
             await conn.serve(chunks)
         finally:
+            self.service.sessions.release(conn)
             self.connections.discard(conn)
             self.service.connections = len(self.connections)
 

@@ -104,6 +104,7 @@ class Lifecycle:
         frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
         if frozen is not None:
             return SnapshotResult(text=frozen)
+        self.s.sessions.require_own(peer, session_id, "take its first snapshot")
         language = p.language or self.s.config.language
 
         def gather(c: sqlite3.Connection) -> tuple[list[Entry], list[Proposal]]:
@@ -139,6 +140,7 @@ class Lifecycle:
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
+        self.s.sessions.require_own(peer, session_id, "create proposals for it")
         i = p.input
         text = check_text(i.text)
         cap = self.s.config.proposal_max_text

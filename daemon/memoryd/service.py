@@ -82,6 +82,7 @@ from memoryd_protocol.validation import (
 from . import store
 from .approvals import Approvals, Peer
 from .config import Config
+from .sessions import Sessions
 from .writer import Usage, Writer, run_on
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class Service:
         #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it.
         self.recall_overlay: dict[str, list[int]] = {}
         self.approvals = approvals
+        #: which open connection each session id belongs to (sessions.py)
+        self.sessions = Sessions()
         self.started = time.monotonic()
         self.connections = 0
         #: the live connections, for ``daemon/status`` (the Daemon's own set)

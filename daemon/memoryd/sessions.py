@@ -1,0 +1,83 @@
+"""Sessions belong to the connection that first names them.
+
+A connection binds a session id the first time it sends one: in a write context
+(``write.agent.session.id``), a snapshot or a proposal (``session.id``), or a query's
+``opts.sessionId``. While that connection is open, no other connection may take the
+session's first snapshot or create proposals for it: otherwise any local process could
+decide what memory another live session's system prompt shows. Reading a snapshot that is
+already frozen stays open to everyone, and a write that carries another connection's
+session id is allowed (the id is only its label). The binding ends when the connection
+closes. Nothing here is stored: after a restart, the first connection to name a session
+binds it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from memoryd_protocol.errors import InvalidInput
+
+from .approvals import Peer
+
+#: Session ids one connection binds at most; the ids it names beyond that stay unbound
+#: (its writes still work), so a connection cannot grow this table without bound.
+MAX_BOUND_PER_CONNECTION = 1024
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def named_session(params: Any) -> str | None:
+    """The session id a request's params name, wherever the method carries it."""
+    sid: Any = None
+    write = getattr(params, "write", None)
+    if write is not None and write.agent is not None and write.agent.session is not None:
+        sid = write.agent.session.id
+    session = getattr(params, "session", None)
+    if sid is None and session is not None:
+        sid = session.id
+    opts = getattr(params, "opts", None)
+    if sid is None and opts is not None:
+        sid = getattr(opts, "session_id", None)
+    return sid if isinstance(sid, str) and sid.strip() else None
+
+
+class Sessions:
+    def __init__(self) -> None:
+        self._owner: dict[str, int] = {}
+        self._bound: dict[int, set[str]] = {}
+
+    def bind(self, peer: Peer, session_id: str) -> None:
+        """``session_id`` becomes ``peer``'s unless an open connection holds it already."""
+        if session_id in self._owner:
+            return
+        mine = self._bound.setdefault(peer.id, set())
+        if len(mine) < MAX_BOUND_PER_CONNECTION:
+            mine.add(session_id)
+            self._owner[session_id] = peer.id
+
+    def require_own(self, peer: Peer, session_id: str, action: str) -> None:
+        """Refuse ``action`` on a session that another open connection holds."""
+        owner = self._owner.get(session_id)
+        if owner is not None and owner != peer.id:
+            shown = session_id if len(session_id) <= 128 else session_id[:128] + "…"
+            raise InvalidInput(f"session {shown!r} belongs to another open connection: only that connection "
+                               f"can {action}", "session.id")
+
+    def release(self, peer: Peer) -> None:
+        for session_id in self._bound.pop(peer.id, ()):
+            self._owner.pop(session_id, None)
+
+    def owner(self, session_id: str) -> int | None:
+        return self._owner.get(session_id)
+
+    def binding(self, handler: Handler) -> Handler:
+        """``handler``, after the session its params name is bound to the calling connection."""
+
+        async def bound(peer: Any, params: Any) -> Any:
+            sid = named_session(params)
+            if sid is not None:
+                self.bind(peer, sid)
+            return await handler(peer, params)
+
+        return bound
