@@ -112,6 +112,21 @@ def ask_daemon(daemon_factory) -> Daemon:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
+def any_approvers(tmp_path: Path) -> Path:
+    """A config file with ``approvers = "any"``: subscribed approvers need no terminal
+    (the test process has none)."""
+    path = tmp_path / "any-approvers.toml"
+    path.write_text('approvers = "any"\n')
+    return path
+
+
+@pytest.fixture
+def ask_any_daemon(daemon_factory, any_approvers: Path) -> Daemon:  # type: ignore[no-untyped-def]
+    """Write policy ``ask``, and approvers without a terminal may subscribe."""
+    return daemon_factory("--config", str(any_approvers), policy="ask")  # type: ignore[operator,no-any-return]
+
+
+@pytest.fixture
 def sock_dir() -> Iterator[Path]:
     """A short directory under /tmp for sockets (a Unix socket path has at most 107 bytes,
     and pytest's tmp paths can be longer); every daemon still serving in it is stopped."""

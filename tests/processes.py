@@ -8,6 +8,8 @@ import select
 import signal
 import socket
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -54,3 +56,23 @@ def stop(pid: int, timeout: float = 10) -> bool:
         return True
     finally:
         os.close(pidfd)
+
+
+_CONNECT_AND_PASS = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "s.connect(sys.argv[1])\n"
+    "socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b'c'], [s.fileno()])\n"
+)
+
+
+def foreign_socket(path: Path | str) -> socket.socket:
+    """A connection to the Unix socket ``path`` made by another process: a short-lived
+    child connects and passes the socket back over SCM_RIGHTS, so the daemon's
+    SO_PEERCRED names the child's pid, not ours (a write "from another process")."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        subprocess.run([sys.executable, "-I", "-S", "-c", _CONNECT_AND_PASS, str(path), str(theirs.fileno())],
+                       pass_fds=[theirs.fileno()], check=True, timeout=30)
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    return socket.socket(fileno=fds[0])

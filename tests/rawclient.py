@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskGroup
 
 # Every message the daemon sends in the end-to-end suites is validated against the
@@ -163,9 +164,18 @@ async def _socket_lines(stream: Any) -> AsyncIterator[bytes]:
 
 
 @asynccontextmanager
-async def socket_client(path: Path | str, *, approvals: bool = True, initialize: bool = True
-                        ) -> AsyncIterator[Raw]:
-    stream = await anyio.connect_unix(str(path))
+async def socket_client(path: Path | str, *, approvals: bool = True, initialize: bool = True,
+                        foreign: bool = False) -> AsyncIterator[Raw]:
+    """``foreign``: the connection is made by another process (processes.foreign_socket),
+    as a headless agent's would be; a subscribed approver never decides a write of its own
+    process."""
+    if foreign:
+        from processes import foreign_socket
+
+        sock = await anyio.to_thread.run_sync(foreign_socket, path)
+        stream: Any = await anyio.abc.UNIXSocketStream.from_socket(sock)
+    else:
+        stream = await anyio.connect_unix(str(path))
     async with stream, anyio.create_task_group() as tg:
         raw = Raw(stream.send, _socket_lines(stream))
         raw._tg = tg

@@ -445,9 +445,11 @@ def test_connection_lost_is_exit_3(ask_daemon: Any) -> None:
 
 
 def spawn_on_pty(*args: str) -> tuple[int, subprocess.Popen[bytes]]:
-    """memoryctl with a pseudo-terminal as stdin/stdout/stderr; returns (master fd, process)."""
+    """memoryctl with a pseudo-terminal as stdin/stdout/stderr and as its controlling
+    terminal (util-linux ``setsid --ctty``: a new session, then TIOCSCTTY on stdin, then
+    exec, so the pid is memoryctl's); returns (master fd, process)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*MEMORYCTL, *args], stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    proc = subprocess.Popen(["setsid", "--ctty", *MEMORYCTL, *args], stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     return master, proc
 
@@ -497,6 +499,7 @@ def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     finally:
         reap(proc, master)
     assert texts(ask_daemon) == ["Prefers spaces"]
+    assert decided_lines(ask_daemon)[-1] == "allowed-once (its own prompt; claims human)"
 
 
 def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> None:
@@ -551,6 +554,16 @@ def test_no_tty_denies_fail_closed(ask_daemon: Any) -> None:
     r = run(*sock(ask_daemon), "--yes", "add", *UG, "Written by a script")
     assert r.returncode == 0 and "approved (--yes)" in r.stderr
     assert texts(ask_daemon) == ["Written by a script"]
+    # each answer says who gave it (approval/decided's by), and the daemon logs the claim
+    assert decided_lines(ask_daemon) == [
+        "rejected (its own prompt; claims policy 'memoryctl: no terminal, fail closed')",
+        "allowed-once (its own prompt; claims script 'memoryctl --yes')"]
+
+
+def decided_lines(d: Any) -> list[str]:
+    """The daemon's log of each approval decision: outcome, who decided, and the claim."""
+    return [re.sub(r"^(\S+) by connection \d+ \((.*), pid \d+; (.*)\)$", r"\1 (\2; \3)", m)
+            for m in re.findall(r"approval [0-9a-f-]{36} decided (.*)$", d.stderr(), re.M)]
 
 
 def test_a_300_entry_import_prompt_stays_readable(ask_daemon: Any, tmp_path: Path) -> None:
@@ -595,7 +608,8 @@ class Approver:
         self.proc.communicate(timeout=10)
 
 
-def test_approve_verb_answers_headless_writes(ask_daemon: Any) -> None:
+def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon
     approver = Approver(ask_daemon, "--yes", "--count", "1")
     try:
         with mc.connect_sync(ask_daemon.socket_path, session="agent-1", approvals=False, timeout=30) as c:
@@ -612,9 +626,27 @@ def test_approve_verb_answers_headless_writes(ask_daemon: Any) -> None:
            f"  process: pid {os.getpid()} ({os.path.realpath(sys.executable)})\n" in err
     assert re.fullmatch(r"approved [0-9a-f-]{36}\n", out)
     assert r.entry.text == "From a headless agent"
+    assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims script 'memoryctl --yes')"]
 
 
-def test_approve_verb_reject_and_no_tty(ask_daemon: Any) -> None:
+def test_approve_verb_without_a_terminal_is_refused(ask_daemon: Any) -> None:
+    """approvers = "interactive" (the default): only a process with a controlling terminal
+    subscribes; a headless process (a model's tool, say) cannot become an approver."""
+    r = run(*sock(ask_daemon), "approve")
+    assert r.returncode == 1
+    assert r.stderr == ('error: INVALID_INPUT: only a process with a controlling terminal can subscribe as an '
+                        'approver; set approvers = "any" in the daemon\'s config to admit others\n')
+    # nobody subscribed: a headless write is still unavailable, and nothing is written
+    with mc.connect_sync(ask_daemon.socket_path, session="agent-0", approvals=False, timeout=30) as c:
+        with pytest.raises(mc.WriteDenied) as info:
+            c.add({"track": "user", "scope": "user-global", "text": "nobody approves"})
+        assert info.value.details["outcome"] == "unavailable"
+        assert [a.action for a in c.audit_list()] == ["add-denied"]
+    assert texts(ask_daemon) == []
+
+
+def test_approve_verb_reject_and_no_tty(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon
     for args, notice in [(["--reject"], "rejected (--reject)"), ([], "fail closed")]:
         approver = Approver(ask_daemon, "--count", "1", "--json", *args)
         try:
@@ -630,7 +662,8 @@ def test_approve_verb_reject_and_no_tty(ask_daemon: Any) -> None:
     assert texts(ask_daemon) == []
 
 
-def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_daemon: Any) -> None:
+def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon  # the other approver is this test, which has no terminal
     master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
     try:
         read_until(master, "approving writes")
@@ -640,19 +673,18 @@ def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_daemon: Any) -
             assert prompted.wait(30)
             return ALLOWED_ONCE
 
-        with (
-            mc.connect_sync(ask_daemon.socket_path, on_approval=approve_once_prompted, timeout=30) as other,
-            mc.connect_sync(ask_daemon.socket_path, session="agent-3", approvals=False, timeout=30) as writer,
-        ):
+        with mc.connect_sync(ask_daemon.socket_path, on_approval=approve_once_prompted, timeout=30) as other:
             other.approval_subscribe()
-            write = threading.Thread(target=writer.add, args=({"track": "user", "scope": "user-global",
-                                                                "text": "Raced"},))
-            write.start()
+            # the writer is another process: no approver is asked about its own process's writes
+            writer = subprocess.Popen([*MEMORYCTL, *sock(ask_daemon), "--via-approver", "--session", "agent-3",
+                                       "add", *UG, "Raced"], stdin=subprocess.DEVNULL, start_new_session=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # Both approvers are asked; the human sees the prompt, the other one approves.
             shown = read_until(master, "Approve? [y/N]")
             prompted.set()
-            write.join(30)
+            assert writer.wait(30) == 0
         out = read_until(master, "decided by another approver")
+        assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims nothing)"]
         assert "| Raced" in shown
         assert "(this approval is no longer pending)" in out and "was decided by another approver: allowed-once" in out
         proc.send_signal(signal.SIGINT)
@@ -738,7 +770,8 @@ def test_no_autostart(fresh_socket: Path) -> None:
     assert not fresh_socket.exists()
 
 
-def test_via_approver_routes_a_script_write_to_memoryctl_approve(ask_daemon: Any) -> None:
+def test_via_approver_routes_a_script_write_to_memoryctl_approve(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon  # memoryctl approve --yes runs headless here
     approver = Approver(ask_daemon, "--count", "1", "--yes")
     try:
         r = run(*sock(ask_daemon), "--via-approver", "add", *UG, "From cron")

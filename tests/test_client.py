@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
+import anyio.abc
 import memoryd_client as mc
 import pytest
 from memoryd_client import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL
+from processes import foreign_socket
 
 pytestmark = pytest.mark.anyio
 
@@ -47,6 +50,21 @@ async def client(daemon: Any, **kwargs: Any) -> AsyncIterator[mc.Client]:
     with anyio.fail_after(30):
         async with mc.connect(daemon.socket_path, **kwargs) as c:
             yield c
+
+
+@asynccontextmanager
+async def foreign_client(daemon: Any, **kwargs: Any) -> AsyncIterator[mc.Client]:
+    """client(), over a connection that another process made (processes.foreign_socket): a
+    subscribed approver is never asked about a write of its own process."""
+
+    async def connect_unix(path: Any) -> anyio.abc.UNIXSocketStream:
+        sock = await anyio.to_thread.run_sync(foreign_socket, path)
+        return await anyio.abc.UNIXSocketStream.from_socket(sock)
+
+    async with AsyncExitStack() as stack:
+        with mock.patch("anyio.connect_unix", connect_unix):
+            c = await stack.enter_async_context(client(daemon, **kwargs))
+        yield c
 
 
 # --- connecting --------------------------------------------------------------------------
@@ -227,8 +245,8 @@ async def test_generic_call_and_notify(daemon: Any) -> None:
         assert (await c.status()).version
 
 
-async def test_approval_methods(daemon: Any) -> None:
-    async with client(daemon) as c:
+async def test_approval_methods(daemon_factory: Any, any_approvers: Path) -> None:
+    async with client(daemon_factory("--config", str(any_approvers))) as c:
         assert isinstance(await c.approval_subscribe(), T.Empty)
         with pytest.raises(mc.InvalidInput) as info:
             await c.approval_decided("never-asked", ALLOWED_ONCE)
@@ -383,14 +401,29 @@ async def test_approval_pair_is_observable(ask_daemon: Any) -> None:
     assert decided.params == mc.Decided(id=asked.params.id, outcome=ALLOWED_ONCE, refused=None)
 
 
-async def test_headless_writer_is_asked_of_a_subscribed_approver(ask_daemon: Any) -> None:
+async def test_a_handler_may_say_who_decided(ask_daemon: Any) -> None:
+    def decide(a: T.ApprovalAsked) -> mc.Decision:
+        return mc.Decision(ALLOWED_ONCE, {"kind": "human", "name": "alice"})
+
+    async with client(ask_daemon, on_approval=decide) as c:
+        events = c.events(mc.DECIDED)
+        await c.add(entry("x"))
+        decided = await events.receive(TIMEOUT)
+    assert decided.params == mc.Decided(id=decided.params.id, outcome=ALLOWED_ONCE,
+                                        by=T.ApprovalBy(kind="human", name="alice"))
+    assert f"approval {decided.params.id} decided allowed-once by connection " in ask_daemon.stderr()
+    assert "claims human 'alice')" in ask_daemon.stderr()
+
+
+async def test_headless_writer_is_asked_of_a_subscribed_approver(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon
     seen: list[T.ApprovalAsked] = []
 
     async def approve(a: T.ApprovalAsked) -> str:
         seen.append(a)
         return ALLOWED_ONCE
 
-    async with client(ask_daemon, on_approval=approve, session=None) as approver:
+    async with foreign_client(ask_daemon, on_approval=approve, session=None) as approver:
         await approver.approval_subscribe()
         async with client(ask_daemon, approvals=False, session=session("headless")) as writer:
             r = await writer.add(entry("from a headless agent"))
@@ -405,7 +438,8 @@ async def test_headless_writer_without_approver_is_unavailable(ask_daemon: Any) 
         assert info.value.details["outcome"] == "unavailable"
 
 
-async def test_first_approver_wins_and_the_other_sees_resolved(ask_daemon: Any) -> None:
+async def test_first_approver_wins_and_the_other_sees_resolved(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon
     hold = anyio.Event()
 
     async def slow_reject(a: T.ApprovalAsked) -> str:
@@ -413,8 +447,8 @@ async def test_first_approver_wins_and_the_other_sees_resolved(ask_daemon: Any) 
         return "rejected"
 
     async with (
-        client(ask_daemon, on_approval=slow_reject, session=None) as loser,
-        client(ask_daemon, on_approval=lambda a: ALLOWED_ONCE, session=None) as winner,
+        foreign_client(ask_daemon, on_approval=slow_reject, session=None) as loser,
+        foreign_client(ask_daemon, on_approval=lambda a: ALLOWED_ONCE, session=None) as winner,
     ):
         resolved = loser.events("approval/resolved")
         loser_decided = loser.events(mc.DECIDED)
@@ -581,7 +615,8 @@ async def test_aclose_fails_pending_calls(ask_daemon: Any) -> None:
         assert rows[0].action == "add-denied" and rows[0].outcome.startswith("unavailable")
 
 
-async def test_timeout_is_typed_and_the_late_answer_is_dropped(ask_daemon: Any) -> None:
+async def test_timeout_is_typed_and_the_late_answer_is_dropped(ask_any_daemon: Any) -> None:
+    ask_daemon = ask_any_daemon
     approver_asked: list[T.ApprovalAsked] = []
     release = anyio.Event()
 
@@ -590,7 +625,7 @@ async def test_timeout_is_typed_and_the_late_answer_is_dropped(ask_daemon: Any) 
         await release.wait()
         return ALLOWED_ONCE
 
-    async with client(ask_daemon, on_approval=later, session=None) as approver:
+    async with foreign_client(ask_daemon, on_approval=later, session=None) as approver:
         decided = approver.events(mc.DECIDED)
         await approver.approval_subscribe()
         async with client(ask_daemon, approvals=False, session=session("h")) as writer:
@@ -725,7 +760,8 @@ async def test_server_closing_mid_call_is_connection_closed(tmp_path: Path) -> N
 # --- the blocking client -----------------------------------------------------------------
 
 
-def test_sync_client(daemon: Any) -> None:
+def test_sync_client(daemon_factory: Any, any_approvers: Path) -> None:
+    daemon = daemon_factory("--config", str(any_approvers))
     with mc.connect_sync(daemon.socket_path, session=session(), timeout=TIMEOUT) as c:
         assert c.server is not None and c.server.protocol == PROTOCOL
         assert c.peer_pid == daemon.proc.pid

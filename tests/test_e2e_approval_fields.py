@@ -207,9 +207,9 @@ async def test_a_write_sent_as_a_notification_has_no_request_id(ask_daemon: Any)
         assert "requestId" not in rec.asked[0] and rec.asked[0]["origin"] == RAW_ORIGIN
 
 
-async def test_approvers_see_the_origin_but_no_request_id(ask_daemon: Any) -> None:
-    path = ask_daemon.socket_path
-    async with socket_client(path, initialize=False) as bot, socket_client(path) as human:
+async def test_approvers_see_the_origin_but_no_request_id(ask_any_daemon: Any) -> None:
+    path = ask_any_daemon.socket_path
+    async with socket_client(path, initialize=False) as bot, socket_client(path, foreign=True) as human:
         await bot.ok("initialize", {"client": {"name": "headless-bot", "version": "9.1"},
                                     "capabilities": {"approvals": False}})
         rec = Recorder()

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 from e2e_helpers import Gate, add, entry_input, state
+from processes import foreign_socket
 from rawclient import socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -266,9 +267,13 @@ async def test_headless_without_approver_is_unavailable(ask_daemon: Any) -> None
         assert (await raw.ok("audit/list", {"limit": 1}))[0]["action"] == "add-denied"
 
 
-async def test_headless_writes_go_to_approvers_first_wins(ask_daemon: Any) -> None:
-    path = ask_daemon.socket_path
-    async with socket_client(path, approvals=False) as agent, socket_client(path) as h1, socket_client(path) as h2:
+async def test_headless_writes_go_to_approvers_first_wins(ask_any_daemon: Any) -> None:
+    path = ask_any_daemon.socket_path
+    async with (
+        socket_client(path, approvals=False) as agent,
+        socket_client(path, foreign=True) as h1,
+        socket_client(path, foreign=True) as h2,
+    ):
         g1, g2 = Gate(), Gate()
         h1.on_approval, h2.on_approval = g1, g2
         await h1.ok("approval/subscribe", {})
@@ -331,11 +336,10 @@ async def test_a_stalled_approver_blocks_nobody(daemon_factory: Any, tmp_path: P
     import socket as pysocket
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text("approval_timeout_s = 1\n[budgets.user]\nuser_global = 10000000\n")
+    cfg.write_text('approval_timeout_s = 1\napprovers = "any"\n[budgets.user]\nuser_global = 10000000\n')
     d = daemon_factory("--config", str(cfg), policy="ask")
-    stalled = pysocket.socket(pysocket.AF_UNIX)
+    stalled = foreign_socket(d.socket_path)  # an approver is never asked about its own process's writes
     stalled.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_RCVBUF, 4096)
-    stalled.connect(str(d.socket_path))
     stalled.sendall(b'{"jsonrpc":"2.0","id":1,"method":"approval/subscribe"}\n')
     try:
         async with socket_client(d.socket_path) as probe:

@@ -212,7 +212,8 @@ def test_openrpc_document_structure(openrpc: dict[str, Any]) -> None:
     # a couple of required flags spelled out
     assert [(p["name"], p["required"]) for p in methods["memory/add"]["params"]] == [("input", True), ("write", True)]
     assert all(not p["required"] for p in methods["memory/query"]["params"])
-    assert {p["name"]: p["required"] for p in methods["approval/decided"]["params"]} == {"id": True, "outcome": True}
+    assert {p["name"]: p["required"] for p in methods["approval/decided"]["params"]} == {"id": True, "outcome": True,
+                                                                                          "by": False}
 
 
 def test_openrpc_errors_table(openrpc: dict[str, Any]) -> None:

@@ -73,8 +73,9 @@ SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
 #: ``on_approval(asked)`` or ``on_approval(asked, call)``: ``call`` is the :class:`ApprovalCall`
 #: that asked, or None.
 ApprovalHandler: TypeAlias = (
-    "Callable[[T.ApprovalAsked], str | bool | Awaitable[str | bool | None] | None]"
-    " | Callable[[T.ApprovalAsked, ApprovalCall | None], str | bool | Awaitable[str | bool | None] | None]"
+    "Callable[[T.ApprovalAsked], str | bool | Decision | Awaitable[str | bool | Decision | None] | None]"
+    " | Callable[[T.ApprovalAsked, ApprovalCall | None],"
+    " str | bool | Decision | Awaitable[str | bool | Decision | None] | None]"
 )
 Listener: TypeAlias = "Callable[[Event], Any]"
 
@@ -125,6 +126,19 @@ class Decided:
     id: str
     outcome: str
     refused: str | None = None
+    #: who decided, as this client claimed it in ``approval/decided``
+    by: T.ApprovalBy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What an approval handler may return instead of a bare outcome: the outcome, and who
+    decided (``approval/decided``'s ``by``: a human at a prompt, a policy, a script), which
+    the daemon keeps with the decision. ``by`` may be a :class:`types.ApprovalBy` or a mapping
+    ``{"kind": ..., "name": ...}``."""
+
+    outcome: str | bool
+    by: T.ApprovalBy | Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +219,15 @@ def _takes_call(handler: Callable[..., Any]) -> bool:
     return positional >= 2
 
 
+def _by(value: T.ApprovalBy | Mapping[str, Any] | None) -> T.ApprovalBy | None:
+    return value if value is None or isinstance(value, T.ApprovalBy) else msgspec.convert(value, T.ApprovalBy)
+
+
 def _outcome(value: Any) -> str:
     """What a handler returned, as an approval outcome: ``True`` approves, a string is sent as
     is (only ``"allowed-once"`` lets the write through), anything else rejects."""
+    if isinstance(value, Decision):
+        return _outcome(value.outcome)
     if value is True:
         return ALLOWED_ONCE
     if isinstance(value, str) and value:
@@ -579,11 +599,11 @@ class Client:
     async def _answer_approval(
         self, ask_id: str, asked: Any, scope: anyio.CancelScope, call: ApprovalCall | None = None
     ) -> None:
-        outcome = "rejected"
+        outcome, by = "rejected", None
         self._pause_clocks()
         try:
             with scope:
-                outcome = await self._decide(asked, call)
+                outcome, by = await self._decide(asked, call)
         finally:
             self._restart_clocks()
             self._asks.pop(ask_id, None)
@@ -591,22 +611,22 @@ class Client:
             return
         refused: str | None = None
         try:
-            await self.call("approval/decided", {"id": ask_id, "outcome": outcome})
+            await self.approval_decided(ask_id, outcome, by)
         except ProtocolError as exc:  # late: another approver or the daemon's timeout decided
             log.info("decision for approval %s refused: %s", ask_id, exc)
             refused = exc.code
         except ClientError as exc:
             refused = exc.code
-        self._emit(Event(DECIDED, Decided(id=ask_id, outcome=outcome, refused=refused)))
+        self._emit(Event(DECIDED, Decided(id=ask_id, outcome=outcome, refused=refused, by=by)))
 
-    async def _decide(self, asked: Any, call: ApprovalCall | None = None) -> str:
+    async def _decide(self, asked: Any, call: ApprovalCall | None = None) -> tuple[str, T.ApprovalBy | None]:
         handler = self.on_approval
         if handler is None:
             log.info("approval asked with no handler: rejecting (fail closed)")
-            return "rejected"
+            return "rejected", None
         if not isinstance(asked, T.ApprovalAsked):
             log.warning("approval/asked does not fit the wire contract: rejecting")
-            return "rejected"
+            return "rejected", None
         args: tuple[Any, ...] = (asked, call) if _takes_call(handler) else (asked,)
         try:
             if inspect.iscoroutinefunction(handler):
@@ -615,10 +635,11 @@ class Client:
                 result = await anyio.to_thread.run_sync(handler, *args, abandon_on_cancel=True)
             if inspect.isawaitable(result):
                 result = await result
+            by = _by(result.by) if isinstance(result, Decision) else None
         except Exception:
             log.exception("approval handler failed: rejecting")
-            return "rejected"
-        return _outcome(result)
+            return "rejected", None
+        return _outcome(result), by
 
     # --- calling -----------------------------------------------------------------------
 
@@ -835,8 +856,15 @@ class Client:
     async def proposals_dismiss(self, id: str) -> T.Proposal:
         return await self.call("proposals/dismiss", {"id": id})  # type: ignore[no-any-return]
 
-    async def approval_decided(self, id: str, outcome: str) -> T.Empty:
-        return await self.call("approval/decided", {"id": id, "outcome": outcome})  # type: ignore[no-any-return]
+    async def approval_decided(self, id: str, outcome: str,
+                               by: T.ApprovalBy | Mapping[str, Any] | None = None) -> T.Empty:
+        """``approval/decided``; ``by`` claims who decided (``{"kind": "human"|"policy"|"script",
+        "name"?}``)."""
+        params: dict[str, Any] = {"id": id, "outcome": outcome}
+        claimed = _by(by)
+        if claimed is not None:
+            params["by"] = msgspec.to_builtins(claimed)
+        return await self.call("approval/decided", params)  # type: ignore[no-any-return]
 
     async def approval_subscribe(self) -> T.Empty:
         """Make this connection an approver for writes from connections that cannot approve."""
@@ -928,6 +956,7 @@ __all__ = [
     "ApprovalCall",
     "Client",
     "Decided",
+    "Decision",
     "Event",
     "EventStream",
     "connect",

@@ -19,6 +19,14 @@ from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE
 
 from . import render
+from .client import Decision
+
+#: ``approval/decided``'s ``by`` for each way memoryctl decides
+HUMAN = T.ApprovalBy(kind="human")
+YES_FLAG = T.ApprovalBy(kind="script", name="memoryctl --yes")
+REJECT_FLAG = T.ApprovalBy(kind="script", name="memoryctl --reject")
+NO_TERMINAL = T.ApprovalBy(kind="policy", name="memoryctl: no terminal, fail closed")
+INPUT_CLOSED = T.ApprovalBy(kind="policy", name="memoryctl: input closed, fail closed")
 
 YES = frozenset({"y", "yes"})
 NO_TTY_NOTICE = (
@@ -99,7 +107,10 @@ class Approver:
     """``on_approval`` handler: shows the complete payload and asks ``Approve? [y/N]``.
 
     ``yes`` approves and ``reject`` rejects without asking (both still show the payload on
-    stderr); with no terminal the answer is ``rejected``. Prompts run one at a time.
+    stderr); with no terminal the answer is ``rejected``. Prompts run one at a time. Each
+    answer says who gave it (``approval/decided``'s ``by``): ``script`` for ``--yes`` and
+    ``--reject``, ``human`` for an answer typed at the prompt, ``policy`` when memoryctl
+    fails closed (no terminal, input closed).
     """
 
     def __init__(self, *, yes: bool = False, reject: bool = False) -> None:
@@ -117,23 +128,23 @@ class Approver:
             self._terminal = Terminal.open()
         return self._terminal
 
-    async def __call__(self, asked: T.ApprovalAsked) -> str:
+    async def __call__(self, asked: T.ApprovalAsked) -> Decision:
         async with self._lock:
             self.asked += 1
             request = render.approval_request(asked)
             if self.eof:
                 _say(f"{request}\nmemoryctl: input closed; rejecting")
-                return "rejected"
+                return Decision("rejected", INPUT_CLOSED)
             if self.reject:
                 _say(f"{request}\nmemoryctl: rejected (--reject)")
-                return "rejected"
+                return Decision("rejected", REJECT_FLAG)
             if self.yes:
                 _say(f"{request}\nmemoryctl: approved (--yes)")
-                return ALLOWED_ONCE
+                return Decision(ALLOWED_ONCE, YES_FLAG)
             term = self._term()
             if term is None:
                 _say(f"{request}\n{NO_TTY_NOTICE}")
-                return "rejected"
+                return Decision("rejected", NO_TERMINAL)
             term.flush_input()
             # Cut to the terminal's width: a long line that wrapped by itself could show a
             # piece of memory text at the start of a line, outside the gutter.
@@ -147,8 +158,8 @@ class Approver:
             if answer is None:
                 self.eof = True
                 term.write("\n")
-                return "rejected"
-            return ALLOWED_ONCE if answer.strip().lower() in YES else "rejected"
+                return Decision("rejected", INPUT_CLOSED)
+            return Decision(ALLOWED_ONCE if answer.strip().lower() in YES else "rejected", HUMAN)
 
     def close(self) -> None:
         if self._terminal is not None:

@@ -202,8 +202,8 @@ class SyncClient:
     def proposals_dismiss(self, id: str) -> T.Proposal:
         return self._run(self._client.proposals_dismiss, id)  # type: ignore[no-any-return]
 
-    def approval_decided(self, id: str, outcome: str) -> T.Empty:
-        return self._run(self._client.approval_decided, id, outcome)  # type: ignore[no-any-return]
+    def approval_decided(self, id: str, outcome: str, by: T.ApprovalBy | Mapping[str, Any] | None = None) -> T.Empty:
+        return self._run(self._client.approval_decided, id, outcome, by)  # type: ignore[no-any-return]
 
     def approval_subscribe(self) -> T.Empty:
         return self._run(self._client.approval_subscribe)  # type: ignore[no-any-return]

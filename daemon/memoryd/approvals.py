@@ -18,7 +18,9 @@ import anyio
 import msgspec
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.payloads import normalize_outcome
-from memoryd_protocol.types import ApprovalAsked, ApprovalOrigin, ApprovalResolved
+from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ApprovalOrigin, ApprovalResolved
+
+from .transports import PeerProcess
 
 log = logging.getLogger("memoryd.approvals")
 
@@ -29,6 +31,8 @@ class Peer(Protocol):
     id: int
     can_approve: bool
     gone: bool
+    #: the process on the other end (None when the kernel could not say)
+    peer: PeerProcess | None
 
     def describe(self) -> ApprovalOrigin | None:
         """Who is on the other end: the ``origin`` of the approvals this peer asks (None
@@ -51,6 +55,17 @@ release_turn: ContextVar[Callable[[], None] | None] = ContextVar("release_turn",
 request_id: ContextVar[str | int | float | None] = ContextVar("request_id", default=None)
 
 
+def same_process(a: Peer, b: Peer) -> bool:
+    """Whether two connections may belong to one process: they share a pid (the one shown
+    or the relay's), or neither pid is known. A peer whose pid the kernel does not give us
+    (another pid namespace) is never one whose pid we know."""
+    pa = a.peer.pids() if a.peer is not None else frozenset()
+    pb = b.peer.pids() if b.peer is not None else frozenset()
+    if not pa or not pb:
+        return not pa and not pb
+    return not pa.isdisjoint(pb)
+
+
 @dataclass(eq=False)
 class Pending:
     asked: ApprovalAsked
@@ -59,11 +74,14 @@ class Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: str | None = None
     decided_by: Peer | None = None
+    #: what the deciding client claims it is (``approval/decided``'s ``by``)
+    claimed: ApprovalBy | None = None
 
-    def resolve(self, outcome: str, by: Peer | None = None) -> None:
+    def resolve(self, outcome: str, by: Peer | None = None, claimed: ApprovalBy | None = None) -> None:
         if self.outcome is None:
             self.outcome = outcome
             self.decided_by = by
+            self.claimed = claimed
             self.done.set()
 
 
@@ -86,7 +104,10 @@ class Approvals:
         """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
         if self.closing:
             return "cancelled"
-        targets = [origin] if origin.can_approve else [a for a in self.approvers if a is not origin]
+        # A subscribed approver never decides a write of its own process: a model's tool
+        # cannot approve its own write by subscribing a second connection.
+        targets = [origin] if origin.can_approve else [
+            a for a in self.approvers if a is not origin and not same_process(a, origin)]
         if not targets or origin.gone:
             return "unavailable"
         asked = msgspec.structs.replace(asked, origin=origin.describe())
@@ -120,12 +141,16 @@ class Approvals:
                 if target is not p.decided_by:
                     await target.notify("approval/resolved", note)
 
-    def decide(self, peer: Peer, approval_id: str, outcome: object) -> None:
+    def decide(self, peer: Peer, approval_id: str, outcome: object, claimed: ApprovalBy | None = None) -> None:
         p = self.pending.get(approval_id)
         if p is None or p.outcome is not None or peer not in p.targets:
             # One message for all three cases, so a foreign connection learns nothing.
             raise InvalidInput("no pending approval with this id was asked of this connection", "id")
-        p.resolve(normalize_outcome(outcome), peer)
+        p.resolve(normalize_outcome(outcome), peer, claimed)
+        log.info("approval %s decided %s by connection %d (%s, pid %s; claims %s%s)", approval_id, p.outcome,
+                 peer.id, "its own prompt" if peer is p.origin else "a subscribed approver",
+                 peer.peer.pid if peer.peer and peer.peer.pid else "unknown", claimed.kind if claimed else "nothing",
+                 f" {claimed.name!r}" if claimed and claimed.name is not None else "")
 
     def connection_closed(self, peer: Peer) -> None:
         if peer in self.approvers:

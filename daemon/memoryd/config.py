@@ -31,6 +31,10 @@ from memoryd_protocol.paths import default_config_path, default_db_path, default
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
 
+#: ``approvers``: who may subscribe as an approver (``approval/subscribe``).
+APPROVERS = ("interactive", "any")
+
+
 class ConfigError(ValueError):
     """A configuration file or option that memoryd refuses to start with."""
 
@@ -58,6 +62,9 @@ class Config:
         self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
         #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
         self.busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+        #: who may subscribe as an approver: "interactive" (a process with a controlling
+        #: terminal) or "any"
+        self.approvers: str = "interactive"
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
@@ -156,6 +163,10 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             cfg.proposal_max_pending = _int(key, value, 1, 1000)
         elif key == "busy_timeout_ms":
             cfg.busy_timeout_ms = _int(key, value, 0, 600_000)
+        elif key == "approvers":
+            if value not in APPROVERS:
+                raise ConfigError(f"config: approvers must be interactive or any, got {value!r}")
+            cfg.approvers = value
         elif key == "budgets":
             _budgets(cfg, value)
         elif key == "write_policies":

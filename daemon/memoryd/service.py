@@ -33,7 +33,14 @@ from memoryd_protocol.constants import (
     STORE_SCHEMA_VERSION,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput, WriteDenied
-from memoryd_protocol.text import js_trim, normalize_agent_key, normalize_tags, normalize_workspace_key, utf16_len
+from memoryd_protocol.text import (
+    check_storable,
+    js_trim,
+    normalize_agent_key,
+    normalize_tags,
+    normalize_workspace_key,
+    utf16_len,
+)
 from memoryd_protocol.types import (
     AddParams,
     ApprovalAsked,
@@ -298,12 +305,17 @@ class Service:
         )
 
     async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:
-        self.approvals.decide(peer, p.id, p.outcome)
+        if p.by is not None and p.by.name is not None:
+            check_storable(p.by.name, "by.name")
+        self.approvals.decide(peer, p.id, p.outcome, p.by)
         return Empty()
 
     async def approval_subscribe(self, peer: Peer, p: Any) -> Empty:
         if not peer.can_approve:
             raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
+        if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
+            raise InvalidInput('only a process with a controlling terminal can subscribe as an approver; '
+                               'set approvers = "any" in the daemon\'s config to admit others')
         self.approvals.subscribe(peer)
         return Empty()
 

@@ -35,16 +35,29 @@ class PeerProcess:
     pid: int | None
     exe: str | None = None
     uid: int | None = None
+    #: the stdio relay's own pid, when ``pid`` is the harness behind it (see _behind_relay)
+    via: int | None = None
 
     @classmethod
-    def of(cls, pid: int, uid: int | None = None) -> PeerProcess | None:
+    def of(cls, pid: int, uid: int | None = None, via: int | None = None) -> PeerProcess | None:
         if pid <= 0:  # 0: the peer lives in another pid namespace
             return None if uid is None else cls(None, None, uid)
         try:
             exe: str | None = os.readlink(f"/proc/{pid}/exe")
         except OSError:  # gone already, not ours to inspect, or no /proc
             exe = None
-        return cls(pid, exe, _proc_uid(pid) if uid is None else uid)
+        return cls(pid, exe, _proc_uid(pid) if uid is None else uid,
+                   via if via is not None and via > 0 and via != pid else None)
+
+    def pids(self) -> frozenset[int]:
+        """Every process this connection is: the one shown, and the relay it came through
+        (empty when the kernel gave no pid)."""
+        return frozenset(p for p in (self.pid, self.via) if p is not None)
+
+    def interactive(self) -> bool:
+        """Each of its processes has a controlling terminal (and it has a known one)."""
+        pids = self.pids()
+        return bool(pids) and all(has_terminal(pid) for pid in pids)
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -56,6 +69,16 @@ def _proc_uid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def has_terminal(pid: int) -> bool:
+    """``/proc/<pid>/stat`` field 7 (tty_nr) is not 0: the process has a controlling terminal."""
+    try:
+        # "pid (comm) state ppid pgrp session tty_nr ..."; comm may contain spaces and parens
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return int(fields[4]) != 0
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -376,7 +399,7 @@ class StreamProtocol(asyncio.Protocol):
             self._refuse(transport, sock, creds)
             return
         pid, uid, _gid = creds
-        self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid)
+        self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid, via=pid)
         self._on_connect(self)
 
     def _refuse(self, transport: asyncio.Transport, sock: Any, creds: tuple[int, int, int] | None) -> None:

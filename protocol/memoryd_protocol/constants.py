@@ -39,6 +39,8 @@ DEFAULT_SOURCE: Final = "dsh-memento"
 MAX_TAGS: Final = 16
 MAX_TAG_UNITS: Final = 32
 MAX_SOURCE_UNITS: Final = 64
+#: approval/decided's by.name: who decided, as the client names it
+MAX_BY_NAME: Final = 128
 MAX_KEY_UNITS: Final = 4096
 MAX_CONSOLIDATE: Final = 20
 CONSOLIDATE_EXCERPT_UNITS: Final = 300

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from .constants import MAX_CONSOLIDATE, Scope, Track, WritePolicy
+from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, Scope, Track, WritePolicy
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -269,10 +269,20 @@ class ProposalDismissParams(_Env):
     id: str
 
 
+class ApprovalBy(_In):
+    """Who decided, as the deciding client claims it: a human at a prompt, a policy of the
+    client's own (e.g. fail closed without a terminal), or a script (``--yes``)."""
+
+    kind: Literal["human", "policy", "script"]
+    name: Annotated[str, Meta(min_length=1, max_length=MAX_BY_NAME)] | None = None
+
+
 class ApprovalDecidedParams(_Env):
     id: str
     #: Any value: only "allowed-once" allows; anything else is a denial (wire-v1 §5).
     outcome: Any
+    #: the client's claim of who decided; kept with the decision and logged
+    by: ApprovalBy | None = None
 
 
 # --- results -----------------------------------------------------------------------------
