@@ -580,15 +580,35 @@ export interface ApprovalContext {
   params?: unknown;
 }
 
+/** Who decided an approval, as the deciding client claims it (`approval/decided`'s `by`). */
+export interface ApprovalBy {
+  kind: 'human' | 'policy' | 'script';
+  /** 1 to 128 characters */
+  name?: string;
+}
+
+/** An outcome with the client's claim of who decided. */
+export interface ApprovalDecision {
+  outcome: ApprovalOutcome | boolean;
+  by?: ApprovalBy;
+}
+
 /**
  * Decide an approval. Return an outcome string (`'allowed-once'` lets the write through;
- * anything else denies it), or `true` (= 'allowed-once') / `false` or nothing (= 'rejected').
+ * anything else denies it), or `true` (= 'allowed-once') / `false` or nothing (= 'rejected'),
+ * or `{outcome, by}` to say who decided (`by` is sent in `approval/decided`).
  * A handler that throws answers 'rejected'.
  */
 export type ApprovalHandler = (
   payload: ApprovalAsked,
   ctx: ApprovalContext,
-) => ApprovalOutcome | boolean | void | null | Promise<ApprovalOutcome | boolean | void | null>;
+) =>
+  | ApprovalOutcome
+  | ApprovalDecision
+  | boolean
+  | void
+  | null
+  | Promise<ApprovalOutcome | ApprovalDecision | boolean | void | null>;
 
 export type EventHandler = <M extends string>(
   method: M,
@@ -747,7 +767,7 @@ export declare class Client extends EventEmitter {
   proposalsList(params?: ProposalListParams, call?: CallOptions): Promise<Proposal[]>;
   proposalsApprove(id: string, opts?: WriteOptions): Promise<ProposalApproveResult>;
   proposalsDismiss(id: string, call?: CallOptions): Promise<Proposal>;
-  approvalDecided(id: string, outcome: ApprovalOutcome, call?: CallOptions): Promise<Empty>;
+  approvalDecided(id: string, outcome: ApprovalOutcome | ApprovalDecision, call?: CallOptions): Promise<Empty>;
   approvalSubscribe(call?: CallOptions): Promise<Empty>;
   status(call?: CallOptions): Promise<DaemonStatus>;
 

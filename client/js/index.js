@@ -73,9 +73,22 @@ export function writeContext(session) {
 }
 
 function normalizeOutcome(value) {
+  if (isDecision(value)) return normalizeOutcome(value.outcome);
   if (value === true) return ALLOWED_ONCE;
   if (typeof value === 'string' && value !== '') return value;
   return REJECTED;
+}
+
+/** `{outcome, by?}`: an outcome with the client's claim of who decided (`by: {kind, name?}`). */
+function isDecision(value) {
+  return typeof value === 'object' && value !== null && 'outcome' in value;
+}
+
+/** `approval/decided` params for an outcome or an `{outcome, by}` decision. */
+function decidedParams(id, decision) {
+  const params = { id, outcome: normalizeOutcome(decision) };
+  if (isDecision(decision) && decision.by !== undefined && decision.by !== null) params.by = decision.by;
+  return params;
 }
 
 function isTimeout(ms) {
@@ -374,9 +387,13 @@ export class Client extends EventEmitter {
     return this.call('proposals/dismiss', { id }, call);
   }
 
-  /** `approval/decided` → `{}`. Decide an approval by hand (the onApproval handler does it for you). */
+  /**
+   * `approval/decided` → `{}`. Decide an approval by hand (the onApproval handler does it for
+   * you). `outcome` is an outcome string, or `{outcome, by}` where `by: {kind: 'human'|'policy'|'script',
+   * name?}` claims who decided (the daemon keeps it with the decision).
+   */
   approvalDecided(id, outcome, call) {
-    return this.call('approval/decided', { id, outcome }, call);
+    return this.call('approval/decided', isDecision(outcome) ? decidedParams(id, outcome) : { id, outcome }, call);
   }
 
   /** `approval/subscribe` → `{}`: this connection becomes an approver for headless writers. */
@@ -583,17 +600,17 @@ export class Client extends EventEmitter {
     const call = this._askingCall(payload); // before any await: the call is in flight now
     const state = { controller: new AbortController(), resolved: false };
     this._approvals.set(id, state);
-    let outcome = REJECTED;
+    let decision = REJECTED;
     // Time at this connection's own prompt does not count against the write that asked:
     // otherwise the caller would see TIMEOUT while the human's later "yes" still commits.
     this._pauseClocks();
     try {
       const handler = this._approvalHandler;
       if (typeof handler === 'function') {
-        outcome = normalizeOutcome(await handler(payload, { ...call, signal: state.controller.signal, client: this }));
+        decision = await handler(payload, { ...call, signal: state.controller.signal, client: this });
       }
     } catch (err) {
-      outcome = REJECTED;
+      decision = REJECTED;
       if (!state.resolved && !this.closed) this._emitError(err);
     } finally {
       this._approvals.delete(id);
@@ -601,7 +618,7 @@ export class Client extends EventEmitter {
     }
     if (state.resolved || this.closed) return; // moot: someone else decided, or we are gone
     try {
-      await this.call('approval/decided', { id, outcome });
+      await this.call('approval/decided', decidedParams(id, decision));
     } catch (err) {
       // Another approver won the race, the daemon timed the approval out, or we closed:
       // the daemon refuses a late decision (INVALID_INPUT) and nothing changes.

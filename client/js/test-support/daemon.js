@@ -116,6 +116,19 @@ export async function startDaemon({ policy = 'auto', config, extraArgs = [], dir
   }
 }
 
+/**
+ * `spawn()` options for a connection that is not this process's: the stdio relay
+ * (`memoryd serve --stdio`) under a shell that stays its parent, so the daemon sees neither
+ * this process's pid nor a relay whose parent it is. A subscribed approver is never asked
+ * about a write of its own process; this is how a test puts an approver in another one.
+ */
+export function foreignRelay(socketPath) {
+  return { command: 'sh', args: ['-c', '"$@"; exit $?', 'sh', pythonCommand(), '-m', 'memoryd', 'serve', '--stdio', '--socket', socketPath], env: daemonEnv(), stderr: 'pipe' };
+}
+
+/** Config text that admits subscribed approvers without a terminal (the tests have none). */
+export const ANY_APPROVERS = 'approvers = "any"\n';
+
 /** Args for `spawn()` over stdio with the test python. */
 export function stdioArgs({ db, policy = 'auto', extraArgs = [] } = {}) {
   const args = ['-m', 'memoryd', 'serve', '--stdio', '--standalone', '--db', db];

@@ -3,8 +3,8 @@
 import { test, describe, beforeEach, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { connect, WriteDeniedError, WRITE_DENIED, CONNECTION_CLOSED } from '../index.js';
-import { startDaemon, makeSession, nextEvent, eventually, sleepMs } from '../test-support/daemon.js';
+import { connect, spawn, WriteDeniedError, WRITE_DENIED, CONNECTION_CLOSED } from '../index.js';
+import { startDaemon, makeSession, nextEvent, eventually, sleepMs, foreignRelay, ANY_APPROVERS } from '../test-support/daemon.js';
 
 const UG = { track: 'user', scope: 'user-global' };
 
@@ -16,8 +16,14 @@ describe('approvals (policy ask)', () => {
     clients.push(c);
     return c;
   };
+  /** An approver in another process (see foreignRelay). */
+  const openApprover = async (opts = {}) => {
+    const c = await spawn({ ...foreignRelay(daemon.socketPath), session: makeSession('s-1'), ...opts });
+    clients.push(c);
+    return c;
+  };
   beforeEach(async () => {
-    daemon = await startDaemon({ policy: 'ask' });
+    daemon = await startDaemon({ policy: 'ask', config: ANY_APPROVERS });
   });
   afterEach(async () => {
     for (const c of clients.splice(0)) await c.close();
@@ -185,13 +191,26 @@ describe('approvals (policy ask)', () => {
     assert.match(err.details.outcome, /^unavailable/);
 
     const seen = [];
-    const approver = await open({ session: undefined, onApproval: (p) => (seen.push(p), 'allowed-once') });
+    const approver = await openApprover({ session: undefined, onApproval: (p) => (seen.push(p), { outcome: 'allowed-once', by: { kind: 'human', name: 'alice' } }) });
     assert.deepEqual(await approver.approvalSubscribe(), {});
     const res = await headless.add({ ...UG, text: 'approved by subscriber' });
     assert.equal(res.entry.text, 'approved by subscriber');
     assert.equal(seen.length, 1);
     assert.equal(seen[0].text, 'approved by subscriber');
     assert.equal(seen[0].sessionId, 's-1');
+    assert.match(daemon.stderr(), new RegExp(`approval ${seen[0].id} decided allowed-once by connection \\d+ \\(a subscribed approver, pid \\d+; claims human 'alice'\\)`));
+  });
+
+  test('an approver in this process is not asked about its writes', async () => {
+    const headless = await open({ capabilities: { approvals: false } });
+    const seen = [];
+    const approver = await open({ session: undefined, onApproval: (p) => (seen.push(p), 'allowed-once') });
+    await approver.approvalSubscribe();
+    const err = await headless.add({ ...UG, text: 'self-approved?' }).catch((e) => e);
+    assert.equal(err.code, WRITE_DENIED);
+    assert.equal(err.details.outcome, 'unavailable');
+    assert.deepEqual(seen, []);
+    assert.deepEqual(await headless.list(), []);
   });
 
   test('two approvers: the first decision wins, the other sees approval/resolved', async () => {
@@ -199,11 +218,11 @@ describe('approvals (policy ask)', () => {
     const errors = [];
     let slowAborted = false;
     let releaseSlow;
-    const fast = await open({ onApproval: async () => {
+    const fast = await openApprover({ onApproval: async () => {
       await sleepMs(50);
       return 'allowed-once';
     } });
-    const slow = await open({
+    const slow = await openApprover({
       onApproval: (p, { signal }) =>
         new Promise((resolve) => {
           signal.addEventListener('abort', () => {
@@ -232,10 +251,11 @@ describe('approvals (policy ask)', () => {
     const client = await open();
     // no handler → the client would answer "rejected"; answer first by hand instead
     client.on('approval/asked', (p) => {
-      client.approvalDecided(p.id, 'allowed-once').catch(() => {});
+      client.approvalDecided(p.id, { outcome: 'allowed-once', by: { kind: 'script', name: 'listener' } }).catch(() => {});
     });
     const res = await client.add({ ...UG, text: 'decided by hand' });
     assert.equal(res.entry.text, 'decided by hand');
+    assert.match(daemon.stderr(), /decided allowed-once by connection \d+ \(its own prompt, pid \d+; claims script 'listener'\)/);
   });
 });
 

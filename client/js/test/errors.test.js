@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 
 import {
   connect,
+  spawn,
   MemorydError,
   BudgetExceededError,
   AmbiguousMatchError,
@@ -28,7 +29,7 @@ import {
   ABORTED,
   ERROR_CODES,
 } from '../index.js';
-import { startDaemon, makeSession, nextEvent } from '../test-support/daemon.js';
+import { startDaemon, makeSession, nextEvent, foreignRelay, ANY_APPROVERS } from '../test-support/daemon.js';
 
 const UG = { track: 'user', scope: 'user-global' };
 
@@ -155,7 +156,7 @@ describe('error mapping (policy auto)', () => {
 describe('connection lifecycle (policy ask)', () => {
   let daemon;
   beforeEach(async () => {
-    daemon = await startDaemon({ policy: 'ask' });
+    daemon = await startDaemon({ policy: 'ask', config: ANY_APPROVERS });
   });
   afterEach(async () => {
     await daemon.stop();
@@ -214,8 +215,8 @@ describe('connection lifecycle (policy ask)', () => {
     // The clock stands still while *this* connection's handler decides (see approvals tests);
     // a write routed to another approver times out on schedule.
     let decide;
-    const approver = await connect({
-      socketPath: daemon.socketPath,
+    const approver = await spawn({
+      ...foreignRelay(daemon.socketPath), // another process: it is asked about this one's writes
       session: makeSession(),
       onApproval: () => new Promise((r) => (decide = r)),
     });

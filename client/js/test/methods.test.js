@@ -4,7 +4,7 @@ import { test, describe, beforeEach, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 
 import { connect, PROTOCOL, MemorydError } from '../index.js';
-import { startDaemon, makeSession, nextEvent, eventually } from '../test-support/daemon.js';
+import { startDaemon, makeSession, nextEvent, eventually, ANY_APPROVERS } from '../test-support/daemon.js';
 
 const UG = { track: 'user', scope: 'user-global' };
 const AW = { track: 'agent', scope: 'workspace' };
@@ -21,7 +21,7 @@ describe('daemon methods (policy auto)', () => {
   };
 
   beforeEach(async () => {
-    daemon = await startDaemon({ policy: 'auto' });
+    daemon = await startDaemon({ policy: 'auto', config: ANY_APPROVERS });
     client = await open();
   });
 
