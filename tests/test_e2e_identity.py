@@ -212,7 +212,9 @@ def test_memoryctls_autostart_shows_the_daemons_refusal(short: Path) -> None:
 # --- daemon/status lists the live connections --------------------------------------------
 
 
-async def test_status_lists_each_connection_with_the_kernels_view_and_the_clients_claim(daemon: Any) -> None:
+async def test_status_lists_each_connection_with_the_kernels_view_and_the_clients_claim(
+        daemon_factory: Any, any_approvers: Path) -> None:
+    daemon = daemon_factory("--config", str(any_approvers))  # the approver here has no terminal
     me = {"pid": os.getpid(), "uid": os.geteuid(), "exe": os.readlink("/proc/self/exe"), "transport": "socket"}
     t0 = int(time.time() * 1000)
     async with socket_client(daemon.socket_path, initialize=False) as bare, \
