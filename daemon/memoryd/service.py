@@ -89,6 +89,10 @@ T = TypeVar("T")
 
 VERSION = "0.1.0"
 
+#: The WRITE_DENIED message (outcome ``cancelled``) of a write that reaches the gate, or
+#: is still waiting for its approval, once the daemon has begun to stop.
+STOPPING_MESSAGE = "the daemon is stopping"
+
 
 @dataclass(frozen=True)
 class Approved:
@@ -128,6 +132,11 @@ class Service:
         #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
         #: a listener inherited from systemd socket activation).
         self.socket_path: Path | None = config.socket_path
+        #: set by ``stop_writes`` at shutdown: the gate admits no more writes
+        self.stopping = False
+        self._in_gate = 0
+        self._gate_empty = anyio.Event()
+        self._gate_empty.set()
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -170,6 +179,22 @@ class Service:
                 return e
         raise EntryNotFound("no visible memory entry has this id", target.details(track, scope))
 
+    def stop_writes(self) -> None:
+        """Shutdown has begun: from now on the gate admits no write. Every write that
+        reaches it is denied (``cancelled``, its denied row first), and so is every write
+        still waiting for an approval."""
+        self.stopping = True
+        self.approvals.cancel_all("cancelled")
+
+    @property
+    def writes_in_gate(self) -> int:
+        return self._in_gate
+
+    async def gate_empty(self) -> None:
+        """Return once no write is inside the gate (asking, or writing its denied row)."""
+        if self._in_gate:
+            await self._gate_empty.wait()
+
     async def approve(
         self,
         peer: Peer,
@@ -186,10 +211,45 @@ class Service:
         lands: tuple[str, str, list[str]] | None = None,
         entries: Sequence[Entry] | None = None,
     ) -> Approved:
-        """The gate. Returns only for ``allowed-once``; a denial is audited, then raised.
+        """The gate, which every write passes. Returns only for ``allowed-once``; a denial
+        is audited, then raised.
 
         ``lands`` is (workspaceKey, agentKey, tags) of the entry as it will be after the
-        write; ``entries`` the batch of a seed. Both are shown to the human."""
+        write; ``entries`` the batch of a seed. Both are shown to the human.
+
+        A write that leaves the gate allowed queues its writer job before the caller's next
+        await, so once shutdown has begun (``stop_writes``) no write is queued after it:
+        the ledger shows every committed write before the first denial for stopping."""
+        self._in_gate += 1
+        if self._gate_empty.is_set():
+            self._gate_empty = anyio.Event()
+        try:
+            return await self._gate(peer, view, action=action, track=track, scope=scope, text=text, source=source,
+                                    policy=policy, entry_id=entry_id, count=count, lands=lands, entries=entries)
+        finally:
+            self._in_gate -= 1
+            if not self._in_gate:
+                self._gate_empty.set()
+
+    async def _gate(
+        self,
+        peer: Peer,
+        view: SessionView,
+        *,
+        action: str,
+        track: str,
+        scope: str,
+        text: str,
+        source: str,
+        policy: str,
+        entry_id: str | None,
+        count: int | None,
+        lands: tuple[str, str, list[str]] | None,
+        entries: Sequence[Entry] | None,
+    ) -> Approved:
+        if self.stopping:
+            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         if policy == "auto":
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
         if policy == "off":
@@ -218,8 +278,13 @@ class Service:
                 with anyio.CancelScope(shield=True):
                     await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
                 raise
-        if outcome == ALLOWED_ONCE:
+        if outcome == ALLOWED_ONCE and not self.stopping:
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
+        if self.stopping:
+            # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed
+            # just before it but only resumed after; either way nothing is queued now.
+            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         await self._deny(view, action, track, scope, text, source, entry_id, outcome, policy)
         raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
 
