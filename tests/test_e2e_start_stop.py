@@ -181,3 +181,16 @@ def test_kill_9_while_binding_leaves_nothing_the_next_start_trips_on(sock_dir: P
         again.terminate()
         assert again.wait(10) == 0
     assert os.listdir(sock_dir) == []
+
+
+async def test_a_client_that_never_reads_its_replies_does_not_hold_the_stop_past_5s(daemon: Any) -> None:
+    """The drain answers what each connection has read, but a peer that reads nothing back
+    holds those replies forever: the drain gives up on it after its bound."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(daemon.socket_path))
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon/status"}\n' * 3000)  # ~1 MB of replies, never read
+        daemon.proc.send_signal(signal.SIGTERM)
+        sent_at = time.monotonic()
+        assert await anyio.to_thread.run_sync(daemon.proc.wait, 5.0) == 0
+        assert time.monotonic() - sent_at < 5.0
+    assert not daemon.socket_path.exists()

@@ -40,7 +40,7 @@ STOPPING_OWNER_WAIT_S = 12.0
 
 #: The most a SIGTERM'd daemon spends draining (queued commits, denied rows, the replies
 #: to requests already read), so that it exits within 5 s of the signal.
-DRAIN_S = 4.0
+DRAIN_S = 3.0
 
 
 def _owner_file(path: Path) -> Path:
