@@ -352,18 +352,17 @@ class Daemon:
                 path.unlink()
         self.service.stop_writes()  # already, unless the stdio peer left first
         with anyio.move_on_after(DRAIN_S):
-            # Queued commits, and the denied rows of the writes in the gate (cancelled
-            # approvals, writes that arrived since): connections still read meanwhile,
-            # so a write sent now is answered WRITE_DENIED, not left unread.
-            while self.service.writes_in_gate or self.writer.depth:
-                await self.service.gate_empty()
-                await self.writer.idle()
-            # Then no connection reads another line; each answers what it has read.
+            # No connection reads another line; each answers every request it has read
+            # (up to MAX_INFLIGHT of them): writes committed or queued before the stop
+            # once their commit returns, the others WRITE_DENIED once their denied row
+            # has (a pipeline's denials share a commit), reads as they finish. A line
+            # not read by now gets no reply: the peer sees EOF, and nothing was written.
             self.reading_stopped = True
             for conn in list(self.connections):
                 conn.stop_reading()
             if self.connections:
                 await self.no_connections.wait()
+            await self.writer.idle()  # what no connection waits for: the recall bookkeeping
         serving.cancel_scope.cancel()
 
     async def close(self) -> None:

@@ -80,7 +80,7 @@ from memoryd_protocol.validation import (
 )
 
 from . import store
-from .approvals import Approvals, Peer
+from .approvals import Approvals, Peer, release_turn
 from .config import Config
 from .writer import Usage, Writer, run_on
 
@@ -134,9 +134,6 @@ class Service:
         self.socket_path: Path | None = config.socket_path
         #: set by ``stop_writes`` at shutdown: the gate admits no more writes
         self.stopping = False
-        self._in_gate = 0
-        self._gate_empty = anyio.Event()
-        self._gate_empty.set()
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -186,15 +183,6 @@ class Service:
         self.stopping = True
         self.approvals.cancel_all("cancelled")
 
-    @property
-    def writes_in_gate(self) -> int:
-        return self._in_gate
-
-    async def gate_empty(self) -> None:
-        """Return once no write is inside the gate (asking, or writing its denied row)."""
-        if self._in_gate:
-            await self._gate_empty.wait()
-
     async def approve(
         self,
         peer: Peer,
@@ -220,34 +208,12 @@ class Service:
         A write that leaves the gate allowed queues its writer job before the caller's next
         await, so once shutdown has begun (``stop_writes``) no write is queued after it:
         the ledger shows every committed write before the first denial for stopping."""
-        self._in_gate += 1
-        if self._gate_empty.is_set():
-            self._gate_empty = anyio.Event()
-        try:
-            return await self._gate(peer, view, action=action, track=track, scope=scope, text=text, source=source,
-                                    policy=policy, entry_id=entry_id, count=count, lands=lands, entries=entries)
-        finally:
-            self._in_gate -= 1
-            if not self._in_gate:
-                self._gate_empty.set()
-
-    async def _gate(
-        self,
-        peer: Peer,
-        view: SessionView,
-        *,
-        action: str,
-        track: str,
-        scope: str,
-        text: str,
-        source: str,
-        policy: str,
-        entry_id: str | None,
-        count: int | None,
-        lands: tuple[str, str, list[str]] | None,
-        entries: Sequence[Entry] | None,
-    ) -> Approved:
         if self.stopping:
+            # As a write parked on an approval does, let the connection serve its next
+            # line meanwhile: a pipeline's denials then share a group commit, not one each.
+            release = release_turn.get()
+            if release is not None:
+                release()
             await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
             raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         if policy == "auto":
