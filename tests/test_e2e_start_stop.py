@@ -90,6 +90,7 @@ async def test_sigterm_while_writes_stream_in_commits_or_denies_each_and_exits_0
     rc = await anyio.to_thread.run_sync(d.proc.wait, 5.0)
     assert rc == 0, d.stderr()
     assert time.monotonic() - sent_at < 5.0
+    assert "Traceback" not in d.stderr()
     assert not d.socket_path.exists()
 
     committed = {n for n, r in replies.items() if "result" in r}
@@ -194,3 +195,4 @@ async def test_a_client_that_never_reads_its_replies_does_not_hold_the_stop_past
         assert await anyio.to_thread.run_sync(daemon.proc.wait, 5.0) == 0
         assert time.monotonic() - sent_at < 5.0
     assert not daemon.socket_path.exists()
+    assert "Traceback" not in daemon.stderr()
