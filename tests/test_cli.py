@@ -345,7 +345,7 @@ def test_adapters_and_status(capsys: pytest.CaptureFixture[str], daemon: Any) ->
     assert {line.split()[0] for line in out.splitlines()[1:]} >= {"mem0", "hermes-memory-md", "claude-code-memory-md"}
     code, out, _ = cli(capsys, daemon, "status")
     assert code == 0
-    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
+    fields = status_fields(out)
     assert fields["pid"] == str(daemon.proc.pid)
     assert fields["store"] == str(daemon.db_path) and fields["socket"] == str(daemon.socket_path)
 
@@ -834,7 +834,9 @@ def test_stop_when_nothing_runs_is_not_an_error(fresh_socket: Path, tmp_path: Pa
 
 
 def status_fields(out: str) -> dict[str, str]:
-    return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())  # type: ignore[misc]
+    """The key/value lines of ``memoryctl status`` (the connections table follows a blank line)."""
+    pairs = out.split("\n\n")[0]
+    return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in pairs.splitlines())  # type: ignore[misc]
 
 
 def test_status_shows_socket_pid_policy_config_and_log(daemon_factory: Any, tmp_path: Path) -> None:
@@ -851,12 +853,23 @@ def test_status_shows_socket_pid_policy_config_and_log(daemon_factory: Any, tmp_
     assert (fields["store"], fields["config"], fields["log"]) == (str(d.db_path), str(cfg), str(d.stderr_path))
     assert (fields["connections"], fields["pending approvals"], fields["queue depth"]) == ("1", "0", "0")
     assert re.fullmatch(r"\d+s", fields["uptime"])
+    # its own connection, as the daemon sees it: memoryctl's pid and uid, its name and executable
+    header, row = r.stdout.split("\n\n")[1].splitlines()
+    assert re.split(r"\s{2,}", header) == ["CONN", "TRANSPORT", "PID", "UID", "CLIENT", "APPROVER", "OPENED", "EXE"]
+    cells = re.split(r"\s{2,}", row)
+    assert cells[1:4] == ["socket", cells[2], str(os.geteuid())] and cells[2].isdigit()
+    assert (cells[4], cells[5], cells[7]) == (f"memoryctl {mc.__version__}", "no", os.path.realpath(sys.executable))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cells[6])
 
     r = run(*sock(d), "status", "--json")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert set(st) == {"version", "uptimeS", "connections", "pendingApprovals", "queueDepth", "store", "pid",
-                       "writePolicy", "socket", "config", "log"}
+                       "writePolicy", "socket", "config", "log", "connectionList"}
+    (conn,) = st["connectionList"]
+    assert set(conn) == {"id", "transport", "pid", "uid", "exe", "client", "approver", "openedAt"}
+    assert (conn["transport"], conn["uid"], conn["client"], conn["approver"], conn["exe"]) == (
+        "socket", os.geteuid(), {"name": "memoryctl", "version": mc.__version__}, False, os.path.realpath(sys.executable))
     assert (st["pid"], st["writePolicy"], st["socket"], st["config"], st["log"]) == (
         d.proc.pid, "ask", str(d.socket_path), str(cfg), str(d.stderr_path))
     assert st["store"] == {"path": str(d.db_path), "schemaVersion": 4}

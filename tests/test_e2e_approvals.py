@@ -102,7 +102,11 @@ async def test_policy_off_and_overrides(daemon_factory: Any, tmp_path: Path) -> 
         audit = await raw.ok("audit/list", {"limit": 1})
         assert audit[0]["outcome"] == "rejected (via approval, writePolicy off)"
         await add(raw, "ok by cell", "agent", "workspace")
-        await add(raw, "ok by source", source="trusted")
+        # a source label only tightens: "source:trusted" = "auto" does not open an "off" layer
+        err = await raw.fail("memory/add", {"input": entry_input("not by source", source="trusted"),
+                                            "write": write_ctx()})
+        assert err.details == {"outcome": "rejected"}
+        await add(raw, "auto by cell and source", "agent", "workspace", source="trusted")
         err = await raw.fail("memory/add", {"input": entry_input("no", "agent", "workspace", source="blocked"),
                                             "write": write_ctx()})
         assert err.code == "WRITE_DENIED"

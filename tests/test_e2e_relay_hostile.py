@@ -340,8 +340,8 @@ def test_a_store_sqlite_cannot_open_is_the_daemons_one_line_not_a_traceback_tail
         with open(fifo, "wb"):  # returns once the daemon opened it; SQLite then fails on it
             out, err = proc.communicate(_line("memory/list"), timeout=30)
     assert (proc.returncode, out) == (1, b"")
-    assert err.decode() == (f"memoryd: could not start a daemon on {sock}: cannot open store {fifo}: "
-                            f"disk I/O error (log: {sock_dir / 'memoryd.log'})\n")
+    assert err.decode() == (f"memoryd: could not start a daemon on {sock}: STORE_UNAVAILABLE: the store had an I/O "
+                            f"error: {fifo} (log: {sock_dir / 'memoryd.log'})\n")
     assert "Traceback" not in (sock_dir / "memoryd.log").read_text()
 
 
@@ -367,7 +367,7 @@ def test_a_second_daemon_on_a_live_socket_is_refused_creating_no_store(daemon: D
 
 
 def test_a_socket_path_too_long_for_a_unix_socket_is_named_in_the_reason(tmp_path: Path) -> None:
-    sock = Path("/tmp") / ("m" * 120 + ".sock")  # sun_path holds 107 bytes
+    sock = tmp_path / ("m" * 120 + ".sock")  # sun_path holds 107 bytes; tmp_path is private (0700)
     r = subprocess.run([*RELAY, "--socket", str(sock), "--db", str(tmp_path / "m.db")],
                        input=_line("memory/list"), capture_output=True, timeout=30)
     assert (r.returncode, r.stdout) == (1, b"")

@@ -63,6 +63,7 @@ WIRE_ERRORS = {
     "STORE_UNSUPPORTED_VERSION": -32017,
     "ADAPTER_NOT_FOUND": -32018,
     "ADAPTER_PAYLOAD": -32019,
+    "STORE_UNAVAILABLE": -32020,
     "STORE_LOCKED": -32021,
     "PARSE_ERROR": -32700,
     "INVALID_REQUEST": -32600,
@@ -528,8 +529,17 @@ def test_validate_message_results_and_notifications() -> None:
         socket="/run/user/1000/memoryd/memoryd.sock",
         config=None,
         log="/run/user/1000/memoryd/memoryd.log",
+        connection_list=[
+            types.ConnectionInfo(id=1, transport="socket", pid=7, uid=1000, exe="/usr/bin/node",
+                                 client=types.ClientInfo(name="h", version="1"), approver=True, opened_at=1),
+            types.ConnectionInfo(id=2, transport="stdio", pid=None, uid=None, exe=None, client=None,
+                                 approver=False, opened_at=2),
+        ],
     )
     validate_message({"jsonrpc": "2.0", "id": 9, "result": msgspec.to_builtins(status)}, "daemon/status")
+    with pytest.raises(AssertionError, match="daemon/status"):  # a listing is not a count
+        validate_message({"jsonrpc": "2.0", "id": 9, "result": {**msgspec.to_builtins(status), "connectionList": 2}},
+                         "daemon/status")
     unbound = msgspec.structs.replace(status, socket=None, log=None, config="/home/u/.config/memoryd/config.toml")
     validate_message({"jsonrpc": "2.0", "id": 9, "result": msgspec.to_builtins(unbound)}, "daemon/status")
 

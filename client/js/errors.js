@@ -14,6 +14,7 @@ export const ERROR_CODES = Object.freeze({
   STORE_UNSUPPORTED_VERSION: -32017,
   ADAPTER_NOT_FOUND: -32018,
   ADAPTER_PAYLOAD: -32019,
+  STORE_UNAVAILABLE: -32020,
   STORE_LOCKED: -32021,
 });
 
@@ -46,6 +47,7 @@ export const STORE_CORRUPT = 'STORE_CORRUPT';
 export const STORE_UNSUPPORTED_VERSION = 'STORE_UNSUPPORTED_VERSION';
 export const ADAPTER_NOT_FOUND = 'ADAPTER_NOT_FOUND';
 export const ADAPTER_PAYLOAD = 'ADAPTER_PAYLOAD';
+export const STORE_UNAVAILABLE = 'STORE_UNAVAILABLE';
 export const STORE_LOCKED = 'STORE_LOCKED';
 export const PARSE_ERROR = 'PARSE_ERROR';
 export const INVALID_REQUEST = 'INVALID_REQUEST';
@@ -111,6 +113,7 @@ export class StoreCorruptError extends MemorydError {}
 export class StoreUnsupportedVersionError extends MemorydError {}
 export class AdapterNotFoundError extends MemorydError {}
 export class AdapterPayloadError extends MemorydError {}
+export class StoreUnavailableError extends MemorydError {}
 export class StoreLockedError extends MemorydError {}
 export class ParseError extends MemorydError {}
 export class InvalidRequestError extends MemorydError {}
@@ -133,6 +136,7 @@ const CLASS_BY_CODE = new Map([
   [STORE_UNSUPPORTED_VERSION, StoreUnsupportedVersionError],
   [ADAPTER_NOT_FOUND, AdapterNotFoundError],
   [ADAPTER_PAYLOAD, AdapterPayloadError],
+  [STORE_UNAVAILABLE, StoreUnavailableError],
   [STORE_LOCKED, StoreLockedError],
   [PARSE_ERROR, ParseError],
   [INVALID_REQUEST, InvalidRequestError],

@@ -288,6 +288,26 @@ export interface DaemonStatus {
   config: string | null;
   /** The file its stderr (the log) goes to, or null when stderr is not a regular file. */
   log: string | null;
+  /** The live connections (`connections` is their count), the asking one included, oldest first. */
+  connectionList: ConnectionInfo[];
+}
+
+/** One live connection: the kernel's peer credentials and /proc beside the client's own claim. */
+export interface ConnectionInfo {
+  id: number;
+  transport: "socket" | "stdio";
+  /** Peer pid (SO_PEERCRED; for a `memoryd serve --stdio` relay, the harness behind it). */
+  pid: number | null;
+  /** Peer uid (SO_PEERCRED): the daemon's own or root; other uids are refused at accept. */
+  uid: number | null;
+  /** The peer's executable (/proc/<pid>/exe), or null when unreadable. */
+  exe: string | null;
+  /** `initialize`'s `client`, as the peer names itself; null before initialize. */
+  client: { name: string | null; version: string | null } | null;
+  /** Subscribed with `approval/subscribe`. */
+  approver: boolean;
+  /** When the daemon accepted it (ms since the epoch). */
+  openedAt: number;
 }
 
 export type Empty = Record<string, never>;
@@ -395,6 +415,7 @@ export type ProtocolErrorCode =
   | 'STORE_UNSUPPORTED_VERSION'
   | 'ADAPTER_NOT_FOUND'
   | 'ADAPTER_PAYLOAD'
+  | 'STORE_UNAVAILABLE'
   | 'STORE_LOCKED';
 export type RpcLevelErrorCode = 'PARSE_ERROR' | 'INVALID_REQUEST' | 'METHOD_NOT_FOUND' | 'INTERNAL_ERROR';
 export type ClientErrorCode = 'CONNECTION_CLOSED' | 'CONNECTION_FAILED' | 'TIMEOUT' | 'ABORTED' | 'PROTOCOL_ERROR';
@@ -427,6 +448,13 @@ export interface AmbiguousMatchDetails {
   sample: string[];
 }
 
+export interface StoreUnavailableDetails {
+  /** busy: another process held the write lock past the busy timeout; full: no space left;
+   *  readonly: the store, its directory or its mount is read-only; io: any other I/O error */
+  reason: 'busy' | 'full' | 'readonly' | 'io';
+  path: string;
+}
+
 export interface WriteDeniedDetails {
   outcome: ApprovalOutcome;
 }
@@ -446,6 +474,7 @@ export declare const STORE_CORRUPT: 'STORE_CORRUPT';
 export declare const STORE_UNSUPPORTED_VERSION: 'STORE_UNSUPPORTED_VERSION';
 export declare const ADAPTER_NOT_FOUND: 'ADAPTER_NOT_FOUND';
 export declare const ADAPTER_PAYLOAD: 'ADAPTER_PAYLOAD';
+export declare const STORE_UNAVAILABLE: 'STORE_UNAVAILABLE';
 export declare const STORE_LOCKED: 'STORE_LOCKED';
 export declare const PARSE_ERROR: 'PARSE_ERROR';
 export declare const INVALID_REQUEST: 'INVALID_REQUEST';
@@ -493,6 +522,7 @@ export declare class StoreCorruptError extends MemorydError<{ path: string }> {}
 export declare class StoreUnsupportedVersionError extends MemorydError<{ path: string }> {}
 export declare class AdapterNotFoundError extends MemorydError<{ adapterId: string }> {}
 export declare class AdapterPayloadError extends MemorydError<{ adapterId: string }> {}
+export declare class StoreUnavailableError extends MemorydError<StoreUnavailableDetails> {}
 export declare class StoreLockedError extends MemorydError<{ path: string; pid?: number; socket?: string | null }> {}
 export declare class ParseError extends MemorydError {}
 export declare class InvalidRequestError extends MemorydError {}

@@ -384,7 +384,7 @@ export class Client extends EventEmitter {
     return this.call('approval/subscribe', {}, call);
   }
 
-  /** `daemon/status` → `{version, uptimeS, connections, pendingApprovals, queueDepth, store}`. */
+  /** `daemon/status` → `{version, uptimeS, connections, pendingApprovals, queueDepth, store, …, connectionList}`. */
   status(call) {
     return this.call('daemon/status', {}, call);
   }

@@ -186,7 +186,26 @@ def status_lines(status: T.DaemonStatus, *, socket: str) -> str:
         ("queue depth", str(status.queue_depth)),
     ]
     width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
+    text = "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
+    if status.connection_list:
+        text += "\n\n" + connections_table(status.connection_list)
+    return text
+
+
+def _client(c: T.ConnectionInfo) -> str:
+    if c.client is None or c.client.name is None:
+        return "-"
+    return c.client.name if c.client.version is None else f"{c.client.name} {c.client.version}"
+
+
+def connections_table(rows: Sequence[T.ConnectionInfo]) -> str:
+    """The live connections: the kernel's view of each peer (pid, uid, executable) beside
+    the name it gave itself in ``initialize``."""
+    return table(
+        ["CONN", "TRANSPORT", "PID", "UID", "CLIENT", "APPROVER", "OPENED", "EXE"],
+        [[str(c.id), c.transport, "-" if c.pid is None else str(c.pid), "-" if c.uid is None else str(c.uid),
+          _client(c), "yes" if c.approver else "no", when(c.opened_at), c.exe or "-"] for c in rows],
+    )
 
 
 #: A seed/import approval lists this many entries, then says how many it leaves out.

@@ -19,7 +19,6 @@ import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
-from memoryd_protocol.paths import private_socket_path
 
 from . import store
 from .adapter_registry import load_adapters
@@ -134,8 +133,8 @@ def unlock_store(path: Path, fd: int) -> None:
     os.close(fd)
 
 
-def _reader(path: Path) -> sqlite3.Connection:
-    conn = store.connect(path)
+def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    conn = store.connect(path, busy_timeout_ms)
     conn.execute("PRAGMA query_only = ON")
     return conn
 
@@ -159,26 +158,32 @@ class Daemon:
     #: set by the drain: connections read no further line
     reading_stopped: bool = False
 
+    def __post_init__(self) -> None:
+        self.service.live = self.connections  # daemon/status lists them
+
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
                    endpoint: str | None = None) -> Daemon:
         path = config.db_path
-        version = store.inspect(path)  # refuse corrupt/newer stores before creating or locking anything
+        busy_ms = config.busy_timeout_ms
+        # Refuse read-only, corrupt and newer stores before creating or locking anything.
+        store.refuse_read_only(path)
+        version = store.inspect(path, busy_ms)
         store.prepare_path(path)
         lock_fd = lock_store(path, endpoint)
         try:
             # Opened (and migrated) here, not by aiosqlite's connector: a connector that fails
             # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
             # and its traceback, not our one line, ends the log a launcher reports from.
-            conn = await anyio.to_thread.run_sync(store.open_store, path, version)
+            conn = await anyio.to_thread.run_sync(store.open_store, path, version, busy_ms)
             writer_conn = await aiosqlite.Connection(lambda: conn, 64)
         except BaseException:
             unlock_store(path, lock_fd)
             raise
-        reader_conn = await aiosqlite.Connection(lambda: _reader(path), 64)
-        loop_reader = _reader(path)
+        reader_conn = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
+        loop_reader = _reader(path, busy_ms)
         usage = await run_on(writer_conn, store.usage)
-        writer = Writer(writer_conn, usage)
+        writer = Writer(writer_conn, usage, path)
         approvals = Approvals()
         service = Service(config, writer, reader_conn, approvals, loop_reader)
         handlers: dict[str, Any] = {
@@ -280,7 +285,7 @@ class Daemon:
         self._socket_file: Path | None = None
         if sock is None:
             path = self.config.socket_path
-            sock, self._socket_file = bind_unix(path, private_dir=path == private_socket_path())
+            sock, self._socket_file = bind_unix(path)
             self._socket_path: Path | None = path
         else:
             self._socket_path = None  # systemd owns the path: it is not ours to report or remove
@@ -387,6 +392,7 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 async def _serve(cfg: Config, stdio: bool) -> int:
     import sys
 
+    from .rundir import UnsafeDir
     from .transports import SocketInUse, refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
@@ -394,7 +400,7 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     if not (stdio or activated):
         try:  # before the store is opened: a refusal creates nothing (bind checks again)
             refuse_taken(cfg.socket_path)
-        except SocketInUse as exc:
+        except (SocketInUse, UnsafeDir) as exc:
             print(f"memoryd: {exc}", file=sys.stderr)
             return 1
         except OSError as exc:
@@ -416,7 +422,7 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     try:
         await daemon.run(stdio=stdio)
-    except SocketInUse as exc:
+    except (SocketInUse, UnsafeDir) as exc:
         print(f"memoryd: {exc}", file=sys.stderr)
         await daemon.close()
         return 1

@@ -112,11 +112,12 @@ def _detach(socket_path: Path, serve_args: list[str]) -> int:
     import signal
 
     from . import launch
+    from .rundir import UnsafeDir, ensure_private_dir
 
     runtime = socket_path.parent
     log = launch.log_path_for(socket_path)
     try:
-        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_private_dir(runtime)  # before the lock and the log are created in it
         with launch.start_lock(runtime):
             if launch.answers(socket_path):
                 print(f"memoryd: already running on {socket_path}", file=sys.stderr)
@@ -131,6 +132,9 @@ def _detach(socket_path: Path, serve_args: list[str]) -> int:
             reason = f"memoryd: could not start on {socket_path}: {reason} (log: {log})"
         print(reason, file=sys.stderr)
         return exc.returncode or 1
+    except UnsafeDir as exc:
+        print(f"memoryd: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # the runtime dir, its lock or the log cannot be made
         print(f"memoryd: cannot start on {socket_path}: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1

@@ -7,12 +7,14 @@ bug, not a convenience).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
     DEFAULT_BUDGETS,
+    DEFAULT_BUSY_TIMEOUT_MS,
     DEFAULT_MAX_MESSAGE_BYTES,
     GRID,
     PROPOSAL_MAX_PENDING,
@@ -54,20 +56,31 @@ class Config:
         self.write_policies: dict[str, str] = {}
         self.proposal_max_text: int = PROPOSAL_MAX_TEXT
         self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
+        #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
+        self.busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
         self.config_path: Path | None = None
 
-    def policy_for(self, track: str, scope: str, source: str) -> str:
-        """``source:<name>`` beats ``track/scope`` beats ``write_policy``."""
-        by_source = self.write_policies.get(f"source:{source}")
-        if by_source is not None:
-            return by_source
-        return self.write_policies.get(f"{track}/{scope}", self.write_policy)
+    def policy_for(self, layers: Iterable[tuple[str, str]], sources: Iterable[str]) -> str:
+        """The effective write policy of one write, the only place it is computed.
 
-    def strictest(self, policies: list[str]) -> str:
-        return max(policies, key=_POLICY_RANK.__getitem__) if policies else self.write_policy
+        It starts from the policy of each layer (track, scope) the write lands in: the
+        ``track/scope`` override where there is one, else ``write_policy``. So a layer
+        override may loosen the default (``"agent/workspace" = "auto"`` under ``ask``). Then
+        the ``source:<name>`` override of every source the write touches (the new text's
+        and that of every entry it replaces or removes) can only make it stricter
+        (``off`` > ``ask`` > ``auto``), never looser: a client picks its own source label,
+        so a label must never open what the layer's policy closes."""
+        policies = [self.write_policies.get(f"{track}/{scope}", self.write_policy) for track, scope in layers]
+        if not policies:
+            raise ValueError("a write lands in at least one layer")
+        for source in sources:
+            override = self.write_policies.get(f"source:{source}")
+            if override is not None:
+                policies.append(override)
+        return max(policies, key=_POLICY_RANK.__getitem__)
 
 
 def _int(key: str, value: Any, lo: int, hi: int) -> int:
@@ -141,6 +154,8 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             cfg.proposal_max_text = _int(key, value, 1, 100_000)
         elif key == "proposal_max_pending":
             cfg.proposal_max_pending = _int(key, value, 1, 1000)
+        elif key == "busy_timeout_ms":
+            cfg.busy_timeout_ms = _int(key, value, 0, 600_000)
         elif key == "budgets":
             _budgets(cfg, value)
         elif key == "write_policies":

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterable
 from typing import Any, Protocol
 
 import anyio
-from memoryd_protocol.types import ApprovalOrigin, ClientInfo
+from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals, release_turn
 from .framing import OVERSIZE, lines
@@ -52,7 +53,10 @@ class Connection:
     def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
                  max_bytes: int, name: str = "socket", peer: PeerProcess | None = None) -> None:
         self.id = next(_ids)
+        #: the transport: "socket" or "stdio"
         self.name = name
+        #: when it was accepted (ms since the epoch)
+        self.opened_at = int(time.time() * 1000)
         self.can_approve = True
         self.initialized = False
         #: the peer process (socket peer credentials, or stdio's parent); transports
@@ -119,6 +123,13 @@ class Connection:
         origin = ApprovalOrigin(name=c.name if c else None, version=c.version if c else None,
                                 pid=p.pid if p else None, exe=p.exe if p else None)
         return None if origin == ApprovalOrigin() else origin
+
+    def listing(self, *, approver: bool) -> ConnectionInfo:
+        """This connection as ``daemon/status`` lists it (``approver``: it is subscribed)."""
+        p = self.peer
+        return ConnectionInfo(id=self.id, transport="stdio" if self.name == "stdio" else "socket",
+                              pid=p.pid if p else None, uid=p.uid if p else None, exe=p.exe if p else None,
+                              client=self.client, approver=approver, opened_at=self.opened_at)
 
     async def notify(self, method: str, params: Any) -> None:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""

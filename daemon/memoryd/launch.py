@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .rundir import check_private_dir
+
 LOG_NAME = "memoryd.log"
 #: Shared with memoryctl's autostart: whoever holds it is starting the daemon of this
 #: runtime directory, and everyone else waits, then finds it running.
@@ -60,7 +62,10 @@ def answers(path: Path) -> bool:
 @contextlib.contextmanager
 def start_lock(runtime_dir: Path) -> Iterator[None]:
     """Serialize starters of one runtime directory. The holder keeps it for at most its
-    own readiness wait, so a blocking flock cannot hang for longer than that."""
+    own readiness wait, so a blocking flock cannot hang for longer than that. Only in a
+    private directory (raises :class:`memoryd.rundir.UnsafeDir`): the lock file is created
+    there, and so is the daemon's log."""
+    check_private_dir(runtime_dir)
     fd = os.open(runtime_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

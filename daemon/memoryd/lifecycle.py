@@ -188,7 +188,7 @@ class Lifecycle:
             check_budget(*cell, self.s.writer.usage.get(cell, 0), self.s.limit(*cell), delta)
             ok = await self.s.approve(peer, view, action="add", track=proposal.track, scope=proposal.scope,
                                       text=proposal.text, source=PROPOSAL_SOURCE,
-                                      policy=self.s.config.policy_for(*cell, PROPOSAL_SOURCE),
+                                      policy=self.s.config.policy_for([cell], [PROPOSAL_SOURCE]),
                                       lands=(proposal.workspace_key, proposal.agent_key, []))
 
             def job(conn: sqlite3.Connection, usage: Usage) -> ProposalApproveResult:

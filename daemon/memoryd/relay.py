@@ -24,6 +24,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .rundir import UnsafeDir, check_private_dir, ensure_private_dir
+
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
 PROBE_TIMEOUT_S = 10.0
@@ -49,7 +51,13 @@ def _connect(path: Path) -> socket.socket | None:
 
 def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     """A connection to the daemon on ``socket_path``, started with ``serve_args`` when
-    nothing answers there."""
+    nothing answers there. Never through a directory another user controls: whoever does
+    could have put their own socket there (:mod:`memoryd.rundir`)."""
+    runtime = socket_path.parent
+    try:
+        check_private_dir(runtime, missing_ok=True)
+    except UnsafeDir as exc:
+        raise RelayError(str(exc)) from None
     sock = _connect(socket_path)
     if sock is not None:
         return sock
@@ -57,9 +65,10 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
 
     from . import launch  # only when no daemon answers: subprocess and friends cost start-up
 
-    runtime = socket_path.parent
     try:
-        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_private_dir(runtime)
+    except UnsafeDir as exc:
+        raise RelayError(str(exc)) from None
     except OSError as exc:
         raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror or exc}") from None
     with launch.start_lock(runtime):

@@ -30,7 +30,7 @@ from memoryd_protocol.constants import (
     PARSE_ERROR,
     RPC_LEVEL_CODES,
 )
-from memoryd_protocol.errors import InvalidInput, ProtocolError, WriteRequiresAgent
+from memoryd_protocol.errors import InvalidInput, ProtocolError, StoreUnavailable, WriteRequiresAgent
 from memoryd_protocol.types import PARAMS
 from oslash.either import Left  # type: ignore[import-untyped]
 
@@ -159,6 +159,12 @@ class Dispatcher:
                 except msgspec.ValidationError as exc:
                     raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
                 return await handler(peer, params)
+            except StoreUnavailable as exc:
+                # The trace of a write the store could not take (after its approval, when it
+                # needed one): the method and the code, never the memory text.
+                log.error("%s failed: %s (%s) on %s: %s", name, exc.code, exc.details.get("reason"),
+                          exc.details.get("path"), exc.message)
+                raise _to_jsonrpc_error(exc) from None
             except ProtocolError as exc:
                 raise _to_jsonrpc_error(exc) from None
             except UnicodeEncodeError:

@@ -14,10 +14,10 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 import anyio
@@ -84,6 +84,9 @@ from .approvals import Approvals, Peer, release_turn
 from .config import Config
 from .writer import Usage, Writer, run_on
 
+if TYPE_CHECKING:
+    from .connection import Connection
+
 log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
@@ -128,6 +131,8 @@ class Service:
         self.approvals = approvals
         self.started = time.monotonic()
         self.connections = 0
+        #: the live connections, for ``daemon/status`` (the Daemon's own set)
+        self.live: Collection[Connection] = ()
         #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
         #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
         #: a listener inherited from systemd socket activation).
@@ -316,6 +321,8 @@ class Service:
             socket=None if self.socket_path is None else str(self.socket_path),
             config=None if self.config.config_path is None else str(self.config.config_path),
             log=stderr_file(),
+            connection_list=[c.listing(approver=c in self.approvals.approvers)
+                             for c in sorted(self.live, key=lambda c: c.id)],
         )
 
     async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:
@@ -447,7 +454,7 @@ class Service:
         check_budget(i.track, i.scope, self.writer.usage.get((i.track, i.scope), 0), self.limit(i.track, i.scope), delta)
         ok = await self.approve(
             peer, view, action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
-            policy=self.config.policy_for(i.track, i.scope, source), lands=(wk, ak, tags),
+            policy=self.config.policy_for([(i.track, i.scope)], [source]), lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
@@ -490,9 +497,10 @@ class Service:
         delta = utf16_len(text) - utf16_len(target.text)
         cell = (i.track, i.scope)
         check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
+        # A replacement keeps the target's source: that one source is the old text's and the new one's.
         ok = await self.approve(
             peer, view, action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
-            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
             lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags),
         )
 
@@ -525,7 +533,7 @@ class Service:
         cell = (i.track, i.scope)
         ok = await self.approve(
             peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
-            source=target.source, policy=self.config.policy_for(i.track, i.scope, target.source), entry_id=target.id,
+            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
             lands=(target.workspace_key, target.agent_key, target.tags),
         )
 
@@ -566,7 +574,8 @@ class Service:
         ok = await self.approve(
             peer, view, action="consolidate", track=i.track, scope=i.scope,
             text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
-            source=source, policy=self.config.policy_for(i.track, i.scope, source), count=None, lands=(wk, ak, tags),
+            source=source, policy=self.config.policy_for([cell], [source, *(t.source for t in targets)]), count=None,
+            lands=(wk, ak, tags),
         )
 
         def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
@@ -620,7 +629,7 @@ class Service:
         text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
-        policy = self.config.strictest([self.config.policy_for(e.track, e.scope, e.source) for e in planned])
+        policy = self.config.policy_for([(e.track, e.scope) for e in planned], [e.source for e in planned])
         ok = await self.approve(peer, view, action="seed", track="batch", scope="batch", text=text, source=source,
                                 policy=policy, count=len(planned), entries=planned)
 

@@ -9,9 +9,11 @@ reference ignores both, and ``meta.schema_version`` stays 4.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Iterable
@@ -19,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from memoryd_protocol.constants import GRID, MEMORYD_SCHEMA_VERSION, STORE_SCHEMA_VERSION
-from memoryd_protocol.errors import StoreCorrupt, StoreUnsupportedVersion
+from memoryd_protocol.constants import (
+    DEFAULT_BUSY_TIMEOUT_MS,
+    GRID,
+    MEMORYD_SCHEMA_VERSION,
+    STORE_SCHEMA_VERSION,
+    StoreFault,
+)
+from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsupportedVersion
 from memoryd_protocol.text import utf16_len
 from memoryd_protocol.types import AuditRow, Entry, Proposal
 
@@ -115,20 +123,105 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+# --- store faults ------------------------------------------------------------------------
+
+#: SQLite's primary result codes (the low byte of the extended code) that mean the store
+#: cannot take a write right now: the machine's state, not a bug of ours, not corruption.
+_FAULT_REASONS: dict[int, StoreFault] = {
+    5: "busy",  # SQLITE_BUSY, and its BUSY_RECOVERY / BUSY_SNAPSHOT / BUSY_TIMEOUT variants
+    8: "readonly",  # SQLITE_READONLY, and READONLY_DBMOVED / _DIRECTORY / _CANTLOCK / ...
+    10: "io",  # SQLITE_IOERR_* (a failed read, write, fsync, truncate, lock, ...)
+    13: "full",  # SQLITE_FULL
+    14: "io",  # SQLITE_CANTOPEN (the -wal or -shm file cannot be created or opened)
+}
+#: STORE_UNAVAILABLE's message for each reason (English, stable).
+FAULT_MESSAGES: dict[StoreFault, str] = {
+    "busy": "the store is busy: another process held its write lock past the busy timeout",
+    "full": "the store's file system is full",
+    "readonly": "the store is read-only",
+    "io": "the store had an I/O error",
+}
+_ERRNO_REASONS: dict[int, StoreFault] = {
+    errno.EROFS: "readonly",
+    errno.EACCES: "readonly",
+    errno.EPERM: "readonly",
+    errno.ENOSPC: "full",
+    errno.EDQUOT: "full",
+}
+
+
+def unavailable(reason: StoreFault, path: Path, message: str | None = None) -> StoreUnavailable:
+    return StoreUnavailable(message or FAULT_MESSAGES[reason], {"reason": reason, "path": str(path)})
+
+
+def fault_reason(exc: BaseException) -> StoreFault | None:
+    """The STORE_UNAVAILABLE reason of an sqlite3 error, or None when it is not a store
+    fault (a constraint, a bad statement, corruption: those stay what they are)."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    if not isinstance(code, int):
+        return None
+    return _FAULT_REASONS.get(code & 0xFF)
+
+
+def store_fault(exc: BaseException, path: Path) -> StoreUnavailable | None:
+    """``exc`` as the STORE_UNAVAILABLE error a client gets, when it is a store fault."""
+    reason = fault_reason(exc)
+    return None if reason is None else unavailable(reason, path)
+
+
+def os_fault(exc: OSError, path: Path) -> StoreUnavailable:
+    reason = _ERRNO_REASONS.get(exc.errno or 0, "io")
+    return unavailable(reason, path, f"{FAULT_MESSAGES[reason]}: {exc.strerror or exc}")
+
+
 # --- opening -----------------------------------------------------------------------------
 
 
+def _no_write(p: Path, st: os.stat_result) -> bool:
+    """A mode without any write bit is read-only even for root, who may write it anyway:
+    it says what the owner meant, and memoryd never changes another's modes."""
+    return not os.access(p, os.W_OK) or st.st_mode & 0o222 == 0
+
+
+def refuse_read_only(path: Path) -> None:
+    """Raise STORE_UNAVAILABLE (reason readonly) for a store memoryd must not write: its
+    file, the directory it lives in (SQLite creates the -wal and -shm files there) or their
+    file system is read-only. Checked before anything is created, opened or locked."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the store's directory will be made in here
+    for p, what in ((path, "file"), (parent, "directory")):
+        try:
+            st = p.stat()
+            ro_mount = os.statvfs(p).f_flag & os.ST_RDONLY
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise os_fault(exc, path) from None
+        if ro_mount:
+            raise unavailable("readonly", path, "the store is read-only: its file system is mounted read-only")
+        if what == "directory" and not os.access(p, os.X_OK):
+            raise unavailable("readonly", path, f"the store is read-only: its directory {p} cannot be entered")
+        if _no_write(p, st):
+            raise unavailable("readonly", path,
+                              f"the store is read-only: its {what} {'' if p == path else f'{p} '}"
+                              f"has mode {stat.S_IMODE(st.st_mode):04o}")
+
+
 def prepare_path(path: Path) -> None:
-    """Create the directory (0700) and the file (0600) before SQLite touches either."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not path.exists():
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-    else:
-        os.chmod(path, 0o600)
+    """Create the directory (0700) and the file (0600) when they do not exist yet. An
+    existing store keeps its modes: memoryd never changes them."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise os_fault(exc, path) from None
+    os.close(fd)
 
 
-def inspect(path: Path) -> int:
+def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
     """The store's schema version (0 for a new, empty file), read without writing a byte.
 
     Raises StoreCorrupt for anything that is not a readable memory store and
@@ -145,13 +238,15 @@ def inspect(path: Path) -> int:
         with path.open("rb") as f:
             magic = f.read(len(SQLITE_MAGIC))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):  # a file we may not read is not a corrupt one
+            raise unavailable("io", path, f"the store cannot be read: {exc.strerror}") from None
         raise StoreCorrupt(f"store is unreadable: {exc.strerror}", details) from None
     if magic != SQLITE_MAGIC:
         raise StoreCorrupt("store is not an SQLite database", details)
     try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
     except sqlite3.Error as exc:
-        raise StoreCorrupt(f"store cannot be opened: {exc}", details) from None
+        raise _unreadable(exc, path) or StoreCorrupt(f"store cannot be opened: {exc}", details) from None
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
@@ -186,23 +281,43 @@ def inspect(path: Path) -> int:
             raise StoreCorrupt("store failed its integrity check", details)
         return version
     except sqlite3.DatabaseError as exc:
-        raise StoreCorrupt(f"store is unreadable: {exc}", details) from None
+        # Busy, I/O and can't-open (a -shm that a read-only directory cannot hold) are the
+        # machine's state, not the file's: STORE_UNAVAILABLE, never STORE_CORRUPT.
+        raise _unreadable(exc, path) or StoreCorrupt(f"store is unreadable: {exc}", details) from None
     finally:
         conn.close()
 
 
-def configure(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA busy_timeout = 5000")
+def _unreadable(exc: sqlite3.Error, path: Path) -> StoreUnavailable | None:
+    """A store fault met while inspecting: a -shm that cannot be made beside a WAL store
+    (SQLITE_CANTOPEN) in a read-only directory is reason readonly, as it is at start."""
+    fault = store_fault(exc, path)
+    if fault is not None:
+        try:
+            refuse_read_only(path)
+        except StoreUnavailable as readonly:
+            return readonly
+    return fault
+
+
+def configure(conn: sqlite3.Connection, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    # How long a write waits for another process's write lock (dsh-memento's, say) before
+    # it fails with STORE_UNAVAILABLE reason busy.
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
     conn.execute("PRAGMA journal_mode = WAL")
     # An acknowledged write must survive power loss: fsync the WAL at every commit.
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = OFF")
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves (group commit, savepoints).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    configure(conn)
+    try:
+        configure(conn, busy_timeout_ms)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -240,11 +355,18 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         raise
 
 
-def open_store(path: Path, version: int) -> sqlite3.Connection:
-    """Open a store that ``inspect`` found at ``version`` for writing, migrating it forward."""
-    conn = connect(path)
+def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
+    """Open a store that ``inspect`` found at ``version`` for writing, migrating it forward.
+    A store fault on the way (busy, full, read-only, I/O) is STORE_UNAVAILABLE."""
+    try:
+        conn = connect(path, busy_timeout_ms)
+    except sqlite3.Error as exc:
+        raise store_fault(exc, path) or exc from None
     try:
         migrate(conn, version)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise store_fault(exc, path) or exc from None
     except BaseException:
         conn.close()
         raise

@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+from .rundir import check_private_dir, ensure_private_dir
 
 log = logging.getLogger("memoryd.transports")
 
@@ -26,35 +29,88 @@ READ_CHUNK = 65536
 @dataclass(frozen=True)
 class PeerProcess:
     """The process on the other end of a connection, as the kernel reports it (not as the
-    client claims): shown to the human who approves that connection's writes."""
+    client claims): shown to the human who approves that connection's writes, and listed
+    by ``daemon/status``. ``pid`` is None when the peer lives in another pid namespace."""
 
-    pid: int
+    pid: int | None
     exe: str | None = None
+    uid: int | None = None
 
     @classmethod
-    def of(cls, pid: int) -> PeerProcess | None:
+    def of(cls, pid: int, uid: int | None = None) -> PeerProcess | None:
         if pid <= 0:  # 0: the peer lives in another pid namespace
-            return None
+            return None if uid is None else cls(None, None, uid)
         try:
             exe: str | None = os.readlink(f"/proc/{pid}/exe")
         except OSError:  # gone already, not ours to inspect, or no /proc
             exe = None
-        return cls(pid, exe)
+        return cls(pid, exe, _proc_uid(pid) if uid is None else uid)
+
+
+def _proc_uid(pid: int) -> int | None:
+    """The effective uid of ``pid`` from /proc (stdio's parent: no socket to ask)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def socket_peer(sock: Any) -> PeerProcess | None:
-    """SO_PEERCRED of a connected Unix socket (or asyncio's wrapper of one): the peer's pid
-    at connect time."""
+def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
+    """SO_PEERCRED of a connected Unix socket (or asyncio's wrapper of one): the peer's
+    (pid, uid, gid) at connect time, or None when the kernel cannot say."""
     if sock is None:
         return None
     try:
-        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except (OSError, AttributeError, struct.error):  # not a Unix socket, or not Linux
         return None
-    return PeerProcess.of(_behind_relay(pid))
+    return pid, uid, gid
+
+
+def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
+    """Who may talk to the daemon at all, as ssh-agent has it: its own uid, and root."""
+    return peer_uid in (daemon_uid, 0)
+
+
+class RefusalLog:
+    """One warning per refused connection, but at most ``burst`` per ``window_s``
+    seconds: the rest are counted and summed up in one line once the window is over, so
+    a peer that connects in a loop cannot flood the log."""
+
+    def __init__(self, burst: int = 10, window_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self._clock = clock
+        self._start = -float("inf")
+        self._logged = 0
+        self._suppressed = 0
+
+    def refused(self, pid: int | None, uid: int | None) -> None:
+        now = self._clock()
+        if now - self._start >= self.window_s:
+            if self._suppressed:
+                log.warning("refused %d more connections from other users, not logged one by one (at most %d per %g s)",
+                            self._suppressed, self.burst, self.window_s)
+            self._start, self._logged, self._suppressed = now, 0, 0
+        if self._logged >= self.burst:
+            self._suppressed += 1
+            return
+        self._logged += 1
+        if uid is None:
+            log.warning("refused a connection whose peer credentials cannot be read")
+        else:
+            log.warning("refused a connection from pid %s uid %d: only the daemon's own uid (%d) and root may connect",
+                        pid if pid else "?", uid, os.geteuid())
+
+
+refusals = RefusalLog()
 
 
 def _is_stdio_relay(argv: list[str]) -> bool:
@@ -106,7 +162,9 @@ def _temporary(path: Path) -> Path:
 
 def refuse_taken(path: Path) -> None:
     """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket, and short
-    enough to bind (with the temporary name it is bound under first)."""
+    enough to bind (with the temporary name it is bound under first); :class:`UnsafeDir`
+    when its directory exists and is not private to us."""
+    check_private_dir(path.parent, missing_ok=True)
     length = len(os.fsencode(_temporary(path)))
     if length > MAX_SOCKET_PATH:
         raise SocketInUse(f"the socket path {path} is too long for a Unix socket: {length} bytes with its "
@@ -141,15 +199,12 @@ def _sweep_temporaries(path: Path) -> None:
             pass  # alive (another user's): not ours to remove
 
 
-def bind_unix(path: Path, *, private_dir: bool) -> tuple[socket.socket, Path]:
+def bind_unix(path: Path) -> tuple[socket.socket, Path]:
     """Bind and listen under a temporary name, returned with the socket: the caller moves
     it into place (``os.replace``) once it serves, so the path appears only then. A stale
-    socket file is replaced at that moment; a live daemon is refused."""
-    if private_dir:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path.parent, 0o700)
-    elif not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
+    socket file is replaced at that moment; a live daemon is refused, and so is a socket
+    directory that is not private (:mod:`memoryd.rundir`)."""
+    ensure_private_dir(path.parent)
     refuse_taken(path)
     _sweep_temporaries(path)
     tmp = _temporary(path)
@@ -339,8 +394,28 @@ class StreamProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.peer = socket_peer(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        creds = peer_credentials(sock)
+        if creds is None or not peer_allowed(creds[1], os.geteuid()):
+            self._refuse(transport, sock, creds)
+            return
+        pid, uid, _gid = creds
+        self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid)
         self._on_connect(self)
+
+    def _refuse(self, transport: asyncio.Transport, sock: Any, creds: tuple[int, int, int] | None) -> None:
+        """Another user's connection: never served, nothing of it parsed. Both directions
+        are shut first, so the peer can send no more and reads EOF; whatever it sent before
+        is discarded, since closing a Unix socket with unread input would reset the peer
+        instead of ending its stream."""
+        refusals.refused(creds[0] if creds else None, creds[1] if creds else None)
+        self.closed = True
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+            fd = sock.fileno()
+            while os.read(fd, READ_CHUNK):  # bounded: the peer can add nothing after the shutdown
+                pass
+        transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)

@@ -8,6 +8,13 @@ fsync (``synchronous=FULL``): an acknowledged write survives power loss.
 
 Jobs marked ``durable=False`` (recall bookkeeping of queries) may commit with
 ``synchronous=NORMAL``: still atomic, made durable by the next full commit or checkpoint.
+
+Store faults (busy past the busy timeout, disk full, read-only, I/O errors) reach the
+caller as STORE_UNAVAILABLE. A fault that the job's savepoint contains fails that job
+alone; one that takes the transaction with it (a failed BEGIN or COMMIT, or SQLite rolling
+the whole transaction back, as it may on FULL, IOERR and BUSY) fails every job of the batch,
+whatever each had computed: none of them committed. Either way the next batch starts on a
+clean connection, so writes recover once the fault clears.
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import aiosqlite
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol.errors import ProtocolError
+
+from .store import store_fault
 
 log = logging.getLogger("memoryd.writer")
 
@@ -63,8 +73,10 @@ async def run_on(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], 
 
 
 class Writer:
-    def __init__(self, conn: aiosqlite.Connection, usage: Usage) -> None:
+    def __init__(self, conn: aiosqlite.Connection, usage: Usage, path: Path) -> None:
         self._conn = conn
+        #: the store, named in STORE_UNAVAILABLE's details
+        self._path = path
         #: committed usage per track × scope; replaced (never mutated) after each commit,
         #: so readers on the event loop always see a committed state.
         self.usage: Usage = dict(usage)
@@ -112,16 +124,23 @@ class Writer:
         self._flush_wanted.set()
 
     async def settled(self) -> None:
-        """Return once all deferred bookkeeping queued so far has committed (for readers
-        that must see it, such as the audit ledger)."""
+        """Return once all deferred bookkeeping queued so far has committed, or failed (for
+        readers that must see it, such as the audit ledger). A store that cannot take
+        writes does not fail the read: the bookkeeping is lost (and logged), the read served."""
         if self._deferred:
-            await self.submit(_noop, durable=False)
+            await self._flush()
         await self.bookkeeping_committed()
 
     async def idle(self) -> None:
         """Return once no job is queued or committing (``depth`` 0)."""
         if self.depth:
             await self._idle.wait()
+
+    async def _flush(self) -> None:
+        try:
+            await self.submit(_noop, durable=False)
+        except Exception:  # _commit logged it; recall bookkeeping is not an acknowledged write
+            pass
 
     async def bookkeeping_committed(self) -> None:
         """Return once no commit carrying deferred bookkeeping is in flight."""
@@ -134,7 +153,7 @@ class Writer:
             await anyio.sleep(FLUSH_DELAY_S)
             self._flush_wanted = anyio.Event()
             if self._deferred:
-                await self.submit(_noop, durable=False)
+                await self._flush()
 
     def close(self) -> None:
         """Accept no more jobs; ``run`` returns once the queued ones are committed."""
@@ -159,11 +178,17 @@ class Writer:
         try:
             with anyio.CancelScope(shield=True):
                 self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred))
-        except Exception:
-            log.exception("group commit of %d job(s) failed", len(batch))
+        except Exception as exc:
+            # Nothing of this batch committed: every job fails, whatever it had computed
+            # (a result, or an error judged against rows that are gone now).
+            fault = store_fault(exc, self._path)
+            if fault is None:
+                log.exception("group commit of %d job(s) failed", len(batch))
+            else:
+                log.error("group commit of %d job(s) failed: %s (%s): %s", len(batch), fault.code,
+                          fault.details["reason"], exc)
             for j in batch:
-                if j.error is None:
-                    j.error = RuntimeError("commit failed")
+                j.error = fault if fault is not None else RuntimeError("commit failed")
         finally:
             self.depth -= len(batch)
             if not self.depth:
@@ -174,8 +199,20 @@ class Writer:
             for j in batch:
                 j.done.set()
 
+    @staticmethod
+    def _undo(conn: sqlite3.Connection, savepoint: str, exc: Exception) -> None:
+        """Roll back to ``savepoint`` after ``exc`` inside it. When SQLite has already
+        rolled the whole transaction back (it may, on a store fault), raise ``exc``: the
+        batch is lost, not just this step."""
+        if not conn.in_transaction:
+            raise exc
+        conn.execute(f"ROLLBACK TO {savepoint}")
+        conn.execute(f"RELEASE {savepoint}")
+
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool,
                    deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]]) -> Usage:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed in an earlier batch
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
@@ -187,10 +224,13 @@ class Writer:
                 try:
                     fn(conn)
                     conn.execute("RELEASE bookkeeping")
-                except Exception:
-                    conn.execute("ROLLBACK TO bookkeeping")
-                    conn.execute("RELEASE bookkeeping")
-                    log.exception("deferred bookkeeping failed")
+                except Exception as exc:
+                    self._undo(conn, "bookkeeping", exc)
+                    fault = store_fault(exc, self._path)
+                    if fault is None:
+                        log.exception("deferred bookkeeping failed")
+                    else:
+                        log.error("deferred bookkeeping failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
             for job in batch:
                 before = dict(usage)
                 conn.execute("SAVEPOINT job")
@@ -198,15 +238,22 @@ class Writer:
                     job.result = job.fn(conn, usage)
                     conn.execute("RELEASE job")
                 except Exception as exc:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
                     usage = before
-                    if not isinstance(exc, ProtocolError):
-                        log.error("write job failed", exc_info=exc)
-                    job.error = exc
+                    self._undo(conn, "job", exc)
+                    fault = store_fault(exc, self._path)
+                    if fault is not None:
+                        log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
+                        job.error = fault
+                    else:
+                        if not isinstance(exc, ProtocolError):
+                            log.error("write job failed", exc_info=exc)
+                        job.error = exc
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as exc:
+                    log.error("rollback after a failed commit failed: %s", exc)  # the next batch retries it
             raise
         return usage

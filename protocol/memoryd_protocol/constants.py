@@ -59,6 +59,10 @@ WRITE_POLICIES: Final[tuple[WritePolicy, ...]] = ("ask", "auto", "off")
 #: The only approval outcome that lets a write through.
 ALLOWED_ONCE: Final = "allowed-once"
 DENIAL_OUTCOMES: Final = ("rejected", "cancelled", "unavailable")
+#: STORE_UNAVAILABLE's details.reason: why the store cannot take a write right now.
+StoreFault = Literal["busy", "full", "readonly", "io"]
+STORE_FAULTS: Final[tuple[StoreFault, ...]] = ("busy", "full", "readonly", "io")
+DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 
 # JSON-RPC 2.0 reserved codes (spec §5.1).
 PARSE_ERROR: Final = -32700
@@ -81,6 +85,8 @@ ERROR_CODES: Final[dict[str, int]] = {
     "STORE_UNSUPPORTED_VERSION": -32017,
     "ADAPTER_NOT_FOUND": -32018,
     "ADAPTER_PAYLOAD": -32019,
+    #: the store cannot take a write right now (details: reason busy|full|readonly|io, path)
+    "STORE_UNAVAILABLE": -32020,
     #: start-up only: another memoryd owns the store (details: path, pid, socket)
     "STORE_LOCKED": -32021,
 }

@@ -94,6 +94,15 @@ class StoreUnsupportedVersion(ProtocolError):
     RPC_CODE = ERROR_CODES["STORE_UNSUPPORTED_VERSION"]
 
 
+class StoreUnavailable(ProtocolError):
+    """The store cannot take a write right now (``details``: ``reason``, one of busy, full,
+    readonly, io, and ``path``). Reads may still work; a busy or full store recovers by
+    itself once the other writer lets go or space is freed."""
+
+    CODE = "STORE_UNAVAILABLE"
+    RPC_CODE = ERROR_CODES["STORE_UNAVAILABLE"]
+
+
 class StoreLocked(ProtocolError):
     """Another memoryd owns the store (``details``: ``path``, and the holder's ``pid`` and
     ``socket`` when it recorded them)."""
@@ -140,6 +149,7 @@ _BY_CODE: dict[str, type[ProtocolError]] = {
         ProposalNotFound,
         StoreCorrupt,
         StoreUnsupportedVersion,
+        StoreUnavailable,
         StoreLocked,
         AdapterNotFound,
         AdapterPayload,
@@ -178,6 +188,7 @@ __all__ = [
     "RpcError",
     "StoreCorrupt",
     "StoreLocked",
+    "StoreUnavailable",
     "StoreUnsupportedVersion",
     "WriteDenied",
     "WriteRequiresAgent",

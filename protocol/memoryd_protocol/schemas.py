@@ -45,6 +45,7 @@ from .constants import (
     PROTOCOL,
     QUERY_HARD_CAP,
     RPC_LEVEL_CODES,
+    STORE_FAULTS,
 )
 
 JSON = dict[str, Any]
@@ -304,6 +305,22 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         },
         "config": {"description": "The config file it loaded (absolute path), or null when it runs without one."},
         "log": {"description": "The file its stderr (the log) goes to, or null when stderr is not a regular file."},
+        "connectionList": {"description": "The live connections, the asking one included, in the order they opened "
+                           "(connections is their count)."},
+    },
+    "ConnectionInfo": {
+        "id": {"minimum": 1, "description": "The daemon's number for the connection, unique while it runs."},
+        "transport": {"description": "'socket' (the Unix socket) or 'stdio' (a standalone daemon's one client)."},
+        "pid": {"minimum": 1, "description": "The peer process id from the socket's peer credentials (SO_PEERCRED); "
+                "for a `memoryd serve --stdio` relay, the harness that spawned it; for stdio, the parent process. "
+                "null when the peer is in another pid namespace."},
+        "uid": {"minimum": 0, "description": "The peer's uid from the socket's peer credentials: the daemon's own "
+                "uid or root, since every other uid is refused at accept."},
+        "exe": {"description": "The peer process's executable (/proc/<pid>/exe); null when unreadable."},
+        "client": {"description": "initialize's client (the client's own claim); null before initialize or "
+                   "without one."},
+        "approver": {"description": "Whether the connection is a subscribed approver (approval/subscribe)."},
+        "openedAt": {"minimum": 0, "description": "When the daemon accepted it (ms since the epoch)."},
     },
     "StoreInfo": {"schemaVersion": {"minimum": 1}},
     "ApprovalAsked": {
@@ -394,6 +411,8 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     "ApprovalAsked": {"description": "A write waits for a decision (approval/decided)."},
     "ApprovalEntry": {"description": "One entry of a seed/import batch, as its approval shows it."},
     "ApprovalOrigin": {"description": "Who asked: the client's initialize info and the kernel's peer credentials."},
+    "ConnectionInfo": {"description": "A live connection: the kernel's peer credentials and /proc beside the "
+                       "client's initialize claim."},
 }
 
 #: Results with constraints beyond their Struct (inline list results).
@@ -467,6 +486,20 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
     "STORE_UNSUPPORTED_VERSION": _details(["path"], {"path": _STR}),
     "ADAPTER_NOT_FOUND": _details(["adapterId"], {"adapterId": _STR}),
     "ADAPTER_PAYLOAD": _details(["adapterId"], {"adapterId": _STR}),
+    "STORE_UNAVAILABLE": _details(
+        ["reason", "path"],
+        {
+            "reason": {
+                "enum": list(STORE_FAULTS),
+                "description": (
+                    "busy: another process held the store's write lock past the busy timeout; full: the disk "
+                    "(or the store's quota) is full; readonly: the store, its directory or its mount is "
+                    "read-only; io: any other I/O error."
+                ),
+            },
+            "path": _STR,
+        },
+    ),
     "STORE_LOCKED": _details(["path"], {"path": _STR, "pid": {"type": "integer"},
                                         "socket": {"type": ["string", "null"]}}),
 }
@@ -482,6 +515,7 @@ ERROR_MESSAGES: Final[dict[str, str]] = {
     "STORE_UNSUPPORTED_VERSION": "store schema version is newer than supported",
     "ADAPTER_NOT_FOUND": "adapter not found",
     "ADAPTER_PAYLOAD": "adapter cannot convert the payload",
+    "STORE_UNAVAILABLE": "the store cannot take a write",
     "STORE_LOCKED": "the store is owned by another memoryd",
     "PARSE_ERROR": "parse error",
     "INVALID_REQUEST": "invalid request",
@@ -670,7 +704,7 @@ def json_schema_document() -> JSON:
 # --- the OpenRPC document ----------------------------------------------------------------
 
 #: method → (summary, data.codes it may return besides INTERNAL_ERROR).
-_WRITE_ERRORS: Final = ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "BUDGET_EXCEEDED", "WRITE_DENIED")
+_WRITE_ERRORS: Final = ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "BUDGET_EXCEEDED", "WRITE_DENIED", "STORE_UNAVAILABLE")
 _MATCH_ERRORS: Final = ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH")
 METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "initialize": (
@@ -685,7 +719,7 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     ),
     "memory/remove": (
         "Delete exactly one entry located by a unique substring or by its id.",
-        ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", *_MATCH_ERRORS),
+        ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", "STORE_UNAVAILABLE", *_MATCH_ERRORS),
     ),
     "memory/consolidate": (
         f"Atomically delete 1..{MAX_CONSOLIDATE} entries and insert one new entry, under one approval.",
@@ -706,7 +740,7 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "memory/snapshot": (
         "The frozen memory block for a session: rendered once per session id, then the same text "
         "forever. The first render sends memory/snapshot and lands a 'snapshot' audit row.",
-        ("INVALID_INPUT",),
+        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
     ),
     "memory/export": (
         "The memory-export-v1 envelope (read-only, no approval, no audit row), or with 'adapter' "
@@ -722,14 +756,16 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "adapters/list": ("The registered import/export adapters.", ("INVALID_INPUT",)),
     "proposals/create": (
         "Create a pending proposal; null when the session already has one of that kind.",
-        ("INVALID_INPUT",),
+        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
     ),
     "proposals/list": ("Proposals, optionally filtered by status.", ("INVALID_INPUT",)),
     "proposals/approve": (
         "Approve a pending proposal: its entry rides the full add pipeline (approval, budget, audit).",
         (*_WRITE_ERRORS, "PROPOSAL_NOT_FOUND"),
     ),
-    "proposals/dismiss": ("Dismiss a pending proposal; returns it.", ("INVALID_INPUT", "PROPOSAL_NOT_FOUND")),
+    "proposals/dismiss": (
+        "Dismiss a pending proposal; returns it.", ("INVALID_INPUT", "PROPOSAL_NOT_FOUND", "STORE_UNAVAILABLE")
+    ),
     "approval/decided": (
         "Answer an approval/asked notification sent to this connection. Also accepted as a "
         "notification (no id, no response).",

@@ -345,6 +345,20 @@ class StoreInfo(_Out):
     schema_version: int
 
 
+class ConnectionInfo(_Out):
+    """One live connection, as ``daemon/status`` lists it: what the kernel says of its peer
+    (``pid``, ``uid``, ``exe``) beside what the peer claims (``client``)."""
+
+    id: int
+    transport: Literal["socket", "stdio"]
+    pid: int | None
+    uid: int | None
+    exe: str | None
+    client: ClientInfo | None
+    approver: bool
+    opened_at: int
+
+
 class DaemonStatus(_Out):
     version: str
     uptime_s: float
@@ -358,6 +372,8 @@ class DaemonStatus(_Out):
     socket: str | None
     config: str | None
     log: str | None
+    #: The live connections (``connections`` is their count), the asking one included.
+    connection_list: list[ConnectionInfo]
 
 
 class Empty(_Out):

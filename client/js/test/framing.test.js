@@ -202,7 +202,7 @@ describe('Client routing (fake peer)', () => {
     assert.equal(codeForRpcCode(-32600), 'INVALID_REQUEST');
     assert.equal(codeForRpcCode(-32603), 'INTERNAL_ERROR');
     for (const [name, rpc] of Object.entries(ERROR_CODES)) assert.equal(codeForRpcCode(rpc), name);
-    assert.equal(Object.keys(ERROR_CODES).length, 12);
+    assert.equal(Object.keys(ERROR_CODES).length, 13);
   });
 
   test('an error with id null is reported as an "error" event', async () => {
