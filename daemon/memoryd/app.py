@@ -34,8 +34,12 @@ from .writer import Writer, run_on
 log = logging.getLogger("memoryd")
 
 #: How long a starting daemon waits for the previous owner of its store and socket to
-#: finish stopping (it drains for at most 10 s, then closes the store).
+#: finish stopping (it drains for at most DRAIN_S, then closes the store).
 STOPPING_OWNER_WAIT_S = 12.0
+
+#: The most a SIGTERM'd daemon spends draining (queued commits, denied rows, the replies
+#: to requests already read), so that it exits within 5 s of the signal.
+DRAIN_S = 3.0
 
 
 def _owner_file(path: Path) -> Path:
@@ -149,6 +153,10 @@ class Daemon:
     stopping: anyio.Event = field(default_factory=anyio.Event)
     #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
     endpoint: str | None = None
+    #: set while no connection is being served: the drain's last wait
+    no_connections: anyio.Event = field(default_factory=anyio.Event)
+    #: set by the drain: connections read no further line
+    reading_stopped: bool = False
 
     def __post_init__(self) -> None:
         self.service.live = self.connections  # daemon/status lists them
@@ -205,12 +213,18 @@ class Daemon:
     async def _serve_connection(self, conn: Connection, chunks: Any) -> None:
         self.connections.add(conn)
         self.service.connections = len(self.connections)
+        if self.no_connections.is_set():
+            self.no_connections = anyio.Event()
+        if self.reading_stopped:  # accepted just before the listener closed
+            conn.stop_reading()
         try:
             await conn.serve(chunks)
         finally:
             self.service.sessions.release(conn)
             self.connections.discard(conn)
             self.service.connections = len(self.connections)
+            if not self.connections:
+                self.no_connections.set()
 
     async def _serve_socket_client(self, proto: StreamProtocol) -> None:
         try:
@@ -263,11 +277,17 @@ class Daemon:
         await self.close()
 
     def _bind(self) -> Any:
-        """Before any task starts: a refusal (a live daemon on the path) exits cleanly."""
+        """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
+
+        The socket is bound under a temporary name; ``_start_listener`` moves it into place
+        once it is served, so the path never names a socket that nobody serves (a kill -9
+        before that leaves only the temporary name, which the next start sweeps away)."""
         sock = inherited_listener()
+        #: the name our socket file has now (None: none of ours), removed on shutdown
+        self._socket_file: Path | None = None
         if sock is None:
             path = self.config.socket_path
-            sock = bind_unix(path)
+            sock, self._socket_file = bind_unix(path)
             self._socket_path: Path | None = path
         else:
             self._socket_path = None  # systemd owns the path: it is not ours to report or remove
@@ -280,7 +300,16 @@ class Daemon:
         def accepted(proto: StreamProtocol) -> None:
             tg.start_soon(self._serve_socket_client, proto)
 
-        self._server = await loop.create_unix_server(lambda: StreamProtocol(accepted), sock=sock, backlog=128)
+        try:
+            self._server = await loop.create_unix_server(lambda: StreamProtocol(accepted), sock=sock, backlog=128)
+        except BaseException:
+            if self._socket_file is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._socket_file.unlink()
+            raise
+        if self._socket_file is not None and self._socket_path is not None:
+            os.replace(self._socket_file, self._socket_path)  # served from now on
+            self._socket_file = self._socket_path
 
     async def _serve_stdio(self) -> None:
         # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
@@ -297,16 +326,24 @@ class Daemon:
             with anyio.move_on_after(5, shield=True):
                 await fds.flush_all()
             fds.close()
-            self.stopping.set()
+            self.begin_stop()
+
+    def begin_stop(self) -> None:
+        """Shutdown begins here, in the step the signal is seen: from now on the gate
+        admits no write (Service.stop_writes), then ``_drain`` runs."""
+        self.service.stop_writes()
+        self.stopping.set()
 
     async def _watch_signals(self, signals: Any) -> None:
         async for signum in signals:
             log.info("received %s, shutting down", signal.Signals(signum).name)
-            self.stopping.set()
+            self.begin_stop()
             return
 
     async def _drain(self, serving: TaskGroup) -> None:
-        """Stop accepting, deny pending approvals (audited), let in-flight requests finish."""
+        """Stop accepting; deny every write still waiting for an approval and every new
+        one (each denied row first); finish queued commits; answer the requests already
+        read; all within DRAIN_S."""
         # First of all, before the socket goes: a starter that finds no daemon now waits
         # for us to let go of the store instead of failing with STORE_LOCKED.
         try:
@@ -316,15 +353,23 @@ class Daemon:
         server = getattr(self, "_server", None)
         if server is not None:
             server.close()
-        path = getattr(self, "_socket_path", None)
+        path = getattr(self, "_socket_file", None)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        self.approvals.cancel_all("cancelled")
-        with anyio.move_on_after(10):
-            # Bounded poll: the denied waiters each need one writer round trip.
-            while self.approvals.pending or self.writer.depth:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        self.service.stop_writes()  # already, unless the stdio peer left first
+        with anyio.move_on_after(DRAIN_S):
+            # No connection reads another line; each answers every request it has read
+            # (up to MAX_INFLIGHT of them): writes committed or queued before the stop
+            # once their commit returns, the others WRITE_DENIED once their denied row
+            # has (a pipeline's denials share a commit), reads as they finish. A line
+            # not read by now gets no reply: the peer sees EOF, and nothing was written.
+            self.reading_stopped = True
+            for conn in list(self.connections):
+                conn.stop_reading()
+            if self.connections:
+                await self.no_connections.wait()
+            await self.writer.idle()  # what no connection waits for: the recall bookkeeping
         serving.cancel_scope.cancel()
 
     async def close(self) -> None:

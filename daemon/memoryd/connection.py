@@ -72,6 +72,9 @@ class Connection:
         self._dispatcher = dispatcher
         self._approvals = approvals
         self._max_bytes = max_bytes
+        #: set by ``stop_reading`` (shutdown): no further line is read
+        self._stop_reading = False
+        self._read_scope: anyio.CancelScope | None = None
 
     def post_line(self, data: bytes, *, hold: bool = False) -> bool:
         """Queue one line for the peer, never waiting (each line is queued whole, so lines
@@ -132,6 +135,13 @@ class Connection:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""
         self.post_line(encode_notification(method, params), hold=True)
 
+    def stop_reading(self) -> None:
+        """Read no further line (shutdown). Only the wait for the next line is cancelled:
+        ``serve`` returns once every request already read has been answered."""
+        self._stop_reading = True
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
     async def serve(self, chunks: AsyncIterable[bytes]) -> None:
         log.debug("connection %d (%s) opened", self.id, self.name)
         try:
@@ -140,7 +150,14 @@ class Connection:
                 prev.set()
                 inflight: deque[anyio.Event] = deque()
                 try:
-                    async for line in lines(chunks, self._max_bytes):
+                    reader = aiter(lines(chunks, self._max_bytes))
+                    while not self._stop_reading:
+                        line = None
+                        with anyio.CancelScope() as self._read_scope:
+                            line = await anext(reader, None)
+                        self._read_scope = None
+                        if line is None:
+                            break
                         if line is OVERSIZE:
                             await self.send_line(OVERSIZE_LINE)
                             continue

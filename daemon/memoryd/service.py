@@ -87,7 +87,7 @@ from memoryd_protocol.validation import (
 )
 
 from . import store
-from .approvals import Approvals, Peer
+from .approvals import Approvals, Peer, release_turn
 from .config import Config
 from .sessions import Sessions
 from .writer import Usage, Writer, run_on
@@ -99,6 +99,10 @@ log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
 VERSION = "0.1.0"
+
+#: The WRITE_DENIED message (outcome ``cancelled``) of a write that reaches the gate, or
+#: is still waiting for its approval, once the daemon has begun to stop.
+STOPPING_MESSAGE = "the daemon is stopping"
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ class Service:
         #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
         #: a listener inherited from systemd socket activation).
         self.socket_path: Path | None = config.socket_path
+        #: set by ``stop_writes`` at shutdown: the gate admits no more writes
+        self.stopping = False
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -185,6 +191,13 @@ class Service:
                 return e
         raise EntryNotFound("no visible memory entry has this id", target.details(track, scope))
 
+    def stop_writes(self) -> None:
+        """Shutdown has begun: from now on the gate admits no write. Every write that
+        reaches it is denied (``cancelled``, its denied row first), and so is every write
+        still waiting for an approval."""
+        self.stopping = True
+        self.approvals.cancel_all("cancelled")
+
     async def approve(
         self,
         peer: Peer,
@@ -201,10 +214,23 @@ class Service:
         lands: tuple[str, str, list[str]] | None = None,
         entries: Sequence[Entry] | None = None,
     ) -> Approved:
-        """The gate. Returns only for ``allowed-once``; a denial is audited, then raised.
+        """The gate, which every write passes. Returns only for ``allowed-once``; a denial
+        is audited, then raised.
 
         ``lands`` is (workspaceKey, agentKey, tags) of the entry as it will be after the
-        write; ``entries`` the batch of a seed. Both are shown to the human."""
+        write; ``entries`` the batch of a seed. Both are shown to the human.
+
+        A write that leaves the gate allowed queues its writer job before the caller's next
+        await, so once shutdown has begun (``stop_writes``) no write is queued after it:
+        the ledger shows every committed write before the first denial for stopping."""
+        if self.stopping:
+            # As a write parked on an approval does, let the connection serve its next
+            # line meanwhile: a pipeline's denials then share a group commit, not one each.
+            release = release_turn.get()
+            if release is not None:
+                release()
+            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         if policy == "auto":
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
         if policy == "off":
@@ -233,8 +259,13 @@ class Service:
                 with anyio.CancelScope(shield=True):
                     await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
                 raise
-        if outcome == ALLOWED_ONCE:
+        if outcome == ALLOWED_ONCE and not self.stopping:
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
+        if self.stopping:
+            # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed
+            # just before it but only resumed after; either way nothing is queued now.
+            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         await self._deny(view, action, track, scope, text, source, entry_id, outcome, policy)
         raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
 

@@ -199,12 +199,37 @@ def refuse_taken(path: Path) -> None:
             raise SocketInUse(f"a memoryd is already serving on {path}")
 
 
-def bind_unix(path: Path) -> socket.socket:
-    """Bind and listen, then move the socket into place: the path appears only once it
-    accepts connections. A stale socket file is replaced; a live daemon is refused, and so
-    is a socket directory that is not private (:mod:`memoryd.rundir`)."""
+def _sweep_temporaries(path: Path) -> None:
+    """Remove the temporary names that daemons killed before moving their socket into
+    place left behind (``.<name>.<pid>`` of a pid that no longer runs)."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):]
+        if not name.startswith(prefix) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            leftover = path.parent / name
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(leftover.lstat().st_mode):
+                    leftover.unlink()
+        except OSError:
+            pass  # alive (another user's): not ours to remove
+
+
+def bind_unix(path: Path) -> tuple[socket.socket, Path]:
+    """Bind and listen under a temporary name, returned with the socket: the caller moves
+    it into place (``os.replace``) once it serves, so the path appears only then. A stale
+    socket file is replaced at that moment; a live daemon is refused, and so is a socket
+    directory that is not private (:mod:`memoryd.rundir`)."""
     ensure_private_dir(path.parent)
     refuse_taken(path)
+    _sweep_temporaries(path)
     tmp = _temporary(path)
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
@@ -217,13 +242,12 @@ def bind_unix(path: Path) -> socket.socket:
             os.umask(old)
         os.chmod(tmp, 0o600)
         sock.listen(128)
-        os.replace(tmp, path)
     except BaseException:
         sock.close()
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    return sock
+    return sock, tmp
 
 
 def inherited_listener() -> socket.socket | None:

@@ -85,6 +85,9 @@ class Writer:
         self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
         self._full_sync = True
         self.depth = 0
+        #: set while no job is queued or committing (depth 0): what a drain waits on
+        self._idle = anyio.Event()
+        self._idle.set()
         self._deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]] = []
         self._flush_wanted = anyio.Event()
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
@@ -98,6 +101,8 @@ class Writer:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise WriterClosed("the store is closing") from None
         self.depth += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
         # Once queued, the job runs whatever happens to the caller; wait for it shielded
         # so a cancelled caller cannot mistake a committed write for a failed one.
         with anyio.CancelScope(shield=True):
@@ -125,6 +130,11 @@ class Writer:
         if self._deferred:
             await self._flush()
         await self.bookkeeping_committed()
+
+    async def idle(self) -> None:
+        """Return once no job is queued or committing (``depth`` 0)."""
+        if self.depth:
+            await self._idle.wait()
 
     async def _flush(self) -> None:
         try:
@@ -181,6 +191,8 @@ class Writer:
                 j.error = fault if fault is not None else RuntimeError("commit failed")
         finally:
             self.depth -= len(batch)
+            if not self.depth:
+                self._idle.set()
             for _, on_done in deferred:
                 on_done()
             self._bookkeeping_idle.set()
