@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +35,38 @@ def rss_kib(pid: int, key: str = "VmRSS") -> int:
     raise AssertionError(f"no {key} for pid {pid}")
 
 
-async def read_to_eof(stream: Any) -> bytes:
+def connect(path: Path) -> socket.socket:
+    """A plain blocking socket (closed synchronously, unlike an asyncio transport); the
+    timeout only turns a hang into a failure."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(path))
+    return s
+
+
+def read_to_eof(s: socket.socket) -> bytes:
     """Everything the daemon sends until it closes the connection."""
     data = b""
-    with anyio.fail_after(10):
-        while True:
-            try:
-                data += await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                return data
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
 
 
-async def close_and_wait(stream: Any) -> None:
+def read_line(s: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(1)
+        assert chunk, "the daemon closed the connection"
+        data += chunk
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+def close_and_wait(s: socket.socket) -> None:
     """Half-close, then read until the daemon closes its end: it has let go of the
     connection (its slot is free) once that EOF arrives."""
-    await stream.send_eof()
-    await read_to_eof(stream)
-    await stream.aclose()
+    s.shutdown(socket.SHUT_WR)
+    read_to_eof(s)
+    s.close()
 
 
 # --- max_batch_calls ---------------------------------------------------------------------
@@ -211,12 +227,11 @@ async def test_a_write_beyond_max_pending_approvals_is_denied_at_once(daemon_fac
 async def test_a_half_line_held_too_long_is_answered_and_closed(daemon_factory: Any, tmp_path: Path) -> None:
     d = limited(daemon_factory, tmp_path, "half_line_timeout_s = 0.5\n")
     async with socket_client(d.socket_path) as idle:
-        stream = await anyio.connect_unix(str(d.socket_path))
-        async with stream:
-            started = anyio.current_time()
-            await stream.send(INIT + b'{"jsonrpc":"2.0","id":2,"method":"memory/li')
-            lines = (await read_to_eof(stream)).splitlines()
-            waited = anyio.current_time() - started
+        with connect(d.socket_path) as s:
+            started = time.monotonic()
+            s.sendall(INIT + b'{"jsonrpc":"2.0","id":2,"method":"memory/li')
+            lines = read_to_eof(s).splitlines()
+            waited = time.monotonic() - started
         assert len(lines) == 2 and json.loads(lines[0])["id"] == 1
         err = json.loads(lines[1])
         assert err["id"] is None and err["error"]["code"] == -32600
@@ -234,20 +249,18 @@ async def test_connections_over_max_connections_are_refused_with_one_line(daemon
                                                                           tmp_path: Path) -> None:
     d = limited(daemon_factory, tmp_path, "max_connections = 2\n")
     async with socket_client(d.socket_path) as a:
-        b = await anyio.connect_unix(str(d.socket_path))
-        await b.send(INIT)
-        assert json.loads(await b.receive())["id"] == 1
+        b = connect(d.socket_path)
+        b.sendall(INIT)
+        assert read_line(b)["id"] == 1
         for _ in range(3):
-            refused = await anyio.connect_unix(str(d.socket_path))
-            async with refused:
-                await refused.send(INIT)
-                lines = (await read_to_eof(refused)).splitlines()
+            with connect(d.socket_path) as refused:  # (a write may fail: the daemon closes at once)
+                lines = read_to_eof(refused).splitlines()
             assert len(lines) == 1
             err = json.loads(lines[0])
             assert err["id"] is None and err["error"]["code"] == -32600
             assert err["error"]["message"] == "Invalid request: too many connections"
         assert (await a.ok("memory/query", {}))["total"] == 0
-        await close_and_wait(b)
+        close_and_wait(b)
         # a slot is free again: the next connection is served
         async with socket_client(d.socket_path) as c:
             assert (await c.ok("daemon/status", {}))["connections"] == 2
@@ -263,24 +276,22 @@ async def test_out_of_descriptors_is_one_log_line_and_accepting_resumes(daemon: 
         limit = min(n for n in range(len(used) + 1) if n not in used) + 1
         soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, hard))
-        b = await anyio.connect_unix(str(daemon.socket_path))
-        await b.send(INIT)
-        assert json.loads(await b.receive())["id"] == 1
+        b = connect(daemon.socket_path)
+        b.sendall(INIT)
+        assert read_line(b)["id"] == 1
         # These wait in the listen backlog: every accept fails with EMFILE.
-        waiting = [await anyio.connect_unix(str(daemon.socket_path)) for _ in range(5)]
+        waiting = [connect(daemon.socket_path) for _ in range(5)]
         for w in waiting:
-            await w.send(INIT)
+            w.sendall(INIT)
         assert (await a.ok("memory/query", {}))["total"] == 0  # open connections are served
-        await close_and_wait(b)
+        close_and_wait(b)
         # a descriptor is free: the first waiting connection is accepted and answered
-        first = waiting.pop(0)
-        assert json.loads(await first.receive())["id"] == 1
+        assert read_line(waiting[0])["id"] == 1
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
-        for w in waiting:  # and, with descriptors back, all the others
-            with anyio.fail_after(10):
-                assert json.loads(await w.receive())["id"] == 1
-            await w.aclose()
-        await first.aclose()
+        for w in waiting[1:]:  # and, with descriptors back, all the others
+            assert read_line(w)["id"] == 1
+        for w in waiting:
+            w.close()
     log = daemon.stderr()
     assert log.count("cannot accept a connection: Too many open files (EMFILE)") == 1
     assert "Traceback" not in log
@@ -293,8 +304,7 @@ async def test_an_approver_that_stops_reading_is_dropped_at_max_buffered_bytes(d
                                                                               tmp_path: Path) -> None:
     d = limited(daemon_factory, tmp_path, "max_buffered_bytes = 65536\n[budgets.user]\nuser_global = 1000000\n",
                 policy="ask")
-    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stalled.connect(str(d.socket_path))
+    stalled = connect(d.socket_path)
     stalled.sendall(INIT + b'{"jsonrpc":"2.0","id":2,"method":"approval/subscribe"}\n')
     got = b""
     while got.count(b"\n") < 2:  # the two replies; then this approver never reads again

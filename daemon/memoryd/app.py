@@ -321,7 +321,6 @@ class Daemon:
 
     async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
         sock.setblocking(False)
-        self._listener = sock
         self._accepting = anyio.CancelScope()
         tg.start_soon(self._accept_loop, tg, sock)
 
@@ -338,7 +337,7 @@ class Daemon:
         def accepted(proto: StreamProtocol) -> None:
             tg.start_soon(self._serve_socket_client, proto)
 
-        with self._accepting:
+        with self._accepting, contextlib.closing(sock):
             while True:
                 try:
                     client, _ = await loop.sock_accept(sock)
@@ -399,8 +398,7 @@ class Daemon:
             log.warning("cannot mark the store's owner record as stopping: %s", exc.strerror)
         accepting = getattr(self, "_accepting", None)
         if accepting is not None:
-            accepting.cancel()
-            self._listener.close()
+            accepting.cancel()  # the accept loop closes the listening socket as it ends
         path = getattr(self, "_socket_path", None)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
