@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import select
 import signal
+import socket
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from .approvals import Approvals
 from .config import Config
 from .connection import Connection
 from .lifecycle import Lifecycle
-from .rpc import Dispatcher
+from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher
 from .service import Service
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer, run_on
@@ -40,6 +43,45 @@ STOPPING_OWNER_WAIT_S = 12.0
 #: The most a SIGTERM'd daemon spends draining (queued commits, denied rows, the replies
 #: to requests already read), so that it exits within 5 s of the signal.
 DRAIN_S = 3.0
+
+
+#: accept() failures that mean "no descriptor or memory now", not a broken listener
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: After such a failure, accept again once a connection closes, or after this long.
+ACCEPT_RETRY_S = 1.0
+
+
+class RateLimitedLog:
+    """One warning, then at most one a minute, saying how many were held back: a condition
+    that repeats on every attempt (a full descriptor table) is one line, not a flood."""
+
+    INTERVAL_S = 60.0
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._held = 0
+
+    def say(self, message: str) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.INTERVAL_S:
+            self._held += 1
+            return
+        more = f" ({self._held} more since the last report)" if self._held else ""
+        log.warning("%s%s", message, more)
+        self._last = now
+        self._held = 0
+
+
+def _refuse(client: socket.socket) -> None:
+    """Answer a connection over max_connections with one line, then close it."""
+    with contextlib.suppress(OSError):
+        client.setblocking(False)
+        client.send(TOO_MANY_CONNECTIONS_LINE + b"\n")
+        client.shutdown(socket.SHUT_WR)
+        # what the peer already sent: closing with it unread would reset the connection
+        # before the peer reads the error
+        client.recv(65536)
+    client.close()
 
 
 def _owner_file(path: Path) -> Path:
@@ -160,6 +202,11 @@ class Daemon:
 
     def __post_init__(self) -> None:
         self.service.live = self.connections  # daemon/status lists them
+    #: accepted socket connections not yet closed (max_connections counts these)
+    _open_sockets: int = 0
+    _slot_freed: anyio.Event = field(default_factory=anyio.Event)
+    _accept_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
+    _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
 
     @classmethod
     async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
@@ -184,7 +231,7 @@ class Daemon:
         loop_reader = _reader(path, busy_ms)
         usage = await run_on(writer_conn, store.usage)
         writer = Writer(writer_conn, usage, path)
-        approvals = Approvals()
+        approvals = Approvals(config.max_pending_approvals)
         service = Service(config, writer, reader_conn, approvals, loop_reader)
         handlers: dict[str, Any] = {
             "initialize": service.initialize,
@@ -204,11 +251,14 @@ class Daemon:
         handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
         handlers = {name: service.sessions.binding(h) for name, h in handlers.items()}
-        return cls(config, writer_conn, reader_conn, writer, approvals, service, Dispatcher(handlers), lock_fd,
+        dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
+        return cls(config, writer_conn, reader_conn, writer, approvals, service, dispatcher, lock_fd,
                    endpoint=endpoint)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
-        return Connection(sink, self.dispatcher, self.approvals, self.config.max_message_bytes, name)
+        cfg = self.config
+        return Connection(sink, self.dispatcher, self.approvals, cfg.max_message_bytes, name,
+                          max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s)
 
     async def _serve_connection(self, conn: Connection, chunks: Any) -> None:
         self.connections.add(conn)
@@ -235,6 +285,8 @@ class Daemon:
             log.exception("connection failed")
         finally:
             proto.close()
+            self._open_sockets -= 1
+            self._slot_freed.set()
 
     async def run(self, *, stdio: bool) -> None:
         # The handlers go in before the socket exists: a SIGTERM that arrives as soon as a
@@ -295,28 +347,62 @@ class Daemon:
         return sock
 
     async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
+        sock.setblocking(False)
+        self._accepting = anyio.CancelScope()
+        tg.start_soon(self._accept_loop, tg, sock)
+        # The listener already queues connections (bound and listening under its temporary
+        # name); the accept loop takes them from the next step on. From now on it is served.
+        if self._socket_file is not None and self._socket_path is not None:
+            os.replace(self._socket_file, self._socket_path)
+            self._socket_file = self._socket_path
+
+    async def _accept_loop(self, tg: TaskGroup, sock: socket.socket) -> None:
+        """Our own accept loop, not loop.create_unix_server's: at ``max_connections`` a new
+        connection is answered with one -32600 line and closed, and an accept that fails
+        for want of descriptors (EMFILE, ENFILE) is one rate-limited log line, then a
+        retry once a connection closes (or after a second), instead of asyncio's
+        traceback per attempt. Open connections are served throughout."""
         loop = asyncio.get_running_loop()
+        limit = self.config.max_connections
+        buffered = self.config.max_buffered_bytes
 
         def accepted(proto: StreamProtocol) -> None:
             tg.start_soon(self._serve_socket_client, proto)
 
-        try:
-            self._server = await loop.create_unix_server(lambda: StreamProtocol(accepted), sock=sock, backlog=128)
-        except BaseException:
-            if self._socket_file is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    self._socket_file.unlink()
-            raise
-        if self._socket_file is not None and self._socket_path is not None:
-            os.replace(self._socket_file, self._socket_path)  # served from now on
-            self._socket_file = self._socket_path
+        with self._accepting, contextlib.closing(sock):
+            while True:
+                try:
+                    client, _ = await loop.sock_accept(sock)
+                except OSError as exc:
+                    if exc.errno not in _OUT_OF_RESOURCES:
+                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
+                            continue
+                        raise
+                    self._accept_log.say(f"cannot accept a connection: {exc.strerror} "
+                                         f"({errno.errorcode.get(exc.errno or 0, exc.errno)}), "
+                                         f"{self._open_sockets} open; retrying when one closes")
+                    self._slot_freed = anyio.Event()
+                    with anyio.move_on_after(ACCEPT_RETRY_S):
+                        await self._slot_freed.wait()
+                    continue
+                if self._open_sockets >= limit:
+                    self._refuse_log.say(f"refusing a connection: max_connections ({limit}) are open")
+                    _refuse(client)
+                    continue
+                self._open_sockets += 1
+                try:
+                    await loop.connect_accepted_socket(lambda: StreamProtocol(accepted, buffered), client)
+                except OSError as exc:
+                    self._open_sockets -= 1
+                    client.close()
+                    log.warning("cannot serve an accepted connection: %s", exc.strerror or exc)
 
     async def _serve_stdio(self) -> None:
         # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
         # stderr, so a stray print() anywhere cannot corrupt the stream.
         out_fd = os.dup(1)
         os.dup2(2, 1)
-        fds = FdStream(0, out_fd)
+        fds = FdStream(0, out_fd, self.config.max_buffered_bytes)
         conn = self.new_connection(fds, "stdio")
         try:
             await self._serve_connection(conn, fds.chunks())
@@ -350,9 +436,9 @@ class Daemon:
             write_owner(self.config.db_path, self.endpoint, stopping=True)
         except OSError as exc:
             log.warning("cannot mark the store's owner record as stopping: %s", exc.strerror)
-        server = getattr(self, "_server", None)
-        if server is not None:
-            server.close()
+        accepting = getattr(self, "_accepting", None)
+        if accepting is not None:
+            accepting.cancel()  # the accept loop closes the listening socket as it ends
         path = getattr(self, "_socket_file", None)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):

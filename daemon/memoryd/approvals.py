@@ -16,6 +16,7 @@ from typing import Protocol
 
 import anyio
 import msgspec
+from memoryd_protocol.constants import DEFAULT_MAX_PENDING_APPROVALS
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.payloads import normalize_outcome
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ApprovalOrigin, ApprovalResolved
@@ -86,8 +87,10 @@ class Pending:
 
 
 class Approvals:
-    def __init__(self) -> None:
+    def __init__(self, max_per_connection: int = DEFAULT_MAX_PENDING_APPROVALS) -> None:
         self.pending: dict[str, Pending] = {}
+        #: max_pending_approvals: a connection's next write beyond it is denied at once
+        self.max_per_connection = max_per_connection
         self.approvers: list[Peer] = []
         #: set at shutdown: no new approval is asked, every new one is cancelled
         self.closing = False
@@ -95,6 +98,14 @@ class Approvals:
     def subscribe(self, peer: Peer) -> None:
         if peer not in self.approvers:
             self.approvers.append(peer)
+
+    def full(self, origin: Peer) -> bool:
+        """``origin`` already has max_pending_approvals writes waiting for a decision."""
+        n = 0
+        for p in self.pending.values():
+            if p.origin is origin:
+                n += 1
+        return n >= self.max_per_connection
 
     def unsubscribe(self, peer: Peer) -> None:
         if peer in self.approvers:

@@ -15,7 +15,12 @@ from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
     DEFAULT_BUDGETS,
     DEFAULT_BUSY_TIMEOUT_MS,
+    DEFAULT_HALF_LINE_TIMEOUT_S,
+    DEFAULT_MAX_BATCH_CALLS,
+    DEFAULT_MAX_BUFFERED_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_PENDING_APPROVALS,
     GRID,
     PROPOSAL_MAX_PENDING,
     PROPOSAL_MAX_TEXT,
@@ -65,6 +70,12 @@ class Config:
         #: who may subscribe as an approver: "interactive" (a process with a controlling
         #: terminal) or "any"
         self.approvers: str = "interactive"
+        # Resource caps (issue #8): what one client can make the daemon hold.
+        self.max_connections: int = DEFAULT_MAX_CONNECTIONS
+        self.max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS
+        self.max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+        self.half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
+        self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
@@ -167,6 +178,18 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             if value not in APPROVERS:
                 raise ConfigError(f"config: approvers must be interactive or any, got {value!r}")
             cfg.approvers = value
+        elif key == "max_connections":
+            cfg.max_connections = _int(key, value, 1, 65536)
+        elif key == "max_batch_calls":
+            cfg.max_batch_calls = _int(key, value, 1, 10_000)
+        elif key == "max_buffered_bytes":
+            cfg.max_buffered_bytes = _int(key, value, 65536, 1024 * 1024 * 1024)
+        elif key == "half_line_timeout_s":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+                raise ConfigError(f"config: half_line_timeout_s must be a number of seconds in (0, 86400], got {value!r}")
+            cfg.half_line_timeout_s = float(value)
+        elif key == "max_pending_approvals":
+            cfg.max_pending_approvals = _int(key, value, 1, 10_000)
         elif key == "budgets":
             _budgets(cfg, value)
         elif key == "write_policies":

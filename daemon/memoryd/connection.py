@@ -17,12 +17,14 @@ from collections.abc import AsyncIterable
 from typing import Any, Protocol
 
 import anyio
+from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals, release_turn
-from .framing import OVERSIZE, lines
+from .framing import OVERSIZE, Framer
 from .rpc import (
     _UNPARSABLE,
+    HALF_LINE_LINE,
     OVERSIZE_LINE,
     PARSE_ERROR_LINE,
     Dispatcher,
@@ -51,7 +53,9 @@ _ids = itertools.count(1)
 
 class Connection:
     def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
-                 max_bytes: int, name: str = "socket", peer: PeerProcess | None = None) -> None:
+                 max_bytes: int, name: str = "socket", peer: PeerProcess | None = None, *,
+                 max_buffered: int = DEFAULT_MAX_BUFFERED_BYTES,
+                 half_line_s: float = DEFAULT_HALF_LINE_TIMEOUT_S) -> None:
         self.id = next(_ids)
         #: the transport: "socket" or "stdio"
         self.name = name
@@ -75,6 +79,10 @@ class Connection:
         #: set by ``stop_reading`` (shutdown): no further line is read
         self._stop_reading = False
         self._read_scope: anyio.CancelScope | None = None
+        #: max_buffered_bytes: lines read ahead of the one being served, in bytes
+        self._max_buffered = max_buffered
+        #: half_line_timeout_s: how long an incomplete line may be held
+        self._half_line_s = half_line_s
 
     def post_line(self, data: bytes, *, hold: bool = False) -> bool:
         """Queue one line for the peer, never waiting (each line is queued whole, so lines
@@ -148,37 +156,66 @@ class Connection:
             async with anyio.create_task_group() as tg:
                 prev = anyio.Event()
                 prev.set()
-                inflight: deque[anyio.Event] = deque()
+                #: requests started and not yet done or parked: (turn, bytes of the line)
+                inflight: deque[tuple[anyio.Event, int]] = deque()
+                held = 0
+                framer = Framer(self._max_bytes)
+                source = aiter(chunks)
+                #: seconds the current partial line may still take to complete
+                half_line_left = self._half_line_s
                 try:
-                    reader = aiter(lines(chunks, self._max_bytes))
                     while not self._stop_reading:
-                        line = None
+                        chunk: bytes | None = None
+                        timed_out = False
+                        # stop_reading (shutdown) cancels only this wait for more bytes
                         with anyio.CancelScope() as self._read_scope:
-                            line = await anext(reader, None)
+                            if framer.partial:
+                                started = anyio.current_time()
+                                with anyio.move_on_after(half_line_left) as scope:
+                                    chunk = await anext(source, None)
+                                timed_out = scope.cancelled_caught
+                                half_line_left -= anyio.current_time() - started
+                            else:
+                                chunk = await anext(source, None)
                         self._read_scope = None
-                        if line is None:
+                        if self._stop_reading:
                             break
-                        if line is OVERSIZE:
-                            await self.send_line(OVERSIZE_LINE)
-                            continue
-                        obj = parse(line)
-                        if obj is _UNPARSABLE or never_parks(obj):
-                            # Served inline, in order: no task, and nothing here can wait
-                            # for an approval that a later line would have to decide.
-                            if not prev.is_set():
-                                await prev.wait()
-                            await self._serve_one(obj)
-                            continue
-                        if len(inflight) >= MAX_INFLIGHT:
-                            # Backpressure on a client that pipelines faster than we
-                            # serve: stop reading until the oldest request is done/parked.
-                            await inflight.popleft().wait()
-                        turn = anyio.Event()
-                        tg.start_soon(self._handle, obj, prev, turn)
-                        prev = turn
-                        inflight.append(turn)
-                        while inflight and inflight[0].is_set():
-                            inflight.popleft()
+                        if timed_out:
+                            log.info("connection %d: an incomplete line waited more than %g s; closing",
+                                     self.id, self._half_line_s)
+                            await self.send_line(HALF_LINE_LINE)
+                            break
+                        got = framer.end() if chunk is None else framer.feed(chunk)
+                        if not framer.partial:
+                            half_line_left = self._half_line_s
+                        for line in got:
+                            if line is OVERSIZE:
+                                await self.send_line(OVERSIZE_LINE)
+                                continue
+                            obj = parse(line)
+                            if obj is _UNPARSABLE or never_parks(obj):
+                                # Served inline, in order: no task, and nothing here can wait
+                                # for an approval that a later line would have to decide.
+                                if not prev.is_set():
+                                    await prev.wait()
+                                await self._serve_one(obj)
+                                continue
+                            while inflight and (len(inflight) >= MAX_INFLIGHT
+                                                or held + len(line) > self._max_buffered):
+                                # Backpressure on a client that pipelines faster than we
+                                # serve: stop reading until the oldest request is done/parked.
+                                turn, size = inflight.popleft()
+                                await turn.wait()
+                                held -= size
+                            turn = anyio.Event()
+                            tg.start_soon(self._handle, obj, prev, turn)
+                            prev = turn
+                            inflight.append((turn, len(line)))
+                            held += len(line)
+                            while inflight and inflight[0][0].is_set():
+                                held -= inflight.popleft()[1]
+                        if chunk is None:
+                            break
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     log.debug("connection %d read failed: %s", self.id, exc)
                 finally:

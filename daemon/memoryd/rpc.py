@@ -23,6 +23,7 @@ import anyio
 import msgspec
 from jsonrpcserver import JsonRpcError, Success, dispatch_to_response
 from memoryd_protocol.constants import (
+    DEFAULT_MAX_BATCH_CALLS,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -75,6 +76,8 @@ def internal_error_line(obj: Any) -> bytes | None:
 
 PARSE_ERROR_LINE = encode_error(rpc_error(PARSE_ERROR, "Parse error"))
 OVERSIZE_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: message exceeds the maximum size"))
+HALF_LINE_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: incomplete line timed out"))
+TOO_MANY_CONNECTIONS_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: too many connections"))
 
 
 def _check_shape(request: Any) -> Any:
@@ -135,7 +138,11 @@ class _Context:
 
 
 class Dispatcher:
-    def __init__(self, handlers: dict[str, Handler]) -> None:
+    def __init__(self, handlers: dict[str, Handler], *, max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS) -> None:
+        #: a longer batch is refused whole (one -32600), before any call in it runs
+        self.max_batch_calls = max_batch_calls
+        self._too_long = encode_error(rpc_error(
+            INVALID_REQUEST, f"Invalid request: a batch may hold at most {max_batch_calls} calls"))
         unknown = set(handlers) - set(PARAMS)
         if unknown:
             raise ValueError(f"handlers for methods outside wire-v1: {sorted(unknown)}")
@@ -194,6 +201,8 @@ class Dispatcher:
         if isinstance(obj, list):
             if not obj:
                 return encode_error(rpc_error(INVALID_REQUEST, "Invalid request: empty batch"))
+            if len(obj) > self.max_batch_calls:
+                return self._too_long
             replies: list[Any] = [None] * len(obj)
 
             async def one(n: int, item: Any) -> None:

@@ -30,11 +30,13 @@ from memoryd_protocol.constants import (
     MAX_IMPORT_ENTRIES,
     PROTOCOL,
     QUERY_HARD_CAP,
+    RECALLED_TEXT_UNITS,
     STORE_SCHEMA_VERSION,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput, WriteDenied
 from memoryd_protocol.text import (
     check_storable,
+    cut_units,
     js_trim,
     normalize_agent_key,
     normalize_tags,
@@ -78,6 +80,8 @@ from memoryd_protocol.validation import (
     check_batch_budget,
     check_budget,
     check_match,
+    check_query_text,
+    check_session_id,
     check_source,
     check_target,
     check_text,
@@ -235,6 +239,11 @@ class Service:
             return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
         if policy == "off":
             outcome = "rejected"
+        elif self.approvals.full(peer):
+            # max_pending_approvals: denied at once, with its denied row like every denial.
+            await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
+            raise WriteDenied(f"write denied: unavailable: this connection already has "
+                              f"{self.approvals.max_per_connection} approvals pending", {"outcome": "unavailable"})
         else:
             asked = ApprovalAsked(
                 id=store.new_id(),
@@ -370,11 +379,12 @@ class Service:
             if not js_trim(text):
                 text = None
             else:
-                check_match(text, "filter.text")
+                check_query_text(text, "filter.text")
         limit = min(f.limit if f and f.limit else self.config.max_entries_per_query, QUERY_HARD_CAP)
         session_id = o.session_id if o else None
         if session_id is not None:
             check_match(session_id, "opts.sessionId")
+            check_session_id(session_id, "opts.sessionId")
         agent_key = normalize_agent_key(o.agent_key) if o and o.agent_key is not None else None
         workspace_key = normalize_workspace_key(o.workspace_key) if o and o.workspace_key is not None else None
         track = f.track if f else None
@@ -407,7 +417,8 @@ class Service:
         def job(conn: sqlite3.Connection) -> None:
             store.bump_recalls(conn, ids, ts)
             if session_id is not None:
-                store.audit(conn, "recalled", track=track, scope=scope, entry_id=None, text=text or "",
+                store.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
+                            text=cut_units(text, RECALLED_TEXT_UNITS) if text else "",
                             outcome=None, source=None, session_id=session_id, ts=ts)
 
         def committed() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
 
 from .rundir import check_private_dir, ensure_private_dir
 
@@ -281,9 +282,10 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
-#: A connection whose peer has not read this much of what we sent is dropped: a stalled
-#: approver must not make the daemon buffer without bound.
-MAX_UNREAD = 64 * 1024 * 1024
+#: The default max_buffered_bytes: a connection whose peer has not read this much of what
+#: we sent is dropped (a stalled approver must not make the daemon buffer without bound),
+#: and at most this much of its unread input is queued before the daemon stops reading it.
+MAX_UNREAD = DEFAULT_MAX_BUFFERED_BYTES
 #: Above this, a reply waits (drain) before its request completes; notifications never wait.
 HIGH_WATER = 256 * 1024
 
@@ -301,7 +303,8 @@ class FdStream:
     since the parent shares them.
     """
 
-    def __init__(self, in_fd: int, out_fd: int) -> None:
+    def __init__(self, in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD) -> None:
+        self.max_buffered = max_buffered
         self.in_fd = in_fd
         self.out_fd = out_fd
         self._saved = (os.get_blocking(in_fd), os.get_blocking(out_fd))
@@ -352,7 +355,9 @@ class FdStream:
                 return
             self._pending += data[n:]
             asyncio.get_running_loop().add_writer(self.out_fd, self._flush)
-        if len(self._pending) > MAX_UNREAD:
+        if len(self._pending) > self.max_buffered + len(data):
+            log.warning("stdout is not being read: %d bytes unsent (max_buffered_bytes %d); closing",
+                        len(self._pending), self.max_buffered)
             self._broken = SlowConsumer("stdout is not being read")
             raise anyio.BrokenResourceError from self._broken
         if len(self._pending) > HIGH_WATER:
@@ -400,11 +405,12 @@ class StreamProtocol(asyncio.Protocol):
     pause_writing when the peer does not read).
     """
 
-    MAX_QUEUED_CHUNKS = 64
-
-    def __init__(self, on_connect: Callable[[StreamProtocol], None]) -> None:
+    def __init__(self, on_connect: Callable[[StreamProtocol], None], max_buffered: int = MAX_UNREAD) -> None:
         self._on_connect = on_connect
+        #: max_buffered_bytes: unread input queued here, and unsent output, per connection
+        self.max_buffered = max_buffered
         self._chunks: deque[bytes] = deque()
+        self._queued = 0
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -442,8 +448,9 @@ class StreamProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)
+        self._queued += len(data)
         self._readable.set()
-        if len(self._chunks) > self.MAX_QUEUED_CHUNKS and self.transport is not None:
+        if self._queued > self.max_buffered and not self._paused and self.transport is not None:
             self.transport.pause_reading()
             self._paused = True
 
@@ -468,7 +475,8 @@ class StreamProtocol(asyncio.Protocol):
         while True:
             while self._chunks:
                 chunk = self._chunks.popleft()
-                if self._paused and len(self._chunks) < self.MAX_QUEUED_CHUNKS // 2 and self.transport is not None:
+                self._queued -= len(chunk)
+                if self._paused and self._queued <= self.max_buffered // 2 and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
                 yield chunk
@@ -479,14 +487,17 @@ class StreamProtocol(asyncio.Protocol):
 
     def post(self, data: bytes) -> None:
         """Queue bytes for the peer without waiting; a peer that stops reading altogether
-        is disconnected once MAX_UNREAD bytes wait for it."""
+        is disconnected once more than max_buffered bytes wait for it (one line, however
+        long, always goes out)."""
         if self.closed or self.transport is None or self.transport.is_closing():
             raise anyio.BrokenResourceError
-        self.transport.write(data)
-        if self.transport.get_write_buffer_size() > MAX_UNREAD:
-            log.warning("dropping a connection that stopped reading")
+        unsent = self.transport.get_write_buffer_size()
+        if unsent > self.max_buffered:
+            log.warning("dropping a connection that stopped reading: %d bytes unsent (max_buffered_bytes %d)",
+                        unsent, self.max_buffered)
             self.transport.abort()
             raise anyio.BrokenResourceError
+        self.transport.write(data)
 
     async def drain(self) -> None:
         if not self._writable.is_set():

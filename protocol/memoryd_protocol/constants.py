@@ -41,7 +41,15 @@ MAX_TAG_UNITS: Final = 32
 MAX_SOURCE_UNITS: Final = 64
 #: approval/decided's by.name: who decided, as the client names it
 MAX_BY_NAME: Final = 128
+#: Longest workspaceKey (and session header.cwd), agentKey (and header.agentPreset) and
+#: session id, in UTF-16 units: every entry and ledger row stores them.
 MAX_KEY_UNITS: Final = 4096
+MAX_AGENT_KEY_UNITS: Final = 256
+MAX_SESSION_ID_UNITS: Final = 256
+#: Longest memory/query filter.text, in UTF-16 units.
+MAX_QUERY_TEXT_UNITS: Final = 2000
+#: A ``recalled`` audit row keeps at most this many units of the query text (then "…").
+RECALLED_TEXT_UNITS: Final = 200
 MAX_CONSOLIDATE: Final = 20
 CONSOLIDATE_EXCERPT_UNITS: Final = 300
 AMBIGUOUS_SAMPLE_UNITS: Final = 200
@@ -55,6 +63,12 @@ PROPOSAL_MAX_TEXT: Final = 2000
 PROPOSAL_MAX_PENDING: Final = 8
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 300.0
+# Daemon resource caps (config keys of the same names, lower-case).
+DEFAULT_MAX_CONNECTIONS: Final = 256
+DEFAULT_MAX_BATCH_CALLS: Final = 100
+DEFAULT_MAX_BUFFERED_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_HALF_LINE_TIMEOUT_S: Final = 30.0
+DEFAULT_MAX_PENDING_APPROVALS: Final = 16
 
 WritePolicy = Literal["ask", "auto", "off"]
 WRITE_POLICIES: Final[tuple[WritePolicy, ...]] = ("ask", "auto", "off")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from .constants import MAX_TAG_UNITS, MAX_TAGS
+from .constants import MAX_AGENT_KEY_UNITS, MAX_KEY_UNITS, MAX_TAG_UNITS, MAX_TAGS
 from .errors import InvalidInput
 
 _ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
@@ -103,6 +103,8 @@ def normalize_workspace_key(cwd: str | None) -> str:
     if not cwd:
         return ""
     check_storable(cwd, "workspaceKey")
+    if utf16_len(cwd) > MAX_KEY_UNITS:
+        raise InvalidInput(f"cwd (workspaceKey) longer than {MAX_KEY_UNITS} characters", "workspaceKey")
     if _WINDOWS_DRIVE.match(cwd):
         path = posixpath.normpath(cwd.replace("\\", "/"))
         return ascii_fold(path).rstrip("/") or path
@@ -122,6 +124,8 @@ def normalize_agent_key(preset: str | None) -> str:
     check_storable(key, "agentKey")
     if _CONTROL.search(key):
         raise InvalidInput("agentKey must not contain control characters", "agentKey")
+    if utf16_len(key) > MAX_AGENT_KEY_UNITS:
+        raise InvalidInput(f"agentPreset (agentKey) longer than {MAX_AGENT_KEY_UNITS} characters", "agentKey")
     return key
 
 

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .constants import AMBIGUOUS_SAMPLE_COUNT, AMBIGUOUS_SAMPLE_UNITS, DEFAULT_SOURCE, MAX_SOURCE_UNITS
+from .constants import (
+    AMBIGUOUS_SAMPLE_COUNT,
+    AMBIGUOUS_SAMPLE_UNITS,
+    DEFAULT_SOURCE,
+    MAX_QUERY_TEXT_UNITS,
+    MAX_SESSION_ID_UNITS,
+    MAX_SOURCE_UNITS,
+)
 from .errors import AmbiguousMatch, BudgetExceeded, EntryNotFound, InvalidInput, WriteRequiresAgent
 from .text import (
     ascii_fold,
@@ -47,13 +54,28 @@ def session_view(session: Session | None) -> SessionView:
     if session is None:
         return SessionView(None, "", "")
     if session.id is not None:
-        check_storable(session.id, "sessionId")
+        check_session_id(session.id, "sessionId")
     header = session.header
     return SessionView(
         session.id,
         normalize_workspace_key(header.cwd if header else None),
         normalize_agent_key(header.agent_preset if header else None),
     )
+
+
+def check_session_id(session_id: str, field: str) -> str:
+    """Storable, and at most MAX_SESSION_ID_UNITS long: every row of the session stores it."""
+    check_storable(session_id, field)
+    if utf16_len(session_id) > MAX_SESSION_ID_UNITS:
+        raise InvalidInput(f"{field} longer than {MAX_SESSION_ID_UNITS} characters", field)
+    return session_id
+
+
+def check_query_text(text: str, field: str = "filter.text") -> str:
+    check_match(text, field)
+    if utf16_len(text) > MAX_QUERY_TEXT_UNITS:
+        raise InvalidInput(f"{field} longer than {MAX_QUERY_TEXT_UNITS} characters", field)
+    return text
 
 
 def writer_view(write: Write | None) -> SessionView:
@@ -209,6 +231,8 @@ __all__ = [
     "check_batch_budget",
     "check_budget",
     "check_match",
+    "check_query_text",
+    "check_session_id",
     "check_source",
     "check_target",
     "check_text",
