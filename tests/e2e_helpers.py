@@ -37,3 +37,20 @@ class Gate:
         self.asked.append(params)
         self.arrived.set()
         return None
+
+
+def start_held(tg: Any, raw: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send ``method`` in the background; its raw reply lands in the returned box["r"]."""
+    box: dict[str, Any] = {}
+
+    async def send() -> None:
+        box["r"] = await raw.call(method, params)
+
+    tg.start_soon(send)
+    return box
+
+
+async def arrived(gate: Gate) -> None:
+    """Wait (bounded) until ``gate`` has been asked."""
+    with anyio.fail_after(10):
+        await gate.arrived.wait()

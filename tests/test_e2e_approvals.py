@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, entry_input, state
+from e2e_helpers import Gate, add, arrived, entry_input, start_held, state
 from processes import foreign_socket
 from rawclient import socket_client, write_ctx
 
@@ -20,22 +20,6 @@ def allow(outcome: str = "allowed-once") -> Any:
         return outcome
 
     return handler
-
-
-def start_held(tg: Any, raw: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Send ``method`` in the background; its raw reply lands in the returned box["r"]."""
-    box: dict[str, Any] = {}
-
-    async def send() -> None:
-        box["r"] = await raw.call(method, params)
-
-    tg.start_soon(send)
-    return box
-
-
-async def arrived(gate: Gate) -> None:
-    with anyio.fail_after(10):
-        await gate.arrived.wait()
 
 
 async def test_allow_round_trip(ask_daemon: Any) -> None:

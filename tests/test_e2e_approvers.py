@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, entry_input, state
+from e2e_helpers import Gate, arrived, entry_input, start_held, state
 from memoryd.approvals import same_process
 from memoryd.config import Config as DaemonConfig
 from memoryd.config import ConfigError, apply
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.anyio
 
 NOT_INTERACTIVE = ('only a process with a controlling terminal can subscribe as an approver; '
                    'set approvers = "any" in the daemon\'s config to admit others')
-
-
-async def arrived(gate: Gate) -> None:
-    with anyio.fail_after(10):
-        await gate.arrived.wait()
 
 
 async def asked_of(raw: Any) -> list[dict[str, Any]]:
@@ -145,12 +140,7 @@ async def test_a_connection_answering_its_own_approvals_needs_no_terminal(ask_da
         gate = Gate()
         raw.on_approval = gate
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def write() -> None:
-                box["r"] = await raw.call("memory/add", {"input": entry_input("own prompt"), "write": write_ctx()})
-
-            tg.start_soon(write)
+            box = start_held(tg, raw, "memory/add", {"input": entry_input("own prompt"), "write": write_ctx()})
             await arrived(gate)
             await raw.ok("approval/decided", {"id": gate.asked[0]["id"], "outcome": "allowed-once",
                                               "by": {"kind": "human", "name": "alice"}})
@@ -176,12 +166,7 @@ async def test_a_bad_by_is_invalid_input_and_decides_nothing(ask_daemon: Any) ->
         raw.on_approval = gate
         before = await state(raw)
         async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def write() -> None:
-                box["r"] = await raw.call("memory/add", {"input": entry_input("decided once"), "write": write_ctx()})
-
-            tg.start_soon(write)
+            box = start_held(tg, raw, "memory/add", {"input": entry_input("decided once"), "write": write_ctx()})
             await arrived(gate)
             aid = gate.asked[0]["id"]
             for by, field in BAD_BY:
