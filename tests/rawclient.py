@@ -137,6 +137,17 @@ class Raw:
                     raise ConnectionError("closed")
                 await self._note_event.wait()
 
+    async def batch_reply(self) -> list[dict[str, Any]]:
+        """The newest batch response received (waiting for one), for batches sent with send_line."""
+        with anyio.fail_after(TIMEOUT):
+            while True:
+                batches = [m for m in self.received if isinstance(m, list)]
+                if batches:
+                    return batches[-1]
+                if self.closed.is_set():
+                    raise ConnectionError("closed")
+                await self._reply_event.wait()
+
     async def raw_reply(self) -> dict[str, Any]:
         """The next response (any id), for lines sent with send_line."""
         with anyio.fail_after(TIMEOUT):

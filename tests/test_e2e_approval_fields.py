@@ -190,10 +190,7 @@ async def test_batch_items_each_carry_their_own_id(ask_daemon: Any) -> None:
                   "params": {"input": entry_input(text), "write": write_ctx()}}
                  for id_, text in (("b-1", "first"), (1002, "second"))]
         await raw.send_line(json.dumps(batch).encode())
-        with anyio.fail_after(10):
-            while not any(isinstance(m, list) for m in raw.received):
-                await raw._reply_event.wait()
-        replies = next(m for m in raw.received if isinstance(m, list))
+        replies = await raw.batch_reply()
         assert sorted(str(r["id"]) for r in replies if "result" in r) == ["1002", "b-1"]
         assert sorted((a["text"], a["requestId"]) for a in rec.asked) == [("first", "b-1"), ("second", 1002)]
 

@@ -89,11 +89,9 @@ async def test_a_batch_over_max_batch_calls_is_one_error_and_runs_nothing(daemon
         assert (await other.ok("memory/query", {}))["total"] == 1
         # at the cap, a batch is served as usual
         await raw.send_line(json.dumps(calls[:3]).encode())
-        with anyio.fail_after(10):
-            while not (raw.received and isinstance(raw.received[-1], list)):
-                await raw._reply_event.wait()
-        assert sorted(m["id"] for m in raw.received[-1]) == [100, 101, 102]
-        for m in raw.received[-1]:
+        served = await raw.batch_reply()
+        assert sorted(m["id"] for m in served) == [100, 101, 102]
+        for m in served:
             raw._responses.pop(m["id"])
         assert len(await raw.ok("memory/list", {})) == 4
 
@@ -176,8 +174,10 @@ async def test_recalled_rows_keep_a_bounded_prefix_of_the_query(daemon: Any) -> 
 
 async def test_a_write_beyond_max_pending_approvals_is_denied_at_once(daemon_factory: Any, tmp_path: Path) -> None:
     d = limited(daemon_factory, tmp_path, "max_pending_approvals = 2\n", policy="ask")
+    # each held write reports its reply here, so the test waits on the reply itself
+    landed, landing = anyio.create_memory_object_stream[dict[str, Any]](10)
     async with socket_client(d.socket_path) as raw, socket_client(d.socket_path) as other, \
-            anyio.create_task_group() as tg:
+            landed, landing, anyio.create_task_group() as tg:
         gate, other_gate = Gate(), Gate()
         raw.on_approval = gate
         other.on_approval = other_gate
@@ -185,7 +185,7 @@ async def test_a_write_beyond_max_pending_approvals_is_denied_at_once(daemon_fac
         replies: list[dict[str, Any]] = []
 
         async def write(text: str) -> None:
-            replies.append(await raw.call("memory/add", {"input": entry_input(text), "write": write_ctx()}))
+            await landed.send(await raw.call("memory/add", {"input": entry_input(text), "write": write_ctx()}))
 
         tg.start_soon(write, "one")
         await raw.notification("approval/asked")
@@ -207,15 +207,13 @@ async def test_a_write_beyond_max_pending_approvals_is_denied_at_once(daemon_fac
         first = gate.asked[0]["id"]
         await raw.call("approval/decided", {"id": first, "outcome": "rejected"})
         with anyio.fail_after(10):
-            while len(replies) < 1:
-                await raw._reply_event.wait()
+            replies.append(await landing.receive())
         tg.start_soon(write, "five")
         await raw.notification("approval/asked", 2)
         for a in [n["params"] for n in raw.notifications if n["method"] == "approval/asked"][1:]:
             await raw.call("approval/decided", {"id": a["id"], "outcome": "rejected"})
         with anyio.fail_after(10):
-            while len(replies) < 3:
-                await raw._reply_event.wait()
+            replies += [await landing.receive(), await landing.receive()]
         assert [r["error"]["data"]["details"]["outcome"] for r in replies] == ["rejected"] * 3
         entries, budgets, ledger = await state(raw)
         assert (entries, budgets) == before[:2] and ledger == before[2] + 5  # five denied rows, nothing else
