@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 
-from . import store
+from . import ledger, store
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
@@ -223,6 +223,11 @@ class Daemon:
             # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
             # and its traceback, not our one line, ends the log a launcher reports from.
             conn = await anyio.to_thread.run_sync(store.open_store, path, version, busy_ms)
+            try:
+                await anyio.to_thread.run_sync(ledger.open_chain, conn)
+            except sqlite3.Error as exc:
+                conn.close()
+                raise store.store_fault(exc, path) or exc from None
             writer_conn = await aiosqlite.Connection(lambda: conn, 64)
         except BaseException:
             unlock_store(path, lock_fd)
@@ -244,6 +249,8 @@ class Daemon:
             "memory/budgets": service.budgets,
             "memory/list": service.list_entries,
             "audit/list": service.audit_list,
+            "audit/verify": service.audit_verify,
+            "audit/explain": service.audit_explain,
             "approval/decided": service.approval_decided,
             "approval/subscribe": service.approval_subscribe,
             "daemon/status": service.status,

@@ -19,7 +19,7 @@ import msgspec
 from memoryd_protocol.constants import DEFAULT_MAX_PENDING_APPROVALS
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.payloads import normalize_outcome
-from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ApprovalOrigin, ApprovalResolved
+from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ApprovalOrigin, ApprovalResolved, ConnectionInfo
 
 from .transports import PeerProcess
 
@@ -34,6 +34,10 @@ class Peer(Protocol):
     gone: bool
     #: the process on the other end (None when the kernel could not say)
     peer: PeerProcess | None
+
+    def listing(self, *, approver: bool) -> ConnectionInfo:
+        """The connection as ``daemon/status`` lists it (and the ledger records it)."""
+        ...
 
     def describe(self) -> ApprovalOrigin | None:
         """Who is on the other end: the ``origin`` of the approvals this peer asks (None
@@ -111,21 +115,24 @@ class Approvals:
         if peer in self.approvers:
             self.approvers.remove(peer)
 
-    async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float) -> str:
-        """Send ``approval/asked`` and wait for the outcome (never raises for a denial)."""
-        if self.closing:
-            return "cancelled"
+    async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float,
+                  on_asked: Callable[[ApprovalAsked], None]) -> Pending:
+        """Send ``approval/asked`` and wait for the outcome (never raises for a denial).
+        ``on_asked`` sees the payload as the approvers get it, once it is really asked."""
         # A subscribed approver never decides a write of its own process: a model's tool
         # cannot approve its own write by subscribing a second connection.
         targets = [origin] if origin.can_approve else [
             a for a in self.approvers if a is not origin and not same_process(a, origin)]
-        if not targets or origin.gone:
-            return "unavailable"
+        if self.closing or not targets or origin.gone:
+            p = Pending(asked, origin, [])
+            p.resolve("cancelled" if self.closing else "unavailable")
+            return p  # never asked: nobody is there to answer
         asked = msgspec.structs.replace(asked, origin=origin.describe())
         # requestId means something only on the connection that sent the request.
         own = msgspec.structs.replace(asked, request_id=request_id.get())
         p = Pending(asked, origin, targets)
         self.pending[asked.id] = p
+        on_asked(asked)
         try:
             release = release_turn.get()
             if release is not None:
@@ -136,8 +143,7 @@ class Approvals:
                 await p.done.wait()
             if p.outcome is None:
                 p.resolve("cancelled")
-            assert p.outcome is not None
-            return p.outcome
+            return p
         finally:
             self.pending.pop(asked.id, None)
             if p.outcome is None:

@@ -32,10 +32,12 @@ from memoryd_protocol.types import (
     SnapshotParams,
     SnapshotResult,
 )
-from memoryd_protocol.validation import check_budget, check_source, check_text, session_view, target_keys, writer_view
+from memoryd_protocol.validation import check_source, check_text, session_view, target_keys, writer_view
 
 from . import store
 from .approvals import Peer
+from .ledger import Stamp
+from .pipeline import WritePlan
 from .service import Service
 from .writer import Usage
 
@@ -118,14 +120,15 @@ class Lifecycle:
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
         text = render(visible, usage, shown, language)  # type: ignore[arg-type]
 
+        stamp = self.s.pipeline.stamp(peer, view)
+
         def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
             existing = store.frozen_snapshot(conn, session_id)
             if existing is not None:
                 return existing, False
             ts = store.now_ms()
             store.freeze_snapshot(conn, session_id, text, language, ts)
-            store.audit(conn, "snapshot", track=None, scope=None, entry_id=None, text=text, outcome=None,
-                        source=None, session_id=session_id, ts=ts)
+            stamp.audit(conn, "snapshot", track=None, scope=None, entry_id=None, text=text, source=None, ts=ts)
             return text, True
 
         final, first = await self.s.writer.submit(job)
@@ -184,36 +187,30 @@ class Lifecycle:
         view = writer_view(p.write)
         proposal = await self._pending(p.id)
         self._deciding.add(p.id)
+        cell = (proposal.track, proposal.scope)
+
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ProposalApproveResult:
+            ts = store.now_ms()
+            if not store.decide_proposal(conn, proposal.id, "approved", ts):
+                raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
+            e = self.s.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
+                                 source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
+                                 agent_key=proposal.agent_key, ts=ts)
+            store.insert_entry(conn, e)
+            stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=PROPOSAL_SOURCE,
+                        entry=e, ts=ts)
+            decided = store.get_proposal(conn, proposal.id)
+            assert decided is not None
+            return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
+
         try:
-            cell = (proposal.track, proposal.scope)
-            delta = utf16_len(proposal.text)
-            check_budget(*cell, self.s.writer.usage.get(cell, 0), self.s.limit(*cell), delta)
-            ok = await self.s.approve(peer, view, action="add", track=proposal.track, scope=proposal.scope,
-                                      text=proposal.text, source=PROPOSAL_SOURCE,
-                                      policy=self.s.config.policy_for([cell], [PROPOSAL_SOURCE]),
-                                      lands=(proposal.workspace_key, proposal.agent_key, []))
-
-            def job(conn: sqlite3.Connection, usage: Usage) -> ProposalApproveResult:
-                ts = store.now_ms()
-                if not store.decide_proposal(conn, proposal.id, "approved", ts):
-                    raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
-                check_budget(*cell, usage.get(cell, 0), self.s.limit(*cell), delta)
-                e = self.s.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
-                                     source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
-                                     agent_key=proposal.agent_key, ts=ts)
-                store.insert_entry(conn, e)
-                store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
-                            source=PROPOSAL_SOURCE, session_id=view.session_id, ts=ts)
-                usage[cell] = usage.get(cell, 0) + delta
-                decided = store.get_proposal(conn, proposal.id)
-                assert decided is not None
-                return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
-
-            result = await self.s.writer.submit(job)
+            return await self.s.pipeline.run(peer, view, WritePlan(
+                action="add", track=proposal.track, scope=proposal.scope, text=proposal.text, source=PROPOSAL_SOURCE,
+                layers=[cell], sources=[PROPOSAL_SOURCE], deltas={cell: utf16_len(proposal.text)}, commit=commit,
+                events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))],
+                lands=(proposal.workspace_key, proposal.agent_key, [])))
         finally:
             self._deciding.discard(p.id)
-        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
-        return result
 
     async def proposals_dismiss(self, peer: Peer, p: ProposalDismissParams) -> Proposal:
         await self._pending(p.id)

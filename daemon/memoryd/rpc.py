@@ -266,7 +266,8 @@ _UNPARSABLE: Any = object()
 #: Methods that never wait for an approval: a connection may serve them inline, in order,
 #: without a task of their own.
 NEVER_PARK = frozenset({
-    "initialize", "memory/query", "memory/budgets", "memory/list", "audit/list", "memory/snapshot",
+    "initialize", "memory/query", "memory/budgets", "memory/list", "audit/list", "audit/verify", "audit/explain",
+    "memory/snapshot",
     "memory/export", "adapters/list", "proposals/create", "proposals/list", "proposals/dismiss",
     "approval/decided", "approval/subscribe", "daemon/status",
 })

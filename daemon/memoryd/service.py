@@ -14,16 +14,14 @@ import os
 import sqlite3
 import stat
 import time
+import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
-import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import (
-    ALLOWED_ONCE,
     AUDIT_DEFAULT_LIMIT,
     AUDIT_HARD_CAP,
     GRID,
@@ -33,7 +31,8 @@ from memoryd_protocol.constants import (
     RECALLED_TEXT_UNITS,
     STORE_SCHEMA_VERSION,
 )
-from memoryd_protocol.errors import EntryNotFound, InvalidInput, WriteDenied
+from memoryd_protocol.errors import EntryNotFound, InvalidInput
+from memoryd_protocol.ledger import read_life, read_report
 from memoryd_protocol.text import (
     check_storable,
     cut_units,
@@ -45,9 +44,8 @@ from memoryd_protocol.text import (
 )
 from memoryd_protocol.types import (
     AddParams,
-    ApprovalAsked,
     ApprovalDecidedParams,
-    ApprovalEntry,
+    AuditExplainParams,
     AuditListParams,
     AuditRow,
     BudgetRow,
@@ -57,8 +55,10 @@ from memoryd_protocol.types import (
     Empty,
     Entry,
     EntryInput,
+    EntryLife,
     InitializeParams,
     InitializeResult,
+    LedgerReport,
     MemoryAdded,
     MemoryRecalled,
     MemoryRemoved,
@@ -77,8 +77,6 @@ from memoryd_protocol.types import (
 from memoryd_protocol.validation import (
     SessionView,
     Target,
-    check_batch_budget,
-    check_budget,
     check_match,
     check_query_text,
     check_session_id,
@@ -90,9 +88,11 @@ from memoryd_protocol.validation import (
     writer_view,
 )
 
-from . import store
-from .approvals import Approvals, Peer, release_turn
+from . import ledger, store
+from .approvals import Approvals, Peer
 from .config import Config
+from .ledger import Stamp
+from .pipeline import Pipeline, WritePlan
 from .sessions import Sessions
 from .writer import Usage, Writer, run_on
 
@@ -103,19 +103,6 @@ log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
 VERSION = "0.1.0"
-
-#: The WRITE_DENIED message (outcome ``cancelled``) of a write that reaches the gate, or
-#: is still waiting for its approval, once the daemon has begun to stop.
-STOPPING_MESSAGE = "the daemon is stopping"
-
-
-@dataclass(frozen=True)
-class Approved:
-    """What an approval was granted on: the audit label and the effective policy."""
-
-    label: str
-    policy: str
-
 
 def stderr_file() -> str | None:
     """The file this process's stderr (its log) is appended to, or None when stderr is not
@@ -151,8 +138,8 @@ class Service:
         #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
         #: a listener inherited from systemd socket activation).
         self.socket_path: Path | None = config.socket_path
-        #: set by ``stop_writes`` at shutdown: the gate admits no more writes
-        self.stopping = False
+        #: every write goes through it (pipeline.py)
+        self.pipeline = Pipeline(config, writer, approvals, uuid.uuid4().hex[:12])
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -199,113 +186,8 @@ class Service:
         """Shutdown has begun: from now on the gate admits no write. Every write that
         reaches it is denied (``cancelled``, its denied row first), and so is every write
         still waiting for an approval."""
-        self.stopping = True
+        self.pipeline.stopping = True
         self.approvals.cancel_all("cancelled")
-
-    async def approve(
-        self,
-        peer: Peer,
-        view: SessionView,
-        *,
-        action: str,
-        track: str,
-        scope: str,
-        text: str,
-        source: str,
-        policy: str,
-        entry_id: str | None = None,
-        count: int | None = None,
-        lands: tuple[str, str, list[str]] | None = None,
-        entries: Sequence[Entry] | None = None,
-    ) -> Approved:
-        """The gate, which every write passes. Returns only for ``allowed-once``; a denial
-        is audited, then raised.
-
-        ``lands`` is (workspaceKey, agentKey, tags) of the entry as it will be after the
-        write; ``entries`` the batch of a seed. Both are shown to the human.
-
-        A write that leaves the gate allowed queues its writer job before the caller's next
-        await, so once shutdown has begun (``stop_writes``) no write is queued after it:
-        the ledger shows every committed write before the first denial for stopping."""
-        if self.stopping:
-            # As a write parked on an approval does, let the connection serve its next
-            # line meanwhile: a pipeline's denials then share a group commit, not one each.
-            release = release_turn.get()
-            if release is not None:
-                release()
-            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
-            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
-        if policy == "auto":
-            return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
-        if policy == "off":
-            outcome = "rejected"
-        elif self.approvals.full(peer):
-            # max_pending_approvals: denied at once, with its denied row like every denial.
-            await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
-            raise WriteDenied(f"write denied: unavailable: this connection already has "
-                              f"{self.approvals.max_per_connection} approvals pending", {"outcome": "unavailable"})
-        else:
-            asked = ApprovalAsked(
-                id=store.new_id(),
-                action=action,  # type: ignore[arg-type]
-                track=track,
-                scope=scope,
-                text=text,
-                source=source,
-                session_id=view.session_id,
-                reason=payloads.reason(action, track, scope, source, text, count),
-                count=count,
-                workspace_key=lands[0] if lands else None,
-                agent_key=lands[1] if lands else None,
-                tags=list(lands[2]) if lands else None,
-                entries=None if entries is None else [
-                    ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
-                                  text=e.text, tags=list(e.tags)) for e in entries],
-            )
-            try:
-                outcome = await self.approvals.ask(peer, asked, self.config.approval_timeout_s)
-            except anyio.get_cancelled_exc_class():
-                with anyio.CancelScope(shield=True):
-                    await self._deny(view, action, track, scope, text, source, entry_id, "unavailable", policy)
-                raise
-        if outcome == ALLOWED_ONCE and not self.stopping:
-            return Approved(payloads.outcome_label(ALLOWED_ONCE, policy), policy)
-        if self.stopping:
-            # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed
-            # just before it but only resumed after; either way nothing is queued now.
-            await self._deny(view, action, track, scope, text, source, entry_id, "cancelled", policy)
-            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
-        await self._deny(view, action, track, scope, text, source, entry_id, outcome, policy)
-        raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
-
-    async def _deny(
-        self,
-        view: SessionView,
-        action: str,
-        track: str,
-        scope: str,
-        text: str,
-        source: str,
-        entry_id: str | None,
-        outcome: str,
-        policy: str,
-    ) -> None:
-        label = payloads.outcome_label(outcome, policy)
-
-        def job(conn: sqlite3.Connection, usage: Usage) -> None:
-            store.audit(
-                conn,
-                f"{action}-denied",
-                track=track,
-                scope=scope,
-                entry_id=entry_id,
-                text=text,
-                outcome=label,
-                source=source,
-                session_id=view.session_id,
-            )
-
-        await self.writer.submit(job)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -371,6 +253,12 @@ class Service:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
         return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
+    async def audit_verify(self, peer: Peer, p: Any) -> LedgerReport:
+        return await self.read_off_loop(lambda c: ledger.consistent(c, read_report))
+
+    async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
+        return await self.read_off_loop(lambda c: ledger.consistent(c, lambda fetch: read_life(fetch, p.target)))
+
     async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
         f = p.filter
         o = p.opts
@@ -414,12 +302,13 @@ class Service:
             queued[0] += 1
             queued[1] = ts
 
+        stamp = Stamp(origin=self.pipeline.who(peer), session_id=session_id)
+
         def job(conn: sqlite3.Connection) -> None:
             store.bump_recalls(conn, ids, ts)
             if session_id is not None:
-                store.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
-                            text=cut_units(text, RECALLED_TEXT_UNITS) if text else "",
-                            outcome=None, source=None, session_id=session_id, ts=ts)
+                stamp.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
+                            text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
 
         def committed() -> None:
             for i in ids:
@@ -476,27 +365,20 @@ class Service:
         tags = normalize_tags(i.tags)
         source = check_source(i.source)
         wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=True)
-        delta = utf16_len(text)
-        check_budget(i.track, i.scope, self.writer.usage.get((i.track, i.scope), 0), self.limit(i.track, i.scope), delta)
-        ok = await self.approve(
-            peer, view, action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
-            policy=self.config.policy_for([(i.track, i.scope)], [source]), lands=(wk, ak, tags),
-        )
+        cell = (i.track, i.scope)
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
-            cell = (i.track, i.scope)
-            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> WriteResult:
             e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
                                workspace_key=wk, agent_key=ak, ts=store.now_ms())
             store.insert_entry(conn, e)
-            store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
-                        source=source, session_id=view.session_id, ts=e.created_at)
-            usage[cell] = usage.get(cell, 0) + delta
+            stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=source,
+                        entry=e, ts=e.created_at)
             return WriteResult(entry=e, usage=self.row(usage, *cell))
 
-        result = await self.writer.submit(job)
-        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
-        return result
+        return await self.pipeline.run(peer, view, WritePlan(
+            action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
+            layers=[cell], sources=[source], deltas={cell: utf16_len(text)}, commit=commit,
+            events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))], lands=(wk, ak, tags)))
 
     @staticmethod
     def still_same(conn: sqlite3.Connection, approved: Entry, match: str | None) -> Entry:
@@ -520,35 +402,28 @@ class Service:
         text = check_text(i.text)
         tags = normalize_tags(i.tags) if i.tags is not None else None
         target = await self.resolve_target(view, i.track, i.scope, selector)
-        delta = utf16_len(text) - utf16_len(target.text)
         cell = (i.track, i.scope)
-        check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
-        # A replacement keeps the target's source: that one source is the old text's and the new one's.
-        ok = await self.approve(
-            peer, view, action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
-            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
-            lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags),
-        )
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> ReplaceResult:
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ReplaceResult:
             previous = self.still_same(conn, target, match)
-            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
-            ts = max(store.now_ms(), previous.updated_at)
             e = Entry(**{f: getattr(previous, f) for f in Entry.__struct_fields__})
             e.text = text
             e.tags = tags if tags is not None else list(previous.tags)
             e.version = previous.version + 1
-            e.updated_at = ts
+            e.updated_at = max(store.now_ms(), previous.updated_at)
             e.session_id = view.session_id
             store.update_entry(conn, e)
-            store.audit(conn, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
-                        outcome=ok.label, source=e.source, session_id=view.session_id, ts=ts)
-            usage[cell] = usage.get(cell, 0) + delta
+            stamp.audit(conn, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
+                        entry=e, ts=e.updated_at)
             return ReplaceResult(previous=previous, entry=e, usage=self.row(usage, *cell))
 
-        result = await self.writer.submit(job)
-        await peer.notify("memory/updated", MemoryUpdated(previous=result.previous, entry=result.entry))
-        return result
+        # A replacement keeps the target's source: that one source is the old text's and the new one's.
+        return await self.pipeline.run(peer, view, WritePlan(
+            action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
+            source=target.source, layers=[cell], sources=[target.source],
+            deltas={cell: utf16_len(text) - utf16_len(target.text)}, commit=commit,
+            events=lambda r: [("memory/updated", MemoryUpdated(previous=r.previous, entry=r.entry))],
+            entry_id=target.id, lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags)))
 
     async def remove(self, peer: Peer, p: RemoveParams) -> WriteResult:
         view = writer_view(p.write)
@@ -557,23 +432,19 @@ class Service:
         match = selector.match
         target = await self.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
-        ok = await self.approve(
-            peer, view, action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
-            source=target.source, policy=self.config.policy_for([cell], [target.source]), entry_id=target.id,
-            lands=(target.workspace_key, target.agent_key, target.tags),
-        )
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> WriteResult:
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> WriteResult:
             previous = self.still_same(conn, target, match)
             store.delete_entry(conn, previous.id)
-            store.audit(conn, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
-                        text=previous.text, outcome=ok.label, source=previous.source, session_id=view.session_id)
-            usage[cell] = usage.get(cell, 0) - utf16_len(previous.text)
+            stamp.audit(conn, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
+                        text=previous.text, source=previous.source)
             return WriteResult(entry=previous, usage=self.row(usage, *cell))
 
-        result = await self.writer.submit(job)
-        await peer.notify("memory/removed", MemoryRemoved(entry=result.entry))
-        return result
+        return await self.pipeline.run(peer, view, WritePlan(
+            action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
+            source=target.source, layers=[cell], sources=[target.source], deltas={cell: -utf16_len(target.text)},
+            commit=commit, events=lambda r: [("memory/removed", MemoryRemoved(entry=r.entry))],
+            entry_id=target.id, lands=(target.workspace_key, target.agent_key, target.tags)))
 
     async def consolidate(self, peer: Peer, p: ConsolidateParams) -> ConsolidateResult:
         view = writer_view(p.write)
@@ -590,41 +461,34 @@ class Service:
                 raise InvalidInput("two matches resolve to the same entry", "matches")
             targets.append(t)
         cell = (i.track, i.scope)
-        delta = utf16_len(text) - sum(utf16_len(t.text) for t in targets)
-        check_budget(i.track, i.scope, self.writer.usage.get(cell, 0), self.limit(*cell), delta)
         # Merging the session's private entries with shared ones keeps the result private:
         # consolidation must never widen who can see a text.
         ak = view.agent_key if any(t.agent_key for t in targets) else ""
         wk = view.workspace_key if i.scope == "workspace" else ""
         source = check_source(None)
-        ok = await self.approve(
-            peer, view, action="consolidate", track=i.track, scope=i.scope,
-            text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
-            source=source, policy=self.config.policy_for([cell], [source, *(t.source for t in targets)]), count=None,
-            lands=(wk, ak, tags),
-        )
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> ConsolidateResult:
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ConsolidateResult:
             removed = [self.still_same(conn, t, m) for t, m in zip(targets, matches, strict=True)]
-            check_budget(i.track, i.scope, usage.get(cell, 0), self.limit(*cell), delta)
             ts = store.now_ms()
             for r in removed:
                 store.delete_entry(conn, r.id)
-                store.audit(conn, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
-                            outcome=ok.label, source=r.source, session_id=view.session_id, ts=ts)
+                stamp.audit(conn, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
+                            source=r.source, ts=ts)
             e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
                                workspace_key=wk, agent_key=ak, ts=ts)
             store.insert_entry(conn, e)
-            store.audit(conn, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
-                        outcome=ok.label, source=source, session_id=view.session_id, ts=ts)
-            usage[cell] = usage.get(cell, 0) + delta
+            stamp.audit(conn, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
+                        source=source, entry=e, ts=ts)
             return ConsolidateResult(removed=removed, entry=e, usage=self.row(usage, *cell))
 
-        result = await self.writer.submit(job)
-        for r in result.removed:
-            await peer.notify("memory/removed", MemoryRemoved(entry=r))
-        await peer.notify("memory/added", MemoryAdded(entry=result.entry))
-        return result
+        return await self.pipeline.run(peer, view, WritePlan(
+            action="consolidate", track=i.track, scope=i.scope,
+            text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
+            source=source, layers=[cell], sources=[source, *(t.source for t in targets)],
+            deltas={cell: utf16_len(text) - sum(utf16_len(t.text) for t in targets)}, commit=commit,
+            events=lambda r: [*(("memory/removed", MemoryRemoved(entry=x)) for x in r.removed),
+                              ("memory/added", MemoryAdded(entry=r.entry))],
+            lands=(wk, ak, tags)))
 
     def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None,
                   *, restricted: bool = True) -> list[Entry]:
@@ -651,32 +515,25 @@ class Service:
         deltas: dict[tuple[str, str], int] = {}
         for e in planned:
             deltas[(e.track, e.scope)] = deltas.get((e.track, e.scope), 0) + utf16_len(e.text)
-        check_batch_budget(deltas, self.writer.usage, self.config.budgets)
         text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
-        policy = self.config.policy_for([(e.track, e.scope) for e in planned], [e.source for e in planned])
-        ok = await self.approve(peer, view, action="seed", track="batch", scope="batch", text=text, source=source,
-                                policy=policy, count=len(planned), entries=planned)
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> SeedResult:
-            check_batch_budget(deltas, usage, self.config.budgets)
+        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> SeedResult:
             ts = store.now_ms()
-            store.audit(conn, "seed", track="batch", scope="batch", entry_id=None, text=text, outcome=ok.label,
-                        source=source, session_id=view.session_id, ts=ts)
+            stamp.audit(conn, "seed", track="batch", scope="batch", entry_id=None, text=text, source=source, ts=ts)
             for e in planned:
                 e.created_at = e.updated_at = ts
                 store.insert_entry(conn, e)
-                store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, outcome=ok.label,
-                            source=e.source, session_id=view.session_id, ts=ts)
-            for cell, d in deltas.items():
-                usage[cell] = usage.get(cell, 0) + d
+                stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
+                            entry=e, ts=ts)
             return SeedResult(added=len(planned), entries=planned)
 
-        result = await self.writer.submit(job)
-        for e in result.entries:
-            await peer.notify("memory/added", MemoryAdded(entry=e))
-        return result
+        return await self.pipeline.run(peer, view, WritePlan(
+            action="seed", track="batch", scope="batch", text=text, source=source,
+            layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
+            commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
+            count=len(planned), entries=planned))
 
     async def seed(self, peer: Peer, p: SeedParams) -> SeedResult:
         view = writer_view(p.write)

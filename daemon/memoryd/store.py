@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from memoryd_protocol import ledger as ledger_format
 from memoryd_protocol.constants import (
     DEFAULT_BUSY_TIMEOUT_MS,
     GRID,
@@ -108,6 +109,9 @@ MEMORYD_TABLES = (
         language TEXT NOT NULL,
         created_at INTEGER NOT NULL
     )""",
+    # memoryd_schema 2: the hash-chained ledger beside the reference's audit table
+    ledger_format.TABLE,
+    ledger_format.INDEX,
 )
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -594,13 +598,17 @@ def audit(
     outcome: str | None,
     source: str | None,
     session_id: str | None,
-    ts: int | None = None,
-) -> None:
-    conn.execute(
+    ts: int,
+) -> int:
+    """Insert one row of the reference's audit table; its seq. Only ledger.Stamp calls this,
+    so that every audit row memoryd writes has its chained ledger row."""
+    cur = conn.execute(
         "INSERT INTO audit (ts, action, track, scope, entry_id, text, outcome, source, session_id) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (ts if ts is not None else now_ms(), action, track, scope, entry_id, text, outcome, source, session_id),
+        (ts, action, track, scope, entry_id, text, outcome, source, session_id),
     )
+    assert cur.lastrowid is not None
+    return cur.lastrowid
 
 
 def insert_proposal(conn: sqlite3.Connection, p: Proposal) -> None:

@@ -52,6 +52,20 @@ class WriterClosed(Exception):
 
 
 @dataclass(eq=False)
+class _Deferred:
+    fn: Callable[[sqlite3.Connection], None]
+    on_done: Callable[[], None]
+    #: a ledger row: kept and written again with the next batch when a store fault loses it
+    keep: bool
+
+
+#: How many kept rows may wait for a store that cannot take writes; beyond it the oldest
+#: are dropped, each with an error in the log, so a store that never recovers cannot grow
+#: the daemon without bound.
+MAX_KEPT = 10_000
+
+
+@dataclass(eq=False)
 class _Job(Generic[T]):
     fn: JobFn[T]
     durable: bool
@@ -88,7 +102,7 @@ class Writer:
         #: set while no job is queued or committing (depth 0): what a drain waits on
         self._idle = anyio.Event()
         self._idle.set()
-        self._deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]] = []
+        self._deferred: list[_Deferred] = []
         self._flush_wanted = anyio.Event()
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
         self._bookkeeping_idle = anyio.Event()
@@ -112,15 +126,18 @@ class Writer:
         result: T = job.result
         return result
 
-    def defer(self, fn: Callable[[sqlite3.Connection], None], on_done: Callable[[], None]) -> None:
-        """Queue bookkeeping that nobody awaits (recall counters, ``recalled`` rows).
+    def defer(self, fn: Callable[[sqlite3.Connection], None], on_done: Callable[[], None] = lambda: None,
+              *, keep: bool = False) -> None:
+        """Queue bookkeeping that nobody awaits (recall counters, ``recalled`` rows, the
+        ledger's approval rows).
 
         It is written at the head of the next transaction, or by a flush within
         FLUSH_DELAY_S, whichever comes first: a burst of queries costs one commit instead
         of one each, and because every later write commits after it, the ledger stays in
         order. ``on_done`` runs on the event loop once it has committed (or failed).
+        ``keep``: a store fault does not lose it; it is written with the next batch.
         """
-        self._deferred.append((fn, on_done))
+        self._deferred.append(_Deferred(fn, on_done, keep))
         self._flush_wanted.set()
 
     async def settled(self) -> None:
@@ -173,11 +190,12 @@ class Writer:
     async def _commit(self, batch: list[_Job[Any]]) -> None:
         durable = any(j.durable for j in batch)
         deferred, self._deferred = self._deferred, []
+        lost: list[_Deferred] = []
         if deferred:
             self._bookkeeping_idle = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred))
+                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred, lost))
         except Exception as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
             # (a result, or an error judged against rows that are gone now).
@@ -189,15 +207,29 @@ class Writer:
                           fault.details["reason"], exc)
             for j in batch:
                 j.error = fault if fault is not None else RuntimeError("commit failed")
+            lost = [d for d in deferred if d.keep]
         finally:
             self.depth -= len(batch)
             if not self.depth:
                 self._idle.set()
-            for _, on_done in deferred:
-                on_done()
+            self._keep(lost)
+            for d in deferred:
+                if d not in lost:
+                    d.on_done()
             self._bookkeeping_idle.set()
             for j in batch:
                 j.done.set()
+
+    def _keep(self, lost: list[_Deferred]) -> None:
+        """Put kept rows that a fault lost back at the head of the queue, oldest first."""
+        if not lost:
+            return
+        queue = lost + self._deferred
+        while len(queue) > MAX_KEPT:
+            log.error("a ledger row was dropped: the store has not taken a write for %d of them", MAX_KEPT)
+            queue.pop(0).on_done()
+        self._deferred = queue
+        self._flush_wanted.set()
 
     @staticmethod
     def _undo(conn: sqlite3.Connection, savepoint: str, exc: Exception) -> None:
@@ -210,7 +242,7 @@ class Writer:
         conn.execute(f"RELEASE {savepoint}")
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool,
-                   deferred: list[tuple[Callable[[sqlite3.Connection], None], Callable[[], None]]]) -> Usage:
+                   deferred: list[_Deferred], lost: list[_Deferred]) -> Usage:
         if conn.in_transaction:
             conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed in an earlier batch
         if durable != self._full_sync:
@@ -219,14 +251,16 @@ class Writer:
         usage = dict(self.usage)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for fn, _ in deferred:
+            for d in deferred:
                 conn.execute("SAVEPOINT bookkeeping")
                 try:
-                    fn(conn)
+                    d.fn(conn)
                     conn.execute("RELEASE bookkeeping")
                 except Exception as exc:
                     self._undo(conn, "bookkeeping", exc)
                     fault = store_fault(exc, self._path)
+                    if fault is not None and d.keep:
+                        lost.append(d)
                     if fault is None:
                         log.exception("deferred bookkeeping failed")
                     else:

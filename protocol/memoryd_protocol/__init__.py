@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from . import constants, errors, payloads, snapshot, text, types, validation
+    from . import constants, errors, ledger, payloads, snapshot, text, types, validation
     from .errors import (
         AdapterNotFound,
         AdapterPayload,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_SUBMODULES = frozenset({"constants", "errors", "payloads", "snapshot", "text", "types", "validation"})
+_SUBMODULES = frozenset({"constants", "errors", "ledger", "payloads", "snapshot", "text", "types", "validation"})
 _FROM_ERRORS = frozenset({
     "AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BudgetExceeded", "EntryNotFound", "InvalidInput",
     "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnsupportedVersion",
@@ -71,6 +71,7 @@ __all__ = [
     "constants",
     "errors",
     "from_wire",
+    "ledger",
     "payloads",
     "snapshot",
     "text",

@@ -756,6 +756,18 @@ METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     ),
     "memory/list": ("Every entry, in creation order (management view).", ("INVALID_INPUT",)),
     "audit/list": ("Audit rows, newest first (limit default 100).", ("INVALID_INPUT",)),
+    "audit/verify": (
+        "Check the ledger: its hash chain, that every audit row since the chain's start is in it "
+        "unchanged, and that replaying it from its start gives the live entries. ok false names the "
+        "first break in problems[0].",
+        (),
+    ),
+    "audit/explain": (
+        "One entry's life: every ledger row that wrote it, who asked (the connection), who approved "
+        "and how, and the sessions whose frozen snapshot showed it. target: an entry id, or a text "
+        "that exactly one entry contains.",
+        ("INVALID_INPUT",),
+    ),
     "memory/snapshot": (
         "The frozen memory block for a session: rendered once per session id, then the same text "
         "forever. The first render sends memory/snapshot and lands a 'snapshot' audit row.",

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, Scope, Track, WritePolicy
+from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, MAX_QUERY_TEXT_UNITS, Scope, Track, WritePolicy
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -225,6 +225,11 @@ class AuditListParams(_Env):
     limit: Annotated[int, Meta(ge=1)] | None = None
 
 
+class AuditExplainParams(_Env):
+    #: an entry id, or a text that exactly one entry contains (case-insensitive)
+    target: Annotated[str, Meta(min_length=1, max_length=MAX_QUERY_TEXT_UNITS)]
+
+
 class SnapshotParams(_Env):
     session: Session
     language: Literal["en", "zh"] | None = None
@@ -369,6 +374,94 @@ class ConnectionInfo(_Out):
     opened_at: int
 
 
+# --- the ledger (audit/verify, audit/explain) ---------------------------------------------
+
+
+class LedgerEntry(_Out):
+    """An entry as the ledger proves it: what replay compares with the live store."""
+
+    id: str
+    track: str
+    scope: str
+    workspace_key: str
+    agent_key: str
+    text: str
+    tags: list[str]
+    source: str
+    version: int
+
+
+class LedgerConnection(_Out):
+    """A connection as the ledger recorded it, before the first row that names it."""
+
+    #: ``<run>/<id>``: the daemon run (a fresh id each start) and the connection's number
+    ref: str
+    run: str
+    id: int
+    transport: str
+    pid: int | None
+    uid: int | None
+    exe: str | None
+    client: ClientInfo | None
+    opened_at: int
+
+
+class LedgerProblem(_Out, omit_defaults=True):
+    reason: str
+    #: the ledger row (``memoryd_ledger.n``) and the audit row (``audit.seq``) concerned
+    n: int | None = None
+    seq: int | None = None
+
+
+class LedgerReport(_Out):
+    """``audit/verify``: ``ok`` when the chain holds, every audit row since its start is in
+    it unchanged, and replaying it gives the live entries. ``problems[0]`` is the first break."""
+
+    ok: bool
+    rows: int
+    audit_rows: int
+    #: audit rows up to this seq predate the chain (a dsh-memento store's, say)
+    after_audit_seq: int
+    note: str
+    #: the newest row's hash: keep it to detect a later truncation of the ledger
+    head: str
+    problems: list[LedgerProblem]
+
+
+class LedgerDecision(_Out):
+    approval: str
+    outcome: str | None
+    policy: str | None
+    decided_by: LedgerConnection | None
+    by: ApprovalBy | None
+    #: the approval's reason line, as the approver saw it
+    reason: str | None
+    #: the error code, when the approved write then failed to commit
+    failed: str | None
+
+
+class LedgerEvent(_Out):
+    n: int
+    seq: int | None
+    ts: int
+    action: str
+    outcome: str | None
+    text: str | None
+    session_id: str | None
+    asked_by: LedgerConnection | None
+    decision: LedgerDecision | None
+
+
+class EntryLife(_Out):
+    """``audit/explain``: one entry's life."""
+
+    entry_id: str
+    current: LedgerEntry | None
+    events: list[LedgerEvent]
+    #: the sessions whose frozen snapshot showed one of its texts
+    snapshots: list[str]
+
+
 class DaemonStatus(_Out):
     version: str
     uptime_s: float
@@ -477,6 +570,8 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "memory/budgets": EmptyParams,
     "memory/list": EmptyParams,
     "audit/list": AuditListParams,
+    "audit/verify": EmptyParams,
+    "audit/explain": AuditExplainParams,
     "memory/snapshot": SnapshotParams,
     "memory/export": ExportParams,
     "memory/import": ImportParams,
@@ -502,6 +597,8 @@ RESULTS: dict[str, Any] = {
     "memory/budgets": list[BudgetRow],
     "memory/list": list[Entry],
     "audit/list": list[AuditRow],
+    "audit/verify": LedgerReport,
+    "audit/explain": EntryLife,
     "memory/snapshot": SnapshotResult,
     "memory/export": Any,
     "memory/import": SeedResult,

@@ -1,0 +1,147 @@
+"""Writing the ledger: every audit row with its chained ``memoryd_ledger`` row, and the
+approval, connection and failure rows beside them (memoryd_protocol.ledger has the format).
+
+Synchronous, like store.py: each function runs on the writer's thread inside the
+transaction the writer opened, so an audit row and its ledger row commit or vanish together.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from memoryd_protocol.ledger import (
+    SELECT_ENTRIES,
+    AskedBody,
+    AuditBody,
+    Body,
+    DecidedBody,
+    FailedBody,
+    Fetch,
+    Kind,
+    StartBody,
+    canonical,
+    chain_hash,
+    entries_from,
+    ledger_entry,
+)
+from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
+
+from . import store
+
+T = TypeVar("T")
+
+
+def consistent(conn: sqlite3.Connection, read: Callable[[Fetch], T]) -> T:
+    """Run ``read`` with a ``fetch`` whose SELECTs all see one moment of the store."""
+    conn.execute("BEGIN")
+    try:
+        return read(lambda sql: conn.execute(sql).fetchall())
+    finally:
+        conn.execute("COMMIT")
+
+
+def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
+           audit_seq: int | None = None, ts: int | None = None) -> None:
+    last = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
+    n, prev = (last[0] + 1, last[1]) if last else (1, "")
+    text = canonical(body)
+    conn.execute(
+        "INSERT INTO memoryd_ledger (n, ts, kind, ref, audit_seq, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (n, ts if ts is not None else store.now_ms(), kind, ref, audit_seq, text, prev, chain_hash(prev, kind, text)),
+    )
+
+
+def ensure_start(conn: sqlite3.Connection) -> None:
+    """Begin the chain of a store that has none yet (inside the caller's transaction).
+    Audit rows already there carry no hashes: the chain starts after them, and says so."""
+    if conn.execute("SELECT 1 FROM memoryd_ledger LIMIT 1").fetchone() is not None:
+        return
+    (after,) = conn.execute("SELECT coalesce(max(seq), 0) FROM audit").fetchone()
+    (earlier,) = conn.execute("SELECT count(*) FROM audit").fetchone()
+    entries = entries_from(conn.execute(SELECT_ENTRIES))
+    if earlier:
+        note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "
+                f"before this store had a ledger (by dsh-memento, or an older memoryd) and carry no hashes")
+    elif entries:
+        note = f"the chain starts with the {len(entries)} entries the store held and no audit rows"
+    else:
+        note = "the chain starts with the store"
+    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries))
+
+
+def open_chain(conn: sqlite3.Connection) -> None:
+    """At start-up, on the writer's connection: begin the chain if the store has none."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        ensure_start(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -> str | None:
+    """The ref of ``who``, writing its connection row first if no row of it exists yet."""
+    if who is None:
+        return None
+    seen = conn.execute("SELECT 1 FROM memoryd_ledger WHERE kind = 'connection' AND ref = ?", (who.ref,)).fetchone()
+    if seen is None:
+        append(conn, "connection", who, ref=who.ref)
+    return who.ref
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What every ledger row of one request names: who asked, under which approval (or
+    policy label), for which session."""
+
+    origin: LedgerConnection | None
+    session_id: str | None
+    #: the audit ``outcome`` of a write (``allowed-once (via approval, ...)``); None for reads
+    label: str | None = None
+    #: the approval the write passed (None: policy auto, or nothing was asked)
+    approval: str | None = None
+
+    def audit(self, conn: sqlite3.Connection, action: str, *, track: str | None, scope: str | None,
+              entry_id: str | None, text: str | None, source: str | None, entry: Entry | None = None,
+              ts: int | None = None, outcome: str | None = None) -> None:
+        """One audit row and its ledger row. ``entry``: the entry as this row leaves it."""
+        ts = ts if ts is not None else store.now_ms()
+        outcome = outcome if outcome is not None else self.label
+        seq = store.audit(conn, action, track=track, scope=scope, entry_id=entry_id, text=text, outcome=outcome,
+                          source=source, session_id=self.session_id, ts=ts)
+        ref = _ensure_connection(conn, self.origin)
+        body = AuditBody(seq=seq, ts=ts, action=action, track=track, scope=scope, entry_id=entry_id, text=text,
+                         outcome=outcome, source=source, session_id=self.session_id, connection=ref,
+                         approval=self.approval, entry=None if entry is None else ledger_entry(entry))
+        append(conn, "audit", body, audit_seq=seq, ts=ts)
+
+
+def asked(conn: sqlite3.Connection, origin: LedgerConnection | None, payload: ApprovalAsked) -> None:
+    ref = _ensure_connection(conn, origin)
+    append(conn, "asked", AskedBody(connection=ref, asked=payload), ref=payload.id)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How an asked approval ended, as the gate learned it."""
+
+    approval: str
+    outcome: str
+    policy: str
+    decided_by: LedgerConnection | None
+    by: ApprovalBy | None
+
+    def record(self, conn: sqlite3.Connection) -> None:
+        ref = _ensure_connection(conn, self.decided_by)
+        append(conn, "decided", DecidedBody(approval=self.approval, outcome=self.outcome, connection=ref,
+                                            by=self.by, policy=self.policy), ref=self.approval)
+
+
+def failed(conn: sqlite3.Connection, stamp: Stamp, action: str, code: str, message: str) -> None:
+    ref = _ensure_connection(conn, stamp.origin)
+    append(conn, "failed", FailedBody(approval=stamp.approval, action=action, connection=ref, code=code,
+                                      message=message), ref=stamp.approval)

@@ -1,0 +1,374 @@
+"""The ledger that proves itself: row bodies, the hash chain, verification and replay.
+
+memoryd keeps, beside the reference's ``audit`` table, its own append-only table
+``memoryd_ledger``. Each of its rows is one fact (``kind``) with a canonical JSON ``body``
+and the chain: ``hash = sha256(prev "\\n" kind "\\n" body)``, ``prev`` being the hash of the
+row before (``""`` for the first). Every audit row memoryd writes has exactly one ``audit``
+ledger row whose body repeats the audit row's columns and adds what the reference's layout
+cannot hold: the connection that asked, the approval, and the entry as the write left it.
+
+The first row is ``start``: the audit rows the store already had (a dsh-memento store, or
+one from a memoryd without a ledger) carry no hashes, so the chain starts after them, and
+``start`` holds the entries present at that moment, from which replay begins.
+
+Pure: the daemon and ``memoryctl audit verify --db`` read the rows with the SQL below and
+hand them here, so both give the same verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import InvalidInput
+from .types import (
+    ApprovalAsked,
+    ApprovalBy,
+    AuditRow,
+    Entry,
+    EntryLife,
+    LedgerConnection,
+    LedgerDecision,
+    LedgerEntry,
+    LedgerEvent,
+    LedgerProblem,
+    LedgerReport,
+)
+
+#: Runs one SELECT of this module and returns its rows (the caller's sqlite3 connection).
+Fetch = Callable[[str], Iterable[Sequence[Any]]]
+Kind = Literal["start", "connection", "audit", "asked", "decided", "failed"]
+
+#: How many problems a report lists (the first one is what matters; the rest is context).
+MAX_PROBLEMS = 50
+
+TABLE = """CREATE TABLE IF NOT EXISTS memoryd_ledger (
+    n INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    ref TEXT,
+    audit_seq INTEGER UNIQUE,
+    body TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    hash TEXT NOT NULL
+)"""
+INDEX = "CREATE INDEX IF NOT EXISTS memoryd_ledger_ref ON memoryd_ledger (kind, ref)"
+LEDGER_COLUMNS = "n, ts, kind, ref, audit_seq, body, prev, hash"
+SELECT_LEDGER = f"SELECT {LEDGER_COLUMNS} FROM memoryd_ledger ORDER BY n"
+SELECT_AUDIT = "SELECT seq, ts, action, track, scope, entry_id, text, outcome, source, session_id FROM audit ORDER BY seq"
+SELECT_ENTRIES = ("SELECT id, track, scope, workspace_key, agent_key, text, tags, source, version "
+                  "FROM entries ORDER BY created_at, rowid")
+SELECT_SNAPSHOTS = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
+
+
+class LedgerRow(msgspec.Struct, frozen=True):
+    n: int
+    ts: int
+    kind: str
+    ref: str | None
+    audit_seq: int | None
+    body: str
+    prev: str
+    hash: str
+
+
+class _Body(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class StartBody(_Body):
+    #: audit rows up to this seq predate the chain
+    after_audit_seq: int
+    note: str
+    entries: list[LedgerEntry]
+
+
+class AuditBody(_Body):
+    seq: int
+    ts: int
+    action: str
+    track: str | None
+    scope: str | None
+    entry_id: str | None
+    text: str | None
+    outcome: str | None
+    source: str | None
+    session_id: str | None
+    #: the connection the row was written for (None: the daemon's own, e.g. a timeout)
+    connection: str | None
+    #: the approval it was written under (None: policy auto, or no approval was asked)
+    approval: str | None
+    #: the entry as the write left it (add, replace, consolidate-add); None otherwise
+    entry: LedgerEntry | None
+
+
+class AskedBody(_Body):
+    connection: str | None
+    asked: ApprovalAsked
+
+
+class DecidedBody(_Body):
+    approval: str
+    outcome: str
+    #: the connection that decided; None when nobody did (timeout, disconnect, shutdown)
+    connection: str | None
+    by: ApprovalBy | None
+    policy: str
+
+
+class FailedBody(_Body):
+    """An approved write whose commit then failed: nothing of it was written."""
+
+    approval: str | None
+    action: str
+    connection: str | None
+    code: str
+    message: str
+
+
+Body = StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody
+_BODY_TYPES: dict[str, type[Body]] = {
+    "start": StartBody, "connection": LedgerConnection, "audit": AuditBody, "asked": AskedBody,
+    "decided": DecidedBody, "failed": FailedBody,
+}
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def canonical(body: Body) -> str:
+    """A body's stored form: JSON with sorted keys and no spaces, so a hash is reproducible."""
+    return _encoder.encode(body).decode()
+
+
+def chain_hash(prev: str, kind: str, body: str) -> str:
+    return hashlib.sha256(f"{prev}\n{kind}\n{body}".encode()).hexdigest()
+
+
+def decode(row: LedgerRow) -> Body:
+    return msgspec.json.decode(row.body, type=_BODY_TYPES[row.kind])
+
+
+def ledger_entry(e: Entry) -> LedgerEntry:
+    return LedgerEntry(id=e.id, track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
+                       text=e.text, tags=list(e.tags), source=e.source, version=e.version)
+
+
+def audit_fields(body: AuditBody) -> AuditRow:
+    return AuditRow(seq=body.seq, ts=body.ts, action=body.action, track=body.track, scope=body.scope,
+                    entry_id=body.entry_id, text=body.text, outcome=body.outcome, source=body.source,
+                    session_id=body.session_id)
+
+
+#: What replay compares of an entry: its identity, text, tags, version and keys (not its
+#: recall counters or timestamps, which queries move without a ledger row).
+_COMPARED = ("track", "scope", "workspace_key", "agent_key", "text", "tags", "source", "version")
+_ADDS = frozenset({"add", "consolidate-add", "replace"})
+_REMOVES = frozenset({"remove", "consolidate-remove"})
+
+
+class _Verifier:
+    def __init__(self) -> None:
+        self.problems: list[LedgerProblem] = []
+
+    def problem(self, reason: str, n: int | None = None, seq: int | None = None) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(LedgerProblem(n=n, seq=seq, reason=reason))
+
+
+def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry]) -> LedgerReport:
+    """Check the chain, that every audit row since the chain's start is chained and
+    unchanged, and that replaying the ledger from its start gives the live entries."""
+    v = _Verifier()
+    audit_by_seq = {a.seq: a for a in audit}
+    live = {e.id: e for e in entries}
+    if not ledger:
+        note = "the store has no ledger rows yet"
+        if audit_by_seq:
+            v.problem(f"{len(audit_by_seq)} audit rows and no ledger: nothing proves them")
+        return LedgerReport(ok=not v.problems, rows=0, audit_rows=0, after_audit_seq=max(audit_by_seq, default=0),
+                            note=note, head="", problems=v.problems)
+    prev = ""
+    replayed: dict[str, LedgerEntry] = {}
+    chained: set[int] = set()
+    start: StartBody | None = None
+    broken = False
+    for expected_n, row in enumerate(ledger, start=1):
+        if broken:
+            break
+        if row.n != expected_n:
+            v.problem(f"ledger row {expected_n} is missing (the next row is {row.n})", expected_n)
+            broken = True
+            break
+        if row.prev != prev:
+            v.problem("the row does not follow its predecessor (prev hash differs): a row before it was "
+                      "changed, removed or inserted", row.n)
+            broken = True
+            break
+        if chain_hash(row.prev, row.kind, row.body) != row.hash:
+            v.problem("the row's hash does not match its content: the row was changed", row.n)
+            broken = True
+            break
+        prev = row.hash
+        try:
+            body = decode(row)
+        except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            v.problem(f"the row's body cannot be read: {exc}", row.n)
+            broken = True
+            break
+        if row.n == 1:
+            if not isinstance(body, StartBody):
+                v.problem("the first ledger row is not the chain's start", row.n)
+                broken = True
+                break
+            start = body
+            replayed = {e.id: e for e in body.entries}
+            continue
+        if isinstance(body, StartBody):
+            v.problem("a second start row: the chain restarts here", row.n)
+            broken = True
+            break
+        if isinstance(body, AuditBody):
+            if row.audit_seq != body.seq:
+                v.problem("the row names another audit row than its body", row.n, body.seq)
+            stored = audit_by_seq.get(body.seq)
+            if stored is None:
+                v.problem(f"audit row {body.seq} was deleted", row.n, body.seq)
+            elif stored != audit_fields(body):
+                v.problem(f"audit row {body.seq} was changed after it was written", row.n, body.seq)
+            chained.add(body.seq)
+            _replay(replayed, body)
+    assert start is not None or broken
+    after = start.after_audit_seq if start is not None else 0
+    if not broken:
+        for seq in sorted(audit_by_seq):
+            if seq > after and seq not in chained:
+                v.problem(f"audit row {seq} is not in the chain: another program wrote it, or it was forged",
+                          None, seq)
+        for eid in sorted(set(replayed) | set(live)):
+            want, have = replayed.get(eid), live.get(eid)
+            if want is None:
+                v.problem(f"entry {eid} is in the store but no ledger row wrote it")
+            elif have is None:
+                v.problem(f"entry {eid} is in the ledger but not in the store: it was deleted outside memoryd")
+            else:
+                fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
+                if fields:
+                    v.problem(f"entry {eid} differs from the ledger in {', '.join(fields)}")
+    return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
+                        note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
+
+
+def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
+    if body.action in _ADDS and body.entry is not None:
+        entries[body.entry.id] = body.entry
+    elif body.action in _REMOVES and body.entry_id is not None:
+        entries.pop(body.entry_id, None)
+
+
+def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots: Iterable[tuple[str, str]],
+            target: str) -> EntryLife:
+    """One entry's life: every ledger row that wrote it, who asked, who approved and how,
+    and the sessions whose frozen snapshot showed one of its texts. ``target`` is an entry
+    id, or a text that exactly one entry (live, else in the ledger) contains."""
+    bodies = [(row, decode(row)) for row in ledger]
+    connections = {b.ref: b for _, b in bodies if isinstance(b, LedgerConnection)}
+    asked = {b.asked.id: b for _, b in bodies if isinstance(b, AskedBody)}
+    decided = {b.approval: b for _, b in bodies if isinstance(b, DecidedBody)}
+    failed = {b.approval: b for _, b in bodies if isinstance(b, FailedBody) and b.approval is not None}
+    live_list = list(live)
+    entry_id = _resolve(target, bodies, live_list)
+    events: list[LedgerEvent] = []
+    texts: list[str] = []
+    for row, b in bodies:
+        if isinstance(b, StartBody):
+            for e in b.entries:
+                if e.id == entry_id:
+                    texts.append(e.text)
+                    events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="present-at-start", outcome=None,
+                                              text=e.text, session_id=None, asked_by=None, decision=None))
+            continue
+        if not isinstance(b, AuditBody) or (b.entry_id != entry_id and (b.entry is None or b.entry.id != entry_id)):
+            continue
+        text = b.entry.text if b.entry is not None else b.text
+        if text is not None and b.entry is not None:
+            texts.append(text)
+        decision = None
+        if b.approval is not None:
+            d = decided.get(b.approval)
+            a = asked.get(b.approval)
+            f = failed.get(b.approval)
+            decision = LedgerDecision(
+                approval=b.approval, outcome=d.outcome if d else None, policy=d.policy if d else None,
+                decided_by=connections.get(d.connection) if d and d.connection else None,
+                by=d.by if d else None, reason=a.asked.reason if a else None,
+                failed=f.code if f else None)
+        events.append(LedgerEvent(n=row.n, seq=b.seq, ts=b.ts, action=b.action, outcome=b.outcome, text=text,
+                                  session_id=b.session_id,
+                                  asked_by=connections.get(b.connection) if b.connection else None,
+                                  decision=decision))
+    current = next((e for e in live_list if e.id == entry_id), None)
+    shown = sorted({sid for sid, snap in snapshots if any(f"- {t}" in snap for t in texts)})
+    return EntryLife(entry_id=entry_id, current=current, events=events, snapshots=shown)
+
+
+def _resolve(target: str, bodies: Sequence[tuple[LedgerRow, Body]], live: Sequence[LedgerEntry]) -> str:
+    known: dict[str, str] = {}  # id → its latest text
+    for _, b in bodies:
+        if isinstance(b, StartBody):
+            known.update((e.id, e.text) for e in b.entries)
+        elif isinstance(b, AuditBody) and b.entry is not None:
+            known[b.entry.id] = b.entry.text
+    for e in live:
+        known[e.id] = e.text
+    if target in known:
+        return target
+    needle = target.lower()
+    for pool in ([e.id for e in live], list(known)):
+        hits = [i for i in pool if needle in known[i].lower()]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            # INVALID_INPUT, not AMBIGUOUS_MATCH / ENTRY_NOT_FOUND: the contract gives those
+            # details of a track/scope match, and a target has neither.
+            raise InvalidInput(f"{len(hits)} entries contain this text; name one by id: {', '.join(sorted(hits)[:5])}",
+                               "target")
+    raise InvalidInput("no entry in the store or its ledger has this id or contains this text", "target")
+
+
+def read_report(fetch: Fetch) -> LedgerReport:
+    """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
+    runs inside one read transaction so that all four reads see the same moment."""
+    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)))
+
+
+def read_life(fetch: Fetch, target: str) -> EntryLife:
+    """:func:`explain` of a store, its rows read by ``fetch`` as for :func:`read_report`."""
+    snapshots = [(str(r[0]), str(r[1])) for r in fetch(SELECT_SNAPSHOTS)]
+    return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), snapshots, target)
+
+
+def rows_from(records: Iterable[Sequence[Any]]) -> list[LedgerRow]:
+    """LedgerRows from the rows of :data:`SELECT_LEDGER`."""
+    return [LedgerRow(*r) for r in records]
+
+
+def audit_from(records: Iterable[Sequence[Any]]) -> list[AuditRow]:
+    """AuditRows from the rows of :data:`SELECT_AUDIT`."""
+    return [AuditRow(seq=r[0], ts=r[1], action=r[2], track=r[3], scope=r[4], entry_id=r[5], text=r[6],
+                     outcome=r[7], source=r[8], session_id=r[9]) for r in records]
+
+
+def entries_from(records: Iterable[Sequence[Any]]) -> list[LedgerEntry]:
+    """LedgerEntries from the rows of :data:`SELECT_ENTRIES` (tags is the JSON column)."""
+    out: list[LedgerEntry] = []
+    for r in records:
+        try:
+            tags = msgspec.json.decode(str(r[6] or "[]"), type=list[str])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            tags = ["<unreadable tags>"]
+        out.append(LedgerEntry(id=str(r[0]), track=str(r[1]), scope=str(r[2]), workspace_key=str(r[3] or ""),
+                               agent_key=str(r[4] or ""), text=str(r[5]), tags=tags, source=str(r[7]),
+                               version=int(r[8] or 1)))
+    return out
