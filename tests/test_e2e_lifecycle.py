@@ -370,6 +370,6 @@ def test_store_stays_readable_by_reference_layout(daemon_factory: Any, tmp_path:
     d.stop()
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("1",)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("2",)
     assert conn.execute("SELECT text, tags, version FROM entries").fetchall() == [("Prefers tabs", '["a"]', 1)]
     conn.close()

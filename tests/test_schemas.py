@@ -49,6 +49,8 @@ WIRE_METHODS = [
     "approval/decided",
     "approval/subscribe",
     "daemon/status",
+    "audit/verify",
+    "audit/explain",
 ]
 #: wire-v1.md §7 plus the JSON-RPC-level codes.
 WIRE_ERRORS = {

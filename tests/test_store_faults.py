@@ -408,7 +408,7 @@ async def test_io_error_answers_store_unavailable_and_recovers(daemon_factory: A
     assert "memory/add failed: STORE_UNAVAILABLE (io)" in d.stderr()
 
 
-async def test_an_approved_write_that_fails_leaves_a_log_line(daemon_factory: Any, tmp_path: Path) -> None:
+async def test_an_approved_write_that_fails_leaves_a_log_line_and_a_ledger_row(daemon_factory: Any, tmp_path: Path) -> None:
     d = daemon_factory("--config", str(config(tmp_path, "busy_timeout_ms = 100\n")), policy="ask")
     async with socket_client(d.socket_path) as raw:
         async def allow(params: dict[str, Any]) -> str:
@@ -420,6 +420,15 @@ async def test_an_approved_write_that_fails_leaves_a_log_line(daemon_factory: An
             exc = await raw.fail("memory/add", {"input": entry_input("a secret preference"), "write": write_ctx()})
         unavailable(exc, "busy", d.db_path)
         assert await state(raw) == before
+        # The ledger kept what the fault lost and wrote it once the store took writes:
+        # the approval asked, its decision, and the commit that failed after it.
+        assert (await raw.ok("audit/verify"))["ok"] is True
+        with sqlite3.connect(d.db_path) as conn:
+            rows = conn.execute("SELECT kind, body FROM memoryd_ledger WHERE kind IN ('asked', 'decided', 'failed') "
+                                "ORDER BY n").fetchall()
+        assert [k for k, _ in rows] == ["asked", "decided", "failed"]
+        assert '"outcome":"allowed-once"' in rows[1][1]
+        assert '"code":"STORE_UNAVAILABLE"' in rows[2][1] and '"action":"add"' in rows[2][1]
     assert d.stop() == 0
     log = d.stderr()
     assert "memory/add failed: STORE_UNAVAILABLE (busy) on " + str(d.db_path) in log

@@ -570,8 +570,6 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "memory/budgets": EmptyParams,
     "memory/list": EmptyParams,
     "audit/list": AuditListParams,
-    "audit/verify": EmptyParams,
-    "audit/explain": AuditExplainParams,
     "memory/snapshot": SnapshotParams,
     "memory/export": ExportParams,
     "memory/import": ImportParams,
@@ -583,6 +581,8 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "approval/decided": ApprovalDecidedParams,
     "approval/subscribe": EmptyParams,
     "daemon/status": EmptyParams,
+    "audit/verify": EmptyParams,
+    "audit/explain": AuditExplainParams,
 }
 
 #: method name → result type (for schema generation and typed clients).
@@ -597,8 +597,6 @@ RESULTS: dict[str, Any] = {
     "memory/budgets": list[BudgetRow],
     "memory/list": list[Entry],
     "audit/list": list[AuditRow],
-    "audit/verify": LedgerReport,
-    "audit/explain": EntryLife,
     "memory/snapshot": SnapshotResult,
     "memory/export": Any,
     "memory/import": SeedResult,
@@ -610,6 +608,8 @@ RESULTS: dict[str, Any] = {
     "approval/decided": Empty,
     "approval/subscribe": Empty,
     "daemon/status": DaemonStatus,
+    "audit/verify": LedgerReport,
+    "audit/explain": EntryLife,
 }
 
 #: notification method → params type.
