@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memoryd_protocol.ledger import read_report
+
 #: a trial that takes longer than this is a failure (a hung daemon or client)
 TRIAL_TIMEOUT_S = 60.0
 #: budgets no trial reaches: a write is refused only if the daemon is wrong
@@ -112,18 +114,20 @@ def store_rows(db_path: Path) -> dict[str, Row]:
         return {i: (t, s, x) for i, t, s, x in conn.execute("SELECT id, track, scope, text FROM entries")}
 
 
-def verify_ledger(db_path: Path) -> None:
-    """The store's own consistency, offline (no daemon holds it)."""
+def verify_ledger(db_path: Path, *, ledger: bool = True) -> None:
+    """The store's own consistency, offline (no daemon holds it): ``integrity_check``, then
+    (``ledger``) what ``memoryctl audit verify --db`` checks: the hash chain, every audit row
+    chained, and the replay of the ledger matching the live entries."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
             result = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+            report = read_report(lambda sql: conn.execute(sql).fetchall()) if ledger else None
     except sqlite3.DatabaseError as exc:
         raise TrialFailed(f"integrity_check: {exc}") from None
     if result != ["ok"]:
         raise TrialFailed(f"integrity_check: {result}")
-    # TODO(ledger, issue 8 item 6/10): also run `memoryctl audit verify --db <db_path>` here and
-    # fail on a non-zero exit (the hash chain, every audit row chained, the replay matching the
-    # live entries), once the ledger lands on main.
+    if report is not None and not report.ok:
+        raise TrialFailed(f"audit verify: {[p.reason for p in report.problems]}")
 
 
 def show(row: Row | None) -> str:
@@ -134,10 +138,10 @@ def show(row: Row | None) -> str:
     return f"{row[0]}/{row[1]} {text!r}"
 
 
-def check_store(db_path: Path, expected: Expected) -> None:
+def check_store(db_path: Path, expected: Expected, *, ledger: bool = True) -> None:
     """Raise TrialFailed unless the store at ``db_path`` (no daemon holding it) is one that
     the acknowledged writes and the unanswered ones, each whole or not at all, can give."""
-    verify_ledger(db_path)
+    verify_ledger(db_path, ledger=ledger)
     rows = store_rows(db_path)
     problems: list[str] = []
     for i in sorted(expected.removed & rows.keys()):

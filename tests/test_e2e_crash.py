@@ -56,7 +56,7 @@ def test_the_checker_accepts_acknowledged_writes_and_unanswered_ones_whole_or_no
     ]
     db = store(tmp_path / "ok.db", {"a": row("<a2>"), "b": row("<b>"), "s1": row("<s1>"), "s2": row("<s2>"),
                                     "n": row("<cd>")})
-    check_store(db, model)
+    check_store(db, model, ledger=False)
     assert model.unanswered == {"applied": 3, "not applied": 2}
 
 
@@ -76,7 +76,7 @@ def test_the_checker_names_a_lost_edited_resurrected_stray_or_partial_write(
     model = Expected(present={"a": row("<a>")}, removed={"x"},
                      pending=[Pending("memory/seed", creates=[row("<s1>"), row("<s2>")])])
     with pytest.raises(TrialFailed) as failed:
-        check_store(store(tmp_path / "bad.db", rows), model)
+        check_store(store(tmp_path / "bad.db", rows), model, ledger=False)
     assert problem in str(failed.value)
 
 
@@ -93,7 +93,7 @@ def test_the_checker_names_a_consolidate_applied_in_part(tmp_path: Path, rows: d
     model = Expected(present={"c": row("<c>"), "d": row("<d>")}, pending=[
         Pending("memory/consolidate", removes={"c": row("<c>"), "d": row("<d>")}, creates=[row("<cd>")])])
     with pytest.raises(TrialFailed) as failed:
-        check_store(store(tmp_path / "bad.db", rows), model)
+        check_store(store(tmp_path / "bad.db", rows), model, ledger=False)
     assert problem in str(failed.value)
 
 
@@ -108,4 +108,4 @@ def test_the_checker_runs_integrity_check(tmp_path: Path) -> None:
         f.seek((root - 1) * page_size + 8)
         f.write(b"\0" * 64)
     with pytest.raises(TrialFailed, match="integrity_check"):
-        check_store(db, Expected())
+        check_store(db, Expected(), ledger=False)
