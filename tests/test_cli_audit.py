@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +333,10 @@ def test_render_a_report() -> None:
         "  entry e differs"]
     assert render.ledger_report(msgspec.structs.replace(broken, problems=[T.LedgerProblem(reason="x")])) == (
         "ledger BROKEN: x")
+
+
+def test_memoryctl_loads_the_ledger_code_only_for_the_offline_commands() -> None:
+    code = ("import sys, memoryd_client.cli\n"
+            "print([m for m in ('sqlite3', 'memoryd_protocol.ledger', 'memoryd_client.offline') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert r.stdout == "[]\n"

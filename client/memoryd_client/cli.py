@@ -754,8 +754,7 @@ def audit_offline(ctx: Ctx) -> int:
     except offline.OfflineError as exc:
         raise UsageError(str(exc)) from None
     except offline.NoLedger as exc:
-        _error(ctx, "NO_LEDGER", f"{exc} ({db}); nothing in it is chained, so nothing can be verified",
-               {"path": db})
+        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
         return EXIT_PROTOCOL
 
 
