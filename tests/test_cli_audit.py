@@ -141,6 +141,19 @@ def test_verify_offline_on_a_stopped_daemons_store(capsys: pytest.CaptureFixture
                                    f"the row was changed\n", "")
 
 
+def test_verify_offline_after_a_kill_reads_the_wal_and_ignores_the_stale_owner_record(
+    capsys: pytest.CaptureFixture[str], daemon_factory: Any
+) -> None:
+    d = daemon_factory()
+    write_some(capsys, d)
+    online = report(d)
+    d.proc.kill()
+    d.proc.wait()
+    owner = d.db_path.with_name(d.db_path.name + ".memoryd-owner")
+    assert owner.exists() and Path(f"{d.db_path}-wal").stat().st_size > 0  # what a kill -9 leaves
+    assert cli(capsys, d, "audit", "verify", "--db", str(d.db_path)) == (0, ok_line(online), "")
+
+
 def test_verify_offline_is_refused_while_a_daemon_holds_the_store(
     capsys: pytest.CaptureFixture[str], daemon: Any, tmp_path: Path
 ) -> None:

@@ -219,13 +219,13 @@ def _problem_at(p: T.LedgerProblem) -> str:
 def ledger_report(r: T.LedgerReport) -> str:
     """``memoryctl audit verify``: one line when the ledger holds (and the report's note);
     else the first break, then the other problems indented."""
-    if r.ok or not r.problems:
+    if r.ok:
         lines = [f"ledger ok: {r.rows} rows, {r.audit_rows} audit rows chained since audit row "
                  f"{r.after_audit_seq}; head {one_line(r.head) or '-'}"]
         if r.note:
             lines.append(one_line(r.note))
         return "\n".join(lines)
-    first, *rest = r.problems
+    first, *rest = r.problems or [T.LedgerProblem(reason="the report names no problem")]
     at = _problem_at(first)
     lines = [f"ledger BROKEN{f' at {at}' if at else ''}: {one_line(first.reason)}"]
     for p in rest:
