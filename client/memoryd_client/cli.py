@@ -1,7 +1,7 @@
 """``memoryctl``: manage memoryd from a shell (the reference provider's ``/memory`` verbs).
 
 Exit status: 0 success; 1 the daemon refused (a protocol error such as BUDGET_EXCEEDED or
-WRITE_DENIED); 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
+WRITE_DENIED), or ``audit verify`` found the ledger broken or missing; 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
 lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is one line on stderr:
 ``error: <CODE>: <message>`` (with ``--json``, also ``{"error": {...}}`` on stdout).
 """
@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
             they are denied unless --yes is given.
         """).strip(),
         epilog=textwrap.dedent("""
-            exit status: 0 ok, 1 refused by the daemon (error code on stderr), 2 usage,
+            exit status: 0 ok, 1 refused by the daemon (error code on stderr) or a broken
+            ledger (audit verify), 2 usage,
             3 no daemon / connection lost / timeout / stop failed, 130 interrupted.
             Run 'memoryctl VERB --help' for a verb's options.
         """).strip(),
