@@ -22,6 +22,7 @@ import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
+from memoryd_protocol.paths import owner_record_path
 
 from . import ledger, store
 from .adapter_registry import load_adapters
@@ -85,7 +86,7 @@ def _refuse(client: socket.socket) -> None:
 
 
 def _owner_file(path: Path) -> Path:
-    return path.with_name(path.name + ".memoryd-owner")
+    return owner_record_path(path)
 
 
 def lock_store(path: Path, endpoint: str | None) -> int:

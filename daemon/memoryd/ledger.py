@@ -8,9 +8,7 @@ transaction the writer opened, so an audit row and its ledger row commit or vani
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from memoryd_protocol.ledger import (
     SELECT_ENTRIES,
@@ -19,7 +17,6 @@ from memoryd_protocol.ledger import (
     Body,
     DecidedBody,
     FailedBody,
-    Fetch,
     Kind,
     StartBody,
     canonical,
@@ -30,17 +27,6 @@ from memoryd_protocol.ledger import (
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
 from . import store
-
-T = TypeVar("T")
-
-
-def consistent(conn: sqlite3.Connection, read: Callable[[Fetch], T]) -> T:
-    """Run ``read`` with a ``fetch`` whose SELECTs all see one moment of the store."""
-    conn.execute("BEGIN")
-    try:
-        return read(lambda sql: conn.execute(sql).fetchall())
-    finally:
-        conn.execute("COMMIT")
 
 
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,

@@ -32,7 +32,7 @@ from memoryd_protocol.constants import (
     STORE_SCHEMA_VERSION,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
-from memoryd_protocol.ledger import read_life, read_report
+from memoryd_protocol.ledger import consistent, read_life, read_report
 from memoryd_protocol.text import (
     check_storable,
     cut_units,
@@ -88,7 +88,7 @@ from memoryd_protocol.validation import (
     writer_view,
 )
 
-from . import ledger, store
+from . import store
 from .approvals import Approvals, Peer
 from .config import Config
 from .ledger import Stamp
@@ -254,10 +254,10 @@ class Service:
         return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
     async def audit_verify(self, peer: Peer, p: Any) -> LedgerReport:
-        return await self.read_off_loop(lambda c: ledger.consistent(c, read_report))
+        return await self.read_off_loop(lambda c: consistent(c, read_report))
 
     async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
-        return await self.read_off_loop(lambda c: ledger.consistent(c, lambda fetch: read_life(fetch, p.target)))
+        return await self.read_off_loop(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
 
     async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
         f = p.filter
