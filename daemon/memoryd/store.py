@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from memoryd_protocol import ledger as ledger_format
@@ -112,6 +112,13 @@ MEMORYD_TABLES = (
     # memoryd_schema 2: the hash-chained ledger beside the reference's audit table
     ledger_format.TABLE,
     ledger_format.INDEX,
+    # memoryd_schema 3: a trigram index of the entries' text, for query candidates. External
+    # content (the text lives once, in entries) and no triggers: dsh-memento's SQLite need
+    # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
+    # index in step in its own write jobs, and rebuilds it at start when the entries are not
+    # what it last indexed (FTS_MARK), i.e. after another program wrote them.
+    "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
+    "text, content='entries', content_rowid='rowid', tokenize='trigram')",
 )
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -368,6 +375,13 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         raise store_fault(exc, path) or exc from None
     try:
         migrate(conn, version)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            sync_text_index(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
     except sqlite3.Error as exc:
         conn.close()
         raise store_fault(exc, path) or exc from None
@@ -489,6 +503,46 @@ def audit_list(conn: sqlite3.Connection, limit: int) -> list[AuditRow]:
     return [row_to_audit(r) for r in rows]
 
 
+#: Below this many entries a query scans: the index would not pay for its extra statement.
+INDEX_MIN_ENTRIES = 256
+#: The index serves needles of at least this many code points (it holds trigrams).
+INDEX_MIN_NEEDLE = 3
+#: A needle whose candidates exceed this share of the store is common: scanning is cheaper.
+COMMON_SHARE = 0.25
+
+QueryPlan = Literal["auto", "scan", "index"]
+
+
+def like_pattern(text: str) -> str:
+    """``text`` as a LIKE pattern matching it anywhere, with ``\\``, ``%`` and ``_`` escaped.
+    SQLite's LIKE folds ASCII letters only (no ICU here), exactly the protocol's rule, and
+    costs about half of ``instr(lower(text), lower(?))``."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def fts_phrase(text: str) -> str:
+    """``text`` as one FTS5 phrase (a substring, for the trigram tokenizer)."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+def entry_count(conn: sqlite3.Connection) -> int:
+    (n,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    return int(n)
+
+
+def choose_plan(conn: sqlite3.Connection, text: str, entries: int) -> QueryPlan:
+    """Scan or index, per query: the index for needles of 3+ code points in a store big
+    enough, unless the needle is so common that its candidates are a large share of the
+    store (counted up to that share only, so the probe itself stays cheap)."""
+    if entries < INDEX_MIN_ENTRIES or len(text) < INDEX_MIN_NEEDLE:
+        return "scan"
+    cap = max(1, int(entries * COMMON_SHARE))
+    (n,) = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memoryd_fts WHERE memoryd_fts MATCH ? LIMIT ?)",
+                        (fts_phrase(text), cap)).fetchone()
+    return "scan" if n >= cap else "index"
+
+
 def query(
     conn: sqlite3.Connection,
     *,
@@ -497,20 +551,28 @@ def query(
     text: str | None,
     agent_key: str | None,
     workspace_key: str | None,
+    plan: QueryPlan = "auto",
 ) -> list[Entry]:
-    """All hits in rank order. SQLite's lower() folds ASCII only (no ICU here), which is
-    exactly the protocol's matching rule; instr() is a plain substring test."""
+    """All hits in rank order. A text matches as a substring with ASCII letters folded (the
+    protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
+    candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
+    so both plans return the same rows (tests/test_query_plans.py compares them)."""
     where: list[str] = []
     args: list[Any] = []
+    if text:
+        if plan == "auto":
+            plan = choose_plan(conn, text, entry_count(conn))
+        if plan == "index" and len(text) >= INDEX_MIN_NEEDLE:  # shorter needles hold no trigram
+            where.append("rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ?)")
+            args.append(fts_phrase(text))
+        where.append("text LIKE ? ESCAPE '\\'")
+        args.append(like_pattern(text))
     if track is not None:
         where.append("track = ?")
         args.append(track)
     if scope is not None:
         where.append("scope = ?")
         args.append(scope)
-    if text:
-        where.append("instr(lower(text), lower(?)) > 0")
-        args.append(text)
     if agent_key is not None:
         where.append("agent_key IN ('', ?)")
         args.append(agent_key)
@@ -522,6 +584,36 @@ def query(
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY recall_count DESC, updated_at DESC, id"
     return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
+
+
+# --- the text index's mark -----------------------------------------------------------
+
+
+def entries_mark(conn: sqlite3.Connection) -> str:
+    """What the entries are, cheaply: any write by any program that adds, removes or
+    replaces an entry moves it (the reference bumps updatedAt and version on each write;
+    VACUUM renumbering rowids moves their sum)."""
+    row = conn.execute("SELECT count(*), coalesce(max(rowid), 0), total(rowid), total(updated_at), total(version), "
+                       "total(length(text)) FROM entries").fetchone()
+    return ":".join(str(int(v)) for v in row)
+
+
+def sync_text_index(conn: sqlite3.Connection) -> bool:
+    """At start: rebuild the text index unless the entries are what it last indexed. True
+    when it was rebuilt. Runs in the caller's transaction."""
+    mark = entries_mark(conn)
+    row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_fts_mark'").fetchone()
+    if row is not None and row[0] == mark:
+        return False
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
+    save_text_index_mark(conn, mark)
+    return True
+
+
+def save_text_index_mark(conn: sqlite3.Connection, mark: str | None = None) -> None:
+    """Record that the text index covers the entries as they are (at a clean stop)."""
+    conn.execute("INSERT INTO meta (key, value) VALUES ('memoryd_fts_mark', ?) "
+                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (mark or entries_mark(conn),))
 
 
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
@@ -547,7 +639,21 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 # --- writes (inside the writer's transaction) --------------------------------------------
 
 
+def _unindex(conn: sqlite3.Connection, entry_id: str) -> None:
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) SELECT 'delete', rowid, text FROM entries "
+                 "WHERE id = ?", (entry_id,))
+
+
+def _index(conn: sqlite3.Connection, entry_id: str) -> None:
+    conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (entry_id,))
+
+
 def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    _insert_row(conn, e)
+    _index(conn, e.id)
+
+
+def _insert_row(conn: sqlite3.Connection, e: Entry) -> None:
     conn.execute(
         f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
@@ -570,13 +676,16 @@ def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
 
 
 def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    _unindex(conn, e.id)
     conn.execute(
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
+    _index(conn, e.id)
 
 
 def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
+    _unindex(conn, entry_id)
     conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
 
 
