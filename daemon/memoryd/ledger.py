@@ -30,17 +30,15 @@ from memoryd_protocol.ledger import (
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
 from . import store
+from .atomic import atomic
 
 T = TypeVar("T")
 
 
 def consistent(conn: sqlite3.Connection, read: Callable[[Fetch], T]) -> T:
     """Run ``read`` with a ``fetch`` whose SELECTs all see one moment of the store."""
-    conn.execute("BEGIN")
-    try:
+    with atomic(conn, immediate=False):
         return read(lambda sql: conn.execute(sql).fetchall())
-    finally:
-        conn.execute("COMMIT")
 
 
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
@@ -74,13 +72,8 @@ def ensure_start(conn: sqlite3.Connection) -> None:
 
 def open_chain(conn: sqlite3.Connection) -> None:
     """At start-up, on the writer's connection: begin the chain if the store has none."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         ensure_start(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -> str | None:

@@ -33,6 +33,8 @@ from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsuppo
 from memoryd_protocol.text import utf16_len
 from memoryd_protocol.types import AuditRow, Entry, Proposal
 
+from .atomic import atomic
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 ENTRY_COLUMNS = (
@@ -328,8 +330,7 @@ def connect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlit
 def migrate(conn: sqlite3.Connection, from_version: int) -> None:
     """Bring the store to schema v4 one step at a time, each step atomic with its record."""
     for target in range(from_version + 1, STORE_SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with atomic(conn):
             for sql in MIGRATIONS[target]:
                 conn.execute(sql)
             conn.execute(
@@ -337,15 +338,10 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (str(target),),
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
     if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
         return  # nothing to do: opening an up-to-date store writes nothing
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
         conn.execute(
@@ -353,10 +349,6 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(MEMORYD_SCHEMA_VERSION),),
         )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
