@@ -516,6 +516,11 @@ def query(
     return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
 
 
+def rank(e: Entry) -> tuple[int, int, str]:
+    """``query``'s ORDER BY as a sort key: for hits whose counts changed after the read."""
+    return (-e.recall_count, -e.updated_at, e.id)
+
+
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
     if status is None:
         rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals ORDER BY created_at, rowid").fetchall()
