@@ -8,6 +8,7 @@ letting go of everything when a later step fails.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import warnings
@@ -206,6 +207,42 @@ async def test_close_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) ->
     with pytest.raises(sqlite3.ProgrammingError):
         conn.execute("SELECT 1")  # closed, on its thread
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
+
+
+# --- logging: a failing job's traceback once ------------------------------------------------
+
+
+async def test_a_failing_job_raises_to_its_caller_and_the_writer_logs_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The caller reports the error (the RPC layer logs an internal error's traceback): the
+    writer logging it too put the same traceback in the log twice."""
+    def bug(conn: sqlite3.Connection, usage: Usage) -> None:
+        raise RuntimeError("a bug in a job")
+
+    caplog.set_level(logging.DEBUG, logger="memoryd")
+    async with running(tmp_path / "w.db") as writer:
+        with pytest.raises(RuntimeError, match=r"^a bug in a job$") as info:
+            await writer.submit(bug)
+        assert await writer.submit(put("after")) == "after"
+    assert any(frame.name == "bug" for frame in info.traceback)  # the traceback reaches the caller whole
+    assert [r for r in caplog.records if r.name.startswith("memoryd")] == []
+
+
+async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nobody awaits deferred bookkeeping: the writer is the one that reports it."""
+    def bug(conn: sqlite3.Connection) -> None:
+        raise RuntimeError("a bug in bookkeeping")
+
+    done = anyio.Event()
+    caplog.set_level(logging.DEBUG, logger="memoryd")
+    async with running(tmp_path / "w.db") as writer:
+        writer.defer(bug, done.set)
+        await writer.settled()
+        assert done.is_set()
+    records = [r for r in caplog.records if r.name.startswith("memoryd")]
+    assert [(r.name, r.getMessage()) for r in records] == [("memoryd.writer", "deferred bookkeeping failed")]
+    assert records[0].exc_info is not None and str(records[0].exc_info[1]) == "a bug in bookkeeping"
 
 
 # --- deferred bookkeeping -------------------------------------------------------------------

@@ -35,7 +35,6 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.types import Entry
 
 from . import ledger, store
@@ -142,7 +141,8 @@ class Writer:
 
     async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
         """Run ``fn`` in the next group commit; return its result once COMMIT has returned.
-        Its error (a store fault as STORE_UNAVAILABLE) is raised here."""
+        Its error (a store fault as STORE_UNAVAILABLE) is raised here, to the one caller
+        who reports it: the writer logs only what nobody awaits."""
         job: _Job[T] = _Job(fn, durable)
         try:
             self._send.send_nowait(job)
@@ -353,7 +353,6 @@ class Writer:
                     fault = store_fault(exc, self._path)
                     if fault is not None:
                         log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
-                    elif not isinstance(exc, ProtocolError):
-                        log.error("write job failed", exc_info=exc)
+                    # Not logged otherwise: submit raises it to the caller, who reports it.
                     job.error = fault if fault is not None else exc
         return usage
