@@ -27,6 +27,7 @@ from memoryd_protocol.ledger import (
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
 from . import store
+from .atomic import atomic
 
 
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
@@ -60,13 +61,8 @@ def ensure_start(conn: sqlite3.Connection) -> None:
 
 def open_chain(conn: sqlite3.Connection) -> None:
     """At start-up, on the writer's connection: begin the chain if the store has none."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         ensure_start(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -> str | None:

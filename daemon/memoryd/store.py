@@ -33,6 +33,8 @@ from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsuppo
 from memoryd_protocol.text import utf16_len
 from memoryd_protocol.types import AuditRow, Entry, Proposal
 
+from .atomic import atomic
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 ENTRY_COLUMNS = (
@@ -335,8 +337,7 @@ def connect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlit
 def migrate(conn: sqlite3.Connection, from_version: int) -> None:
     """Bring the store to schema v4 one step at a time, each step atomic with its record."""
     for target in range(from_version + 1, STORE_SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with atomic(conn):
             for sql in MIGRATIONS[target]:
                 conn.execute(sql)
             conn.execute(
@@ -344,15 +345,10 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (str(target),),
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
     if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
         return  # nothing to do: opening an up-to-date store writes nothing
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
         conn.execute(
@@ -360,10 +356,6 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(MEMORYD_SCHEMA_VERSION),),
         )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
@@ -614,6 +606,11 @@ def save_text_index_mark(conn: sqlite3.Connection, mark: str | None = None) -> N
     """Record that the text index covers the entries as they are (at a clean stop)."""
     conn.execute("INSERT INTO meta (key, value) VALUES ('memoryd_fts_mark', ?) "
                  "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (mark or entries_mark(conn),))
+
+
+def rank(e: Entry) -> tuple[int, int, str]:
+    """``query``'s ORDER BY as a sort key: for hits whose counts changed after the read."""
+    return (-e.recall_count, -e.updated_at, e.id)
 
 
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
