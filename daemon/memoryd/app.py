@@ -33,7 +33,7 @@ from .lifecycle import Lifecycle
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher
 from .service import Service
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
-from .writer import Usage, Writer, run_on
+from .writer import Writer, run_on
 
 log = logging.getLogger("memoryd")
 
@@ -235,7 +235,7 @@ class Daemon:
             raise
         reader_conn = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
         loop_reader = _reader(path, busy_ms)
-        usage = await run_on(writer_conn, store.usage)
+        usage = await run_on(writer_conn, store.stored_usage)
         writer = Writer(writer_conn, usage, path)
         approvals = Approvals(config.max_pending_approvals)
         service = Service(config, writer, reader_conn, approvals, loop_reader)
@@ -333,20 +333,8 @@ class Daemon:
                 flush_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.writer.settled()
-                    await self._mark_text_index()
                 self.writer.close()
         await self.close()
-
-    async def _mark_text_index(self) -> None:
-        """A clean stop records that the text index covers the entries, so the next start
-        need not rebuild it (a killed daemon's next start does)."""
-        def mark(conn: sqlite3.Connection, usage: Usage) -> None:
-            store.save_text_index_mark(conn)
-
-        try:
-            await self.writer.submit(mark)
-        except Exception as exc:  # the store cannot take it: the next start rebuilds the index
-            log.warning("cannot record the text index's mark: %s", exc)
 
     def _bind(self) -> Any:
         """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
