@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memoryd import store
-from memoryd_protocol.text import ascii_fold
+from memoryd_protocol.text import ascii_fold, utf16_len
 from memoryd_protocol.types import Entry
 
 #: letters that fold, letters that must not (non-ASCII case pairs), CJK, emoji, and
@@ -48,6 +48,23 @@ def write(conn: sqlite3.Connection, fn: object) -> None:
     conn.execute("BEGIN IMMEDIATE")
     fn(conn)  # type: ignore[operator]
     conn.execute("COMMIT")
+
+
+def chain_newest_audit_row(conn: sqlite3.Connection) -> None:
+    """What memoryd's ledger does for every audit row it writes, in miniature."""
+    conn.execute("BEGIN IMMEDIATE")
+    seq = store.audit(conn, "add", track=None, scope=None, entry_id=None, text=None, outcome=None, source=None,
+                      session_id=None, ts=1)
+    conn.execute("INSERT INTO memoryd_ledger (n, ts, kind, audit_seq, body, prev, hash) VALUES "
+                 "((SELECT coalesce(max(n), 0) + 1 FROM memoryd_ledger), 1, 'audit', ?, '{}', '', '')", (seq,))
+    conn.execute("COMMIT")
+
+
+def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    used: dict[tuple[str, str], int] = {}
+    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
+        used[(track, scope)] = used.get((track, scope), 0) + utf16_len(text)
+    return used
 
 
 def hits(conn: sqlite3.Connection, needle: str, plan: store.QueryPlan) -> list[str]:
@@ -104,7 +121,12 @@ def test_entries_written_by_another_program_are_indexed_at_the_next_start(tmp_pa
     path = tmp_path / "m.db"
     with opened(path) as conn:
         write(conn, lambda c: store.insert_entry(c, entry(1, "written by memoryd")))
-        write(conn, store.save_text_index_mark)  # a clean stop
+        write(conn, lambda c: store.insert_entry(c, entry(2, "also written by memoryd")))
+        write(conn, lambda c: store.delete_entry(c, "e0002"))
+        # memoryd's own writes keep its counts in step, and each leaves a chained audit row
+        # (stood in for here): a start after them, killed or not, does not rebuild the index
+        chain_newest_audit_row(conn)
+        assert store.trusted(conn)
     # dsh-memento's own SQL, with no idea of the index: add one entry, edit another
     with contextlib.closing(sqlite3.connect(path)) as ref:
         ref.execute("INSERT INTO entries (id, track, scope, workspace_key, text, source, created_at, updated_at, "
@@ -112,12 +134,39 @@ def test_entries_written_by_another_program_are_indexed_at_the_next_start(tmp_pa
                     "'user-global', '', 'written by dsh-memento', 'dsh-memento', 5, 5, NULL, '', NULL, 0, '[]', 1)")
         ref.execute("UPDATE entries SET text = 'edited by dsh-memento', updated_at = 6, version = 2 "
                     "WHERE id = 'e0001'")
+        ref.execute("INSERT INTO audit (ts, action, text) VALUES (6, 'add', 'written by dsh-memento')")
         ref.commit()
     with opened(path) as conn:
         assert hits(conn, "by dsh-memento", "index") == hits(conn, "by dsh-memento", "scan")
         assert sorted(hits(conn, "dsh-memento", "index")) == ["e0001", "m1"]
         assert hits(conn, "by memoryd", "index") == []
-        # an unchanged store is not rebuilt again
-        conn.execute("BEGIN IMMEDIATE")
-        assert store.sync_text_index(conn) is False
-        conn.execute("COMMIT")
+        assert store.stored_usage(conn)[("user", "user-global")] == len("edited by dsh-memento") + len(
+            "written by dsh-memento")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "replace", "remove"]), texts,
+                          st.sampled_from([("user", "user-global"), ("agent", "workspace")]), st.integers(0, 9)),
+                max_size=30))
+def test_the_kept_counts_follow_every_write(tmp_path_factory: pytest.TempPathFactory,
+                                            ops: list[tuple[str, str, tuple[str, str], int]]) -> None:
+    path = tmp_path_factory.mktemp("counts") / "m.db"
+    live: dict[str, Entry] = {}
+    with opened(path) as conn:
+        for n, (op, text, (track, scope), pick) in enumerate(ops):
+            ids = sorted(live)
+            if op == "add" or not ids:
+                e = entry(n, text, track, scope)
+                live[e.id] = e
+                write(conn, lambda c, e=e: store.insert_entry(c, e))
+            elif op == "replace":
+                e = live[ids[pick % len(ids)]]
+                e.text = text
+                write(conn, lambda c, e=e: store.update_entry(c, e))
+            else:
+                gone = live.pop(ids[pick % len(ids)])
+                write(conn, lambda c, gone=gone: store.delete_entry(c, gone.id))
+        kept = {cell: u for cell, u in store.stored_usage(conn).items() if u}
+        assert kept == {cell: u for cell, u in computed_usage(conn).items() if u}
+        (n_kept,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
+        assert int(n_kept) == len(live)

@@ -121,6 +121,12 @@ MEMORYD_TABLES = (
     # what it last indexed (FTS_MARK), i.e. after another program wrote them.
     "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
     "text, content='entries', content_rowid='rowid', tokenize='trigram')",
+    # ... and what memoryd knows of the entries without reading them all: their number and
+    # each cell's usage (UTF-16 units), kept in step by memoryd's own writes in the same
+    # transactions. A start trusts them (no index rebuild, no usage scan, no tags scan)
+    # while nobody else wrote: see ``trusted``.
+    "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
+    "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
 )
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -285,6 +291,11 @@ def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
             have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
             if not cols <= have:
                 raise StoreCorrupt(f"store table {table} lacks columns {sorted(cols - have)}", details)
+        if trusted(conn):
+            # Nobody but memoryd wrote since its last run: its rows need no second reading.
+            # The full checks below cost a pass over the whole file (a 100,000-entry store's
+            # start would take them many times over).
+            return version
         if version >= 4:
             for (raw,) in conn.execute("SELECT tags FROM entries"):
                 if parse_tags(raw) is None:
@@ -367,13 +378,8 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         raise store_fault(exc, path) or exc from None
     try:
         migrate(conn, version)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with atomic(conn):
             sync_text_index(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     except sqlite3.Error as exc:
         conn.close()
         raise store_fault(exc, path) or exc from None
@@ -460,16 +466,6 @@ def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
 
 
 # --- reads -------------------------------------------------------------------------------
-
-
-def usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
-    """Characters used per track × scope in UTF-16 units (SQLite's length() counts code
-    points, so the sum is done here)."""
-    used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
-    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
-        cell = (track, scope)
-        used[cell] = used.get(cell, 0) + utf16_len(text)
-    return used
 
 
 def list_entries(conn: sqlite3.Connection) -> list[Entry]:
@@ -578,34 +574,50 @@ def query(
     return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
 
 
-# --- the text index's mark -----------------------------------------------------------
+# --- what a start may trust ------------------------------------------------------------
 
 
-def entries_mark(conn: sqlite3.Connection) -> str:
-    """What the entries are, cheaply: any write by any program that adds, removes or
-    replaces an entry moves it (the reference bumps updatedAt and version on each write;
-    VACUUM renumbering rowids moves their sum)."""
-    row = conn.execute("SELECT count(*), coalesce(max(rowid), 0), total(rowid), total(updated_at), total(version), "
-                       "total(length(text)) FROM entries").fetchone()
-    return ":".join(str(int(v)) for v in row)
+def trusted(conn: sqlite3.Connection) -> bool:
+    """Whether the entries are as memoryd's own writes left them, told without reading them
+    all: the counts memoryd keeps match the entries' number, and the newest audit row is one
+    memoryd chained. dsh-memento writes an audit row with every write, so its writes, like
+    a first open, make this False. (An entry edited in place with a raw SQL shell, leaving
+    no audit row, is not seen here; ``audit verify`` reports it.)"""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"memoryd_usage", "memoryd_ledger", "memoryd_fts", "entries", "audit"} <= tables:
+        return False
+    (kept,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
+    (n,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    if int(kept) != n or conn.execute("SELECT 1 FROM memoryd_usage WHERE entries < 0 OR used < 0").fetchone():
+        return False
+    (newest,) = conn.execute("SELECT max(seq) FROM audit").fetchone()
+    (chained,) = conn.execute("SELECT max(audit_seq) FROM memoryd_ledger").fetchone()
+    return newest == chained or (newest is None and n == 0)
 
 
 def sync_text_index(conn: sqlite3.Connection) -> bool:
-    """At start: rebuild the text index unless the entries are what it last indexed. True
-    when it was rebuilt. Runs in the caller's transaction."""
-    mark = entries_mark(conn)
-    row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_fts_mark'").fetchone()
-    if row is not None and row[0] == mark:
+    """At start: unless the store is ``trusted``, rebuild the text index and the counts
+    from the entries. True when it rebuilt. Runs in the caller's transaction."""
+    if trusted(conn):
         return False
     conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-    save_text_index_mark(conn, mark)
+    conn.execute("DELETE FROM memoryd_usage")
+    counts: dict[tuple[str, str], list[int]] = {}
+    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
+        c = counts.setdefault((track, scope), [0, 0])
+        c[0] += 1
+        c[1] += utf16_len(text)
+    conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
+                     [(t, sc, n, u) for (t, sc), (n, u) in counts.items()])
     return True
 
 
-def save_text_index_mark(conn: sqlite3.Connection, mark: str | None = None) -> None:
-    """Record that the text index covers the entries as they are (at a clean stop)."""
-    conn.execute("INSERT INTO meta (key, value) VALUES ('memoryd_fts_mark', ?) "
-                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (mark or entries_mark(conn),))
+def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Usage per track × scope as memoryd keeps it (valid once ``sync_text_index`` ran)."""
+    used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
+    for track, scope, n in conn.execute("SELECT track, scope, used FROM memoryd_usage"):
+        used[(track, scope)] = int(n)
+    return used
 
 
 def rank(e: Entry) -> tuple[int, int, str]:
@@ -637,17 +649,28 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 
 
 def _unindex(conn: sqlite3.Connection, entry_id: str) -> None:
-    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) SELECT 'delete', rowid, text FROM entries "
-                 "WHERE id = ?", (entry_id,))
+    row = conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
+    if row is None:
+        return
+    rowid, text, track, scope = row
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
+    _count(conn, track, scope, -1, -utf16_len(text))
 
 
-def _index(conn: sqlite3.Connection, entry_id: str) -> None:
-    conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (entry_id,))
+def _index(conn: sqlite3.Connection, e: Entry) -> None:
+    conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (e.id,))
+    _count(conn, e.track, e.scope, 1, utf16_len(e.text))
+
+
+def _count(conn: sqlite3.Connection, track: str, scope: str, entries: int, used: int) -> None:
+    conn.execute("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (track, scope) DO UPDATE SET entries = entries + excluded.entries, "
+                 "used = used + excluded.used", (track, scope, entries, used))
 
 
 def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
     _insert_row(conn, e)
-    _index(conn, e.id)
+    _index(conn, e)
 
 
 def _insert_row(conn: sqlite3.Connection, e: Entry) -> None:
@@ -678,7 +701,7 @@ def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
-    _index(conn, e.id)
+    _index(conn, e)
 
 
 def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:

@@ -115,7 +115,7 @@ class Writer:
                 await owned.run(ledger.open_chain)
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
-            usage = await owned.run(store.usage)
+            usage = await owned.run(store.stored_usage)
         except BaseException:
             await owned.aclose()
             raise
