@@ -127,6 +127,9 @@ MEMORYD_TABLES = (
     # while nobody else wrote: see ``trusted``.
     "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
     "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
+    # A query's rank order as an index: a page without a text walks it, and stops at the
+    # page's end. A plain index: dsh-memento's SQLite keeps it up to date unknowingly.
+    "CREATE INDEX IF NOT EXISTS memoryd_entries_rank ON entries (recall_count DESC, updated_at DESC, id)",
 )
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -533,8 +536,8 @@ def choose_plan(conn: sqlite3.Connection, text: str, entries: int) -> QueryPlan:
 
 
 def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, text: str | None,
-             agent_key: str | None, workspace_key: str | None, plan: QueryPlan) -> tuple[str, list[Any]]:
-    """The WHERE clause (with its leading ``WHERE``, or empty) and its arguments."""
+             agent_key: str | None, workspace_key: str | None, plan: QueryPlan) -> tuple[str, list[Any], QueryPlan]:
+    """The WHERE clause (with its leading ``WHERE``, or empty), its arguments, and the plan."""
     where: list[str] = []
     args: list[Any] = []
     if text:
@@ -557,7 +560,7 @@ def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, tex
     if workspace_key is not None:
         where.append("(scope = 'user-global' OR workspace_key = ?)")
         args.append(workspace_key)
-    return (" WHERE " + " AND ".join(where)) if where else "", args
+    return (" WHERE " + " AND ".join(where)) if where else "", args, plan
 
 
 RANK_ORDER = " ORDER BY recall_count DESC, updated_at DESC, id"
@@ -577,7 +580,7 @@ def query(
     protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
     candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
     so both plans return the same rows (tests/test_query_plans.py compares them)."""
-    where, args = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
+    where, args, _ = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
     return [row_to_entry(r) for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{RANK_ORDER}",
                                                   args).fetchall()]
 
@@ -599,11 +602,12 @@ def query_page(
     ``limit`` hits ahead of it that no recall can overtake, so it is on no page. Rows are
     built for these only: a query costs in proportion to its page, not to the store (apart
     from matching itself, which a text without the index plan scans for)."""
-    where, args = _filters(conn, track, scope, text, agent_key, workspace_key, "auto")
+    where, args, plan = _filters(conn, track, scope, text, agent_key, workspace_key, "auto")
     take = limit + len(boosted)
-    if text:
-        # Matching is the cost here: match once, keeping only what ranks a hit, then build
-        # the rows of the page's candidates.
+    if text and plan == "index":
+        # Few hits: match once, keeping only what ranks a hit, then build the rows of the
+        # page's candidates. (A scanned text is counted in C, and its page walks the rank
+        # index until it is full: below.)
         keys = conn.execute(f"SELECT rowid, id FROM entries{where}{RANK_ORDER}", args).fetchall()
         chosen = [k[0] for k in keys[:take]]
         if boosted:
@@ -611,7 +615,12 @@ def query_page(
             chosen.extend(k[0] for k in keys[take:] if k[1] in lifted)
         rows = _rows_in(conn, "rowid", chosen, "", [])
         return sorted((row_to_entry(r) for r in rows), key=rank), len(keys)
-    total = conn.execute(f"SELECT count(*) FROM entries{where}", args).fetchone()[0]
+    if not text and agent_key is None and workspace_key is None:
+        # Counted by the kept counts per cell, not by reading the entries.
+        (total,) = conn.execute("SELECT total(entries) FROM memoryd_usage WHERE (?1 IS NULL OR track = ?1) AND "
+                                "(?2 IS NULL OR scope = ?2)", (track, scope)).fetchone()
+    else:
+        (total,) = conn.execute(f"SELECT count(*) FROM entries{where}", args).fetchone()
     rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{RANK_ORDER} LIMIT ?", [*args, take]).fetchall()
     entries = [row_to_entry(r) for r in rows]
     if boosted and total > len(entries):
