@@ -16,7 +16,6 @@ pytestmark = pytest.mark.anyio
 
 LAYER = {"track": "user", "scope": "user-global"}
 
-SNAPSHOTS = pytest.mark.xfail(strict=True, reason="audit/verify does not compare memoryd_snapshots with the ledger")
 EXPLAIN_LINES = pytest.mark.xfail(strict=True, reason="audit/explain tests snapshots by substring, not by line")
 UNHASHED_COLUMNS = pytest.mark.xfail(strict=True, reason="the chain hash covers kind and body, not ts, ref, audit_seq")
 NO_ANCHOR = pytest.mark.xfail(strict=True, reason="audit/verify does not compare with the head the daemon wrote")
@@ -52,7 +51,6 @@ async def approve_one(raw: Raw, method: str, params: dict[str, Any], **decided: 
 # --- frozen snapshots: the text a session's prompt is built from ----------------------------
 
 
-@SNAPSHOTS
 async def test_an_edited_frozen_snapshot_is_caught(daemon: Any) -> None:
     """A frozen snapshot is what a session's prompt shows. Its text is in the ledger (the
     snapshot audit row), so an edit of memoryd_snapshots must not pass audit/verify."""
@@ -71,7 +69,6 @@ async def test_an_edited_frozen_snapshot_is_caught(daemon: Any) -> None:
                                                                      "from the one the ledger recorded"}]
 
 
-@SNAPSHOTS
 async def test_a_forged_frozen_snapshot_is_caught(daemon: Any) -> None:
     """A snapshot planted for a session id that has none yet is served as that session's
     first snapshot: it must not pass audit/verify either."""
@@ -169,7 +166,6 @@ async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: A
                                                               f"changed: the ledger was rewritten"}]
 
 
-@SNAPSHOTS
 async def test_a_snapshot_from_before_the_chain_is_kept_by_its_start(daemon_factory: Any, tmp_path: Path) -> None:
     """A store from a memoryd without a ledger already has frozen snapshots: no false alarm
     for them, and an edit made after the chain began is still caught."""

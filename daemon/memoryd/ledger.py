@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from memoryd_protocol.ledger import (
     SELECT_ENTRIES,
+    SELECT_SNAPSHOTS,
     AskedBody,
     AuditBody,
     Body,
@@ -26,6 +27,8 @@ from memoryd_protocol.ledger import (
     chain_hash,
     entries_from,
     ledger_entry,
+    snapshots_from,
+    text_hash,
 )
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
@@ -62,6 +65,7 @@ def ensure_start(conn: sqlite3.Connection) -> None:
     (after,) = conn.execute("SELECT coalesce(max(seq), 0) FROM audit").fetchone()
     (earlier,) = conn.execute("SELECT count(*) FROM audit").fetchone()
     entries = entries_from(conn.execute(SELECT_ENTRIES))
+    snapshots = {sid: text_hash(text) for sid, text in snapshots_from(conn.execute(SELECT_SNAPSHOTS))}
     if earlier:
         note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "
                 f"before this store had a ledger (by dsh-memento, or an older memoryd) and carry no hashes")
@@ -69,7 +73,7 @@ def ensure_start(conn: sqlite3.Connection) -> None:
         note = f"the chain starts with the {len(entries)} entries the store held and no audit rows"
     else:
         note = "the chain starts with the store"
-    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries))
+    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots))
 
 
 def open_chain(conn: sqlite3.Connection) -> None:

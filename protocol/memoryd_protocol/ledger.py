@@ -84,6 +84,9 @@ class StartBody(_Body):
     after_audit_seq: int
     note: str
     entries: list[LedgerEntry]
+    #: the frozen snapshots the store already had (an older memoryd's): session id → the
+    #: sha256 of its text (absent in a start row written before snapshots were chained)
+    snapshots: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class AuditBody(_Body):
@@ -177,10 +180,18 @@ class _Verifier:
             self.problems.append(LedgerProblem(n=n, seq=seq, reason=reason))
 
 
-def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry]) -> LedgerReport:
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
+           snapshots: Iterable[tuple[str, str]] = ()) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
-    unchanged, and that replaying the ledger from its start gives the live entries."""
+    unchanged, that replaying the ledger from its start gives the live entries, and that
+    every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
+    is the one the ledger recorded."""
     v = _Verifier()
+    frozen = dict(snapshots)
     audit_by_seq = {a.seq: a for a in audit}
     live = {e.id: e for e in entries}
     if not ledger:
@@ -192,6 +203,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
     prev = ""
     replayed: dict[str, LedgerEntry] = {}
     chained: set[int] = set()
+    #: session id → (ledger n, audit seq, text) of its chained snapshot row
+    recorded: dict[str, tuple[int, int, str]] = {}
     start: StartBody | None = None
     broken = False
     for expected_n, row in enumerate(ledger, start=1):
@@ -239,6 +252,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"audit row {body.seq} was changed after it was written", row.n, body.seq)
             chained.add(body.seq)
             _replay(replayed, body)
+            if body.action == "snapshot" and body.session_id is not None:
+                recorded[body.session_id] = (row.n, body.seq, body.text or "")
     assert start is not None or broken
     after = start.after_audit_seq if start is not None else 0
     if not broken:
@@ -256,6 +271,21 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
                 if fields:
                     v.problem(f"entry {eid} differs from the ledger in {', '.join(fields)}")
+        earlier = start.snapshots if start is not None else {}
+        for sid, text in frozen.items():
+            if sid in recorded:
+                n, seq, kept = recorded[sid]
+                if text != kept:
+                    v.problem(f"the frozen snapshot of session {sid} differs from the one the ledger recorded", n, seq)
+            elif sid in earlier:
+                if text_hash(text) != earlier[sid]:
+                    v.problem(f"the frozen snapshot of session {sid} differs from the one the chain's start recorded",
+                              1)
+            else:
+                v.problem(f"session {sid} has a frozen snapshot that no ledger row recorded")
+        for sid, (n, seq, _) in recorded.items():
+            if sid not in frozen:
+                v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
 
@@ -340,13 +370,19 @@ def _resolve(target: str, bodies: Sequence[tuple[LedgerRow, Body]], live: Sequen
 def read_report(fetch: Fetch) -> LedgerReport:
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
     runs inside one read transaction so that all four reads see the same moment."""
-    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)))
+    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
+                  snapshots_from(fetch(SELECT_SNAPSHOTS)))
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
     """:func:`explain` of a store, its rows read by ``fetch`` as for :func:`read_report`."""
-    snapshots = [(str(r[0]), str(r[1])) for r in fetch(SELECT_SNAPSHOTS)]
+    snapshots = snapshots_from(fetch(SELECT_SNAPSHOTS))
     return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), snapshots, target)
+
+
+def snapshots_from(records: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
+    """(session id, text) pairs from the rows of :data:`SELECT_SNAPSHOTS`."""
+    return [(str(r[0]), str(r[1])) for r in records]
 
 
 def rows_from(records: Iterable[Sequence[Any]]) -> list[LedgerRow]:
