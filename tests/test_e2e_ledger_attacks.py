@@ -16,7 +16,6 @@ pytestmark = pytest.mark.anyio
 
 LAYER = {"track": "user", "scope": "user-global"}
 
-EXPLAIN_LINES = pytest.mark.xfail(strict=True, reason="audit/explain tests snapshots by substring, not by line")
 UNHASHED_COLUMNS = pytest.mark.xfail(strict=True, reason="the chain hash covers kind and body, not ts, ref, audit_seq")
 NO_ANCHOR = pytest.mark.xfail(strict=True, reason="audit/verify does not compare with the head the daemon wrote")
 
@@ -82,7 +81,6 @@ async def test_a_forged_frozen_snapshot_is_caught(daemon: Any) -> None:
         assert report["problems"] == [{"reason": "session s-9 has a frozen snapshot that no ledger row recorded"}]
 
 
-@EXPLAIN_LINES
 async def test_explain_names_only_the_snapshots_that_showed_the_entry(daemon: Any) -> None:
     """A snapshot showed an entry when one of its lines is the entry's line, not when a
     longer text of another entry merely contains it."""

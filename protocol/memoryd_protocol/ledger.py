@@ -339,7 +339,9 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
                                   asked_by=connections.get(b.connection) if b.connection else None,
                                   decision=decision))
     current = next((e for e in live_list if e.id == entry_id), None)
-    shown = sorted({sid for sid, snap in snapshots if any(f"- {t}" in snap for t in texts)})
+    # A snapshot showed the entry when one of its texts is an entry line there ("- text",
+    # whole lines), not when another entry's longer text merely contains it.
+    shown = sorted({sid for sid, snap in snapshots if any(f"\n- {t}\n" in f"\n{snap}\n" for t in texts)})
     return EntryLife(entry_id=entry_id, current=current, events=events, snapshots=shown)
 
 
