@@ -16,7 +16,6 @@ pytestmark = pytest.mark.anyio
 
 LAYER = {"track": "user", "scope": "user-global"}
 
-UNHASHED_COLUMNS = pytest.mark.xfail(strict=True, reason="the chain hash covers kind and body, not ts, ref, audit_seq")
 NO_ANCHOR = pytest.mark.xfail(strict=True, reason="audit/verify does not compare with the head the daemon wrote")
 
 
@@ -96,7 +95,6 @@ async def test_explain_names_only_the_snapshots_that_showed_the_entry(daemon: An
 # --- ledger columns the hash does not cover --------------------------------------------------
 
 
-@UNHASHED_COLUMNS
 async def test_the_time_of_a_decision_cannot_be_edited_unseen(ask_daemon: Any) -> None:
     """approval/decided's time is stored only in the ledger row's ts column."""
     async with socket_client(ask_daemon.socket_path) as raw:
@@ -149,10 +147,10 @@ async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: A
                 conn.execute("UPDATE entries SET text = 'uses npm' WHERE id = ?", (first,))
                 conn.execute("UPDATE audit SET text = 'uses npm' WHERE entry_id = ?", (first,))
                 prev = ""
-                rows = conn.execute("SELECT n, kind, body FROM memoryd_ledger ORDER BY n").fetchall()
-                for n, kind, body in rows:
+                rows = conn.execute("SELECT n, ts, kind, ref, audit_seq, body FROM memoryd_ledger ORDER BY n").fetchall()
+                for n, ts, kind, ref, seq, body in rows:
                     body = body.replace("uses pnpm", "uses npm")
-                    h = chain_hash(prev, kind, body)
+                    h = chain_hash(prev, n, ts, kind, ref, seq, body)
                     conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?",
                                  (body, prev, h, n))
                     prev = h

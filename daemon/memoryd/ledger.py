@@ -51,9 +51,10 @@ def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None 
     last = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
     n, prev = (last[0] + 1, last[1]) if last else (1, "")
     text = canonical(body)
+    ts = ts if ts is not None else store.now_ms()
     conn.execute(
         "INSERT INTO memoryd_ledger (n, ts, kind, ref, audit_seq, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (n, ts if ts is not None else store.now_ms(), kind, ref, audit_seq, text, prev, chain_hash(prev, kind, text)),
+        (n, ts, kind, ref, audit_seq, text, prev, chain_hash(prev, n, ts, kind, ref, audit_seq, text)),
     )
 
 

@@ -2,8 +2,8 @@
 
 memoryd keeps, beside the reference's ``audit`` table, its own append-only table
 ``memoryd_ledger``. Each of its rows is one fact (``kind``) with a canonical JSON ``body``
-and the chain: ``hash = sha256(prev "\\n" kind "\\n" body)``, ``prev`` being the hash of the
-row before (``""`` for the first). Every audit row memoryd writes has exactly one ``audit``
+and the chain: ``hash = sha256([prev, n, ts, kind, ref, audit_seq, body])`` (canonical JSON),
+``prev`` being the hash of the row before (``""`` for the first). Every audit row memoryd writes has exactly one ``audit``
 ledger row whose body repeats the audit row's columns and adds what the reference's layout
 cannot hold: the connection that asked, the approval, and the entry as the write left it.
 
@@ -145,8 +145,10 @@ def canonical(body: Body) -> str:
     return _encoder.encode(body).decode()
 
 
-def chain_hash(prev: str, kind: str, body: str) -> str:
-    return hashlib.sha256(f"{prev}\n{kind}\n{body}".encode()).hexdigest()
+def chain_hash(prev: str, n: int, ts: int, kind: str, ref: str | None, audit_seq: int | None, body: str) -> str:
+    """The row's hash: of every column but itself (its time, its ref and audit_seq too, which
+    readers trust), as the canonical JSON array ``[prev, n, ts, kind, ref, audit_seq, body]``."""
+    return hashlib.sha256(_encoder.encode([prev, n, ts, kind, ref, audit_seq, body])).hexdigest()
 
 
 def decode(row: LedgerRow) -> Body:
@@ -219,7 +221,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                       "changed, removed or inserted", row.n)
             broken = True
             break
-        if chain_hash(row.prev, row.kind, row.body) != row.hash:
+        if chain_hash(row.prev, row.n, row.ts, row.kind, row.ref, row.audit_seq, row.body) != row.hash:
             v.problem("the row's hash does not match its content: the row was changed", row.n)
             broken = True
             break
