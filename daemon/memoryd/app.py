@@ -235,7 +235,9 @@ class Daemon:
         reader_conn = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
         loop_reader = _reader(path, busy_ms)
         usage = await run_on(writer_conn, store.usage)
-        writer = Writer(writer_conn, usage, path)
+        anchor = ledger.Anchor(await run_on(writer_conn, ledger.head))
+        log.info("ledger head at start: %s", _head(anchor))
+        writer = Writer(writer_conn, usage, path, anchor)
         approvals = Approvals(config.max_pending_approvals)
         service = Service(config, writer, reader_conn, approvals, loop_reader)
         handlers: dict[str, Any] = {
@@ -334,6 +336,7 @@ class Daemon:
                     await self.writer.settled()
                 self.writer.close()
         await self.close()
+        log.info("ledger head at stop: %s", _head(self.writer.anchor))
 
     def _bind(self) -> Any:
         """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
@@ -526,3 +529,8 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         await daemon.close()
         raise
     return 0
+
+
+def _head(anchor: ledger.Anchor) -> str:
+    """The ledger's head for the log, an anchor kept outside the store."""
+    return "none" if anchor.head is None else f"row {anchor.head[0]} hash {anchor.head[1]}"

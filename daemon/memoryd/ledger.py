@@ -7,6 +7,7 @@ transaction the writer opened, so an audit row and its ledger row commit or vani
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConne
 
 from . import store
 
+log = logging.getLogger("memoryd.ledger")
 T = TypeVar("T")
 
 
@@ -96,6 +98,43 @@ def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -
     if seen is None:
         append(conn, "connection", who, ref=who.ref)
     return who.ref
+
+
+def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
+    """The newest ledger row: (n, hash); None for an empty ledger."""
+    row = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+@dataclass
+class Anchor:
+    """The newest ledger row this daemon committed (or found at start), held outside the
+    store. A same-uid process can delete the ledger's tail or rewrite it with recomputed
+    hashes, and the chain still checks out; it cannot change what the running daemon
+    remembers. The writer checks the row at the head of every transaction (``check``) and
+    moves the head after every commit (``advance``); ``audit/verify`` compares the store
+    with it. Once the store no longer holds that row as written, the head stays where it
+    was for the daemon's life, so a later write does not chain the forgery in."""
+
+    head: tuple[int, str] | None = None
+    #: set once the store's row ``head`` was found missing or changed
+    lost: bool = False
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        """Inside the writer's transaction, before its first row."""
+        if self.head is None or self.lost:
+            return
+        n, want = self.head
+        row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (n,)).fetchone()
+        if row is None or row[0] != want:
+            self.lost = True
+            log.error("ledger row %d, the last this daemon wrote, is %s outside memoryd; audit/verify reports it", n,
+                      "missing: deleted" if row is None else "changed")
+
+    def advance(self, conn: sqlite3.Connection) -> None:
+        """After a commit."""
+        if not self.lost:
+            self.head = head(conn)
 
 
 @dataclass(frozen=True)

@@ -254,7 +254,8 @@ class Service:
         return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
     async def audit_verify(self, peer: Peer, p: Any) -> LedgerReport:
-        return await self.read_off_loop(lambda c: ledger.consistent(c, read_report))
+        head = self.writer.anchor.head  # committed before the read begins: the read must hold it
+        return await self.read_off_loop(lambda c: ledger.consistent(c, lambda fetch: read_report(fetch, head)))
 
     async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
         return await self.read_off_loop(lambda c: ledger.consistent(c, lambda fetch: read_life(fetch, p.target)))

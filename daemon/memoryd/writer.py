@@ -32,6 +32,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol.errors import ProtocolError
 
+from .ledger import Anchor
 from .store import store_fault
 
 log = logging.getLogger("memoryd.writer")
@@ -87,8 +88,10 @@ async def run_on(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], 
 
 
 class Writer:
-    def __init__(self, conn: aiosqlite.Connection, usage: Usage, path: Path) -> None:
+    def __init__(self, conn: aiosqlite.Connection, usage: Usage, path: Path, anchor: Anchor | None = None) -> None:
         self._conn = conn
+        #: the ledger's head as this daemon wrote it (ledger.Anchor)
+        self.anchor = anchor if anchor is not None else Anchor()
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         #: committed usage per track × scope; replaced (never mutated) after each commit,
@@ -251,6 +254,7 @@ class Writer:
         usage = dict(self.usage)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            self.anchor.check(conn)
             for d in deferred:
                 conn.execute("SAVEPOINT bookkeeping")
                 try:
@@ -283,6 +287,7 @@ class Writer:
                             log.error("write job failed", exc_info=exc)
                         job.error = exc
             conn.execute("COMMIT")
+            self.anchor.advance(conn)
         except BaseException:
             if conn.in_transaction:
                 try:

@@ -181,17 +181,29 @@ class _Verifier:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(LedgerProblem(n=n, seq=seq, reason=reason))
 
+    def head(self, ledger: Sequence[LedgerRow], head: tuple[int, str] | None) -> None:
+        """The row the daemon remembers as its newest must be there as it wrote it."""
+        if head is None:
+            return
+        n, want = head
+        have = next((r.hash for r in reversed(ledger) if r.n == n), None)
+        if have is None:
+            self.problem(f"ledger row {n}, the last this daemon wrote, is missing: the ledger was truncated", n)
+        elif have != want:
+            self.problem(f"ledger row {n}, the last this daemon wrote, was changed: the ledger was rewritten", n)
+
 
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
-           snapshots: Iterable[tuple[str, str]] = ()) -> LedgerReport:
+           snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
     unchanged, that replaying the ledger from its start gives the live entries, and that
     every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
-    is the one the ledger recorded."""
+    is the one the ledger recorded. ``head``: the (n, hash) of the newest row the daemon that
+    asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten)."""
     v = _Verifier()
     frozen = dict(snapshots)
     audit_by_seq = {a.seq: a for a in audit}
@@ -200,6 +212,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
         note = "the store has no ledger rows yet"
         if audit_by_seq:
             v.problem(f"{len(audit_by_seq)} audit rows and no ledger: nothing proves them")
+        v.head(ledger, head)
         return LedgerReport(ok=not v.problems, rows=0, audit_rows=0, after_audit_seq=max(audit_by_seq, default=0),
                             note=note, head="", problems=v.problems)
     prev = ""
@@ -288,6 +301,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
         for sid, (n, seq, _) in recorded.items():
             if sid not in frozen:
                 v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
+    v.head(ledger, head)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
 
@@ -371,11 +385,11 @@ def _resolve(target: str, bodies: Sequence[tuple[LedgerRow, Body]], live: Sequen
     raise InvalidInput("no entry in the store or its ledger has this id or contains this text", "target")
 
 
-def read_report(fetch: Fetch) -> LedgerReport:
+def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerReport:
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
     runs inside one read transaction so that all four reads see the same moment."""
     return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
-                  snapshots_from(fetch(SELECT_SNAPSHOTS)))
+                  snapshots_from(fetch(SELECT_SNAPSHOTS)), head)
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
