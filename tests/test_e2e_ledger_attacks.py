@@ -18,8 +18,6 @@ pytestmark = pytest.mark.anyio
 LAYER = {"track": "user", "scope": "user-global"}
 
 
-SCANS_QUEUE = pytest.mark.xfail(strict=True, reason="audit/verify and audit/explain run on the reader thread that "
-                                                   "audit/list and memory/export share, one after another")
 
 
 def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -208,7 +206,6 @@ def build_ledger(db: Path, rows: int) -> None:
         conn.close()
 
 
-@SCANS_QUEUE
 async def test_ledger_scans_do_not_hold_up_other_reads(daemon_factory: Any, tmp_path: Path) -> None:
     """audit/explain and audit/verify read the whole ledger (at 200,000 rows: 3 s and 5 s,
     300 MiB). Five connections asking must not make another client's audit/list wait for

@@ -239,7 +239,8 @@ class Daemon:
         log.info("ledger head at start: %s", _head(anchor))
         writer = Writer(writer_conn, usage, path, anchor)
         approvals = Approvals(config.max_pending_approvals)
-        service = Service(config, writer, reader_conn, approvals, loop_reader)
+        scanner = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
+        service = Service(config, writer, reader_conn, approvals, loop_reader, scanner)
         handlers: dict[str, Any] = {
             "initialize": service.initialize,
             "memory/add": service.add,
@@ -471,6 +472,8 @@ class Daemon:
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.reader_conn.close()
+            if self.service.scanner is not self.reader_conn:
+                await self.service.scanner.close()
             self.service.loop_reader.close()
             with contextlib.suppress(Exception):
                 await run_on(self.writer_conn, lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))

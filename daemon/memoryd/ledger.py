@@ -132,9 +132,14 @@ class Anchor:
                       "missing: deleted" if row is None else "changed")
 
     def advance(self, conn: sqlite3.Connection) -> None:
-        """After a commit."""
-        if not self.lost:
+        """After a commit. Never raises: the commit is done, and a head not moved only makes
+        the next check look at an older row, which is still there."""
+        if self.lost:
+            return
+        try:
             self.head = head(conn)
+        except sqlite3.Error as exc:
+            log.error("could not read the ledger's head after a commit: %s", exc)
 
 
 @dataclass(frozen=True)
