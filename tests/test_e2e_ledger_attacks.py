@@ -19,8 +19,6 @@ LAYER = {"track": "user", "scope": "user-global"}
 
 
 
-DENIAL_LOST = pytest.mark.xfail(strict=True, reason="a denial whose row a store fault loses answers STORE_UNAVAILABLE "
-                                                   "and leaves no decided row")
 
 
 def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -240,7 +238,6 @@ async def test_ledger_scans_do_not_hold_up_other_reads(daemon_factory: Any, tmp_
 # --- store faults --------------------------------------------------------------------------
 
 
-@DENIAL_LOST
 async def test_a_rejection_during_a_store_fault_is_kept_and_written_later(daemon_factory: Any, tmp_path: Path) -> None:
     """A human's rejection is a decision the ledger must hold, and the write is denied
     either way: a store that cannot take the denied row right now must not lose it (nor

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import ALLOWED_ONCE
-from memoryd_protocol.errors import ProtocolError, WriteDenied
+from memoryd_protocol.errors import ProtocolError, StoreUnavailable, WriteDenied
 from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
@@ -210,10 +210,15 @@ class Pipeline:
         stamp = ledger.Stamp(origin=origin, session_id=view.session_id,
                              label=payloads.outcome_label(outcome, policy), approval=approval)
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> None:
+        def rows(conn: sqlite3.Connection) -> None:
             if decision is not None:
                 decision.record(conn)
             stamp.audit(conn, f"{plan.action}-denied", track=plan.track, scope=plan.scope, entry_id=plan.entry_id,
                         text=plan.text, source=plan.source)
 
-        await self.writer.submit(job)
+        try:
+            await self.writer.submit(lambda conn, usage: rows(conn))
+        except StoreUnavailable:
+            # The write is denied whatever the store does; its decision and denied row are
+            # ledger rows, kept until the store takes them (as a failed commit's are).
+            self.writer.defer(rows, keep=True)
