@@ -22,8 +22,6 @@ LAYER = {"track": "user", "scope": "user-global"}
 
 PROPOSALS_UNLEDGERED = pytest.mark.xfail(strict=True, reason="proposals/create and proposals/dismiss commit without a "
                                                             "ledger row")
-PROVENANCE_UNREPLAYED = pytest.mark.xfail(strict=True, reason="replay compares neither an entry's sessionId nor its "
-                                                             "createdAt/updatedAt")
 
 
 def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -283,7 +281,6 @@ async def test_proposals_are_in_the_ledger(daemon: Any) -> None:
         assert all('"connection":"' in body for _, body in rows)
 
 
-@PROVENANCE_UNREPLAYED
 async def test_an_entrys_session_and_times_are_replayed(daemon: Any) -> None:
     """memory/list shows which session wrote an entry and when; the ledger knows both (its
     rows' sessionId and ts), so an edit of them must not pass audit/verify."""

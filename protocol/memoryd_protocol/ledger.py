@@ -61,6 +61,8 @@ SELECT_LEDGER = f"SELECT {LEDGER_COLUMNS} FROM memoryd_ledger ORDER BY n"
 SELECT_AUDIT = "SELECT seq, ts, action, track, scope, entry_id, text, outcome, source, session_id FROM audit ORDER BY seq"
 SELECT_ENTRIES = ("SELECT id, track, scope, workspace_key, agent_key, text, tags, source, version "
                   "FROM entries ORDER BY created_at, rowid")
+#: what the ledger also knows of an entry: when it was created and last written, and by which session
+SELECT_PROVENANCE = "SELECT id, created_at, updated_at, session_id FROM entries"
 SELECT_SNAPSHOTS = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
 
 
@@ -198,14 +200,18 @@ def text_hash(text: str) -> str:
 
 
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
-           snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None) -> LedgerReport:
+           snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
+           provenance: Iterable[Provenance] | None = None) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
     unchanged, that replaying the ledger from its start gives the live entries, and that
     every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
     is the one the ledger recorded. ``head``: the (n, hash) of the newest row the daemon that
-    asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten)."""
+    asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten).
+    ``provenance``: each live entry's (id, created_at, updated_at, session_id), compared with
+    what its ledger rows say (entries present at the chain's start have none to compare)."""
     v = _Verifier()
     frozen = dict(snapshots)
+    live_provenance = {p[0]: p[1:] for p in provenance or ()}
     audit_by_seq = {a.seq: a for a in audit}
     live = {e.id: e for e in entries}
     if not ledger:
@@ -217,6 +223,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                             note=note, head="", problems=v.problems)
     prev = ""
     replayed: dict[str, LedgerEntry] = {}
+    #: id → [created_at, updated_at, session_id] as the ledger's rows give them
+    written: dict[str, list[Any]] = {}
     chained: set[int] = set()
     #: session id → (ledger n, audit seq, text) of its chained snapshot row
     recorded: dict[str, tuple[int, int, str]] = {}
@@ -267,6 +275,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"audit row {body.seq} was changed after it was written", row.n, body.seq)
             chained.add(body.seq)
             _replay(replayed, body)
+            _provenance(written, body)
             if body.action == "snapshot" and body.session_id is not None:
                 recorded[body.session_id] = (row.n, body.seq, body.text or "")
     assert start is not None or broken
@@ -284,6 +293,10 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"entry {eid} is in the ledger but not in the store: it was deleted outside memoryd")
             else:
                 fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
+                said, now = written.get(eid), live_provenance.get(eid)
+                if said is not None and now is not None:
+                    fields += [f for f, a, b in zip(("created_at", "updated_at", "session_id"), said, now, strict=True)
+                               if a is not None and a != b]
                 if fields:
                     v.problem(f"entry {eid} differs from the ledger in {', '.join(fields)}")
         earlier = start.snapshots if start is not None else {}
@@ -304,6 +317,22 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
     v.head(ledger, head)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
+
+
+#: (id, created_at, updated_at, session_id) of a live entry: the rows of SELECT_PROVENANCE
+Provenance = tuple[str, int, int, "str | None"]
+
+
+def _provenance(written: dict[str, list[Any]], body: AuditBody) -> None:
+    """An entry's times and session as its rows give them: an add (or consolidate-add)
+    creates it at the row's ts; a replace writes it at the row's ts, for the row's session."""
+    if body.entry is None or body.action not in _ADDS:
+        return
+    if body.action == "replace":
+        created = written[body.entry.id][0] if body.entry.id in written else None
+    else:
+        created = body.ts
+    written[body.entry.id] = [created, body.ts, body.session_id]
 
 
 def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
@@ -389,7 +418,9 @@ def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerRepo
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
     runs inside one read transaction so that all four reads see the same moment."""
     return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
-                  snapshots_from(fetch(SELECT_SNAPSHOTS)), head)
+                  snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
+                  [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
+                   for r in fetch(SELECT_PROVENANCE)])
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
