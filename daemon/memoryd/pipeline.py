@@ -219,6 +219,10 @@ class Pipeline:
         try:
             await self.writer.submit(lambda conn, usage: rows(conn))
         except StoreUnavailable:
-            # The write is denied whatever the store does; its decision and denied row are
-            # ledger rows, kept until the store takes them (as a failed commit's are).
+            if decision is None:
+                raise  # no approval was asked: nothing but the denied row to keep, and a
+                # client could queue those without bound while the store is locked
+            # An approval's decision (a human's, say) is denied whatever the store does:
+            # its decided and denied rows are kept until the store takes them, as a failed
+            # commit's are; the write is denied.
             self.writer.defer(rows, keep=True)
