@@ -12,6 +12,7 @@ import pytest
 from e2e_helpers import add, entry_input, state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
 from reference_text import HEADER_EN, HEADER_ZH, PROPOSALS_EN, PROPOSALS_ZH
 
@@ -370,6 +371,6 @@ def test_store_stays_readable_by_reference_layout(daemon_factory: Any, tmp_path:
     d.stop()
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("2",)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == (str(MEMORYD_SCHEMA_VERSION),)
     assert conn.execute("SELECT text, tags, version FROM entries").fetchall() == [("Prefers tabs", '["a"]', 1)]
     conn.close()

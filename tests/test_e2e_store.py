@@ -116,6 +116,23 @@ def test_refuses_bad_tags_column(tmp_path: Path) -> None:
     assert digest(db) == before
 
 
+async def test_a_memoryd_store_that_another_program_wrote_is_checked_in_full(daemon_factory: Any,
+                                                                              tmp_path: Path) -> None:
+    db = tmp_path / "memory.db"
+    d = daemon_factory(db=db)
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+    assert d.stop() == 0
+    # dsh-memento's kind of write (it audits every write) with a tags column gone bad
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE entries SET tags = 'not json'")
+        conn.execute("INSERT INTO audit (ts, action, text) VALUES (1, 'replace', 'Prefers tabs')")
+    before = digest(db)
+    r = serve("--socket", str(tmp_path / "s2.sock"), "--db", str(db))
+    assert r.returncode != 0 and "STORE_CORRUPT" in r.stderr
+    assert digest(db) == before
+
+
 async def test_second_daemon_is_refused(daemon: Any, tmp_path: Path) -> None:
     r = serve("--socket", str(daemon.socket_path), "--db", str(tmp_path / "other.db"))
     assert r.returncode != 0 and "already serving" in r.stderr

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import anyio
 import pytest
 from e2e_helpers import add, entry_input, state
@@ -218,9 +217,8 @@ async def run_batch(writer: Writer, jobs: list[Any]) -> list[Any]:
     return results
 
 
-async def open_writer(db: Path) -> tuple[aiosqlite.Connection, Writer]:
-    raw = store.open_store(db, store.inspect(db), 0)
-    conn = await aiosqlite.Connection(lambda: raw, 64)
+async def open_writer(db: Path) -> tuple[sqlite3.Connection, Writer]:
+    conn = store.open_store(db, store.inspect(db), 0)
     return conn, Writer(conn, {}, db)
 
 
@@ -242,7 +240,7 @@ async def test_a_fault_inside_one_job_fails_that_job_alone(tmp_path: Path) -> No
     try:
         first, ro, last = await run_batch(writer, [insert_job("a"), read_only_job, insert_job("c")])
     finally:
-        await conn.close()
+        conn.close()
     assert (first, last) == ("a", "c")
     assert isinstance(ro, StoreUnavailable) and ro.details == {"reason": "readonly", "path": str(db)}
     keys = meta_keys(db)
@@ -257,17 +255,17 @@ async def test_a_fault_that_sqlite_rolls_back_fails_every_job_of_the_batch(tmp_p
     make_store(db, 4)
     conn, writer = await open_writer(db)
     before = meta_keys(db)
-    (pages,) = await (await conn.execute("PRAGMA page_count")).fetchone()  # type: ignore[misc]
-    await conn.execute(f"PRAGMA max_page_count = {pages + 4}")
+    (pages,) = conn.execute("PRAGMA page_count").fetchone()
+    conn.execute(f"PRAGMA max_page_count = {pages + 4}")
     try:
         results = await run_batch(writer, [insert_job("a"), insert_job("big", 200_000), insert_job("c")])
         assert [type(r) for r in results] == [StoreUnavailable] * 3
         assert all(r.details == {"reason": "full", "path": str(db)} for r in results)
         assert meta_keys(db) == before
-        await conn.execute("PRAGMA max_page_count = 1073741823")
+        conn.execute("PRAGMA max_page_count = 1073741823")
         assert await run_batch(Writer(conn, {}, db), [insert_job("a"), insert_job("c")]) == ["a", "c"]
     finally:
-        await conn.close()
+        conn.close()
     assert meta_keys(db) == before | {"a", "c"}
 
 
@@ -285,7 +283,7 @@ async def test_busy_at_begin_fails_the_whole_batch_and_the_next_one_recovers(tmp
         again = Writer(conn, {}, db)
         assert await run_batch(again, [insert_job("a")]) == ["a"]
     finally:
-        await conn.close()
+        conn.close()
     assert meta_keys(db) == before | {"a"}
 
 
@@ -305,7 +303,7 @@ async def test_a_failed_commit_fails_every_job_of_the_batch(tmp_path: Path) -> N
             filler.unlink()
             assert await run_batch(Writer(conn, {}, db), [insert_job("a")]) == ["a"]
         finally:
-            await conn.close()
+            conn.close()
         assert meta_keys(db) == before | {"a"}
 
 

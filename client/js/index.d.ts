@@ -174,6 +174,97 @@ export interface QueryOpts {
   workspaceKey?: string | null;
 }
 
+/** An entry as the ledger proves it: what `audit/verify`'s replay compares with the live store. */
+export interface LedgerEntry {
+  id: string;
+  track: Track;
+  scope: Scope;
+  workspaceKey: string;
+  agentKey: string;
+  text: string;
+  tags: string[];
+  source: string;
+  version: number;
+}
+
+/** A connection as the ledger recorded it, before the first row that names it. */
+export interface LedgerConnection {
+  /** `<run>/<id>`: the daemon run (a fresh id each start) and the connection's number */
+  ref: string;
+  run: string;
+  id: number;
+  transport: string;
+  pid: number | null;
+  uid: number | null;
+  exe: string | null;
+  /** what the connection sent in `initialize` (its own claim) */
+  client: ClientInfo | null;
+  openedAt: number;
+}
+
+/** One break that `audit/verify` found. */
+export interface LedgerProblem {
+  reason: string;
+  /** the ledger row (`memoryd_ledger.n`) concerned, when one is */
+  n?: number;
+  /** the audit row (`audit.seq`) concerned, when one is */
+  seq?: number;
+}
+
+/** `audit/verify`: `ok` when the chain holds, every audit row since its start is in it unchanged, and replaying it gives the live entries. */
+export interface LedgerReport {
+  ok: boolean;
+  /** ledger rows */
+  rows: number;
+  /** audit rows in the chain */
+  auditRows: number;
+  /** audit rows up to this seq predate the chain (a dsh-memento store's, say) */
+  afterAuditSeq: number;
+  note: string;
+  /** the newest row's hash: keep it to detect a later truncation of the ledger */
+  head: string;
+  /** the first one is the first break */
+  problems: LedgerProblem[];
+}
+
+/** How the approval of a ledger event went. */
+export interface LedgerDecision {
+  approval: string;
+  outcome: string | null;
+  policy: string | null;
+  /** the connection that decided; null when nobody did (timeout, disconnect, shutdown) */
+  decidedBy: LedgerConnection | null;
+  /** who decided, as the deciding client claimed it */
+  by: { kind: 'human' | 'policy' | 'script'; name: string | null } | null;
+  /** the approval's reason line, as the approver saw it */
+  reason: string | null;
+  /** the error code, when the approved write then failed to commit */
+  failed: string | null;
+}
+
+/** One ledger row that wrote an entry (or `present-at-start`: it was there when the chain began). */
+export interface LedgerEvent {
+  n: number;
+  seq: number | null;
+  ts: number;
+  action: string;
+  outcome: string | null;
+  text: string | null;
+  sessionId: string | null;
+  askedBy: LedgerConnection | null;
+  decision: LedgerDecision | null;
+}
+
+/** `audit/explain`: one entry's life. */
+export interface EntryLife {
+  entryId: string;
+  /** null: the entry is no longer in the store */
+  current: LedgerEntry | null;
+  events: LedgerEvent[];
+  /** the sessions whose frozen snapshot showed one of its texts */
+  snapshots: string[];
+}
+
 export interface AuditListParams {
   /** default 100 */
   limit?: number | null;
@@ -758,6 +849,9 @@ export declare class Client extends EventEmitter {
   budgets(call?: CallOptions): Promise<BudgetRow[]>;
   list(call?: CallOptions): Promise<Entry[]>;
   auditList(params?: AuditListParams, call?: CallOptions): Promise<AuditRow[]>;
+  auditVerify(call?: CallOptions): Promise<LedgerReport>;
+  /** `target`: an entry id, or a text that exactly one entry contains */
+  auditExplain(target: string, call?: CallOptions): Promise<EntryLife>;
   snapshot(session?: Session, params?: SnapshotParams, call?: CallOptions): Promise<SnapshotResult>;
   export(params?: { adapter?: null }, call?: CallOptions): Promise<ExportEnvelope>;
   export(params: ExportParams, call?: CallOptions): Promise<unknown>;

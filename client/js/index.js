@@ -341,6 +341,24 @@ export class Client extends EventEmitter {
     return this.call('audit/list', params ?? {}, call);
   }
 
+  /**
+   * `audit/verify` → LedgerReport: the daemon checks the ledger's hash chain, that every audit
+   * row since the chain's start is in it unchanged, and that replaying it gives the live
+   * entries. `ok` false names the breaks in `problems`, the first one first.
+   */
+  auditVerify(call) {
+    return this.call('audit/verify', {}, call);
+  }
+
+  /**
+   * `audit/explain` (`{target}`) → EntryLife: one entry's life. `target` is the entry's id, or
+   * a text that exactly one entry contains (case-insensitive); none or several:
+   * INVALID_INPUT with `details.field` 'target'.
+   */
+  auditExplain(target, call) {
+    return this.call('audit/explain', { target }, call);
+  }
+
   /** `memory/snapshot` → `{text}`. `session` defaults to the connection's session. */
   snapshot(session = this.session, params = {}, call) {
     return this.call('memory/snapshot', { ...(params ?? {}), session }, call);

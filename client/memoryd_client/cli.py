@@ -1,7 +1,7 @@
 """``memoryctl``: manage memoryd from a shell (the reference provider's ``/memory`` verbs).
 
 Exit status: 0 success; 1 the daemon refused (a protocol error such as BUDGET_EXCEEDED or
-WRITE_DENIED); 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
+WRITE_DENIED), or ``audit verify`` found the ledger broken or missing; 2 usage (bad arguments, unreadable input file); 3 no daemon / connection
 lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is one line on stderr:
 ``error: <CODE>: <message>`` (with ``--json``, also ``{"error": {...}}`` on stdout).
 """
@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
             they are denied unless --yes is given.
         """).strip(),
         epilog=textwrap.dedent("""
-            exit status: 0 ok, 1 refused by the daemon (error code on stderr), 2 usage,
+            exit status: 0 ok, 1 refused by the daemon (error code on stderr) or a broken
+            ledger (audit verify), 2 usage,
             3 no daemon / connection lost / timeout / stop failed, 130 interrupted.
             Run 'memoryctl VERB --help' for a verb's options.
         """).strip(),
@@ -320,11 +321,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(
         sub,
         "audit",
-        "show the audit ledger, newest first",
-        """The audit ledger: every write, denial, recall and snapshot, newest first.""",
-        "memoryctl audit --limit 20",
+        "show the audit ledger; verify its hash chain; explain one entry's life",
+        """The audit ledger: every write, denial, recall and snapshot, newest first.
+
+              'audit verify' checks the ledger's hash chain, that every audit row since the
+              chain's start is in it unchanged, and that replaying it gives the live entries;
+              exit 1 on any break, naming the first bad row. 'audit explain TEXT|ID' tells one
+              entry's life: every write, who asked, who approved and how, and which sessions'
+              snapshots showed it.
+
+              verify and explain ask the daemon; with --db PATH they read that store
+              themselves, read-only, without a daemon (refused while a daemon holds it).""",
+        "memoryctl audit --limit 20\nmemoryctl audit verify\nmemoryctl audit verify --db ~/backup/memory.db\n"
+        'memoryctl audit explain "Prefers tabs"\nmemoryctl audit explain 3f2a1b2c-5d6e-4f70-8a9b-0c1d2e3f4a5b',
     )
-    p.add_argument("--limit", type=int, metavar="N", help="at most N rows (default 100)")
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("list", "verify", "explain"),
+        default="list",
+        help="list (default), verify or explain",
+    )
+    p.add_argument("target", nargs="?", metavar="TEXT|ID",
+                   help="explain: an entry's id, or a text that exactly one entry contains")
+    p.add_argument("--limit", type=int, metavar="N", help="list: at most N rows (default 100)")
 
     p = _verb(
         sub,
@@ -589,6 +609,13 @@ def prepare(ctx: Ctx) -> None:
                 raise UsageError(f"{a.file} is not JSON: {exc}") from None
         else:
             ctx.data["raw"] = raw  # decided with the adapter's import formats (cmd_import)
+    if a.verb == "audit":
+        if a.action == "explain" and not a.target:
+            raise UsageError("audit explain needs TEXT or ID: the entry's id, or a text that one entry contains")
+        if a.action != "explain" and a.target is not None:
+            raise UsageError(f"audit {a.action} takes no TEXT|ID (only audit explain does)")
+        if a.action != "list" and a.limit is not None:
+            raise UsageError(f"--limit goes with audit list, not audit {a.action}")
     if a.verb == "approve" and a.reject and a.yes:
         raise UsageError("approve: --yes and --reject contradict each other")
     for name in ("limit", "count"):
@@ -687,9 +714,49 @@ async def cmd_budgets(c: Client, ctx: Ctx) -> None:
     ctx.result(rows, lambda: render.budgets_table(rows))
 
 
-async def cmd_audit(c: Client, ctx: Ctx) -> None:
-    rows = await c.audit_list(ctx.args.limit)
+def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
+    ctx.result(report, lambda: render.ledger_report(report))
+    return EXIT_OK if report.ok else EXIT_PROTOCOL
+
+
+def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
+    ctx.result(life, lambda: render.entry_life(life))
+    return EXIT_OK
+
+
+async def cmd_audit(c: Client, ctx: Ctx) -> int:
+    a = ctx.args
+    if a.action == "verify":
+        return _ledger_report(ctx, await c.audit_verify())
+    if a.action == "explain":
+        return _entry_life(ctx, await c.audit_explain(a.target))
+    rows = await c.audit_list(a.limit)
     ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
+    return EXIT_OK
+
+
+def audit_offline(ctx: Ctx) -> int:
+    """``audit verify|explain --db PATH``: read the store itself, read-only, no daemon."""
+    from memoryd_protocol.ledger import read_life, read_report
+
+    from . import offline
+
+    a, db = ctx.args, ctx.data["db"]
+    try:
+        if a.action == "verify":
+            return _ledger_report(ctx, offline.read(db, read_report))
+        target: str = a.target
+        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
+    except offline.StoreHeld as exc:
+        how = "run it without --db"
+        if exc.socket is not None and Path(exc.socket) != ctx.socket:
+            how += f" and with --socket {shlex.quote(exc.socket)}"
+        raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
+    except offline.OfflineError as exc:
+        raise UsageError(str(exc)) from None
+    except offline.NoLedger as exc:
+        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
+        return EXIT_PROTOCOL
 
 
 async def _proposal_id(c: Client, prefix: str) -> str:
@@ -964,6 +1031,8 @@ async def run(ctx: Ctx) -> int:
     autostarted = False
     try:
         prepare(ctx)
+        if a.verb == "audit" and a.action != "list" and a.db:
+            return audit_offline(ctx)  # the store itself, read-only: no connection, no autostart
         while True:
             try:
                 async with connect(
@@ -1023,10 +1092,23 @@ async def run(ctx: Ctx) -> int:
         ctx.approver.close()
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parse_args``, except that ``audit explain --db PATH TEXT`` works too: argparse fills
+    a verb's optional positionals from the words before the first option only, so a TEXT
+    after an option is left over; it is taken as the TEXT when nothing else is."""
+    args, extras = parser.parse_known_args(argv)
+    if (len(extras) == 1 and not extras[0].startswith("-") and getattr(args, "verb", None) == "audit"
+            and args.action == "explain" and args.target is None):
+        args.target, extras = extras[0], []
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not args.verb:

@@ -800,6 +800,19 @@ class Client:
     async def audit_list(self, limit: int | None = None) -> builtins.list[T.AuditRow]:
         return await self.call("audit/list", {} if limit is None else {"limit": limit})  # type: ignore[no-any-return]
 
+    async def audit_verify(self) -> T.LedgerReport:
+        """``audit/verify``: the daemon checks the ledger's hash chain, that every audit row
+        since the chain's start is in it unchanged, and that replaying it gives the live
+        entries. ``ok`` False names the breaks in ``problems``, the first one first."""
+        return await self.call("audit/verify", {})  # type: ignore[no-any-return]
+
+    async def audit_explain(self, target: str) -> T.EntryLife:
+        """``audit/explain``: one entry's life, from the ledger. ``target`` is the entry's id,
+        or a text that exactly one entry contains (case-insensitive; a live entry first, else
+        one the ledger knows, a removed one say). No entry, or several: INVALID_INPUT with
+        ``details.field`` "target"."""
+        return await self.call("audit/explain", {"target": target})  # type: ignore[no-any-return]
+
     async def snapshot(self, session: SessionLike | None = None, language: str | None = None) -> T.SnapshotResult:
         """The frozen snapshot for ``session`` (default: the connection's session)."""
         params: dict[str, Any] = {"session": _session(session) if session is not None else self.session}

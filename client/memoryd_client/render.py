@@ -208,6 +208,100 @@ def connections_table(rows: Sequence[T.ConnectionInfo]) -> str:
     )
 
 
+def _problem_at(p: T.LedgerProblem) -> str:
+    if p.n is not None and p.seq is not None:
+        return f"row {p.n} (audit row {p.seq})"
+    if p.n is not None:
+        return f"row {p.n}"
+    return f"audit row {p.seq}" if p.seq is not None else ""
+
+
+def ledger_report(r: T.LedgerReport) -> str:
+    """``memoryctl audit verify``: one line when the ledger holds (and the report's note);
+    else the first break, then the other problems indented."""
+    if r.ok:
+        lines = [f"ledger ok: {r.rows} rows, {r.audit_rows} audit rows chained since audit row "
+                 f"{r.after_audit_seq}; head {one_line(r.head) or '-'}"]
+        if r.note:
+            lines.append(one_line(r.note))
+        return "\n".join(lines)
+    first, *rest = r.problems or [T.LedgerProblem(reason="the report names no problem")]
+    at = _problem_at(first)
+    lines = [f"ledger BROKEN{f' at {at}' if at else ''}: {one_line(first.reason)}"]
+    for p in rest:
+        at = _problem_at(p)
+        lines.append(f"  {f'{at}: ' if at else ''}{one_line(p.reason)}")
+    return "\n".join(lines)
+
+
+def _who(c: T.LedgerConnection | None) -> str:
+    """A ledger connection: the name it gave itself, then the kernel's pid and executable."""
+    if c is None:
+        return "memoryd itself"
+    if c.client is None or c.client.name is None:
+        name = "an unnamed client"
+    else:
+        name = one_line(c.client.name if c.client.version is None else f"{c.client.name} {c.client.version}")
+    proc = ", ".join(x for x in (None if c.pid is None else f"pid {c.pid}",
+                                 None if c.exe is None else one_line(c.exe)) if x)
+    return f"{name} ({proc})" if proc else name
+
+
+def _decision(ev: T.LedgerEvent) -> str:
+    d = ev.decision
+    if d is None:
+        return ""
+    if d.outcome is None:
+        text = f"approval {one_line(d.approval)} has no decision row"
+    elif d.decided_by is None:
+        text = f"{one_line(d.outcome)}, decided by no connection (timed out, disconnected or shut down)"
+    else:
+        same = ev.asked_by is not None and d.decided_by.ref == ev.asked_by.ref
+        text = f"{one_line(d.outcome)} by {'the asking connection' if same else _who(d.decided_by)}"
+    if d.by is not None:
+        text += f", who claims {one_line(d.by.kind)}" + (f" {_quoted(d.by.name, '')}" if d.by.name else "")
+    if d.failed is not None:
+        text += f"; its commit failed: {one_line(d.failed)}"
+    return f"decided {text}"
+
+
+def _event_line(ev: T.LedgerEvent) -> str:
+    if ev.action == "present-at-start":
+        parts = [when(ev.ts), "present-at-start", "in the store when the ledger's chain began"]
+    else:
+        parts = [when(ev.ts), one_line(ev.action), one_line(ev.outcome or "-"),
+                 f"session {one_line(ev.session_id or '-')}", f"asked by {_who(ev.asked_by)}"]
+        decided = _decision(ev)
+        if decided:
+            parts.append(decided)
+    if ev.text is not None:
+        parts.append(f"text {one_line(msgspec.json.encode(ev.text).decode())}")
+    return "  ".join(parts)
+
+
+def entry_life(life: T.EntryLife) -> str:
+    """``memoryctl audit explain``: the entry as it is now (or that it was removed), one
+    line per ledger event, oldest first, and the sessions whose snapshots showed it."""
+    lines = [f"entry {one_line(life.entry_id)}"]
+    e = life.current
+    if e is None:
+        lines.append("  now:     removed (no longer in the store)")
+    else:
+        lines += [f"  now:     {one_line(e.track)}/{one_line(e.scope)}  workspace {_quoted(e.workspace_key, '-')}  "
+                  f"agent {_quoted(e.agent_key, '(shared)')}  tags {_tags(e.tags)}  source {one_line(e.source)}  "
+                  f"version {e.version}",
+                  *_gutter(e.text)]
+    lines.append(f"events ({len(life.events)}, oldest first):" if life.events else "events: none in the ledger")
+    lines += [f"  {_event_line(ev)}" for ev in life.events]
+    if life.snapshots:
+        lines.append(f"in the snapshots of {len(life.snapshots)} "
+                     f"{'session' if len(life.snapshots) == 1 else 'sessions'}: "
+                     + ", ".join(one_line(s) for s in life.snapshots))
+    else:
+        lines.append("in no session's snapshot")
+    return "\n".join(lines)
+
+
 #: A seed/import approval lists this many entries, then says how many it leaves out.
 SHOWN_ENTRIES = 20
 #: Every line that does not fit is continued under this gutter: text after ``| `` is data.
@@ -355,6 +449,8 @@ __all__ = [
     "audit_table",
     "budgets_table",
     "entries_table",
+    "entry_life",
+    "ledger_report",
     "one_line",
     "proposals_table",
     "short",

@@ -168,6 +168,12 @@ class SyncClient:
     def audit_list(self, limit: int | None = None) -> builtins.list[T.AuditRow]:
         return self._run(self._client.audit_list, limit)  # type: ignore[no-any-return]
 
+    def audit_verify(self) -> T.LedgerReport:
+        return self._run(self._client.audit_verify)  # type: ignore[no-any-return]
+
+    def audit_explain(self, target: str) -> T.EntryLife:
+        return self._run(self._client.audit_explain, target)  # type: ignore[no-any-return]
+
     def snapshot(self, session: SessionLike | None = None, language: str | None = None) -> T.SnapshotResult:
         return self._run(self._client.snapshot, session, language)  # type: ignore[no-any-return]
 

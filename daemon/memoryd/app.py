@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
+from memoryd_protocol.paths import owner_record_path
 
 from . import ledger, store
 from .adapter_registry import load_adapters
@@ -29,10 +29,11 @@ from .approvals import Approvals
 from .config import Config
 from .connection import Connection
 from .lifecycle import Lifecycle
+from .owned import Owned
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher
 from .service import Service
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
-from .writer import Writer, run_on
+from .writer import Writer
 
 log = logging.getLogger("memoryd")
 
@@ -85,7 +86,7 @@ def _refuse(client: socket.socket) -> None:
 
 
 def _owner_file(path: Path) -> Path:
-    return path.with_name(path.name + ".memoryd-owner")
+    return owner_record_path(path)
 
 
 def lock_store(path: Path, endpoint: str | None) -> int:
@@ -184,13 +185,13 @@ def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
 @dataclass
 class Daemon:
     config: Config
-    writer_conn: aiosqlite.Connection
-    reader_conn: aiosqlite.Connection
     writer: Writer
     approvals: Approvals
     service: Service
     dispatcher: Dispatcher
-    lock_fd: int
+    #: what ``close`` lets go of, last opened first: the store's connections and their
+    #: threads, then the store's lock
+    resources: contextlib.AsyncExitStack
     connections: set[Connection] = field(default_factory=set)
     stopping: anyio.Event = field(default_factory=anyio.Event)
     #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
@@ -217,30 +218,28 @@ class Daemon:
         store.refuse_read_only(path)
         version = store.inspect(path, busy_ms)
         store.prepare_path(path)
-        lock_fd = lock_store(path, endpoint)
-        try:
-            # Opened (and migrated) here, not by aiosqlite's connector: a connector that fails
-            # leaves aiosqlite's thread resolving a future on a loop that is closed by then,
-            # and its traceback, not our one line, ends the log a launcher reports from.
-            conn = await anyio.to_thread.run_sync(store.open_store, path, version, busy_ms)
-            try:
-                await anyio.to_thread.run_sync(ledger.open_chain, conn)
-            except sqlite3.Error as exc:
-                conn.close()
-                raise store.store_fault(exc, path) or exc from None
-            writer_conn = await aiosqlite.Connection(lambda: conn, 64)
-        except BaseException:
-            unlock_store(path, lock_fd)
-            raise
-        reader_conn = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
-        loop_reader = _reader(path, busy_ms)
-        usage = await run_on(writer_conn, store.usage)
-        anchor = ledger.Anchor(await run_on(writer_conn, ledger.head))
-        log.info("ledger head at start: %s", _head(anchor))
-        writer = Writer(writer_conn, usage, path, anchor)
-        approvals = Approvals(config.max_pending_approvals)
-        scanner = await aiosqlite.Connection(lambda: _reader(path, busy_ms), 64)
-        service = Service(config, writer, reader_conn, approvals, loop_reader, scanner)
+        # Any step from the lock on can fail (the store, a bad adapter): then what the
+        # earlier steps opened is closed again, last first, and the lock let go.
+        async with contextlib.AsyncExitStack() as resources:
+            lock_fd = lock_store(path, endpoint)
+            resources.callback(unlock_store, path, lock_fd)
+            writer = await Writer.open(path, version, busy_ms)
+            resources.push_async_callback(writer.aclose)
+            log.info("ledger head at start: %s", _head(writer.anchor))
+            reader = await Owned.open("memoryd-reader", lambda: _reader(path, busy_ms))
+            resources.push_async_callback(reader.aclose)
+            # whole-ledger scans (audit/verify, audit/explain) get a thread of their own
+            scanner = await Owned.open("memoryd-scanner", lambda: _reader(path, busy_ms))
+            resources.push_async_callback(scanner.aclose)
+            loop_reader = _reader(path, busy_ms)
+            resources.callback(loop_reader.close)
+            approvals = Approvals(config.max_pending_approvals)
+            service = Service(config, writer, reader, approvals, loop_reader, scanner)
+            dispatcher = cls._dispatcher(config, service, extra_handlers)
+            return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
+
+    @staticmethod
+    def _dispatcher(config: Config, service: Service, extra_handlers: dict[str, Any] | None) -> Dispatcher:
         handlers: dict[str, Any] = {
             "initialize": service.initialize,
             "memory/add": service.add,
@@ -261,9 +260,7 @@ class Daemon:
         handlers.update(Lifecycle(service, load_adapters()).handlers())
         handlers.update(extra_handlers or {})
         handlers = {name: service.sessions.binding(h) for name, h in handlers.items()}
-        dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
-        return cls(config, writer_conn, reader_conn, writer, approvals, service, dispatcher, lock_fd,
-                   endpoint=endpoint)
+        return Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         cfg = self.config
@@ -470,15 +467,10 @@ class Daemon:
         serving.cancel_scope.cancel()
 
     async def close(self) -> None:
+        """Close the store's connections (the writer's last, after a checkpoint), end their
+        threads, let go of the store. A second close does nothing."""
         with anyio.CancelScope(shield=True):
-            await self.reader_conn.close()
-            if self.service.scanner is not self.reader_conn:
-                await self.service.scanner.close()
-            self.service.loop_reader.close()
-            with contextlib.suppress(Exception):
-                await run_on(self.writer_conn, lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
-            await self.writer_conn.close()
-        unlock_store(self.config.db_path, self.lock_fd)
+            await self.resources.aclose()
 
 
 def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
@@ -528,7 +520,7 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         await daemon.close()
         return 1
     except BaseException:
-        # aiosqlite's threads are not daemonic: close the store or the process never exits
+        # let go of the store (and end its threads) on the way out
         await daemon.close()
         raise
     return 0

@@ -8,7 +8,7 @@ Three ways to run ``serve``:
 - ``memoryd serve --stdio --standalone`` owns a store privately and serves one client on
   stdin/stdout (tests, sandboxes).
 
-Only the daemon paths import the daemon's stack (anyio, aiosqlite, jsonrpcserver); the
+Only the daemon paths import the daemon's stack (anyio, sqlite3, jsonrpcserver); the
 relay and ``--detach`` start with the standard library and the config loader.
 """
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from memoryd_protocol.ledger import (
     SELECT_ENTRIES,
@@ -21,7 +19,6 @@ from memoryd_protocol.ledger import (
     Body,
     DecidedBody,
     FailedBody,
-    Fetch,
     Kind,
     StartBody,
     canonical,
@@ -34,18 +31,9 @@ from memoryd_protocol.ledger import (
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
 from . import store
+from .atomic import atomic
 
 log = logging.getLogger("memoryd.ledger")
-T = TypeVar("T")
-
-
-def consistent(conn: sqlite3.Connection, read: Callable[[Fetch], T]) -> T:
-    """Run ``read`` with a ``fetch`` whose SELECTs all see one moment of the store."""
-    conn.execute("BEGIN")
-    try:
-        return read(lambda sql: conn.execute(sql).fetchall())
-    finally:
-        conn.execute("COMMIT")
 
 
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
@@ -81,13 +69,8 @@ def ensure_start(conn: sqlite3.Connection) -> None:
 
 def open_chain(conn: sqlite3.Connection) -> None:
     """At start-up, on the writer's connection: begin the chain if the store has none."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         ensure_start(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -> str | None:

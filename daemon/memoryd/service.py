@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import aiosqlite
 import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import (
@@ -34,7 +33,7 @@ from memoryd_protocol.constants import (
     STORE_SCHEMA_VERSION,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
-from memoryd_protocol.ledger import read_life, read_report
+from memoryd_protocol.ledger import consistent, read_life, read_report
 from memoryd_protocol.text import (
     check_storable,
     cut_units,
@@ -90,13 +89,14 @@ from memoryd_protocol.validation import (
     writer_view,
 )
 
-from . import ledger, store
+from . import store
 from .approvals import Approvals, Peer
 from .config import Config
 from .ledger import Stamp
+from .owned import Owned
 from .pipeline import Pipeline, WritePlan
 from .sessions import Sessions
-from .writer import Usage, Writer, run_on
+from .writer import Usage, Writer
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -157,8 +157,8 @@ class Shared(Generic[T]):
 
 
 class Service:
-    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals,
-                 loop_reader: sqlite3.Connection, scanner: aiosqlite.Connection | None = None) -> None:
+    def __init__(self, config: Config, writer: Writer, reader: Owned, approvals: Approvals,
+                 loop_reader: sqlite3.Connection, scanner: Owned | None = None) -> None:
         self.config = config
         self.writer = writer
         self.reader = reader
@@ -171,10 +171,8 @@ class Service:
         self._verify = Shared(self._verify_once)
         #: Entry reads run right here on the event loop: the entries table is bounded by
         #: the budgets (a few thousand rows at most), and such a read costs less than the
-        #: thread hop aiosqlite would add. The unbounded audit ledger is read via aiosqlite.
+        #: thread hop would add. The unbounded audit ledger is read on ``reader``'s thread.
         self.loop_reader = loop_reader
-        #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it.
-        self.recall_overlay: dict[str, list[int]] = {}
         self.approvals = approvals
         #: which open connection each session id belongs to (sessions.py)
         self.sessions = Sessions()
@@ -199,7 +197,11 @@ class Service:
     async def read_off_loop(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A read of unbounded size (the ledger) on the reader thread."""
         await self.writer.settled()
-        return await run_on(self.reader, fn)
+        # The reader's own thread (owned.py), not aiosqlite: these reads are one consistent
+        # snapshot of several tables plus the work of verifying the chain, a function of a
+        # connection. aiosqlite's public API would take a hop per statement, a lock around
+        # BEGIN…COMMIT, and another thread for the hashing.
+        return await self.reader.run(fn)
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]
@@ -307,12 +309,12 @@ class Service:
     async def _verify_once(self) -> LedgerReport:
         await self.writer.settled()
         head = self.writer.anchor.head  # committed before the read begins: the read must hold it
-        return await run_on(self.scanner, lambda c: ledger.consistent(c, lambda fetch: read_report(fetch, head)))
+        return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_report(fetch, head)))
 
     async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:
             await self.writer.settled()
-            return await run_on(self.scanner, lambda c: ledger.consistent(c, lambda fetch: read_life(fetch, p.target)))
+            return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
 
     async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
         f = p.filter
@@ -333,50 +335,21 @@ class Service:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        # While a commit carrying queued recalls is in flight, the store may already show
-        # them while the overlay still counts them: wait for that one commit.
-        await self.writer.bookkeeping_committed()
-        hits = store.query(self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key,
-                           workspace_key=workspace_key)
-        overlay = self.recall_overlay
-        if overlay:
-            for e in hits:
-                queued = overlay.get(e.id)
-                if queued is not None:
-                    e.recall_count += queued[0]
-                    e.last_recalled = max(e.last_recalled or 0, queued[1])
-            hits.sort(key=lambda e: (-e.recall_count, -e.updated_at, e.id))
+        hits = await self.writer.with_recalls(lambda: store.query(
+            self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key))
         page = hits[:limit]
         total = len(hits)
         ts = store.now_ms()
-        ids = [e.id for e in page]
-        for e in page:
-            e.recall_count += 1
-            e.last_recalled = ts
-            queued = overlay.setdefault(e.id, [0, ts])
-            queued[0] += 1
-            queued[1] = ts
-
         stamp = Stamp(origin=self.pipeline.who(peer), session_id=session_id)
 
-        def job(conn: sqlite3.Connection) -> None:
-            store.bump_recalls(conn, ids, ts)
-            if session_id is not None:
-                stamp.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
-                            text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
-
-        def committed() -> None:
-            for i in ids:
-                queued = overlay.get(i)
-                if queued is not None:
-                    queued[0] -= 1
-                    if queued[0] <= 0:
-                        del overlay[i]
+        def recalled(conn: sqlite3.Connection) -> None:
+            stamp.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
+                        text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
 
         # Recall counters and the recalled row are bookkeeping, not an acknowledged write:
-        # the reply does not wait for their commit (Writer.defer). The overlay keeps every
-        # next query exact meanwhile, and ledger reads flush them first (Writer.settled).
-        self.writer.defer(job, committed)
+        # the reply does not wait for their commit. The writer's overlay keeps every next
+        # query exact meanwhile, and ledger reads flush them first (Writer.settled).
+        self.writer.record_recalls(page, ts, recalled if session_id is not None else None)
         if session_id is not None:
             await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=total, session_id=session_id))
         return QueryResult(entries=page, total=total, truncated=total > len(page))

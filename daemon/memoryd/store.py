@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from memoryd_protocol import ledger as ledger_format
@@ -32,6 +32,8 @@ from memoryd_protocol.constants import (
 from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsupportedVersion
 from memoryd_protocol.text import utf16_len
 from memoryd_protocol.types import AuditRow, Entry, Proposal
+
+from .atomic import atomic
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -112,6 +114,19 @@ MEMORYD_TABLES = (
     # memoryd_schema 2: the hash-chained ledger beside the reference's audit table
     ledger_format.TABLE,
     ledger_format.INDEX,
+    # memoryd_schema 3: a trigram index of the entries' text, for query candidates. External
+    # content (the text lives once, in entries) and no triggers: dsh-memento's SQLite need
+    # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
+    # index in step in its own write jobs, and rebuilds it at start when the entries are not
+    # what it last indexed (FTS_MARK), i.e. after another program wrote them.
+    "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
+    "text, content='entries', content_rowid='rowid', tokenize='trigram')",
+    # ... and what memoryd knows of the entries without reading them all: their number and
+    # each cell's usage (UTF-16 units), kept in step by memoryd's own writes in the same
+    # transactions. A start trusts them (no index rebuild, no usage scan, no tags scan)
+    # while nobody else wrote: see ``trusted``.
+    "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
+    "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
 )
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -276,6 +291,11 @@ def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
             have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
             if not cols <= have:
                 raise StoreCorrupt(f"store table {table} lacks columns {sorted(cols - have)}", details)
+        if trusted(conn):
+            # Nobody but memoryd wrote since its last run: its rows need no second reading.
+            # The full checks below cost a pass over the whole file (a 100,000-entry store's
+            # start would take them many times over).
+            return version
         if version >= 4:
             for (raw,) in conn.execute("SELECT tags FROM entries"):
                 if parse_tags(raw) is None:
@@ -328,8 +348,7 @@ def connect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlit
 def migrate(conn: sqlite3.Connection, from_version: int) -> None:
     """Bring the store to schema v4 one step at a time, each step atomic with its record."""
     for target in range(from_version + 1, STORE_SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with atomic(conn):
             for sql in MIGRATIONS[target]:
                 conn.execute(sql)
             conn.execute(
@@ -337,15 +356,10 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (str(target),),
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
     if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
         return  # nothing to do: opening an up-to-date store writes nothing
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
         conn.execute(
@@ -353,10 +367,6 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(MEMORYD_SCHEMA_VERSION),),
         )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
@@ -368,6 +378,8 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         raise store_fault(exc, path) or exc from None
     try:
         migrate(conn, version)
+        with atomic(conn):
+            sync_text_index(conn)
     except sqlite3.Error as exc:
         conn.close()
         raise store_fault(exc, path) or exc from None
@@ -456,16 +468,6 @@ def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
 # --- reads -------------------------------------------------------------------------------
 
 
-def usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
-    """Characters used per track × scope in UTF-16 units (SQLite's length() counts code
-    points, so the sum is done here)."""
-    used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
-    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
-        cell = (track, scope)
-        used[cell] = used.get(cell, 0) + utf16_len(text)
-    return used
-
-
 def list_entries(conn: sqlite3.Connection) -> list[Entry]:
     rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY created_at, rowid").fetchall()
     return [row_to_entry(r) for r in rows]
@@ -489,6 +491,46 @@ def audit_list(conn: sqlite3.Connection, limit: int) -> list[AuditRow]:
     return [row_to_audit(r) for r in rows]
 
 
+#: Below this many entries a query scans: the index would not pay for its extra statement.
+INDEX_MIN_ENTRIES = 256
+#: The index serves needles of at least this many code points (it holds trigrams).
+INDEX_MIN_NEEDLE = 3
+#: A needle whose candidates exceed this share of the store is common: scanning is cheaper.
+COMMON_SHARE = 0.25
+
+QueryPlan = Literal["auto", "scan", "index"]
+
+
+def like_pattern(text: str) -> str:
+    """``text`` as a LIKE pattern matching it anywhere, with ``\\``, ``%`` and ``_`` escaped.
+    SQLite's LIKE folds ASCII letters only (no ICU here), exactly the protocol's rule, and
+    costs about half of ``instr(lower(text), lower(?))``."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def fts_phrase(text: str) -> str:
+    """``text`` as one FTS5 phrase (a substring, for the trigram tokenizer)."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+def entry_count(conn: sqlite3.Connection) -> int:
+    (n,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    return int(n)
+
+
+def choose_plan(conn: sqlite3.Connection, text: str, entries: int) -> QueryPlan:
+    """Scan or index, per query: the index for needles of 3+ code points in a store big
+    enough, unless the needle is so common that its candidates are a large share of the
+    store (counted up to that share only, so the probe itself stays cheap)."""
+    if entries < INDEX_MIN_ENTRIES or len(text) < INDEX_MIN_NEEDLE:
+        return "scan"
+    cap = max(1, int(entries * COMMON_SHARE))
+    (n,) = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memoryd_fts WHERE memoryd_fts MATCH ? LIMIT ?)",
+                        (fts_phrase(text), cap)).fetchone()
+    return "scan" if n >= cap else "index"
+
+
 def query(
     conn: sqlite3.Connection,
     *,
@@ -497,20 +539,28 @@ def query(
     text: str | None,
     agent_key: str | None,
     workspace_key: str | None,
+    plan: QueryPlan = "auto",
 ) -> list[Entry]:
-    """All hits in rank order. SQLite's lower() folds ASCII only (no ICU here), which is
-    exactly the protocol's matching rule; instr() is a plain substring test."""
+    """All hits in rank order. A text matches as a substring with ASCII letters folded (the
+    protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
+    candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
+    so both plans return the same rows (tests/test_query_plans.py compares them)."""
     where: list[str] = []
     args: list[Any] = []
+    if text:
+        if plan == "auto":
+            plan = choose_plan(conn, text, entry_count(conn))
+        if plan == "index" and len(text) >= INDEX_MIN_NEEDLE:  # shorter needles hold no trigram
+            where.append("rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ?)")
+            args.append(fts_phrase(text))
+        where.append("text LIKE ? ESCAPE '\\'")
+        args.append(like_pattern(text))
     if track is not None:
         where.append("track = ?")
         args.append(track)
     if scope is not None:
         where.append("scope = ?")
         args.append(scope)
-    if text:
-        where.append("instr(lower(text), lower(?)) > 0")
-        args.append(text)
     if agent_key is not None:
         where.append("agent_key IN ('', ?)")
         args.append(agent_key)
@@ -522,6 +572,57 @@ def query(
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY recall_count DESC, updated_at DESC, id"
     return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
+
+
+# --- what a start may trust ------------------------------------------------------------
+
+
+def trusted(conn: sqlite3.Connection) -> bool:
+    """Whether the entries are as memoryd's own writes left them, told without reading them
+    all: the counts memoryd keeps match the entries' number, and the newest audit row is one
+    memoryd chained. dsh-memento writes an audit row with every write, so its writes, like
+    a first open, make this False. (An entry edited in place with a raw SQL shell, leaving
+    no audit row, is not seen here; ``audit verify`` reports it.)"""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"memoryd_usage", "memoryd_ledger", "memoryd_fts", "entries", "audit"} <= tables:
+        return False
+    (kept,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
+    (n,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    if int(kept) != n or conn.execute("SELECT 1 FROM memoryd_usage WHERE entries < 0 OR used < 0").fetchone():
+        return False
+    (newest,) = conn.execute("SELECT max(seq) FROM audit").fetchone()
+    (chained,) = conn.execute("SELECT max(audit_seq) FROM memoryd_ledger").fetchone()
+    return newest == chained or (newest is None and n == 0)
+
+
+def sync_text_index(conn: sqlite3.Connection) -> bool:
+    """At start: unless the store is ``trusted``, rebuild the text index and the counts
+    from the entries. True when it rebuilt. Runs in the caller's transaction."""
+    if trusted(conn):
+        return False
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
+    conn.execute("DELETE FROM memoryd_usage")
+    counts: dict[tuple[str, str], list[int]] = {}
+    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
+        c = counts.setdefault((track, scope), [0, 0])
+        c[0] += 1
+        c[1] += utf16_len(text)
+    conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
+                     [(t, sc, n, u) for (t, sc), (n, u) in counts.items()])
+    return True
+
+
+def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Usage per track × scope as memoryd keeps it (valid once ``sync_text_index`` ran)."""
+    used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
+    for track, scope, n in conn.execute("SELECT track, scope, used FROM memoryd_usage"):
+        used[(track, scope)] = int(n)
+    return used
+
+
+def rank(e: Entry) -> tuple[int, int, str]:
+    """``query``'s ORDER BY as a sort key: for hits whose counts changed after the read."""
+    return (-e.recall_count, -e.updated_at, e.id)
 
 
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
@@ -547,7 +648,32 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 # --- writes (inside the writer's transaction) --------------------------------------------
 
 
+def _unindex(conn: sqlite3.Connection, entry_id: str) -> None:
+    row = conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
+    if row is None:
+        return
+    rowid, text, track, scope = row
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
+    _count(conn, track, scope, -1, -utf16_len(text))
+
+
+def _index(conn: sqlite3.Connection, e: Entry) -> None:
+    conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (e.id,))
+    _count(conn, e.track, e.scope, 1, utf16_len(e.text))
+
+
+def _count(conn: sqlite3.Connection, track: str, scope: str, entries: int, used: int) -> None:
+    conn.execute("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (track, scope) DO UPDATE SET entries = entries + excluded.entries, "
+                 "used = used + excluded.used", (track, scope, entries, used))
+
+
 def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    _insert_row(conn, e)
+    _index(conn, e)
+
+
+def _insert_row(conn: sqlite3.Connection, e: Entry) -> None:
     conn.execute(
         f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
@@ -570,13 +696,16 @@ def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
 
 
 def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
+    _unindex(conn, e.id)
     conn.execute(
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
+    _index(conn, e)
 
 
 def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
+    _unindex(conn, entry_id)
     conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
 
 

@@ -15,6 +15,11 @@ alone; one that takes the transaction with it (a failed BEGIN or COMMIT, or SQLi
 the whole transaction back, as it may on FULL, IOERR and BUSY) fails every job of the batch,
 whatever each had computed: none of them committed. Either way the next batch starts on a
 clean connection, so writes recover once the fault clears.
+
+The writer owns its thread (owned.py: every transaction runs on that one thread), the
+committed usage, and the bookkeeping nobody awaits: ``defer`` (the ledger's rows, kept
+across a store fault), and the recall overlay of queries (``with_recalls`` /
+``record_recalls``), settled by ``settled`` for readers that must see it.
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import aiosqlite
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from memoryd_protocol.errors import ProtocolError
+from memoryd_protocol.types import Entry
 
-from .ledger import Anchor
+from . import ledger, store
+from .atomic import atomic
+from .owned import Owned
 from .store import store_fault
 
 log = logging.getLogger("memoryd.writer")
@@ -75,28 +82,16 @@ class _Job(Generic[T]):
     error: BaseException | None = None
 
 
-async def run_on(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn`` on the connection's own thread: one thread hop for a whole transaction.
-
-    aiosqlite exposes only statement-level calls; ``_execute`` is the primitive they are
-    all built on, and it is the one way to keep a multi-statement transaction on the
-    thread that owns the sqlite3 connection without a hop per statement.
-    """
-    raw = conn._conn  # the sqlite3.Connection; only touched from inside fn, on its thread
-    result: T = await conn._execute(fn, raw)  # type: ignore[no-untyped-call]
-    return result
-
-
 class Writer:
-    def __init__(self, conn: aiosqlite.Connection, usage: Usage, path: Path, anchor: Anchor | None = None) -> None:
-        self._conn = conn
+    def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
+                 anchor: ledger.Anchor | None = None) -> None:
+        #: the write connection and its one thread (a bare connection gets a thread here)
+        self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
-        self.anchor = anchor if anchor is not None else Anchor()
+        self.anchor = anchor if anchor is not None else ledger.Anchor()
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
-        #: committed usage per track × scope; replaced (never mutated) after each commit,
-        #: so readers on the event loop always see a committed state.
-        self.usage: Usage = dict(usage)
+        self._usage: Usage = dict(usage)
         self._send: MemoryObjectSendStream[_Job[Any]]
         self._recv: MemoryObjectReceiveStream[_Job[Any]]
         self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
@@ -110,8 +105,48 @@ class Writer:
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
         self._bookkeeping_idle = anyio.Event()
         self._bookkeeping_idle.set()
+        #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it
+        self._recalls: dict[str, list[int]] = {}
+
+    @classmethod
+    async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
+        """Open (and migrate) the store on the writer's own new thread, begin the ledger's
+        chain if it has none, and read the committed usage."""
+        owned = await Owned.open("memoryd-writer", lambda: store.open_store(path, version, busy_timeout_ms))
+        try:
+            try:
+                await owned.run(ledger.open_chain)
+            except sqlite3.Error as exc:
+                raise store.store_fault(exc, path) or exc from None
+            usage = await owned.run(store.stored_usage)
+            head = await owned.run(ledger.head)
+        except BaseException:
+            await owned.aclose()
+            raise
+        return cls(owned, usage, path, ledger.Anchor(head))
+
+    @property
+    def usage(self) -> Usage:
+        """Committed usage per track × scope; replaced (never mutated) after each commit,
+        so readers on the event loop always see a committed state."""
+        return self._usage
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread every transaction of this writer runs on."""
+        return self._owned.thread
+
+    async def aclose(self) -> None:
+        """Once ``run`` has returned: checkpoint (best effort), close the connection, end
+        the thread. (A writer that never ran closes its queue here.)"""
+        self._send.close()
+        self._recv.close()
+        await self._owned.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
 
     async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
+        """Run ``fn`` in the next group commit; return its result once COMMIT has returned.
+        Its error (a store fault as STORE_UNAVAILABLE) is raised here, to the one caller
+        who reports it: the writer logs only what nobody awaits."""
         job: _Job[T] = _Job(fn, durable)
         try:
             self._send.send_nowait(job)
@@ -143,13 +178,61 @@ class Writer:
         self._deferred.append(_Deferred(fn, on_done, keep))
         self._flush_wanted.set()
 
+    # --- recall bookkeeping -----------------------------------------------------------
+
+    async def with_recalls(self, read: Callable[[], list[Entry]]) -> list[Entry]:
+        """``read()`` (entries off the store, in ``store.query``'s rank order) with every
+        recall queued but not committed yet counted in, ranked again if any is queued."""
+        # While a commit carrying queued recalls is in flight, the store may already show
+        # them while the overlay still counts them: wait for that one commit.
+        await self._bookkeeping_committed()
+        hits = read()
+        overlay = self._recalls
+        if overlay:
+            for e in hits:
+                queued = overlay.get(e.id)
+                if queued is not None:
+                    e.recall_count += queued[0]
+                    e.last_recalled = max(e.last_recalled or 0, queued[1])
+            hits.sort(key=store.rank)
+        return hits
+
+    def record_recalls(self, entries: list[Entry], ts: int,
+                       row: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        """``entries`` (a query's page) were recalled at ``ts``: each of these copies shows
+        it now, later queries count it (the overlay) until it commits, and its commit (the
+        counters, and ``row``: the recall's audit row) is queued as bookkeeping."""
+        ids = [e.id for e in entries]
+        overlay = self._recalls
+        for e in entries:
+            e.recall_count += 1
+            e.last_recalled = ts
+            queued = overlay.setdefault(e.id, [0, ts])
+            queued[0] += 1
+            queued[1] = ts
+
+        def job(conn: sqlite3.Connection) -> None:
+            store.bump_recalls(conn, ids, ts)
+            if row is not None:
+                row(conn)
+
+        def committed() -> None:
+            for i in ids:
+                queued = overlay.get(i)
+                if queued is not None:
+                    queued[0] -= 1
+                    if queued[0] <= 0:
+                        del overlay[i]
+
+        self.defer(job, committed)
+
     async def settled(self) -> None:
         """Return once all deferred bookkeeping queued so far has committed, or failed (for
         readers that must see it, such as the audit ledger). A store that cannot take
         writes does not fail the read: the bookkeeping is lost (and logged), the read served."""
         if self._deferred:
             await self._flush()
-        await self.bookkeeping_committed()
+        await self._bookkeeping_committed()
 
     async def idle(self) -> None:
         """Return once no job is queued or committing (``depth`` 0)."""
@@ -162,7 +245,7 @@ class Writer:
         except Exception:  # _commit logged it; recall bookkeeping is not an acknowledged write
             pass
 
-    async def bookkeeping_committed(self) -> None:
+    async def _bookkeeping_committed(self) -> None:
         """Return once no commit carrying deferred bookkeeping is in flight."""
         if not self._bookkeeping_idle.is_set():
             await self._bookkeeping_idle.wait()
@@ -198,7 +281,7 @@ class Writer:
             self._bookkeeping_idle = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                self.usage = await run_on(self._conn, lambda c: self._run_batch(c, batch, durable, deferred, lost))
+                self._usage = await self._owned.run(lambda c: self._run_batch(c, batch, durable, deferred, lost))
         except Exception as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
             # (a result, or an error judged against rows that are gone now).
@@ -234,34 +317,27 @@ class Writer:
         self._deferred = queue
         self._flush_wanted.set()
 
-    @staticmethod
-    def _undo(conn: sqlite3.Connection, savepoint: str, exc: Exception) -> None:
-        """Roll back to ``savepoint`` after ``exc`` inside it. When SQLite has already
-        rolled the whole transaction back (it may, on a store fault), raise ``exc``: the
-        batch is lost, not just this step."""
-        if not conn.in_transaction:
-            raise exc
-        conn.execute(f"ROLLBACK TO {savepoint}")
-        conn.execute(f"RELEASE {savepoint}")
-
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool,
                    deferred: list[_Deferred], lost: list[_Deferred]) -> Usage:
+        """On the writer's thread: the deferred bookkeeping, then every job, each in its own
+        savepoint, all in one transaction. A savepoint that SQLite took the transaction
+        with (``lost``) fails the batch: none of it is committed."""
         if conn.in_transaction:
             conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed in an earlier batch
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
-        usage = dict(self.usage)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        usage = dict(self._usage)
+        with atomic(conn):
             self.anchor.check(conn)
             for d in deferred:
-                conn.execute("SAVEPOINT bookkeeping")
+                step = atomic(conn, "bookkeeping")
                 try:
-                    d.fn(conn)
-                    conn.execute("RELEASE bookkeeping")
+                    with step:
+                        d.fn(conn)
                 except Exception as exc:
-                    self._undo(conn, "bookkeeping", exc)
+                    if step.lost:
+                        raise
                     fault = store_fault(exc, self._path)
                     if fault is not None and d.keep:
                         lost.append(d)
@@ -271,28 +347,18 @@ class Writer:
                         log.error("deferred bookkeeping failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
             for job in batch:
                 before = dict(usage)
-                conn.execute("SAVEPOINT job")
+                step = atomic(conn, "job")
                 try:
-                    job.result = job.fn(conn, usage)
-                    conn.execute("RELEASE job")
+                    with step:
+                        job.result = job.fn(conn, usage)
                 except Exception as exc:
                     usage = before
-                    self._undo(conn, "job", exc)
+                    if step.lost:
+                        raise
                     fault = store_fault(exc, self._path)
                     if fault is not None:
                         log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
-                        job.error = fault
-                    else:
-                        if not isinstance(exc, ProtocolError):
-                            log.error("write job failed", exc_info=exc)
-                        job.error = exc
-            conn.execute("COMMIT")
-            self.anchor.advance(conn)
-        except BaseException:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error as exc:
-                    log.error("rollback after a failed commit failed: %s", exc)  # the next batch retries it
-            raise
+                    # Not logged otherwise: submit raises it to the caller, who reports it.
+                    job.error = fault if fault is not None else exc
+        self.anchor.advance(conn)  # committed: the head this daemon wrote moves on
         return usage

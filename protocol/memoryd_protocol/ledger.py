@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -41,6 +41,7 @@ from .types import (
 #: Runs one SELECT of this module and returns its rows (the caller's sqlite3 connection).
 Fetch = Callable[[str], Iterable[Sequence[Any]]]
 Kind = Literal["start", "connection", "audit", "asked", "decided", "failed"]
+T = TypeVar("T")
 
 #: How many problems a report lists (the first one is what matters; the rest is context).
 MAX_PROBLEMS = 50
@@ -412,6 +413,28 @@ def _resolve(target: str, bodies: Sequence[tuple[LedgerRow, Body]], live: Sequen
             raise InvalidInput(f"{len(hits)} entries contain this text; name one by id: {', '.join(sorted(hits)[:5])}",
                                "target")
     raise InvalidInput("no entry in the store or its ledger has this id or contains this text", "target")
+
+
+class _Rows(Protocol):
+    def fetchall(self) -> list[Any]: ...
+
+
+class Executes(Protocol):
+    """What :func:`consistent` needs of a connection: a sqlite3.Connection has it."""
+
+    def execute(self, sql: str, /) -> _Rows: ...
+
+
+def consistent(conn: Executes, read: Callable[[Fetch], T]) -> T:
+    """Run ``read`` (:func:`read_report`, :func:`read_life`) with a ``fetch`` whose SELECTs
+    all see one moment of the store: one read transaction, ``BEGIN`` … ``COMMIT``, on a
+    connection in autocommit mode. The daemon's reader and ``memoryctl audit verify --db``
+    both read this way."""
+    conn.execute("BEGIN")
+    try:
+        return read(lambda sql: conn.execute(sql).fetchall())
+    finally:
+        conn.execute("COMMIT")
 
 
 def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerReport:

@@ -61,4 +61,12 @@ def default_config_path() -> Path:
     return base / "config.toml"
 
 
-__all__ = ["default_config_path", "default_db_path", "default_socket_path", "private_socket_path", "runtime_dir"]
+def owner_record_path(db: Path) -> Path:
+    """``<db>.memoryd-owner``: the pid and socket of the daemon that holds the store's lock
+    (an exclusive flock on the db file), next to the store. It means something only while
+    that flock is held."""
+    return db.with_name(db.name + ".memoryd-owner")
+
+
+__all__ = ["default_config_path", "default_db_path", "default_socket_path", "owner_record_path", "private_socket_path",
+           "runtime_dir"]

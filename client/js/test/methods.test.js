@@ -167,6 +167,31 @@ describe('daemon methods (policy auto)', () => {
     assert.equal((await client.auditList({ limit: 1 })).length, 1);
   });
 
+  test('auditVerify / auditExplain: the ledger proves the writes; one entry\'s life', async () => {
+    const { entry } = await client.add({ ...UG, text: 'uses pnpm' });
+    await client.replace({ ...UG, id: entry.id, text: 'uses pnpm, never npm' });
+    const report = await client.auditVerify();
+    assert.equal(report.ok, true);
+    assert.deepEqual(report.problems, []);
+    assert.equal(report.auditRows, 2);
+    assert.equal(report.afterAuditSeq, 0);
+    assert.match(report.head, /^[0-9a-f]{64}$/);
+    const life = await client.auditExplain('PNPM');
+    assert.equal(life.entryId, entry.id);
+    assert.equal(life.current.text, 'uses pnpm, never npm');
+    assert.deepEqual(life.events.map((e) => [e.action, e.text, e.sessionId]),
+      [['add', 'uses pnpm', 's-1'], ['replace', 'uses pnpm, never npm', 's-1']]);
+    assert.equal(life.events[0].askedBy.pid, process.pid);
+    assert.equal(life.events[0].decision, null); // policy auto: nothing was asked
+    assert.deepEqual(await client.auditExplain(entry.id), life);
+    await assert.rejects(client.auditExplain('no such text'), (err) => {
+      assert.ok(err instanceof MemorydError);
+      assert.equal(err.code, 'INVALID_INPUT');
+      assert.deepEqual(err.details, { field: 'target' });
+      return true;
+    });
+  });
+
   test('snapshot: rendered once per session, frozen, memory/snapshot event', async () => {
     assert.equal((await client.snapshot(makeSession('s-empty'))).text, '');
     await client.add({ ...UG, text: 'prefers concise answers' });

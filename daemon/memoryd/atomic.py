@@ -1,0 +1,85 @@
+"""SQLite transactions, one way: ``with atomic(conn): ...``.
+
+Outside a transaction, ``atomic`` opens one (``BEGIN IMMEDIATE`` for writes, a plain
+``BEGIN`` for a read that must see one moment of the store) and commits it on success.
+Inside one, it is a savepoint, released on success. On an error the block's changes are
+undone (the transaction rolled back, or the store rolled back to the savepoint) and the
+ORIGINAL error is re-raised, never one from the undo.
+
+SQLite may roll the whole transaction back by itself on some faults (SQLITE_FULL, IOERR,
+BUSY: https://sqlite.org/lang_transaction.html, "Response To Errors Within A
+Transaction"). A savepoint can then not be rolled back to: its ``lost`` is true (as it is
+when the undo itself fails), and the caller must treat the enclosing transaction as gone,
+not just this block.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from types import TracebackType
+
+log = logging.getLogger("memoryd.store")
+
+
+class Atomic:
+    """What ``atomic`` returns: a context manager; ``lost`` says, after an error, that the
+    enclosing transaction is gone too (see the module's docstring)."""
+
+    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool) -> None:
+        self._conn = conn
+        self._name = name
+        self._immediate = immediate
+        self._outer = False
+        self.lost = False
+
+    def __enter__(self) -> Atomic:
+        self._outer = not self._conn.in_transaction
+        if self._outer:
+            self._conn.execute("BEGIN IMMEDIATE" if self._immediate else "BEGIN")
+        else:
+            self._conn.execute(f"SAVEPOINT {self._name}")
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        conn = self._conn
+        if exc is None:
+            if not self._outer:
+                conn.execute(f"RELEASE {self._name}")
+                return
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback("after a failed commit")
+                raise
+            return
+        if self._outer:
+            self._rollback(f"after {type(exc).__name__}")
+            return  # the original error propagates
+        if not conn.in_transaction:
+            self.lost = True  # SQLite rolled the whole transaction back
+            return
+        try:
+            conn.execute(f"ROLLBACK TO {self._name}")
+            conn.execute(f"RELEASE {self._name}")
+        except sqlite3.Error as undo:
+            # The savepoint cannot be undone: neither can the transaction be committed.
+            log.error("rollback to savepoint %s failed: %s", self._name, undo)
+            self.lost = True
+            self._rollback("after a failed rollback to a savepoint")
+
+    def _rollback(self, why: str) -> None:
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            # left open: the writer's next batch rolls it back before it begins
+            log.error("rollback %s failed: %s", why, exc)
+
+
+def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> Atomic:
+    """A transaction (outside one) or a savepoint named ``name`` (inside one) around a
+    ``with`` block; ``immediate=False`` for a read transaction."""
+    return Atomic(conn, name, immediate)

@@ -1,0 +1,122 @@
+"""A sqlite3 connection and the one plain thread that uses it.
+
+Every call handed to an :class:`Owned` runs on its thread, one at a time, in the order
+handed over: a whole transaction (the writer's group commit, a consistent read of the
+ledger) is one hop, and no statement of it ever runs on another thread. The result goes
+back to the event loop through anyio's public ``from_thread`` API.
+
+Why not aiosqlite: its public API is statement-level (one thread hop per ``execute``), and
+the one primitive that would run a whole function on its thread (``_execute``) is private.
+Why not ``anyio.to_thread.run_sync`` with a limiter of one: that bounds how many calls run
+at once, not which thread runs them; the writer's design is one owner thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+log = logging.getLogger("memoryd.store")
+
+T = TypeVar("T")
+
+
+class Owned:
+    """``await owned.run(fn)`` runs ``fn(conn)`` on the owner thread and returns its result
+    (or raises its error). ``aclose`` closes the connection on that thread and ends it.
+
+    The thread is a daemon thread: a close that never happens (a bug) cannot keep the
+    process alive, and SQLite's journal makes a transaction cut off at exit harmless."""
+
+    def __init__(self, name: str, conn: sqlite3.Connection | None = None) -> None:
+        self.name = name
+        self._conn = conn
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    async def open(cls, name: str, connect: Callable[[], sqlite3.Connection]) -> Owned:
+        """A new thread, and the connection ``connect`` opens on it."""
+        owned = cls(name)
+        try:
+            # shielded: a connection opened after its opener was cancelled would be nobody's
+            with anyio.CancelScope(shield=True):
+                owned._conn = await owned._call(connect)
+        except BaseException:
+            await owned.aclose()
+            raise
+        return owned
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the connection is closed")
+        token = anyio.lowlevel.current_token()
+        done = anyio.Event()
+        results: list[T] = []
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                results.append(fn())
+            except BaseException as exc:
+                errors.append(exc)
+            try:
+                anyio.from_thread.run_sync(done.set, token=token)
+            except RuntimeError:  # RunFinishedError, or a loop closing at that moment
+                pass  # the loop has ended: nobody waits for this call any more
+
+        self._calls.put(call)
+        await done.wait()
+        if errors:
+            raise errors[0]
+        return results[0]
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        assert conn is not None
+        return await self._call(lambda: fn(conn))
+
+    async def aclose(self, last: Callable[[sqlite3.Connection], object] | None = None) -> None:
+        """Run ``last`` (its error is logged at debug level and dropped), close the
+        connection, end the thread. Calls handed over before run first; a second close
+        does nothing."""
+        if self._closed:
+            return
+        conn = self._conn
+
+        def close() -> None:
+            if conn is None:
+                return
+            if last is not None:
+                try:
+                    last(conn)
+                except Exception as exc:
+                    log.debug("%s: before closing: %s", self.name, exc)
+            conn.close()
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._call(close)
+            finally:
+                self._closed = True
+                self._calls.put(None)
+                # The thread has handed its last result back: it only has to return now.
+                self._thread.join()

@@ -1,0 +1,172 @@
+"""Query plans: the trigram index path returns exactly the rows of the plain scan, which
+are exactly the protocol's rule (substring, ASCII letters folded), on random stores and
+needles with CJK, emoji and LIKE's own metacharacters; and the index follows every write,
+including those of another program (rebuilt at start when the entries moved)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from memoryd import store
+from memoryd_protocol.text import ascii_fold, utf16_len
+from memoryd_protocol.types import Entry
+
+#: letters that fold, letters that must not (non-ASCII case pairs), CJK, emoji, and
+#: the characters LIKE and FTS5 treat specially
+ALPHABET = "aAbBzZ01 ÉéßẞİıΣσ記憶漢字😀👍🏽%_\\\"'*^-:()"
+texts = st.text(alphabet=ALPHABET, min_size=1, max_size=24)
+
+
+def reference(entries: list[Entry], needle: str) -> set[str]:
+    folded = ascii_fold(needle)
+    return {e.id for e in entries if folded in ascii_fold(e.text)}
+
+
+def entry(n: int, text: str, track: str = "user", scope: str = "user-global") -> Entry:
+    return Entry(id=f"e{n:04d}", track=track, scope=scope, workspace_key="", agent_key="",  # type: ignore[arg-type]
+                 text=text, source="t", tags=[], version=1, created_at=n, updated_at=n, last_recalled=None,
+                 recall_count=0, session_id=None)
+
+
+@contextlib.contextmanager
+def opened(path: Path) -> Iterator[sqlite3.Connection]:
+    store.prepare_path(path)
+    conn = store.open_store(path, store.inspect(path))
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def write(conn: sqlite3.Connection, fn: object) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    fn(conn)  # type: ignore[operator]
+    conn.execute("COMMIT")
+
+
+def chain_newest_audit_row(conn: sqlite3.Connection) -> None:
+    """What memoryd's ledger does for every audit row it writes, in miniature."""
+    conn.execute("BEGIN IMMEDIATE")
+    seq = store.audit(conn, "add", track=None, scope=None, entry_id=None, text=None, outcome=None, source=None,
+                      session_id=None, ts=1)
+    conn.execute("INSERT INTO memoryd_ledger (n, ts, kind, audit_seq, body, prev, hash) VALUES "
+                 "((SELECT coalesce(max(n), 0) + 1 FROM memoryd_ledger), 1, 'audit', ?, '{}', '', '')", (seq,))
+    conn.execute("COMMIT")
+
+
+def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    used: dict[tuple[str, str], int] = {}
+    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
+        used[(track, scope)] = used.get((track, scope), 0) + utf16_len(text)
+    return used
+
+
+def hits(conn: sqlite3.Connection, needle: str, plan: store.QueryPlan) -> list[str]:
+    return [e.id for e in store.query(conn, track=None, scope=None, text=needle, agent_key=None,
+                                      workspace_key=None, plan=plan)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(texts, min_size=1, max_size=40), st.lists(texts, min_size=1, max_size=8), st.data())
+def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: pytest.TempPathFactory,
+                                                              corpus: list[str], needles: list[str],
+                                                              data: st.DataObject) -> None:
+    path = tmp_path_factory.mktemp("plans") / "m.db"
+    entries = [entry(n, t) for n, t in enumerate(corpus)]
+    with opened(path) as conn:
+        write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
+        # substrings of stored texts too, so that most needles hit something
+        picked = [t[data.draw(st.integers(0, len(t) - 1)):][:data.draw(st.integers(1, 6))] for t in corpus[:4]]
+        for needle in needles + picked:
+            expected = reference(entries, needle)
+            scan = hits(conn, needle, "scan")
+            assert set(scan) == expected, needle
+            if len(needle) >= store.INDEX_MIN_NEEDLE:
+                assert hits(conn, needle, "index") == scan, needle
+            assert hits(conn, needle, "auto") == scan, needle
+
+
+def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
+    with opened(tmp_path / "m.db") as conn:
+        a, b = entry(1, "Prefers TABS over spaces"), entry(2, "uses 記憶 daily")
+        write(conn, lambda c: (store.insert_entry(c, a), store.insert_entry(c, b)))
+        assert hits(conn, "tabs", "index") == ["e0001"] and hits(conn, "記憶 d", "index") == ["e0002"]
+        a.text = "Prefers spaces now"
+        write(conn, lambda c: store.update_entry(c, a))
+        assert hits(conn, "tabs", "index") == [] and hits(conn, "spaces now", "index") == ["e0001"]
+        write(conn, lambda c: store.delete_entry(c, b.id))
+        assert hits(conn, "記憶 d", "index") == []
+        (n,) = conn.execute("SELECT count(*) FROM memoryd_fts WHERE memoryd_fts MATCH '\"spa\"'").fetchone()
+        assert n == 1
+
+
+def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path) -> None:
+    with opened(tmp_path / "m.db") as conn:
+        entries = [entry(n, f"common text {n} {'rare' if n == 7 else ''}") for n in range(store.INDEX_MIN_ENTRIES)]
+        write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
+        count = store.entry_count(conn)
+        assert store.choose_plan(conn, "common", count) == "scan"
+        assert store.choose_plan(conn, "rare", count) == "index"
+        assert store.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
+        assert hits(conn, "RARE", "auto") == ["e0007"]
+
+
+def test_entries_written_by_another_program_are_indexed_at_the_next_start(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with opened(path) as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(1, "written by memoryd")))
+        write(conn, lambda c: store.insert_entry(c, entry(2, "also written by memoryd")))
+        write(conn, lambda c: store.delete_entry(c, "e0002"))
+        # memoryd's own writes keep its counts in step, and each leaves a chained audit row
+        # (stood in for here): a start after them, killed or not, does not rebuild the index
+        chain_newest_audit_row(conn)
+        assert store.trusted(conn)
+    # dsh-memento's own SQL, with no idea of the index: add one entry, edit another
+    with contextlib.closing(sqlite3.connect(path)) as ref:
+        ref.execute("INSERT INTO entries (id, track, scope, workspace_key, text, source, created_at, updated_at, "
+                    "session_id, agent_key, last_recalled, recall_count, tags, version) VALUES ('m1', 'user', "
+                    "'user-global', '', 'written by dsh-memento', 'dsh-memento', 5, 5, NULL, '', NULL, 0, '[]', 1)")
+        ref.execute("UPDATE entries SET text = 'edited by dsh-memento', updated_at = 6, version = 2 "
+                    "WHERE id = 'e0001'")
+        ref.execute("INSERT INTO audit (ts, action, text) VALUES (6, 'add', 'written by dsh-memento')")
+        ref.commit()
+    with opened(path) as conn:
+        assert hits(conn, "by dsh-memento", "index") == hits(conn, "by dsh-memento", "scan")
+        assert sorted(hits(conn, "dsh-memento", "index")) == ["e0001", "m1"]
+        assert hits(conn, "by memoryd", "index") == []
+        assert store.stored_usage(conn)[("user", "user-global")] == len("edited by dsh-memento") + len(
+            "written by dsh-memento")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "replace", "remove"]), texts,
+                          st.sampled_from([("user", "user-global"), ("agent", "workspace")]), st.integers(0, 9)),
+                max_size=30))
+def test_the_kept_counts_follow_every_write(tmp_path_factory: pytest.TempPathFactory,
+                                            ops: list[tuple[str, str, tuple[str, str], int]]) -> None:
+    path = tmp_path_factory.mktemp("counts") / "m.db"
+    live: dict[str, Entry] = {}
+    with opened(path) as conn:
+        for n, (op, text, (track, scope), pick) in enumerate(ops):
+            ids = sorted(live)
+            if op == "add" or not ids:
+                e = entry(n, text, track, scope)
+                live[e.id] = e
+                write(conn, lambda c, e=e: store.insert_entry(c, e))
+            elif op == "replace":
+                e = live[ids[pick % len(ids)]]
+                e.text = text
+                write(conn, lambda c, e=e: store.update_entry(c, e))
+            else:
+                gone = live.pop(ids[pick % len(ids)])
+                write(conn, lambda c, gone=gone: store.delete_entry(c, gone.id))
+        kept = {cell: u for cell, u in store.stored_usage(conn).items() if u}
+        assert kept == {cell: u for cell, u in computed_usage(conn).items() if u}
+        (n_kept,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
+        assert int(n_kept) == len(live)

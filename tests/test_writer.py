@@ -1,0 +1,413 @@
+"""The single writer, in process: a real store in a temporary directory, no daemon process.
+
+Group commit, a savepoint per job, the one owner thread, the bookkeeping nobody awaits
+(kept ledger rows, the recall overlay), close and drain; ``atomic``; and ``Daemon.open``
+letting go of everything when a later step fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from memoryd import adapter_registry, store
+from memoryd.adapter_registry import AdapterRegistryError
+from memoryd.atomic import atomic
+from memoryd.config import Config
+from memoryd.writer import Usage, Writer, WriterClosed
+from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
+from memoryd_protocol.types import Entry
+
+with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from memoryd.app import Daemon
+
+pytestmark = pytest.mark.anyio
+
+CELL = ("user", "user-global")
+
+
+def rows(db: Path, sql: str = "SELECT key, value FROM meta WHERE key LIKE 't:%' ORDER BY key",
+         *args: Any) -> list[tuple[Any, ...]]:
+    """What another connection sees committed."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def put(key: str, delta: int = 0) -> Callable[[sqlite3.Connection, Usage], str]:
+    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
+        if delta:
+            usage[CELL] = usage.get(CELL, 0) + delta
+        return key
+
+    return job
+
+
+@contextlib.asynccontextmanager
+async def running(db: Path, *, statements: list[str] | None = None) -> AsyncIterator[Writer]:
+    """A writer on a fresh store, running; closed, drained and its thread ended on exit.
+    ``statements`` collects every statement the write connection runs."""
+    conn = store.open_store(db, store.inspect(db), 0)
+    if statements is not None:
+        conn.set_trace_callback(statements.append)
+    writer = Writer(conn, {}, db)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            try:
+                yield writer
+            finally:
+                writer.close()
+    finally:
+        await writer.aclose()
+
+
+async def queued_then_run(writer: Writer, jobs: list[Any]) -> list[Any]:
+    """Queue every job before the writer runs (so they are one batch), run, close."""
+    results: list[Any] = [None] * len(jobs)
+
+    async def one(n: int, fn: Any) -> None:
+        try:
+            results[n] = await writer.submit(fn)
+        except Exception as exc:
+            results[n] = exc
+
+    async with anyio.create_task_group() as tg:
+        for n, fn in enumerate(jobs):
+            tg.start_soon(one, n, fn)
+        await anyio.wait_all_tasks_blocked()
+        assert writer.depth == len(jobs)
+        tg.start_soon(writer.run)
+        writer.close()
+    return results
+
+
+@contextlib.contextmanager
+def write_lock(db: Path) -> Iterator[None]:
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def fresh(tmp_path: Path) -> tuple[Path, sqlite3.Connection, Writer]:
+    db = tmp_path / "w.db"
+    conn = store.open_store(db, store.inspect(db), 0)
+    return db, conn, Writer(conn, {}, db)
+
+
+# --- group commit, savepoints, the thread -------------------------------------------------
+
+
+async def test_queued_jobs_commit_as_one_transaction(tmp_path: Path) -> None:
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        assert await queued_then_run(writer, [put("a", 1), put("b", 2), put("c", 3)]) == ["a", "b", "c"]
+    finally:
+        await writer.aclose()
+    assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 1
+    assert [s for s in statements if s.startswith("SAVEPOINT")] == ["SAVEPOINT job"] * 3
+    assert rows(db) == [("t:a", "x"), ("t:b", "x"), ("t:c", "x")]
+    assert writer.usage == {CELL: 6}
+
+
+async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Path) -> None:
+    """Its rows and its usage change are undone; the jobs before and after it commit."""
+    db, _, writer = fresh(tmp_path)
+
+    def over(conn: sqlite3.Connection, usage: Usage) -> None:
+        put("over", 100)(conn, usage)
+        raise BudgetExceeded("memory budget exceeded", {})
+
+    try:
+        first, failed, last = await queued_then_run(writer, [put("a", 1), over, put("c", 3)])
+    finally:
+        await writer.aclose()
+    assert (first, last) == ("a", "c")
+    assert isinstance(failed, BudgetExceeded)
+    assert rows(db) == [("t:a", "x"), ("t:c", "x")]
+    assert writer.usage == {CELL: 4}
+
+
+async def test_every_job_runs_on_the_one_owner_thread(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def where(conn: sqlite3.Connection, usage: Usage) -> None:
+        seen.append(threading.get_ident())
+
+    async with running(tmp_path / "w.db") as writer:
+        for _ in range(3):  # one after the other: three batches
+            await writer.submit(where)
+        async with anyio.create_task_group() as tg:  # and a batch of several
+            for _ in range(3):
+                tg.start_soon(writer.submit, where)
+        thread = writer.thread
+    assert len(seen) == 6
+    assert set(seen) == {thread.ident} and thread.ident != threading.get_ident()
+    assert thread.name == "memoryd-writer"
+    assert not thread.is_alive()  # aclose ended it
+
+
+async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    writer = await Writer.open(db, store.inspect(db), 0)
+    seen: list[int] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            await writer.submit(lambda conn, usage: seen.append(threading.get_ident()))
+            writer.close()
+    finally:
+        await writer.aclose()
+    assert seen == [writer.thread.ident]
+    assert rows(db, "SELECT kind FROM memoryd_ledger") == [("start",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("4",)]
+
+
+# --- close and drain ------------------------------------------------------------------------
+
+
+async def test_close_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) -> None:
+    db, conn, writer = fresh(tmp_path)
+    results: list[str] = []
+
+    async def one(key: str) -> None:
+        results.append(await writer.submit(put(key)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "a")
+        tg.start_soon(one, "b")
+        await anyio.wait_all_tasks_blocked()
+        writer.close()  # before the writer has run: what is queued still commits
+        tg.start_soon(writer.run)
+        await writer.idle()
+    assert sorted(results) == ["a", "b"] and writer.depth == 0
+    with pytest.raises(WriterClosed, match=r"^the store is closing$"):
+        await writer.submit(put("late"))
+    await writer.aclose()
+    await writer.aclose()  # a second close does nothing
+    assert not writer.thread.is_alive()
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.execute("SELECT 1")  # closed, on its thread
+    assert rows(db) == [("t:a", "x"), ("t:b", "x")]
+
+
+# --- logging: a failing job's traceback once ------------------------------------------------
+
+
+async def test_a_failing_job_raises_to_its_caller_and_the_writer_logs_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The caller reports the error (the RPC layer logs an internal error's traceback): the
+    writer logging it too put the same traceback in the log twice."""
+    def bug(conn: sqlite3.Connection, usage: Usage) -> None:
+        raise RuntimeError("a bug in a job")
+
+    caplog.set_level(logging.DEBUG, logger="memoryd")
+    async with running(tmp_path / "w.db") as writer:
+        with pytest.raises(RuntimeError, match=r"^a bug in a job$") as info:
+            await writer.submit(bug)
+        assert await writer.submit(put("after")) == "after"
+    assert any(frame.name == "bug" for frame in info.traceback)  # the traceback reaches the caller whole
+    assert [r for r in caplog.records if r.name.startswith("memoryd")] == []
+
+
+async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nobody awaits deferred bookkeeping: the writer is the one that reports it."""
+    def bug(conn: sqlite3.Connection) -> None:
+        raise RuntimeError("a bug in bookkeeping")
+
+    done = anyio.Event()
+    caplog.set_level(logging.DEBUG, logger="memoryd")
+    async with running(tmp_path / "w.db") as writer:
+        writer.defer(bug, done.set)
+        await writer.settled()
+        assert done.is_set()
+    records = [r for r in caplog.records if r.name.startswith("memoryd")]
+    assert [(r.name, r.getMessage()) for r in records] == [("memoryd.writer", "deferred bookkeeping failed")]
+    assert records[0].exc_info is not None and str(records[0].exc_info[1]) == "a bug in bookkeeping"
+
+
+# --- deferred bookkeeping -------------------------------------------------------------------
+
+
+async def test_kept_rows_outlive_a_store_fault_and_commit_once_it_clears(tmp_path: Path) -> None:
+    """A busy store loses the batch: a kept row (the ledger's) waits for the next batch,
+    a plain one is dropped (its on_done still runs). Neither is written twice."""
+    db = tmp_path / "w.db"
+    done: list[str] = []
+
+    def row(key: str) -> Callable[[sqlite3.Connection], None]:
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
+
+        return insert
+
+    async with running(db) as writer:
+        with write_lock(db):
+            writer.defer(row("kept"), lambda: done.append("kept"), keep=True)
+            writer.defer(row("plain"), lambda: done.append("plain"))
+            with pytest.raises(StoreUnavailable) as info:
+                await writer.submit(put("a"))
+            assert info.value.details == {"reason": "busy", "path": str(db)}
+            assert done == ["plain"]
+            assert rows(db) == []
+        assert await writer.submit(put("b")) == "b"
+        assert done == ["plain", "kept"]
+        await writer.settled()
+    assert rows(db) == [("t:b", "x"), ("t:kept", "x")]
+
+
+async def test_settled_waits_for_bookkeeping_queued_so_far(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO meta VALUES ('t:d', 'x')")
+
+        writer.defer(insert)
+        assert rows(db) == []
+        await writer.settled()
+        assert rows(db) == [("t:d", "x")]
+
+
+async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        older = store.new_id()
+        newer = store.new_id()
+
+        def seed(conn: sqlite3.Connection, usage: Usage) -> None:
+            for n, entry_id in enumerate((older, newer)):
+                store.insert_entry(conn, Entry(
+                    id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
+                    source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
+                    recall_count=0, session_id=None))
+
+        await writer.submit(seed)
+        reader = store.connect(db, 0)
+        try:
+            def read() -> list[Any]:
+                return store.query(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None)
+
+            hits = await writer.with_recalls(read)
+            assert [e.id for e in hits] == [newer, older]  # by updated_at: neither recalled yet
+            page = [hits[1]]
+            writer.record_recalls(page, 1000)
+            assert (page[0].recall_count, page[0].last_recalled) == (1, 1000)  # the reply's copy
+            queued = await writer.with_recalls(read)  # not committed yet: the overlay counts it
+            assert [(e.id, e.recall_count, e.last_recalled) for e in queued] == [(older, 1, 1000), (newer, 0, None)]
+            assert rows(db, "SELECT recall_count FROM entries WHERE id = ?", older) == [(0,)]
+            await writer.settled()
+            committed = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
+            assert [(e.id, e.recall_count, e.last_recalled) for e in committed] == [(older, 1, 1000), (newer, 0, None)]
+        finally:
+            reader.close()
+
+
+# --- atomic ---------------------------------------------------------------------------------
+
+
+def test_atomic_commits_or_rolls_back_and_reraises_the_original_error(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    conn = store.open_store(db, 0, 0)
+    try:
+        with atomic(conn):
+            conn.execute("INSERT INTO meta VALUES ('t:a', 'x')")
+        assert not conn.in_transaction and rows(db) == [("t:a", "x")]
+        error = BudgetExceeded("memory budget exceeded", {})
+        with pytest.raises(BudgetExceeded) as info, atomic(conn):
+            conn.execute("INSERT INTO meta VALUES ('t:b', 'x')")
+            raise error
+        assert info.value is error and not conn.in_transaction
+        assert rows(db) == [("t:a", "x")]
+    finally:
+        conn.close()
+
+
+def test_atomic_inside_a_transaction_is_a_savepoint(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    conn = store.open_store(db, 0, 0)
+    try:
+        with atomic(conn):
+            step = atomic(conn, "inner")
+            with pytest.raises(KeyError), step:
+                conn.execute("INSERT INTO meta VALUES ('t:undone', 'x')")
+                raise KeyError("x")
+            assert not step.lost and conn.in_transaction
+            with atomic(conn, "inner"):
+                conn.execute("INSERT INTO meta VALUES ('t:kept', 'x')")
+        assert rows(db) == [("t:kept", "x")]
+    finally:
+        conn.close()
+
+
+def test_atomic_says_lost_when_sqlite_rolled_the_whole_transaction_back(tmp_path: Path) -> None:
+    """SQLITE_FULL (max_page_count) rolls the transaction back: the savepoint cannot be
+    rolled back to, the original error is raised, and the caller learns the batch is gone."""
+    db = tmp_path / "a.db"
+    conn = store.open_store(db, 0, 0)
+    try:
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages + 4}")
+        with pytest.raises(sqlite3.OperationalError) as outer, atomic(conn):
+            conn.execute("INSERT INTO meta VALUES ('t:before', 'x')")
+            step = atomic(conn, "big")
+            with pytest.raises(sqlite3.OperationalError) as info, step:
+                conn.execute("INSERT INTO meta VALUES ('t:big', ?)", ("x" * 200_000,))
+            assert info.value.sqlite_errorname == "SQLITE_FULL"
+            assert step.lost and not conn.in_transaction
+            raise info.value
+        assert outer.value.sqlite_errorname == "SQLITE_FULL"
+        assert rows(db) == []
+    finally:
+        conn.close()
+
+
+# --- Daemon.open: a later step fails --------------------------------------------------------
+
+
+class BadEntryPoint:
+    name = "broken"
+    value = "broken_adapter:Adapter"
+
+    def load(self) -> Any:
+        raise ImportError("No module named 'broken_adapter'")
+
+
+async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = Config()
+    cfg.db_path = tmp_path / "memory.db"
+    cfg.socket_path = tmp_path / "memoryd.sock"
+    threads = set(threading.enumerate())
+    with monkeypatch.context() as m:
+        m.setattr(adapter_registry, "discovered_entry_points", lambda: [BadEntryPoint()])
+        with pytest.raises(AdapterRegistryError, match=r"refused: it failed to load: ImportError"):
+            await Daemon.open(cfg)
+    assert set(threading.enumerate()) == threads  # the writer's, the reader's and the scanner's threads ended
+    assert not cfg.db_path.with_name("memory.db.memoryd-owner").exists()
+    daemon = await Daemon.open(cfg)  # the lock was let go: a second open takes it
+    try:
+        assert {t.name for t in set(threading.enumerate()) - threads} == {"memoryd-writer", "memoryd-reader",
+                                                                          "memoryd-scanner"}
+    finally:
+        await daemon.close()
+    assert set(threading.enumerate()) == threads
+    await daemon.close()  # a second close does nothing
