@@ -170,3 +170,34 @@ def test_the_kept_counts_follow_every_write(tmp_path_factory: pytest.TempPathFac
         assert kept == {cell: u for cell, u in computed_usage(conn).items() if u}
         (n_kept,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
         assert int(n_kept) == len(live)
+
+
+def boost(entries: list[Entry], extra: dict[str, int]) -> list[Entry]:
+    """The writer's overlay, in miniature: queued recalls counted in, then ranked again."""
+    for e in entries:
+        e.recall_count += extra.get(e.id, 0)
+    return sorted(entries, key=store.rank)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["ab", "abc", "x", "Abc d"]), st.integers(0, 3), st.integers(0, 5)),
+                min_size=1, max_size=30),
+       st.sampled_from([None, "ab", "abc", "zz"]), st.integers(1, 6),
+       st.dictionaries(st.integers(0, 29), st.integers(1, 3), max_size=5))
+def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[str, int, int]],
+                                        needle: str | None, limit: int, queued: dict[int, int]) -> None:
+    path = tmp_path_factory.mktemp("pages") / "m.db"
+    with opened(path) as conn:
+        def fill(c: sqlite3.Connection) -> None:
+            for n, (text, recalls, updated) in enumerate(rows):
+                e = entry(n, text)
+                e.recall_count, e.updated_at = recalls, updated
+                store.insert_entry(c, e)
+
+        write(conn, fill)
+        extra = {f"e{n:04d}": k for n, k in queued.items() if n < len(rows)}
+        every = boost(store.query(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None), extra)
+        got, total = store.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
+                                      limit=limit, boosted=extra.keys())
+        assert total == len(every)
+        assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]

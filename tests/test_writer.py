@@ -303,19 +303,20 @@ async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: P
         await writer.submit(seed)
         reader = store.connect(db, 0)
         try:
-            def read() -> list[Any]:
-                return store.query(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None)
+            def read(boosted: Any) -> tuple[list[Any], int]:
+                return store.query_page(reader, track=None, scope=None, text=None, agent_key=None,
+                                        workspace_key=None, limit=50, boosted=boosted)
 
-            hits = await writer.with_recalls(read)
+            hits, _ = await writer.with_recalls(read)
             assert [e.id for e in hits] == [newer, older]  # by updated_at: neither recalled yet
             page = [hits[1]]
             writer.record_recalls(page, 1000)
             assert (page[0].recall_count, page[0].last_recalled) == (1, 1000)  # the reply's copy
-            queued = await writer.with_recalls(read)  # not committed yet: the overlay counts it
+            queued, _ = await writer.with_recalls(read)  # not committed yet: the overlay counts it
             assert [(e.id, e.recall_count, e.last_recalled) for e in queued] == [(older, 1, 1000), (newer, 0, None)]
             assert rows(db, "SELECT recall_count FROM entries WHERE id = ?", older) == [(0,)]
             await writer.settled()
-            committed = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
+            committed, _ = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
             assert [(e.id, e.recall_count, e.last_recalled) for e in committed] == [(older, 1, 1000), (newer, 0, None)]
         finally:
             reader.close()

@@ -335,10 +335,10 @@ class Service:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        hits = await self.writer.with_recalls(lambda: store.query(
-            self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key))
+        hits, total = await self.writer.with_recalls(lambda boosted: store.query_page(
+            self.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key,
+            limit=limit, boosted=boosted))
         page = hits[:limit]
-        total = len(hits)
         ts = store.now_ms()
         stamp = Stamp(origin=self.pipeline.who(peer), session_id=session_id)
 

@@ -16,7 +16,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -515,7 +515,8 @@ def fts_phrase(text: str) -> str:
 
 
 def entry_count(conn: sqlite3.Connection) -> int:
-    (n,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    """The number of entries, from the counts memoryd keeps (no scan)."""
+    (n,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
     return int(n)
 
 
@@ -531,20 +532,9 @@ def choose_plan(conn: sqlite3.Connection, text: str, entries: int) -> QueryPlan:
     return "scan" if n >= cap else "index"
 
 
-def query(
-    conn: sqlite3.Connection,
-    *,
-    track: str | None,
-    scope: str | None,
-    text: str | None,
-    agent_key: str | None,
-    workspace_key: str | None,
-    plan: QueryPlan = "auto",
-) -> list[Entry]:
-    """All hits in rank order. A text matches as a substring with ASCII letters folded (the
-    protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
-    candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
-    so both plans return the same rows (tests/test_query_plans.py compares them)."""
+def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, text: str | None,
+             agent_key: str | None, workspace_key: str | None, plan: QueryPlan) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading ``WHERE``, or empty) and its arguments."""
     where: list[str] = []
     args: list[Any] = []
     if text:
@@ -567,11 +557,85 @@ def query(
     if workspace_key is not None:
         where.append("(scope = 'user-global' OR workspace_key = ?)")
         args.append(workspace_key)
-    sql = f"SELECT {ENTRY_COLUMNS} FROM entries"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY recall_count DESC, updated_at DESC, id"
-    return [row_to_entry(r) for r in conn.execute(sql, args).fetchall()]
+    return (" WHERE " + " AND ".join(where)) if where else "", args
+
+
+RANK_ORDER = " ORDER BY recall_count DESC, updated_at DESC, id"
+
+
+def query(
+    conn: sqlite3.Connection,
+    *,
+    track: str | None,
+    scope: str | None,
+    text: str | None,
+    agent_key: str | None,
+    workspace_key: str | None,
+    plan: QueryPlan = "auto",
+) -> list[Entry]:
+    """All hits in rank order. A text matches as a substring with ASCII letters folded (the
+    protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
+    candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
+    so both plans return the same rows (tests/test_query_plans.py compares them)."""
+    where, args = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
+    return [row_to_entry(r) for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{RANK_ORDER}",
+                                                  args).fetchall()]
+
+
+def query_page(
+    conn: sqlite3.Connection,
+    *,
+    track: str | None,
+    scope: str | None,
+    text: str | None,
+    agent_key: str | None,
+    workspace_key: str | None,
+    limit: int,
+    boosted: Collection[str] = (),
+) -> tuple[list[Entry], int]:
+    """What a page of ``limit`` hits can come from, and the number of all hits: the first
+    ``limit + len(boosted)`` hits by stored rank, and the hits among ``boosted`` (entries
+    whose queued recalls may lift them; the caller ranks again). Any other hit has at least
+    ``limit`` hits ahead of it that no recall can overtake, so it is on no page. Rows are
+    built for these only: a query costs in proportion to its page, not to the store (apart
+    from matching itself, which a text without the index plan scans for)."""
+    where, args = _filters(conn, track, scope, text, agent_key, workspace_key, "auto")
+    take = limit + len(boosted)
+    if text:
+        # Matching is the cost here: match once, keeping only what ranks a hit, then build
+        # the rows of the page's candidates.
+        keys = conn.execute(f"SELECT rowid, id FROM entries{where}{RANK_ORDER}", args).fetchall()
+        chosen = [k[0] for k in keys[:take]]
+        if boosted:
+            lifted = set(boosted)
+            chosen.extend(k[0] for k in keys[take:] if k[1] in lifted)
+        rows = _rows_in(conn, "rowid", chosen, "", [])
+        return sorted((row_to_entry(r) for r in rows), key=rank), len(keys)
+    total = conn.execute(f"SELECT count(*) FROM entries{where}", args).fetchone()[0]
+    rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{RANK_ORDER} LIMIT ?", [*args, take]).fetchall()
+    entries = [row_to_entry(r) for r in rows]
+    if boosted and total > len(entries):
+        have = {e.id for e in entries}
+        missing = [i for i in boosted if i not in have]
+        if missing:
+            entries.extend(row_to_entry(r) for r in _rows_in(conn, "id", missing, where, args))
+    return entries, int(total)
+
+
+#: Host parameters per statement, well below SQLite's limit (32,766 since 3.32).
+_CHUNK = 2000
+
+
+def _rows_in(conn: sqlite3.Connection, column: str, values: list[Any], where: str, args: list[Any]) -> list[Any]:
+    """The entry rows whose ``column`` is one of ``values`` (and that meet ``where``)."""
+    joiner = " AND " if where else " WHERE "
+    rows: list[Any] = []
+    for at in range(0, len(values), _CHUNK):
+        part = values[at:at + _CHUNK]
+        marks = ", ".join("?" * len(part))
+        rows += conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{joiner}{column} IN ({marks})",
+                             [*args, *part]).fetchall()
+    return rows
 
 
 # --- what a start may trust ------------------------------------------------------------

@@ -28,7 +28,7 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -180,14 +180,17 @@ class Writer:
 
     # --- recall bookkeeping -----------------------------------------------------------
 
-    async def with_recalls(self, read: Callable[[], list[Entry]]) -> list[Entry]:
-        """``read()`` (entries off the store, in ``store.query``'s rank order) with every
-        recall queued but not committed yet counted in, ranked again if any is queued."""
+    async def with_recalls(self, read: Callable[[Collection[str]], tuple[list[Entry], int]]
+                           ) -> tuple[list[Entry], int]:
+        """``read(boosted)`` (entries off the store, and a count) with every recall queued
+        but not committed yet counted in, ranked again if any is queued. ``boosted`` are the
+        ids with queued recalls, which ``read`` must include if they match
+        (``store.query_page``)."""
         # While a commit carrying queued recalls is in flight, the store may already show
         # them while the overlay still counts them: wait for that one commit.
         await self._bookkeeping_committed()
-        hits = read()
         overlay = self._recalls
+        hits, total = read(overlay.keys())
         if overlay:
             for e in hits:
                 queued = overlay.get(e.id)
@@ -195,7 +198,7 @@ class Writer:
                     e.recall_count += queued[0]
                     e.last_recalled = max(e.last_recalled or 0, queued[1])
             hits.sort(key=store.rank)
-        return hits
+        return hits, total
 
     def record_recalls(self, entries: list[Entry], ts: int,
                        row: Callable[[sqlite3.Connection], None] | None = None) -> None:
