@@ -23,7 +23,6 @@ LAYER = {"track": "user", "scope": "user-global"}
 PROPOSALS_UNLEDGERED = pytest.mark.xfail(strict=True, reason="proposals/create and proposals/dismiss commit without a "
                                                             "ledger row")
 
-SILENT_RESTART = pytest.mark.xfail(strict=True, reason="a chain begun on a store that holds entries is not logged")
 
 
 def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -295,7 +294,6 @@ async def test_an_entrys_session_and_times_are_replayed(daemon: Any) -> None:
                                                  f"session_id"}]
 
 
-@SILENT_RESTART
 async def test_a_ledger_wiped_while_the_daemon_was_stopped_is_logged_when_it_restarts(
         daemon_factory: Any, tmp_path: Path) -> None:
     """With the daemon stopped, a same-uid process deletes the whole ledger and the audit

@@ -65,6 +65,11 @@ def ensure_start(conn: sqlite3.Connection) -> None:
     else:
         note = "the chain starts with the store"
     append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots))
+    if entries or earlier:
+        # A store new to memoryd, or one whose ledger was deleted: only the log, beside the
+        # last run's "ledger head at stop", can tell the two apart.
+        log.warning("the ledger's chain begins on a store that already holds %d entries and %d audit rows: nothing "
+                    "proves what came before", len(entries), earlier)
 
 
 def open_chain(conn: sqlite3.Connection) -> None:
