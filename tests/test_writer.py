@@ -402,11 +402,12 @@ async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fai
         m.setattr(adapter_registry, "discovered_entry_points", lambda: [BadEntryPoint()])
         with pytest.raises(AdapterRegistryError, match=r"refused: it failed to load: ImportError"):
             await Daemon.open(cfg)
-    assert set(threading.enumerate()) == threads  # the writer's and the reader's threads ended
+    assert set(threading.enumerate()) == threads  # the writer's, the reader's and the scanner's threads ended
     assert not cfg.db_path.with_name("memory.db.memoryd-owner").exists()
     daemon = await Daemon.open(cfg)  # the lock was let go: a second open takes it
     try:
-        assert {t.name for t in set(threading.enumerate()) - threads} == {"memoryd-writer", "memoryd-reader"}
+        assert {t.name for t in set(threading.enumerate()) - threads} == {"memoryd-writer", "memoryd-reader",
+                                                                          "memoryd-scanner"}
     finally:
         await daemon.close()
     assert set(threading.enumerate()) == threads

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 
-from . import store
+from . import ledger, store
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
@@ -225,12 +225,16 @@ class Daemon:
             resources.callback(unlock_store, path, lock_fd)
             writer = await Writer.open(path, version, busy_ms)
             resources.push_async_callback(writer.aclose)
+            log.info("ledger head at start: %s", _head(writer.anchor))
             reader = await Owned.open("memoryd-reader", lambda: _reader(path, busy_ms))
             resources.push_async_callback(reader.aclose)
+            # whole-ledger scans (audit/verify, audit/explain) get a thread of their own
+            scanner = await Owned.open("memoryd-scanner", lambda: _reader(path, busy_ms))
+            resources.push_async_callback(scanner.aclose)
             loop_reader = _reader(path, busy_ms)
             resources.callback(loop_reader.close)
             approvals = Approvals(config.max_pending_approvals)
-            service = Service(config, writer, reader, approvals, loop_reader)
+            service = Service(config, writer, reader, approvals, loop_reader, scanner)
             dispatcher = cls._dispatcher(config, service, extra_handlers)
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
 
@@ -330,6 +334,7 @@ class Daemon:
                     await self.writer.settled()
                 self.writer.close()
         await self.close()
+        log.info("ledger head at stop: %s", _head(self.writer.anchor))
 
     def _bind(self) -> Any:
         """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
@@ -519,3 +524,8 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         await daemon.close()
         raise
     return 0
+
+
+def _head(anchor: ledger.Anchor) -> str:
+    """The ledger's head for the log, an anchor kept outside the store."""
+    return "none" if anchor.head is None else f"row {anchor.head[0]} hash {anchor.head[1]}"

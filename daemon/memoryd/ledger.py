@@ -7,11 +7,13 @@ transaction the writer opened, so an audit row and its ledger row commit or vani
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from dataclasses import dataclass
 
 from memoryd_protocol.ledger import (
     SELECT_ENTRIES,
+    SELECT_SNAPSHOTS,
     AskedBody,
     AuditBody,
     Body,
@@ -23,11 +25,15 @@ from memoryd_protocol.ledger import (
     chain_hash,
     entries_from,
     ledger_entry,
+    snapshots_from,
+    text_hash,
 )
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
 
 from . import store
 from .atomic import atomic
+
+log = logging.getLogger("memoryd.ledger")
 
 
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
@@ -35,9 +41,10 @@ def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None 
     last = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
     n, prev = (last[0] + 1, last[1]) if last else (1, "")
     text = canonical(body)
+    ts = ts if ts is not None else store.now_ms()
     conn.execute(
         "INSERT INTO memoryd_ledger (n, ts, kind, ref, audit_seq, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (n, ts if ts is not None else store.now_ms(), kind, ref, audit_seq, text, prev, chain_hash(prev, kind, text)),
+        (n, ts, kind, ref, audit_seq, text, prev, chain_hash(prev, n, ts, kind, ref, audit_seq, text)),
     )
 
 
@@ -49,6 +56,7 @@ def ensure_start(conn: sqlite3.Connection) -> None:
     (after,) = conn.execute("SELECT coalesce(max(seq), 0) FROM audit").fetchone()
     (earlier,) = conn.execute("SELECT count(*) FROM audit").fetchone()
     entries = entries_from(conn.execute(SELECT_ENTRIES))
+    snapshots = {sid: text_hash(text) for sid, text in snapshots_from(conn.execute(SELECT_SNAPSHOTS))}
     if earlier:
         note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "
                 f"before this store had a ledger (by dsh-memento, or an older memoryd) and carry no hashes")
@@ -56,7 +64,12 @@ def ensure_start(conn: sqlite3.Connection) -> None:
         note = f"the chain starts with the {len(entries)} entries the store held and no audit rows"
     else:
         note = "the chain starts with the store"
-    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries))
+    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots))
+    if entries or earlier:
+        # A store new to memoryd, or one whose ledger was deleted: only the log, beside the
+        # last run's "ledger head at stop", can tell the two apart.
+        log.warning("the ledger's chain begins on a store that already holds %d entries and %d audit rows: nothing "
+                    "proves what came before", len(entries), earlier)
 
 
 def open_chain(conn: sqlite3.Connection) -> None:
@@ -73,6 +86,48 @@ def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -
     if seen is None:
         append(conn, "connection", who, ref=who.ref)
     return who.ref
+
+
+def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
+    """The newest ledger row: (n, hash); None for an empty ledger."""
+    row = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+@dataclass
+class Anchor:
+    """The newest ledger row this daemon committed (or found at start), held outside the
+    store. A same-uid process can delete the ledger's tail or rewrite it with recomputed
+    hashes, and the chain still checks out; it cannot change what the running daemon
+    remembers. The writer checks the row at the head of every transaction (``check``) and
+    moves the head after every commit (``advance``); ``audit/verify`` compares the store
+    with it. Once the store no longer holds that row as written, the head stays where it
+    was for the daemon's life, so a later write does not chain the forgery in."""
+
+    head: tuple[int, str] | None = None
+    #: set once the store's row ``head`` was found missing or changed
+    lost: bool = False
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        """Inside the writer's transaction, before its first row."""
+        if self.head is None or self.lost:
+            return
+        n, want = self.head
+        row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (n,)).fetchone()
+        if row is None or row[0] != want:
+            self.lost = True
+            log.error("ledger row %d, the last this daemon wrote, is %s outside memoryd; audit/verify reports it", n,
+                      "missing: deleted" if row is None else "changed")
+
+    def advance(self, conn: sqlite3.Connection) -> None:
+        """After a commit. Never raises: the commit is done, and a head not moved only makes
+        the next check look at an older row, which is still there."""
+        if self.lost:
+            return
+        try:
+            self.head = head(conn)
+        except sqlite3.Error as exc:
+            log.error("could not read the ledger's head after a commit: %s", exc)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import ALLOWED_ONCE
-from memoryd_protocol.errors import ProtocolError, WriteDenied
+from memoryd_protocol.errors import ProtocolError, StoreUnavailable, WriteDenied
 from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
@@ -210,10 +210,19 @@ class Pipeline:
         stamp = ledger.Stamp(origin=origin, session_id=view.session_id,
                              label=payloads.outcome_label(outcome, policy), approval=approval)
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> None:
+        def rows(conn: sqlite3.Connection) -> None:
             if decision is not None:
                 decision.record(conn)
             stamp.audit(conn, f"{plan.action}-denied", track=plan.track, scope=plan.scope, entry_id=plan.entry_id,
                         text=plan.text, source=plan.source)
 
-        await self.writer.submit(job)
+        try:
+            await self.writer.submit(lambda conn, usage: rows(conn))
+        except StoreUnavailable:
+            if decision is None:
+                raise  # no approval was asked: nothing but the denied row to keep, and a
+                # client could queue those without bound while the store is locked
+            # An approval's decision (a human's, say) is denied whatever the store does:
+            # its decided and denied rows are kept until the store takes them, as a failed
+            # commit's are; the write is denied.
+            self.writer.defer(rows, keep=True)

@@ -15,10 +15,12 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import (
     AUDIT_DEFAULT_LIMIT,
@@ -115,12 +117,58 @@ def stderr_file() -> str | None:
         return None
 
 
+@dataclass(eq=False)
+class _Run(Generic[T]):
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: T | None = None
+    error: Exception | None = None
+
+
+class Shared(Generic[T]):
+    """One run of ``fn`` at a time; callers that arrive while one runs share the next run,
+    which starts after they asked (so it sees everything committed before they asked).
+    However many clients ask, at most one run is under way and one waits. The run is
+    shielded: a caller that goes away does not fail the others who share it."""
+
+    def __init__(self, fn: Callable[[], Awaitable[T]]) -> None:
+        self._fn = fn
+        self._lock = anyio.Lock()
+        self._next: _Run[T] | None = None
+
+    async def __call__(self) -> T:
+        run = self._next
+        if run is None:
+            run = self._next = _Run()
+            with anyio.CancelScope(shield=True):
+                async with self._lock:
+                    self._next = None  # who asks from now on waits for the run after this one
+                    try:
+                        run.result = await self._fn()
+                    except Exception as exc:
+                        run.error = exc
+                    finally:
+                        run.done.set()
+        else:
+            await run.done.wait()
+        if run.error is not None:
+            raise run.error
+        result: T = run.result  # type: ignore[assignment]
+        return result
+
+
 class Service:
     def __init__(self, config: Config, writer: Writer, reader: Owned, approvals: Approvals,
-                 loop_reader: sqlite3.Connection) -> None:
+                 loop_reader: sqlite3.Connection, scanner: Owned | None = None) -> None:
         self.config = config
         self.writer = writer
         self.reader = reader
+        #: Whole-ledger scans (audit/verify, audit/explain: seconds and hundreds of MiB on a
+        #: large ledger) run on a connection and thread of their own, never queueing the
+        #: reader's audit/list and export behind them; one scan of each kind at a time, and
+        #: verifies asked while one runs share the next run (``Shared``).
+        self.scanner = scanner if scanner is not None else reader
+        self._explaining = anyio.Lock()
+        self._verify = Shared(self._verify_once)
         #: Entry reads run right here on the event loop: the entries table is bounded by
         #: the budgets (a few thousand rows at most), and such a read costs less than the
         #: thread hop would add. The unbounded audit ledger is read on ``reader``'s thread.
@@ -256,10 +304,17 @@ class Service:
         return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
     async def audit_verify(self, peer: Peer, p: Any) -> LedgerReport:
-        return await self.read_off_loop(lambda c: consistent(c, read_report))
+        return await self._verify()
+
+    async def _verify_once(self) -> LedgerReport:
+        await self.writer.settled()
+        head = self.writer.anchor.head  # committed before the read begins: the read must hold it
+        return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_report(fetch, head)))
 
     async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
-        return await self.read_off_loop(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
+        async with self._explaining:
+            await self.writer.settled()
+            return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
 
     async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
         f = p.filter

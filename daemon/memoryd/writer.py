@@ -83,9 +83,12 @@ class _Job(Generic[T]):
 
 
 class Writer:
-    def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
+                 anchor: ledger.Anchor | None = None) -> None:
         #: the write connection and its one thread (a bare connection gets a thread here)
         self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
+        #: the ledger's head as this daemon wrote it (ledger.Anchor)
+        self.anchor = anchor if anchor is not None else ledger.Anchor()
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
@@ -116,10 +119,11 @@ class Writer:
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
             usage = await owned.run(store.stored_usage)
+            head = await owned.run(ledger.head)
         except BaseException:
             await owned.aclose()
             raise
-        return cls(owned, usage, path)
+        return cls(owned, usage, path, ledger.Anchor(head))
 
     @property
     def usage(self) -> Usage:
@@ -328,6 +332,7 @@ class Writer:
             self._full_sync = durable
         usage = dict(self._usage)
         with atomic(conn):
+            self.anchor.check(conn)
             for d in deferred:
                 step = atomic(conn, "bookkeeping")
                 try:
@@ -358,4 +363,5 @@ class Writer:
                         log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
                     # Not logged otherwise: submit raises it to the caller, who reports it.
                     job.error = fault if fault is not None else exc
+        self.anchor.advance(conn)  # committed: the head this daemon wrote moves on
         return usage

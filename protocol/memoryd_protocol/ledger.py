@@ -2,8 +2,8 @@
 
 memoryd keeps, beside the reference's ``audit`` table, its own append-only table
 ``memoryd_ledger``. Each of its rows is one fact (``kind``) with a canonical JSON ``body``
-and the chain: ``hash = sha256(prev "\\n" kind "\\n" body)``, ``prev`` being the hash of the
-row before (``""`` for the first). Every audit row memoryd writes has exactly one ``audit``
+and the chain: ``hash = sha256([prev, n, ts, kind, ref, audit_seq, body])`` (canonical JSON),
+``prev`` being the hash of the row before (``""`` for the first). Every audit row memoryd writes has exactly one ``audit``
 ledger row whose body repeats the audit row's columns and adds what the reference's layout
 cannot hold: the connection that asked, the approval, and the entry as the write left it.
 
@@ -62,6 +62,8 @@ SELECT_LEDGER = f"SELECT {LEDGER_COLUMNS} FROM memoryd_ledger ORDER BY n"
 SELECT_AUDIT = "SELECT seq, ts, action, track, scope, entry_id, text, outcome, source, session_id FROM audit ORDER BY seq"
 SELECT_ENTRIES = ("SELECT id, track, scope, workspace_key, agent_key, text, tags, source, version "
                   "FROM entries ORDER BY created_at, rowid")
+#: what the ledger also knows of an entry: when it was created and last written, and by which session
+SELECT_PROVENANCE = "SELECT id, created_at, updated_at, session_id FROM entries"
 SELECT_SNAPSHOTS = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
 
 
@@ -85,6 +87,9 @@ class StartBody(_Body):
     after_audit_seq: int
     note: str
     entries: list[LedgerEntry]
+    #: the frozen snapshots the store already had (an older memoryd's): session id → the
+    #: sha256 of its text (absent in a start row written before snapshots were chained)
+    snapshots: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class AuditBody(_Body):
@@ -143,8 +148,10 @@ def canonical(body: Body) -> str:
     return _encoder.encode(body).decode()
 
 
-def chain_hash(prev: str, kind: str, body: str) -> str:
-    return hashlib.sha256(f"{prev}\n{kind}\n{body}".encode()).hexdigest()
+def chain_hash(prev: str, n: int, ts: int, kind: str, ref: str | None, audit_seq: int | None, body: str) -> str:
+    """The row's hash: of every column but itself (its time, its ref and audit_seq too, which
+    readers trust), as the canonical JSON array ``[prev, n, ts, kind, ref, audit_seq, body]``."""
+    return hashlib.sha256(_encoder.encode([prev, n, ts, kind, ref, audit_seq, body])).hexdigest()
 
 
 def decode(row: LedgerRow) -> Body:
@@ -177,22 +184,51 @@ class _Verifier:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(LedgerProblem(n=n, seq=seq, reason=reason))
 
+    def head(self, ledger: Sequence[LedgerRow], head: tuple[int, str] | None) -> None:
+        """The row the daemon remembers as its newest must be there as it wrote it."""
+        if head is None:
+            return
+        n, want = head
+        have = next((r.hash for r in reversed(ledger) if r.n == n), None)
+        if have is None:
+            self.problem(f"ledger row {n}, the last this daemon wrote, is missing: the ledger was truncated", n)
+        elif have != want:
+            self.problem(f"ledger row {n}, the last this daemon wrote, was changed: the ledger was rewritten", n)
 
-def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry]) -> LedgerReport:
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
+           snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
+           provenance: Iterable[Provenance] | None = None) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
-    unchanged, and that replaying the ledger from its start gives the live entries."""
+    unchanged, that replaying the ledger from its start gives the live entries, and that
+    every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
+    is the one the ledger recorded. ``head``: the (n, hash) of the newest row the daemon that
+    asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten).
+    ``provenance``: each live entry's (id, created_at, updated_at, session_id), compared with
+    what its ledger rows say (entries present at the chain's start have none to compare)."""
     v = _Verifier()
+    frozen = dict(snapshots)
+    live_provenance = {p[0]: p[1:] for p in provenance or ()}
     audit_by_seq = {a.seq: a for a in audit}
     live = {e.id: e for e in entries}
     if not ledger:
         note = "the store has no ledger rows yet"
         if audit_by_seq:
             v.problem(f"{len(audit_by_seq)} audit rows and no ledger: nothing proves them")
+        v.head(ledger, head)
         return LedgerReport(ok=not v.problems, rows=0, audit_rows=0, after_audit_seq=max(audit_by_seq, default=0),
                             note=note, head="", problems=v.problems)
     prev = ""
     replayed: dict[str, LedgerEntry] = {}
+    #: id → [created_at, updated_at, session_id] as the ledger's rows give them
+    written: dict[str, list[Any]] = {}
     chained: set[int] = set()
+    #: session id → (ledger n, audit seq, text) of its chained snapshot row
+    recorded: dict[str, tuple[int, int, str]] = {}
     start: StartBody | None = None
     broken = False
     for expected_n, row in enumerate(ledger, start=1):
@@ -207,7 +243,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                       "changed, removed or inserted", row.n)
             broken = True
             break
-        if chain_hash(row.prev, row.kind, row.body) != row.hash:
+        if chain_hash(row.prev, row.n, row.ts, row.kind, row.ref, row.audit_seq, row.body) != row.hash:
             v.problem("the row's hash does not match its content: the row was changed", row.n)
             broken = True
             break
@@ -240,6 +276,9 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"audit row {body.seq} was changed after it was written", row.n, body.seq)
             chained.add(body.seq)
             _replay(replayed, body)
+            _provenance(written, body)
+            if body.action == "snapshot" and body.session_id is not None:
+                recorded[body.session_id] = (row.n, body.seq, body.text or "")
     assert start is not None or broken
     after = start.after_audit_seq if start is not None else 0
     if not broken:
@@ -255,10 +294,46 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"entry {eid} is in the ledger but not in the store: it was deleted outside memoryd")
             else:
                 fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
+                said, now = written.get(eid), live_provenance.get(eid)
+                if said is not None and now is not None:
+                    fields += [f for f, a, b in zip(("created_at", "updated_at", "session_id"), said, now, strict=True)
+                               if a is not None and a != b]
                 if fields:
                     v.problem(f"entry {eid} differs from the ledger in {', '.join(fields)}")
+        earlier = start.snapshots if start is not None else {}
+        for sid, text in frozen.items():
+            if sid in recorded:
+                n, seq, kept = recorded[sid]
+                if text != kept:
+                    v.problem(f"the frozen snapshot of session {sid} differs from the one the ledger recorded", n, seq)
+            elif sid in earlier:
+                if text_hash(text) != earlier[sid]:
+                    v.problem(f"the frozen snapshot of session {sid} differs from the one the chain's start recorded",
+                              1)
+            else:
+                v.problem(f"session {sid} has a frozen snapshot that no ledger row recorded")
+        for sid, (n, seq, _) in recorded.items():
+            if sid not in frozen:
+                v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
+    v.head(ledger, head)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
+
+
+#: (id, created_at, updated_at, session_id) of a live entry: the rows of SELECT_PROVENANCE
+Provenance = tuple[str, int, int, "str | None"]
+
+
+def _provenance(written: dict[str, list[Any]], body: AuditBody) -> None:
+    """An entry's times and session as its rows give them: an add (or consolidate-add)
+    creates it at the row's ts; a replace writes it at the row's ts, for the row's session."""
+    if body.entry is None or body.action not in _ADDS:
+        return
+    if body.action == "replace":
+        created = written[body.entry.id][0] if body.entry.id in written else None
+    else:
+        created = body.ts
+    written[body.entry.id] = [created, body.ts, body.session_id]
 
 
 def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
@@ -310,7 +385,9 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
                                   asked_by=connections.get(b.connection) if b.connection else None,
                                   decision=decision))
     current = next((e for e in live_list if e.id == entry_id), None)
-    shown = sorted({sid for sid, snap in snapshots if any(f"- {t}" in snap for t in texts)})
+    # A snapshot showed the entry when one of its texts is an entry line there ("- text",
+    # whole lines), not when another entry's longer text merely contains it.
+    shown = sorted({sid for sid, snap in snapshots if any(f"\n- {t}\n" in f"\n{snap}\n" for t in texts)})
     return EntryLife(entry_id=entry_id, current=current, events=events, snapshots=shown)
 
 
@@ -360,16 +437,24 @@ def consistent(conn: Executes, read: Callable[[Fetch], T]) -> T:
         conn.execute("COMMIT")
 
 
-def read_report(fetch: Fetch) -> LedgerReport:
+def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerReport:
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
     runs inside one read transaction so that all four reads see the same moment."""
-    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)))
+    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
+                  snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
+                  [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
+                   for r in fetch(SELECT_PROVENANCE)])
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
     """:func:`explain` of a store, its rows read by ``fetch`` as for :func:`read_report`."""
-    snapshots = [(str(r[0]), str(r[1])) for r in fetch(SELECT_SNAPSHOTS)]
+    snapshots = snapshots_from(fetch(SELECT_SNAPSHOTS))
     return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), snapshots, target)
+
+
+def snapshots_from(records: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
+    """(session id, text) pairs from the rows of :data:`SELECT_SNAPSHOTS`."""
+    return [(str(r[0]), str(r[1])) for r in records]
 
 
 def rows_from(records: Iterable[Sequence[Any]]) -> list[LedgerRow]:
