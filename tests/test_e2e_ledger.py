@@ -202,7 +202,10 @@ async def test_an_approved_write_that_fails_leaves_a_failed_row(ask_daemon: Any)
         [(_, ref, body)] = ledger_rows(ask_daemon.db_path, "failed")
         assert ref == gate.asked[0]["id"] and '"code":"ENTRY_NOT_FOUND"' in body and '"action":"remove"' in body
         life = await raw.ok("audit/explain", {"target": entry["id"]})
-        assert [e["action"] for e in life["events"]] == ["add", "replace"]
+        assert [e["action"] for e in life["events"]] == ["add", "replace", "remove-failed"]
+        failed = life["events"][2]
+        assert failed["outcome"] == "ENTRY_NOT_FOUND" and failed["decision"]["outcome"] == "allowed-once"
+        assert failed["decision"]["failed"] == "ENTRY_NOT_FOUND" and failed["askedBy"]["pid"] == os.getpid()
 
 
 async def test_explain_names_the_candidates_of_an_ambiguous_text(daemon: Any) -> None:

@@ -20,8 +20,6 @@ LAYER = {"track": "user", "scope": "user-global"}
 
 
 
-PROPOSALS_UNLEDGERED = pytest.mark.xfail(strict=True, reason="proposals/create and proposals/dismiss commit without a "
-                                                            "ledger row")
 
 
 
@@ -268,7 +266,6 @@ async def test_a_rejection_during_a_store_fault_is_kept_and_written_later(daemon
 # --- changes the ledger does not see -------------------------------------------------------
 
 
-@PROPOSALS_UNLEDGERED
 async def test_proposals_are_in_the_ledger(daemon: Any) -> None:
     """A proposal's text lands in every snapshot of its session's scope, and a dismissal
     is a human's decision: both are changes of the store the ledger should name, with the
@@ -280,6 +277,21 @@ async def test_proposals_are_in_the_ledger(daemon: Any) -> None:
         rows = sql(daemon.db_path, "SELECT kind, body FROM memoryd_ledger WHERE body LIKE ?", f"%{created['id']}%")
         assert len(rows) == 2
         assert all('"connection":"' in body for _, body in rows)
+        assert (await raw.ok("audit/verify"))["ok"] is True
+        # the session's next proposal of that kind takes the dismissed one's place
+        second = await raw.ok("proposals/create", {"session": session("s-1"),
+                                                   "input": {**LAYER, "kind": "habit", "text": "again"}})
+        third = await raw.ok("proposals/create", {"session": session("s-1"),
+                                                  "input": {**LAYER, "kind": "style", "text": "tabs"}})
+        await raw.ok("proposals/approve", {"id": third["id"], "write": write_ctx()})
+        assert (await raw.ok("audit/verify"))["problems"] == []
+        # a proposal planted, edited or deleted behind memoryd's back is caught
+        sql(daemon.db_path, "UPDATE proposals SET text = 'planted' WHERE id = ?", second["id"])
+        assert (await raw.ok("audit/verify"))["problems"] == [
+            {"reason": f"proposal {second['id']} differs from the ledger in text"}]
+        sql(daemon.db_path, "DELETE FROM proposals WHERE id = ?", second["id"])
+        assert (await raw.ok("audit/verify"))["problems"] == [
+            {"reason": f"proposal {second['id']} is in the ledger but not in the store: it was deleted outside memoryd"}]
 
 
 async def test_an_entrys_session_and_times_are_replayed(daemon: Any) -> None:

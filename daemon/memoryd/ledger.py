@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from dataclasses import dataclass
+from typing import Literal
 
 from memoryd_protocol.ledger import (
     SELECT_ENTRIES,
@@ -20,6 +21,7 @@ from memoryd_protocol.ledger import (
     DecidedBody,
     FailedBody,
     Kind,
+    ProposalBody,
     StartBody,
     canonical,
     chain_hash,
@@ -28,7 +30,7 @@ from memoryd_protocol.ledger import (
     snapshots_from,
     text_hash,
 )
-from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection
+from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection, Proposal
 
 from . import store
 from .atomic import atomic
@@ -57,6 +59,7 @@ def ensure_start(conn: sqlite3.Connection) -> None:
     (earlier,) = conn.execute("SELECT count(*) FROM audit").fetchone()
     entries = entries_from(conn.execute(SELECT_ENTRIES))
     snapshots = {sid: text_hash(text) for sid, text in snapshots_from(conn.execute(SELECT_SNAPSHOTS))}
+    proposals = store.proposals(conn, None)
     if earlier:
         note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "
                 f"before this store had a ledger (by dsh-memento, or an older memoryd) and carry no hashes")
@@ -64,7 +67,8 @@ def ensure_start(conn: sqlite3.Connection) -> None:
         note = f"the chain starts with the {len(entries)} entries the store held and no audit rows"
     else:
         note = "the chain starts with the store"
-    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots))
+    append(conn, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots,
+                                    proposals=proposals))
     if entries or earlier:
         # A store new to memoryd, or one whose ledger was deleted: only the log, beside the
         # last run's "ledger head at stop", can tell the two apart.
@@ -178,7 +182,14 @@ class Decision:
                                             by=self.by, policy=self.policy), ref=self.approval)
 
 
-def failed(conn: sqlite3.Connection, stamp: Stamp, action: str, code: str, message: str) -> None:
+def proposal(conn: sqlite3.Connection, origin: LedgerConnection | None, event: Literal["created", "dismissed",
+             "approved"], p: Proposal, replaces: str | None = None) -> None:
+    ref = _ensure_connection(conn, origin)
+    append(conn, "proposal", ProposalBody(connection=ref, event=event, proposal=p, replaces=replaces), ref=p.id)
+
+
+def failed(conn: sqlite3.Connection, stamp: Stamp, action: str, code: str, message: str,
+           entry_id: str | None) -> None:
     ref = _ensure_connection(conn, stamp.origin)
     append(conn, "failed", FailedBody(approval=stamp.approval, action=action, connection=ref, code=code,
-                                      message=message), ref=stamp.approval)
+                                      message=message, entry_id=entry_id), ref=stamp.approval)

@@ -34,7 +34,7 @@ from memoryd_protocol.types import (
 )
 from memoryd_protocol.validation import check_source, check_text, session_view, target_keys, writer_view
 
-from . import store
+from . import ledger, store
 from .approvals import Peer
 from .ledger import Stamp
 from .pipeline import WritePlan
@@ -153,9 +153,10 @@ class Lifecycle:
         source = check_source(i.source)
         wk, ak = target_keys(i.scope, view, None, None, restricted=True)
         max_pending = self.s.config.proposal_max_pending
+        origin = self.s.pipeline.who(peer)
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal | None:
-            row = conn.execute("SELECT status FROM proposals WHERE session_id = ? AND kind = ?",
+            row = conn.execute("SELECT status, id FROM proposals WHERE session_id = ? AND kind = ?",
                                (session_id, kind)).fetchone()
             if row is not None and row[0] == "pending":
                 return None
@@ -170,6 +171,7 @@ class Lifecycle:
                                 agent_key=ak, text=text, source=source, session_id=session_id, status="pending",
                                 created_at=store.now_ms(), decided_at=None)
             store.insert_proposal(conn, proposal)
+            ledger.proposal(conn, origin, "created", proposal, replaces=row[1] if row is not None else None)
             return proposal
 
         return await self.s.writer.submit(job)
@@ -201,6 +203,7 @@ class Lifecycle:
                         entry=e, ts=ts)
             decided = store.get_proposal(conn, proposal.id)
             assert decided is not None
+            ledger.proposal(conn, stamp.origin, "approved", decided)
             return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
 
         try:
@@ -214,12 +217,14 @@ class Lifecycle:
 
     async def proposals_dismiss(self, peer: Peer, p: ProposalDismissParams) -> Proposal:
         await self._pending(p.id)
+        origin = self.s.pipeline.who(peer)
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal:
             if not store.decide_proposal(conn, p.id, "dismissed", store.now_ms()):
                 raise ProposalNotFound("no pending proposal with this id", {"id": p.id})
             decided = store.get_proposal(conn, p.id)
             assert decided is not None
+            ledger.proposal(conn, origin, "dismissed", decided)
             return decided
 
         return await self.s.writer.submit(job)

@@ -117,7 +117,7 @@ class Pipeline:
             def failed(conn: sqlite3.Connection) -> None:
                 if decision is not None:
                     decision.record(conn)
-                ledger.failed(conn, stamp, plan.action, code, message)
+                ledger.failed(conn, stamp, plan.action, code, message, plan.entry_id)
 
             self.writer.defer(failed, keep=True)
             raise
@@ -167,14 +167,14 @@ class Pipeline:
                 gone = ledger.Decision(asked.id, "unavailable", policy, None, None) if was_asked else None
                 await self._deny(origin, view, plan, "unavailable", policy, gone)
             raise
-        outcome = pending.outcome or "cancelled"
-        if self.stopping:
-            # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed
-            # just before it but only resumed after; either way nothing is queued now.
-            outcome = "cancelled"
+        said = pending.outcome or "cancelled"
+        # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed just
+        # before it but only resumed after; either way nothing is queued now. The decision
+        # row keeps what its decider said; the denied row says the write was cancelled.
+        outcome = "cancelled" if self.stopping else said
         decided_by = self.who(pending.decided_by) if pending.decided_by is not None else None
         # an approval nobody could be asked was never asked: it has no rows of its own
-        decision = ledger.Decision(asked.id, outcome, policy, decided_by, pending.claimed) if was_asked else None
+        decision = ledger.Decision(asked.id, said, policy, decided_by, pending.claimed) if was_asked else None
         if outcome == ALLOWED_ONCE:
             label = payloads.outcome_label(ALLOWED_ONCE, policy)
             return ledger.Stamp(origin=origin, session_id=view.session_id, label=label, approval=asked.id), decision

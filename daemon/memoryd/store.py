@@ -41,9 +41,7 @@ ENTRY_COLUMNS = (
     "id, track, scope, workspace_key, text, source, created_at, updated_at, session_id, "
     "agent_key, last_recalled, recall_count, tags, version"
 )
-PROPOSAL_COLUMNS = (
-    "id, kind, track, scope, workspace_key, text, source, session_id, status, created_at, decided_at, agent_key"
-)
+PROPOSAL_COLUMNS = ledger_format.PROPOSAL_COLUMNS
 AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source, session_id"
 
 # Step n creates schema n from schema n-1 (0 = empty file). Each runs in one transaction
@@ -437,20 +435,8 @@ def row_to_entry(row: tuple[Any, ...]) -> Entry:
 
 
 def row_to_proposal(row: tuple[Any, ...]) -> Proposal:
-    return Proposal(
-        id=row[0],
-        kind=row[1],
-        track=row[2],
-        scope=row[3],
-        workspace_key=row[4] or "",
-        text=row[5],
-        source=row[6],
-        session_id=row[7],
-        status=row[8],
-        created_at=row[9],
-        decided_at=row[10],
-        agent_key=row[11] or "",
-    )
+    [proposal] = ledger_format.proposals_from([row])
+    return proposal
 
 
 def row_to_audit(row: tuple[Any, ...]) -> AuditRow:

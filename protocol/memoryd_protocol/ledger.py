@@ -36,11 +36,12 @@ from .types import (
     LedgerEvent,
     LedgerProblem,
     LedgerReport,
+    Proposal,
 )
 
 #: Runs one SELECT of this module and returns its rows (the caller's sqlite3 connection).
 Fetch = Callable[[str], Iterable[Sequence[Any]]]
-Kind = Literal["start", "connection", "audit", "asked", "decided", "failed"]
+Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal"]
 T = TypeVar("T")
 
 #: How many problems a report lists (the first one is what matters; the rest is context).
@@ -65,6 +66,11 @@ SELECT_ENTRIES = ("SELECT id, track, scope, workspace_key, agent_key, text, tags
 #: what the ledger also knows of an entry: when it was created and last written, and by which session
 SELECT_PROVENANCE = "SELECT id, created_at, updated_at, session_id FROM entries"
 SELECT_SNAPSHOTS = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
+#: the proposals table's columns in the order :func:`proposals_from` reads them
+PROPOSAL_COLUMNS = (
+    "id, kind, track, scope, workspace_key, text, source, session_id, status, created_at, decided_at, agent_key"
+)
+SELECT_PROPOSALS = f"SELECT {PROPOSAL_COLUMNS} FROM proposals ORDER BY created_at, rowid"
 
 
 class LedgerRow(msgspec.Struct, frozen=True):
@@ -90,6 +96,20 @@ class StartBody(_Body):
     #: the frozen snapshots the store already had (an older memoryd's): session id → the
     #: sha256 of its text (absent in a start row written before snapshots were chained)
     snapshots: dict[str, str] = msgspec.field(default_factory=dict)
+    #: the proposals the store already had
+    proposals: list[Proposal] = msgspec.field(default_factory=list)
+
+
+class ProposalBody(_Body):
+    """A proposal created, dismissed or approved: its text reaches every snapshot of its
+    scope, and a dismissal is somebody's decision, so each names the connection."""
+
+    connection: str | None
+    event: Literal["created", "dismissed", "approved"]
+    #: the proposal as this change left it
+    proposal: Proposal
+    #: the decided proposal of the same session and kind that this one took the place of
+    replaces: str | None = None
 
 
 class AuditBody(_Body):
@@ -133,12 +153,14 @@ class FailedBody(_Body):
     connection: str | None
     code: str
     message: str
+    #: the entry the write was to replace or remove (None: it would have made a new one)
+    entry_id: str | None = None
 
 
-Body = StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody
+Body = StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody | ProposalBody
 _BODY_TYPES: dict[str, type[Body]] = {
     "start": StartBody, "connection": LedgerConnection, "audit": AuditBody, "asked": AskedBody,
-    "decided": DecidedBody, "failed": FailedBody,
+    "decided": DecidedBody, "failed": FailedBody, "proposal": ProposalBody,
 }
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -202,14 +224,16 @@ def text_hash(text: str) -> str:
 
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
            snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
-           provenance: Iterable[Provenance] | None = None) -> LedgerReport:
+           provenance: Iterable[Provenance] | None = None, proposals: Iterable[Proposal] | None = None
+           ) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
     unchanged, that replaying the ledger from its start gives the live entries, and that
     every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
     is the one the ledger recorded. ``head``: the (n, hash) of the newest row the daemon that
     asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten).
     ``provenance``: each live entry's (id, created_at, updated_at, session_id), compared with
-    what its ledger rows say (entries present at the chain's start have none to compare)."""
+    what its ledger rows say (entries present at the chain's start have none to compare).
+    ``proposals``: the live proposals, compared with the ledger's replay of them."""
     v = _Verifier()
     frozen = dict(snapshots)
     live_provenance = {p[0]: p[1:] for p in provenance or ()}
@@ -224,6 +248,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                             note=note, head="", problems=v.problems)
     prev = ""
     replayed: dict[str, LedgerEntry] = {}
+    proposed: dict[str, Proposal] = {}
     #: id → [created_at, updated_at, session_id] as the ledger's rows give them
     written: dict[str, list[Any]] = {}
     chained: set[int] = set()
@@ -261,11 +286,16 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 break
             start = body
             replayed = {e.id: e for e in body.entries}
+            proposed = {p.id: p for p in body.proposals}
             continue
         if isinstance(body, StartBody):
             v.problem("a second start row: the chain restarts here", row.n)
             broken = True
             break
+        if isinstance(body, ProposalBody):
+            if body.replaces is not None:
+                proposed.pop(body.replaces, None)
+            proposed[body.proposal.id] = body.proposal
         if isinstance(body, AuditBody):
             if row.audit_seq != body.seq:
                 v.problem("the row names another audit row than its body", row.n, body.seq)
@@ -315,6 +345,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
         for sid, (n, seq, _) in recorded.items():
             if sid not in frozen:
                 v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
+        if proposals is not None:
+            _compare_proposals(v, proposed, {p.id: p for p in proposals})
     v.head(ledger, head)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
@@ -336,6 +368,19 @@ def _provenance(written: dict[str, list[Any]], body: AuditBody) -> None:
     written[body.entry.id] = [created, body.ts, body.session_id]
 
 
+def _compare_proposals(v: _Verifier, replayed: dict[str, Proposal], live: dict[str, Proposal]) -> None:
+    for pid in sorted(set(replayed) | set(live)):
+        want, have = replayed.get(pid), live.get(pid)
+        if want is None:
+            v.problem(f"proposal {pid} is in the store but no ledger row wrote it")
+        elif have is None:
+            v.problem(f"proposal {pid} is in the ledger but not in the store: it was deleted outside memoryd")
+        else:
+            fields = [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)]
+            if fields:
+                v.problem(f"proposal {pid} differs from the ledger in {', '.join(fields)}")
+
+
 def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
     if body.action in _ADDS and body.entry is not None:
         entries[body.entry.id] = body.entry
@@ -355,6 +400,16 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
     failed = {b.approval: b for _, b in bodies if isinstance(b, FailedBody) and b.approval is not None}
     live_list = list(live)
     entry_id = _resolve(target, bodies, live_list)
+
+    def decision_of(approval: str | None) -> LedgerDecision | None:
+        if approval is None:
+            return None
+        d, a, f = decided.get(approval), asked.get(approval), failed.get(approval)
+        return LedgerDecision(
+            approval=approval, outcome=d.outcome if d else None, policy=d.policy if d else None,
+            decided_by=connections.get(d.connection) if d and d.connection else None,
+            by=d.by if d else None, reason=a.asked.reason if a else None, failed=f.code if f else None)
+
     events: list[LedgerEvent] = []
     texts: list[str] = []
     for row, b in bodies:
@@ -365,25 +420,22 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
                     events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="present-at-start", outcome=None,
                                               text=e.text, session_id=None, asked_by=None, decision=None))
             continue
+        if isinstance(b, FailedBody) and b.entry_id == entry_id:
+            # an approved write of this entry that then failed: nothing of it was written
+            events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action=f"{b.action}-failed", outcome=b.code,
+                                      text=None, session_id=None,
+                                      asked_by=connections.get(b.connection) if b.connection else None,
+                                      decision=decision_of(b.approval)))
+            continue
         if not isinstance(b, AuditBody) or (b.entry_id != entry_id and (b.entry is None or b.entry.id != entry_id)):
             continue
         text = b.entry.text if b.entry is not None else b.text
         if text is not None and b.entry is not None:
             texts.append(text)
-        decision = None
-        if b.approval is not None:
-            d = decided.get(b.approval)
-            a = asked.get(b.approval)
-            f = failed.get(b.approval)
-            decision = LedgerDecision(
-                approval=b.approval, outcome=d.outcome if d else None, policy=d.policy if d else None,
-                decided_by=connections.get(d.connection) if d and d.connection else None,
-                by=d.by if d else None, reason=a.asked.reason if a else None,
-                failed=f.code if f else None)
         events.append(LedgerEvent(n=row.n, seq=b.seq, ts=b.ts, action=b.action, outcome=b.outcome, text=text,
                                   session_id=b.session_id,
                                   asked_by=connections.get(b.connection) if b.connection else None,
-                                  decision=decision))
+                                  decision=decision_of(b.approval)))
     current = next((e for e in live_list if e.id == entry_id), None)
     # A snapshot showed the entry when one of its texts is an entry line there ("- text",
     # whole lines), not when another entry's longer text merely contains it.
@@ -443,13 +495,20 @@ def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerRepo
     return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
                   snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
                   [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
-                   for r in fetch(SELECT_PROVENANCE)])
+                   for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)))
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
     """:func:`explain` of a store, its rows read by ``fetch`` as for :func:`read_report`."""
     snapshots = snapshots_from(fetch(SELECT_SNAPSHOTS))
     return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), snapshots, target)
+
+
+def proposals_from(records: Iterable[Sequence[Any]]) -> list[Proposal]:
+    """Proposals from the rows of :data:`SELECT_PROPOSALS`."""
+    return [Proposal(id=r[0], kind=r[1], track=r[2], scope=r[3], workspace_key=r[4] or "", text=r[5], source=r[6],
+                     session_id=r[7], status=r[8], created_at=r[9], decided_at=r[10], agent_key=r[11] or "")
+            for r in records]
 
 
 def snapshots_from(records: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
