@@ -28,8 +28,9 @@ from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
 from .connection import Connection
+from .context import Handler
 from .lifecycle import Lifecycle
-from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher
+from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer, run_on
@@ -181,6 +182,29 @@ def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
+def method_handlers(service: Service, lifecycle: Lifecycle) -> dict[str, Handler]:
+    """Every method's handler, in the methods table's order: the daemon does not start
+    unless each method of the table has exactly one (rpc.bind_handlers)."""
+    core: dict[str, Handler] = {
+        "initialize": service.initialize,
+        "memory/add": service.add,
+        "memory/replace": service.replace,
+        "memory/remove": service.remove,
+        "memory/consolidate": service.consolidate,
+        "memory/seed": service.seed,
+        "memory/query": service.query,
+        "memory/budgets": service.budgets,
+        "memory/list": service.list_entries,
+        "audit/list": service.audit_list,
+        "audit/verify": service.audit_verify,
+        "audit/explain": service.audit_explain,
+        "approval/decided": service.approval_decided,
+        "approval/subscribe": service.approval_subscribe,
+        "daemon/status": service.status,
+    }
+    return bind_handlers(core, lifecycle.handlers())
+
+
 @dataclass
 class Daemon:
     config: Config
@@ -209,10 +233,10 @@ class Daemon:
     _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
 
     @classmethod
-    async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
-                   endpoint: str | None = None) -> Daemon:
+    async def open(cls, config: Config, *, endpoint: str | None = None) -> Daemon:
         path = config.db_path
         busy_ms = config.busy_timeout_ms
+        adapters = load_adapters()  # a refused adapter stops the start before the store is touched
         # Refuse read-only, corrupt and newer stores before creating or locking anything.
         store.refuse_read_only(path)
         version = store.inspect(path, busy_ms)
@@ -238,26 +262,8 @@ class Daemon:
         writer = Writer(writer_conn, usage, path)
         approvals = Approvals(config.max_pending_approvals)
         service = Service(config, writer, reader_conn, approvals, loop_reader)
-        handlers: dict[str, Any] = {
-            "initialize": service.initialize,
-            "memory/add": service.add,
-            "memory/replace": service.replace,
-            "memory/remove": service.remove,
-            "memory/consolidate": service.consolidate,
-            "memory/seed": service.seed,
-            "memory/query": service.query,
-            "memory/budgets": service.budgets,
-            "memory/list": service.list_entries,
-            "audit/list": service.audit_list,
-            "audit/verify": service.audit_verify,
-            "audit/explain": service.audit_explain,
-            "approval/decided": service.approval_decided,
-            "approval/subscribe": service.approval_subscribe,
-            "daemon/status": service.status,
-        }
-        handlers.update(Lifecycle(service, load_adapters()).handlers())
-        handlers.update(extra_handlers or {})
-        handlers = {name: service.sessions.binding(h) for name, h in handlers.items()}
+        handlers = {name: service.sessions.binding(h)
+                    for name, h in method_handlers(service, Lifecycle(service, adapters)).items()}
         dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
         return cls(config, writer_conn, reader_conn, writer, approvals, service, dispatcher, lock_fd,
                    endpoint=endpoint)
