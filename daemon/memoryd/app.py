@@ -491,19 +491,18 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 
 
 async def _serve(cfg: Config, stdio: bool) -> int:
+    """Serve until stopped. A :class:`~memoryd.errors.DaemonError` (a taken socket, an
+    unsafe socket directory, a refused adapter) goes up to the command line, which says it
+    in one line; the store's own refusals are said here."""
     import sys
 
-    from .rundir import UnsafeDir
-    from .transports import SocketInUse, refuse_taken
+    from .transports import refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
     activated = os.environ.get("LISTEN_PID") == str(os.getpid())
     if not (stdio or activated):
         try:  # before the store is opened: a refusal creates nothing (bind checks again)
             refuse_taken(cfg.socket_path)
-        except (SocketInUse, UnsafeDir) as exc:
-            print(f"memoryd: {exc}", file=sys.stderr)
-            return 1
         except OSError as exc:
             print(f"memoryd: cannot use the socket path {cfg.socket_path}: {exc.strerror or exc}", file=sys.stderr)
             return 1
@@ -523,10 +522,6 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     try:
         await daemon.run(stdio=stdio)
-    except (SocketInUse, UnsafeDir) as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
-        await daemon.close()
-        return 1
     except BaseException:
         # aiosqlite's threads are not daemonic: close the store or the process never exits
         await daemon.close()
