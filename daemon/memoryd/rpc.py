@@ -337,6 +337,7 @@ class Dispatcher:
     async def _dispatch(self, peer: Any, call: Call, release_turn: Callable[[], None] | None) -> dict[str, Any] | None:
         problem = _shape_error(call)
         if problem is not None:
+            log.debug("invalid request: %s", problem)
             return {"jsonrpc": "2.0", "id": call.reply_id(), "error": error_object(RpcError(INVALID_REQUEST,
                                                                                            "Invalid request"))}
         request: dict[str, Any] = {"jsonrpc": "2.0", "method": call.method, "params": [call.params]}
