@@ -24,6 +24,8 @@ from typing import Any, Final, Protocol, cast
 from memoryd_protocol.adapters import ADAPTER_ID_PATTERN, Adapter, builtin_adapters
 from memoryd_protocol.types import AdapterInfo
 
+from .errors import DaemonError
+
 #: The entry-point group third-party adapters register in.
 ENTRY_POINT_GROUP: Final = "memoryd.adapters"
 
@@ -31,7 +33,7 @@ _STRING_ATTRIBUTES: Final = ("id", "name", "description", "version", "export_for
 _METHODS: Final = ("adapt", "export", "info")
 
 
-class AdapterRegistryError(ValueError):
+class AdapterRegistryError(DaemonError, ValueError):
     """A third-party adapter was refused at start-up."""
 
 

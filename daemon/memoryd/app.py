@@ -28,9 +28,10 @@ from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
 from .connection import Connection
+from .context import Handler
 from .lifecycle import Lifecycle
 from .owned import Owned
-from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher
+from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer
@@ -182,6 +183,29 @@ def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
+def method_handlers(service: Service, lifecycle: Lifecycle) -> dict[str, Handler]:
+    """Every method's handler, in the methods table's order: the daemon does not start
+    unless each method of the table has exactly one (rpc.bind_handlers)."""
+    core: dict[str, Handler] = {
+        "initialize": service.initialize,
+        "memory/add": service.add,
+        "memory/replace": service.replace,
+        "memory/remove": service.remove,
+        "memory/consolidate": service.consolidate,
+        "memory/seed": service.seed,
+        "memory/query": service.query,
+        "memory/budgets": service.budgets,
+        "memory/list": service.list_entries,
+        "audit/list": service.audit_list,
+        "audit/verify": service.audit_verify,
+        "audit/explain": service.audit_explain,
+        "approval/decided": service.approval_decided,
+        "approval/subscribe": service.approval_subscribe,
+        "daemon/status": service.status,
+    }
+    return bind_handlers(core, lifecycle.handlers())
+
+
 @dataclass
 class Daemon:
     config: Config
@@ -210,10 +234,10 @@ class Daemon:
     _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
 
     @classmethod
-    async def open(cls, config: Config, extra_handlers: dict[str, Any] | None = None, *,
-                   endpoint: str | None = None) -> Daemon:
+    async def open(cls, config: Config, *, endpoint: str | None = None) -> Daemon:
         path = config.db_path
         busy_ms = config.busy_timeout_ms
+        adapters = load_adapters()  # a refused adapter stops the start before the store is touched
         # Refuse read-only, corrupt and newer stores before creating or locking anything.
         store.refuse_read_only(path)
         version = store.inspect(path, busy_ms)
@@ -235,32 +259,10 @@ class Daemon:
             resources.callback(loop_reader.close)
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, reader, approvals, loop_reader, scanner)
-            dispatcher = cls._dispatcher(config, service, extra_handlers)
+            handlers = {name: service.sessions.binding(h)
+                        for name, h in method_handlers(service, Lifecycle(service, adapters)).items()}
+            dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
-
-    @staticmethod
-    def _dispatcher(config: Config, service: Service, extra_handlers: dict[str, Any] | None) -> Dispatcher:
-        handlers: dict[str, Any] = {
-            "initialize": service.initialize,
-            "memory/add": service.add,
-            "memory/replace": service.replace,
-            "memory/remove": service.remove,
-            "memory/consolidate": service.consolidate,
-            "memory/seed": service.seed,
-            "memory/query": service.query,
-            "memory/budgets": service.budgets,
-            "memory/list": service.list_entries,
-            "audit/list": service.audit_list,
-            "audit/verify": service.audit_verify,
-            "audit/explain": service.audit_explain,
-            "approval/decided": service.approval_decided,
-            "approval/subscribe": service.approval_subscribe,
-            "daemon/status": service.status,
-        }
-        handlers.update(Lifecycle(service, load_adapters()).handlers())
-        handlers.update(extra_handlers or {})
-        handlers = {name: service.sessions.binding(h) for name, h in handlers.items()}
-        return Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         cfg = self.config
@@ -483,19 +485,18 @@ def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
 
 
 async def _serve(cfg: Config, stdio: bool) -> int:
+    """Serve until stopped. A :class:`~memoryd.errors.DaemonError` (a taken socket, an
+    unsafe socket directory, a refused adapter) goes up to the command line, which says it
+    in one line; the store's own refusals are said here."""
     import sys
 
-    from .rundir import UnsafeDir
-    from .transports import SocketInUse, refuse_taken
+    from .transports import refuse_taken
 
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
     activated = os.environ.get("LISTEN_PID") == str(os.getpid())
     if not (stdio or activated):
         try:  # before the store is opened: a refusal creates nothing (bind checks again)
             refuse_taken(cfg.socket_path)
-        except (SocketInUse, UnsafeDir) as exc:
-            print(f"memoryd: {exc}", file=sys.stderr)
-            return 1
         except OSError as exc:
             print(f"memoryd: cannot use the socket path {cfg.socket_path}: {exc.strerror or exc}", file=sys.stderr)
             return 1
@@ -515,10 +516,6 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     try:
         await daemon.run(stdio=stdio)
-    except (SocketInUse, UnsafeDir) as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
-        await daemon.close()
-        return 1
     except BaseException:
         # let go of the store (and end its threads) on the way out
         await daemon.close()

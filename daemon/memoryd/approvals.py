@@ -10,18 +10,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import msgspec
 from memoryd_protocol.constants import DEFAULT_MAX_PENDING_APPROVALS
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.payloads import normalize_outcome
-from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ApprovalOrigin, ApprovalResolved, ConnectionInfo
+from memoryd_protocol.types import (
+    ApprovalAsked,
+    ApprovalBy,
+    ApprovalOrigin,
+    ApprovalResolved,
+    ClientInfo,
+    ConnectionInfo,
+)
 
 from .transports import PeerProcess
+
+if TYPE_CHECKING:
+    from .context import RequestContext
 
 log = logging.getLogger("memoryd.approvals")
 
@@ -34,6 +43,8 @@ class Peer(Protocol):
     gone: bool
     #: the process on the other end (None when the kernel could not say)
     peer: PeerProcess | None
+    #: ``initialize``'s ``client``, as the peer names itself
+    client: ClientInfo | None
 
     def listing(self, *, approver: bool) -> ConnectionInfo:
         """The connection as ``daemon/status`` lists it (and the ledger records it)."""
@@ -45,19 +56,6 @@ class Peer(Protocol):
         ...
 
     async def notify(self, method: str, params: object) -> None: ...
-
-
-# Per-request state that reaches the approval gate without passing through the handlers'
-# signatures. Issue #9 replaces both context variables with an explicit request context.
-
-#: Set by the connection for the request being served: called when the request parks on
-#: an approval, so the connection may serve its next line (the decision) meanwhile.
-release_turn: ContextVar[Callable[[], None] | None] = ContextVar("release_turn", default=None)
-
-#: Set by the dispatcher (rpc.py) for the request being served: its JSON-RPC id, which
-#: ``approval/asked`` carries as ``requestId`` to the connection that sent the request.
-#: None for a notification (and for an id of null).
-request_id: ContextVar[str | int | float | None] = ContextVar("request_id", default=None)
 
 
 def same_process(a: Peer, b: Peer) -> bool:
@@ -115,10 +113,12 @@ class Approvals:
         if peer in self.approvers:
             self.approvers.remove(peer)
 
-    async def ask(self, origin: Peer, asked: ApprovalAsked, wait_s: float,
+    async def ask(self, ctx: RequestContext, asked: ApprovalAsked, wait_s: float,
                   on_asked: Callable[[ApprovalAsked], None]) -> Pending:
-        """Send ``approval/asked`` and wait for the outcome (never raises for a denial).
-        ``on_asked`` sees the payload as the approvers get it, once it is really asked."""
+        """Send ``approval/asked`` for the write ``ctx`` serves and wait for the outcome
+        (never raises for a denial); the request parks meanwhile. ``on_asked`` sees the
+        payload as the approvers get it, once it is really asked."""
+        origin = ctx.peer
         # A subscribed approver never decides a write of its own process: a model's tool
         # cannot approve its own write by subscribing a second connection.
         targets = [origin] if origin.can_approve else [
@@ -129,14 +129,12 @@ class Approvals:
             return p  # never asked: nobody is there to answer
         asked = msgspec.structs.replace(asked, origin=origin.describe())
         # requestId means something only on the connection that sent the request.
-        own = msgspec.structs.replace(asked, request_id=request_id.get())
+        own = msgspec.structs.replace(asked, request_id=ctx.id)
         p = Pending(asked, origin, targets)
         self.pending[asked.id] = p
         on_asked(asked)
         try:
-            release = release_turn.get()
-            if release is not None:
-                release()
+            ctx.park()
             with anyio.move_on_after(wait_s):
                 for target in targets:
                     await target.notify("approval/asked", own if target is origin else asked)  # never waits

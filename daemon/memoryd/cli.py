@@ -18,14 +18,32 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from . import __version__, units
 from . import config as config_mod
+from . import units
+from .errors import DaemonError
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``, reading the version only when asked: package metadata costs the
+    relay (every harness spawn) a noticeable part of its start-up."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from . import __version__
+
+        print(f"memoryd {__version__} (dsh-memory-protocol/v1)")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
-    parser.add_argument("--version", action="version", version=f"memoryd {__version__} (dsh-memory-protocol/v1)")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve", help="run the daemon, or attach a harness to it over stdio",
@@ -65,6 +83,16 @@ def _forwarded(args: argparse.Namespace, config_path: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every :class:`~memoryd.errors.DaemonError` ends here: one line on stderr and its
+    exit code, never a traceback."""
+    try:
+        return _main(argv)
+    except DaemonError as exc:
+        print(f"memoryd: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "systemd-units":
@@ -76,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.detach and args.stdio:
         parser.error("--detach cannot be combined with --stdio")
     config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
-    try:
-        cfg = config_mod.load(config_path)
-    except config_mod.ConfigError as exc:
-        print(f"memoryd: {exc}", file=sys.stderr)
-        return 2
+    cfg = config_mod.load(config_path)
     if args.db is not None:
         cfg.db_path = args.db.expanduser().absolute()
     if args.socket is not None:

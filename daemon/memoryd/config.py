@@ -32,6 +32,8 @@ from memoryd_protocol.constants import (
 )
 from memoryd_protocol.paths import default_config_path, default_db_path, default_socket_path
 
+from .errors import DaemonError
+
 #: For --help, which must not compute the real path (that costs the relay a platformdirs import).
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
@@ -40,8 +42,10 @@ DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 APPROVERS = ("interactive", "any")
 
 
-class ConfigError(ValueError):
+class ConfigError(DaemonError, ValueError):
     """A configuration file or option that memoryd refuses to start with."""
+
+    exit_code = 2
 
 
 _POLICY_RANK = {"auto": 0, "ask": 1, "off": 2}

@@ -1,7 +1,7 @@
 """One session object per connection, the same for the socket and stdio.
 
 Lines are served in order, each in its own task: a request waits for its predecessor to
-finish *or to park on an approval* (see ``approvals.release_turn``), so a pipelined client
+finish *or to park on an approval* (``RequestContext.park``), so a pipelined client
 sees its requests applied in the order it sent them, while a write waiting for a human
 never stops the connection from reading the ``approval/decided`` that releases it.
 """
@@ -13,25 +13,26 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any, Protocol
 
 import anyio
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
-from .approvals import Approvals, release_turn
+from .approvals import Approvals
 from .framing import OVERSIZE, Framer
 from .rpc import (
-    _UNPARSABLE,
     HALF_LINE_LINE,
     OVERSIZE_LINE,
     PARSE_ERROR_LINE,
+    UNPARSABLE,
     Dispatcher,
+    Message,
     encode_notification,
-    internal_error_line,
-    never_parks,
+    failure_line,
     parse,
+    serves_inline,
 )
 from .transports import PeerProcess
 
@@ -62,7 +63,6 @@ class Connection:
         #: when it was accepted (ms since the epoch)
         self.opened_at = int(time.time() * 1000)
         self.can_approve = True
-        self.initialized = False
         #: the peer process (socket peer credentials, or stdio's parent); transports
         #: expose it as ``sink.peer``
         self.peer = peer if peer is not None else getattr(sink, "peer", None)
@@ -192,13 +192,13 @@ class Connection:
                             if line is OVERSIZE:
                                 await self.send_line(OVERSIZE_LINE)
                                 continue
-                            obj = parse(line)
-                            if obj is _UNPARSABLE or never_parks(obj):
+                            message = parse(line)
+                            if serves_inline(message):
                                 # Served inline, in order: no task, and nothing here can wait
                                 # for an approval that a later line would have to decide.
                                 if not prev.is_set():
                                     await prev.wait()
-                                await self._serve_one(obj)
+                                await self._serve_one(message)
                                 continue
                             while inflight and (len(inflight) >= MAX_INFLIGHT
                                                 or held + len(line) > self._max_buffered):
@@ -208,7 +208,7 @@ class Connection:
                                 await turn.wait()
                                 held -= size
                             turn = anyio.Event()
-                            tg.start_soon(self._handle, obj, prev, turn)
+                            tg.start_soon(self._handle, message, prev, turn)
                             prev = turn
                             inflight.append((turn, len(line)))
                             held += len(line)
@@ -226,28 +226,26 @@ class Connection:
             self._approvals.connection_closed(self)
             log.debug("connection %d closed", self.id)
 
-    async def _handle(self, obj: Any, prev: anyio.Event, turn: anyio.Event) -> None:
+    async def _handle(self, message: Message, prev: anyio.Event, turn: anyio.Event) -> None:
         if not prev.is_set():
             await prev.wait()
-        token = release_turn.set(turn.set)
         try:
-            await self._serve_one(obj)
+            await self._serve_one(message, turn.set)
         finally:
-            release_turn.reset(token)
             turn.set()
 
-    async def _serve_one(self, obj: Any) -> None:
-        if obj is _UNPARSABLE:
+    async def _serve_one(self, message: Message | Any, release_turn: Callable[[], None] | None = None) -> None:
+        if message is UNPARSABLE:
             await self.send_line(PARSE_ERROR_LINE)
             return
         try:
-            reply = await self._dispatcher.handle(self, obj)
+            reply = await self._dispatcher.handle(self, message, release_turn)
         except anyio.get_cancelled_exc_class():
             raise
-        except Exception:
+        except Exception as exc:
             # The dispatcher turns every method failure into an error reply; reaching here
             # is a bug of ours, and it must cost this one request, not the connection.
-            log.exception("connection %d: unhandled failure serving a request", self.id)
-            reply = internal_error_line(obj)
+            log.error("connection %d: unhandled failure serving a request", self.id)
+            reply = failure_line(message, exc)
         if reply is not None:
             await self.send_line(reply)

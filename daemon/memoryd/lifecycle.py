@@ -35,7 +35,7 @@ from memoryd_protocol.types import (
 from memoryd_protocol.validation import check_source, check_text, session_view, target_keys, writer_view
 
 from . import ledger, store
-from .approvals import Peer
+from .context import Handler, RequestContext
 from .ledger import Stamp
 from .pipeline import WritePlan
 from .service import Service
@@ -84,7 +84,7 @@ class Lifecycle:
         #: concurrent second one is refused at once instead of prompting the human twice.
         self._deciding: set[str] = set()
 
-    def handlers(self) -> dict[str, Any]:
+    def handlers(self) -> dict[str, Handler]:
         return {
             "memory/snapshot": self.snapshot,
             "memory/export": self.export,
@@ -98,7 +98,7 @@ class Lifecycle:
 
     # --- snapshot ----------------------------------------------------------------------
 
-    async def snapshot(self, peer: Peer, p: SnapshotParams) -> SnapshotResult:
+    async def snapshot(self, ctx: RequestContext, p: SnapshotParams) -> SnapshotResult:
         view = session_view(p.session)
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
@@ -106,7 +106,7 @@ class Lifecycle:
         frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
         if frozen is not None:
             return SnapshotResult(text=frozen)
-        self.s.sessions.require_own(peer, session_id, "take its first snapshot")
+        self.s.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
         language = p.language or self.s.config.language
 
         def gather(c: sqlite3.Connection) -> tuple[list[Entry], list[Proposal]]:
@@ -120,7 +120,7 @@ class Lifecycle:
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
         text = render(visible, usage, shown, language)  # type: ignore[arg-type]
 
-        stamp = self.s.pipeline.stamp(peer, view)
+        stamp = self.s.pipeline.stamp(ctx.peer, view)
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
             existing = store.frozen_snapshot(conn, session_id)
@@ -133,17 +133,17 @@ class Lifecycle:
 
         final, first = await self.s.writer.submit(job)
         if first:
-            await peer.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))
+            await ctx.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))
         return SnapshotResult(text=final)
 
     # --- proposals ---------------------------------------------------------------------
 
-    async def proposals_create(self, peer: Peer, p: ProposalCreateParams) -> Proposal | None:
+    async def proposals_create(self, ctx: RequestContext, p: ProposalCreateParams) -> Proposal | None:
         view = session_view(p.session)
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
-        self.s.sessions.require_own(peer, session_id, "create proposals for it")
+        self.s.sessions.require_own(ctx.peer, session_id, "create proposals for it")
         i = p.input
         text = check_text(i.text)
         cap = self.s.config.proposal_max_text
@@ -153,7 +153,7 @@ class Lifecycle:
         source = check_source(i.source)
         wk, ak = target_keys(i.scope, view, None, None, restricted=True)
         max_pending = self.s.config.proposal_max_pending
-        origin = self.s.pipeline.who(peer)
+        origin = self.s.pipeline.who(ctx.peer)
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal | None:
             row = conn.execute("SELECT status, id FROM proposals WHERE session_id = ? AND kind = ?",
@@ -176,7 +176,7 @@ class Lifecycle:
 
         return await self.s.writer.submit(job)
 
-    async def proposals_list(self, peer: Peer, p: ProposalListParams) -> list[Proposal]:
+    async def proposals_list(self, ctx: RequestContext, p: ProposalListParams) -> list[Proposal]:
         return await self.s.read(lambda c: store.proposals(c, p.status))
 
     async def _pending(self, proposal_id: str) -> Proposal:
@@ -185,7 +185,7 @@ class Lifecycle:
             raise ProposalNotFound("no pending proposal with this id", {"id": proposal_id})
         return proposal
 
-    async def proposals_approve(self, peer: Peer, p: ProposalApproveParams) -> ProposalApproveResult:
+    async def proposals_approve(self, ctx: RequestContext, p: ProposalApproveParams) -> ProposalApproveResult:
         view = writer_view(p.write)
         proposal = await self._pending(p.id)
         self._deciding.add(p.id)
@@ -207,7 +207,7 @@ class Lifecycle:
             return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
 
         try:
-            return await self.s.pipeline.run(peer, view, WritePlan(
+            return await self.s.pipeline.run(ctx, view, WritePlan(
                 action="add", track=proposal.track, scope=proposal.scope, text=proposal.text, source=PROPOSAL_SOURCE,
                 layers=[cell], sources=[PROPOSAL_SOURCE], deltas={cell: utf16_len(proposal.text)}, commit=commit,
                 events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))],
@@ -215,9 +215,9 @@ class Lifecycle:
         finally:
             self._deciding.discard(p.id)
 
-    async def proposals_dismiss(self, peer: Peer, p: ProposalDismissParams) -> Proposal:
+    async def proposals_dismiss(self, ctx: RequestContext, p: ProposalDismissParams) -> Proposal:
         await self._pending(p.id)
-        origin = self.s.pipeline.who(peer)
+        origin = self.s.pipeline.who(ctx.peer)
 
         def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal:
             if not store.decide_proposal(conn, p.id, "dismissed", store.now_ms()):
@@ -234,7 +234,7 @@ class Lifecycle:
     def adapter(self, adapter_id: str) -> Any:
         return get_adapter(self.adapters, adapter_id)
 
-    async def export(self, peer: Peer, p: ExportParams) -> Any:
+    async def export(self, ctx: RequestContext, p: ExportParams) -> Any:
         entries = await self.s.read_off_loop(store.list_entries)
         if p.adapter is not None:
             return export_entries(self.adapter(p.adapter), entries)
@@ -247,7 +247,7 @@ class Lifecycle:
             "entries": entries,
         }
 
-    async def import_(self, peer: Peer, p: ImportParams) -> SeedResult:
+    async def import_(self, ctx: RequestContext, p: ImportParams) -> SeedResult:
         view = writer_view(p.write)
         if (p.envelope is None) == (p.adapter is None):
             raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
@@ -262,7 +262,7 @@ class Lifecycle:
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.s.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
-            result = await self.s.seed_planned(peer, view, planned)
+            result = await self.s.seed_planned(ctx, view, planned)
             if p.skip_existing is not None:
                 result.skipped = 0
             return result
@@ -272,7 +272,7 @@ class Lifecycle:
         if not fresh:
             # Everything is already there: a no-op, with no approval to ask and nothing to audit.
             return SeedResult(added=0, entries=[], skipped=skipped)
-        result = await self.s.seed_planned(peer, view, fresh)
+        result = await self.s.seed_planned(ctx, view, fresh)
         result.skipped = skipped
         return result
 
@@ -311,5 +311,5 @@ class Lifecycle:
                 raise InvalidInput(f"invalid envelope entry {n}: {exc}", f"envelope.entries[{n}]") from None
         return inputs
 
-    async def adapters_list(self, peer: Peer, p: Any) -> list[AdapterInfo]:
+    async def adapters_list(self, ctx: RequestContext, p: Any) -> list[AdapterInfo]:
         return [a.info() for a in self.adapters.values()]

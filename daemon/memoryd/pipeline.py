@@ -31,8 +31,9 @@ from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, LedgerCo
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
 from . import ledger, store
-from .approvals import Approvals, Peer, release_turn
+from .approvals import Approvals, Peer
 from .config import Config
+from .context import RequestContext
 from .writer import Usage, Writer
 
 R = TypeVar("R")
@@ -92,11 +93,11 @@ class Pipeline:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""
         return ledger.Stamp(origin=self.who(peer), session_id=view.session_id)
 
-    async def run(self, peer: Peer, view: SessionView, plan: WritePlan[R]) -> R:
+    async def run(self, ctx: RequestContext, view: SessionView, plan: WritePlan[R]) -> R:
         limits = self.config.budgets
         check_batch_budget(plan.deltas, self.writer.usage, limits)
         policy = self.config.policy_for(plan.layers, plan.sources)
-        stamp, decision = await self._gate(peer, view, plan, policy)
+        stamp, decision = await self._gate(ctx, view, plan, policy)
 
         def job(conn: sqlite3.Connection, usage: Usage) -> R:
             check_batch_budget(plan.deltas, usage, limits)
@@ -122,10 +123,10 @@ class Pipeline:
             self.writer.defer(failed, keep=True)
             raise
         for method, params in plan.events(result):
-            await peer.notify(method, params)
+            await ctx.notify(method, params)
         return result
 
-    async def _gate(self, peer: Peer, view: SessionView, plan: WritePlan[Any],
+    async def _gate(self, ctx: RequestContext, view: SessionView, plan: WritePlan[Any],
                     policy: str) -> tuple[ledger.Stamp, ledger.Decision | None]:
         """Return only for ``allowed-once``: the stamp the write's rows carry, and the
         decision to record with them. A denial is audited, then raised.
@@ -133,13 +134,12 @@ class Pipeline:
         A write that leaves the gate allowed queues its writer job before the caller's next
         await, so once shutdown has begun (``stop_writes``) no write is queued after it:
         the ledger shows every committed write before the first denial for stopping."""
+        peer = ctx.peer
         origin = self.who(peer)
         if self.stopping:
             # As a write parked on an approval does, let the connection serve its next
             # line meanwhile: a pipeline's denials then share a group commit, not one each.
-            release = release_turn.get()
-            if release is not None:
-                release()
+            ctx.park()
             await self._deny(origin, view, plan, "cancelled", policy, None)
             raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
         if policy == "auto":
@@ -161,7 +161,7 @@ class Pipeline:
             self.writer.defer(lambda conn: ledger.asked(conn, origin, payload), keep=True)
 
         try:
-            pending = await self.approvals.ask(peer, asked, self.config.approval_timeout_s, on_asked)
+            pending = await self.approvals.ask(ctx, asked, self.config.approval_timeout_s, on_asked)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 gone = ledger.Decision(asked.id, "unavailable", policy, None, None) if was_asked else None

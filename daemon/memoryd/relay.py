@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import DaemonError
 from .rundir import UnsafeDir, check_private_dir, ensure_private_dir
 
 CHUNK = 65536
@@ -33,7 +34,7 @@ PROBE_TIMEOUT_S = 10.0
 NO_DAEMON = frozenset({errno.ENOENT, errno.ECONNREFUSED})
 
 
-class RelayError(Exception):
+class RelayError(DaemonError):
     """Why the relay cannot attach; one line, printed as ``memoryd: <message>``."""
 
 

@@ -1,53 +1,68 @@
-"""JSON-RPC: decode a line, dispatch through jsonrpcserver, encode the reply.
+"""JSON-RPC: parse a line, dispatch each request through jsonrpcserver, encode the reply.
 
-This module is the single place where exceptions become wire errors. Protocol errors keep
-their code and details; msgspec validation failures become INVALID_INPUT with the
-``$.path`` of the bad field; anything unexpected becomes -32603 with a fixed message and
-its traceback goes to the log, never onto the wire.
+Who does what:
 
-jsonrpcserver supplies the JSON-RPC state machine (method lookup, notifications, ids);
-msgspec supplies parsing and typed params, with one converter per method built at
-start-up. jsonrpcserver's own jsonschema request validator is replaced by a shape check
-that costs a few dict lookups.
+- msgspec parses: the envelope with its params left undecoded (:func:`parse`), then the
+  params with the method's own decoder, built once from the methods table.
+- jsonrpcserver runs each request through its public API
+  (``async_dispatch_to_serializable``): it finds the method, calls it with the request
+  context, and answers with the request's id, or not at all for a notification. Methods
+  return its ``Success``/``Error`` results.
+- Our own code, each part for the reason given where it is: the request shape check
+  (:func:`_shape_error`), batches (:meth:`Dispatcher.handle`), the ordering of a
+  connection's requests (connection.py), and :func:`error_object`, the one place where an
+  exception becomes a wire error. Protocol errors keep their code and details; msgspec
+  validation failures become INVALID_INPUT with the ``$.path`` of the bad field; anything
+  unexpected becomes -32603 with a fixed message, and its traceback goes to the log, never
+  onto the wire.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import anyio
 import msgspec
-from jsonrpcserver import JsonRpcError, Success, dispatch_to_response
+from jsonrpcserver import Error, Result, Success, async_dispatch_to_serializable
 from memoryd_protocol.constants import (
     DEFAULT_MAX_BATCH_CALLS,
     INTERNAL_ERROR,
-    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
-    RPC_LEVEL_CODES,
 )
-from memoryd_protocol.errors import InvalidInput, ProtocolError, StoreUnavailable, WriteRequiresAgent
-from memoryd_protocol.types import PARAMS
-from oslash.either import Left  # type: ignore[import-untyped]
+from memoryd_protocol.errors import InvalidInput, ProtocolError, RpcError, StoreUnavailable, WriteRequiresAgent
+from memoryd_protocol.methods import METHODS, Method
 
-from .approvals import request_id
+from .context import Handler, RequestContext
 
 log = logging.getLogger("memoryd.rpc")
 
-Handler = Callable[[Any, Any], Awaitable[Any]]
-
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
 
 
-def rpc_error(code: int, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"code": code, "message": message,
-            "data": {"code": RPC_LEVEL_CODES[code], "message": message, "details": details or {}}}
+# --- wire errors -------------------------------------------------------------------------
+
+
+def error_object(exc: BaseException, method: str | None = None) -> dict[str, Any]:
+    """The JSON-RPC ``error`` object for ``exc``: the one place an exception becomes a
+    wire error."""
+    if isinstance(exc, StoreUnavailable):
+        # The trace of a write the store could not take (after its approval, when it
+        # needed one): the method and the code, never the memory text.
+        log.error("%s failed: %s (%s) on %s: %s", method, exc.code, exc.details.get("reason"),
+                  exc.details.get("path"), exc.message)
+    if isinstance(exc, ProtocolError):
+        return exc.to_wire()
+    if isinstance(exc, UnicodeEncodeError):
+        # A lone surrogate in some string that validation did not look at (an id, a key,
+        # an enum value) reached the encoder or SQLite: the input is bad.
+        return InvalidInput("params contain a lone UTF-16 surrogate").to_wire()
+    log.error("internal error in %s", method or "a request", exc_info=exc)
+    return RpcError(INTERNAL_ERROR, "Internal error").to_wire()
 
 
 def encode(message: Any) -> bytes:
@@ -59,40 +74,146 @@ def encode(message: Any) -> bytes:
         return json.dumps(msgspec.to_builtins(message), ensure_ascii=True, separators=(",", ":")).encode()
 
 
-def encode_error(error: dict[str, Any], id_: Any = None) -> bytes:
-    return encode({"jsonrpc": "2.0", "id": id_, "error": error})
+def error_line(exc: BaseException, id_: Any = None) -> bytes:
+    return encode({"jsonrpc": "2.0", "id": id_, "error": error_object(exc)})
 
 
 def encode_notification(method: str, params: Any) -> bytes:
     return encode({"jsonrpc": "2.0", "method": method, "params": params})
 
 
-def internal_error_line(obj: Any) -> bytes | None:
-    """The -32603 reply for a request whose handling failed outside the method."""
-    if isinstance(obj, dict) and "id" not in obj:
+PARSE_ERROR_LINE: Final = error_line(RpcError(PARSE_ERROR, "Parse error"))
+OVERSIZE_LINE: Final = error_line(RpcError(INVALID_REQUEST, "Invalid request: message exceeds the maximum size"))
+HALF_LINE_LINE: Final = error_line(RpcError(INVALID_REQUEST, "Invalid request: incomplete line timed out"))
+TOO_MANY_CONNECTIONS_LINE: Final = error_line(RpcError(INVALID_REQUEST, "Invalid request: too many connections"))
+_EMPTY_BATCH_LINE: Final = error_line(RpcError(INVALID_REQUEST, "Invalid request: empty batch"))
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+class Call:
+    """One request object of a line, its params not decoded yet: ``msgspec.Raw`` as parsed,
+    or a Python value when the line needed the lenient parser. A field the object lacks is
+    ``UNSET``; a line (or batch item) that is not an object has every field ``UNSET``."""
+
+    __slots__ = ("id", "jsonrpc", "method", "params")
+
+    def __init__(self, jsonrpc: Any = msgspec.UNSET, method: Any = msgspec.UNSET, params: Any = msgspec.UNSET,
+                 id_: Any = msgspec.UNSET) -> None:
+        self.jsonrpc = jsonrpc
+        self.method = method
+        self.params = params
+        self.id = id_
+
+    def reply_id(self) -> str | int | float | None:
+        """The id a reply carries, also for a request that failed validation when its id
+        can still be read: JSON-RPC 2.0 §5 wants ``null`` only when it cannot."""
+        id_ = self.id
+        if isinstance(id_, str | int | float) and not isinstance(id_, bool):
+            return id_
         return None
-    return encode_error(rpc_error(INTERNAL_ERROR, "Internal error"), _request_id(obj))
 
 
-PARSE_ERROR_LINE = encode_error(rpc_error(PARSE_ERROR, "Parse error"))
-OVERSIZE_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: message exceeds the maximum size"))
-HALF_LINE_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: incomplete line timed out"))
-TOO_MANY_CONNECTIONS_LINE = encode_error(rpc_error(INVALID_REQUEST, "Invalid request: too many connections"))
+class _Envelope(msgspec.Struct):
+    jsonrpc: Any = msgspec.UNSET
+    method: Any = msgspec.UNSET
+    params: msgspec.Raw = msgspec.Raw()
+    id: Any = msgspec.UNSET
 
 
-def _check_shape(request: Any) -> Any:
-    """JSON-RPC 2.0 request object shape (raising makes jsonrpcserver answer -32600)."""
-    if not isinstance(request, dict) or request.get("jsonrpc") != "2.0":
-        raise ValueError("not a JSON-RPC 2.0 request")
-    if not isinstance(request.get("method"), str):
-        raise ValueError("method must be a string")
-    if "params" in request and not isinstance(request["params"], dict | list):
-        raise ValueError("params must be an object or array")
-    if "id" in request:
-        id_ = request["id"]
-        if isinstance(id_, bool) or not (id_ is None or isinstance(id_, str | int | float)):
-            raise ValueError("id must be a string, number or null")
-    return request
+#: A parsed line: one call, a batch of them, or ``UNPARSABLE``.
+Message = Call | list[Call]
+UNPARSABLE: Final[Any] = object()
+_line_decoder = msgspec.json.Decoder(_Envelope | list[msgspec.Raw])
+_item_decoder = msgspec.json.Decoder(_Envelope)
+
+
+def _call(env: _Envelope) -> Call:
+    return Call(env.jsonrpc, env.method, env.params if env.params else msgspec.UNSET, env.id)
+
+
+def _lenient_call(obj: Any) -> Call:
+    if not isinstance(obj, dict):
+        return Call()
+    return Call(obj.get("jsonrpc", msgspec.UNSET), obj.get("method", msgspec.UNSET),
+                obj.get("params", msgspec.UNSET), obj.get("id", msgspec.UNSET))
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(line: bytes) -> Message | Any:
+    """The line as a :class:`Call` or a batch of them, or ``UNPARSABLE`` (also for nesting
+    too deep to parse)."""
+    try:
+        top = _line_decoder.decode(line)
+    except msgspec.ValidationError:
+        return Call()  # JSON, but neither an object nor an array: an invalid request
+    except (msgspec.DecodeError, RecursionError):
+        # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them to
+        # reach validation and come back as INVALID_INPUT, so try the lenient parser
+        # (without its NaN/Infinity extension).
+        try:
+            obj = json.loads(line, parse_constant=_no_constants)
+        except (ValueError, RecursionError):
+            return UNPARSABLE
+        return [_lenient_call(o) for o in obj] if isinstance(obj, list) else _lenient_call(obj)
+    if isinstance(top, _Envelope):
+        return _call(top)
+    batch: list[Call] = []
+    for raw in top:
+        try:
+            batch.append(_call(_item_decoder.decode(raw)))
+        except msgspec.ValidationError:
+            batch.append(Call())
+    return batch
+
+
+#: The methods a connection may serve inline, in order, without a task of their own:
+#: those that never wait for an approval.
+_INLINE: Final = frozenset(name for name, m in METHODS.items() if not m.parks)
+
+
+def serves_inline(message: Message | Any) -> bool:
+    return message is UNPARSABLE or (isinstance(message, Call) and message.method in _INLINE)
+
+
+def _shape_error(call: Call) -> str | None:
+    """What makes ``call`` no JSON-RPC 2.0 request object, or None.
+
+    Ours, not jsonrpcserver's validator: the library answers a request its validator
+    refuses with id null, where JSON-RPC 2.0 §5 wants the id whenever it can be read."""
+    if call.jsonrpc != "2.0":
+        return "not a JSON-RPC 2.0 request"
+    if not isinstance(call.method, str):
+        return "method must be a string"
+    params = call.params
+    if isinstance(params, msgspec.Raw):
+        if bytes(memoryview(params)[:1]) not in (b"{", b"["):
+            return "params must be an object or array"
+    elif params is not msgspec.UNSET and not isinstance(params, dict | list):
+        return "params must be an object or array"
+    id_ = call.id
+    if id_ is not msgspec.UNSET and (isinstance(id_, bool) or not (id_ is None or isinstance(id_, str | int | float))):
+        return "id must be a string, number or null"
+    return None
+
+
+# --- params ------------------------------------------------------------------------------
+
+
+class _WriteProbe(msgspec.Struct):
+    write: Any = None
+
+
+_probe_decoder = msgspec.json.Decoder(_WriteProbe)
+_NO_PARAMS: Final = msgspec.Raw(b"{}")
+
+
+def _lacks_agent(write: Any) -> bool:
+    return write is None or (isinstance(write, dict) and write.get("agent") is None)
 
 
 def _field_of(exc: msgspec.ValidationError) -> str | None:
@@ -101,205 +222,149 @@ def _field_of(exc: msgspec.ValidationError) -> str | None:
     return where.rstrip("`").lstrip(".") or None if sep else None
 
 
-def _to_jsonrpc_error(exc: ProtocolError) -> JsonRpcError:
-    wire = exc.to_wire()
-    return JsonRpcError(wire["code"], wire["message"], wire["data"])
+class ParamsDecoder:
+    """One method's params: its msgspec decoder, built once, and for a method that needs an
+    agent the WRITE_REQUIRES_AGENT probe, which comes before any other check of them."""
 
+    __slots__ = ("_decoder", "_needs_agent", "_type")
 
-class _Call:
-    """A method call jsonrpcserver has accepted, run by us after it returns.
+    def __init__(self, method: Method) -> None:
+        self._type = method.params
+        self._decoder = msgspec.json.Decoder(method.params)
+        self._needs_agent = method.needs_agent
 
-    jsonrpcserver's async dispatcher wraps every request in ``asyncio.gather`` (an extra
-    task and loop iterations per request). We use its synchronous state machine instead:
-    the method only records the call, and ``_dispatch`` awaits it afterwards, for
-    requests and notifications alike.
-    """
-
-    __slots__ = ("coro", "error", "result")
-
-    def __init__(self, coro: Awaitable[Any]) -> None:
-        self.coro = coro
-        self.result: Any = None
-        self.error: JsonRpcError | None = None
-
-    async def run(self) -> None:
+    def __call__(self, params: Any) -> Any:
+        if params is msgspec.UNSET:
+            params = _NO_PARAMS
+        raw = isinstance(params, msgspec.Raw)
+        if (bytes(memoryview(params)[:1]) == b"[") if raw else isinstance(params, list):
+            raise InvalidInput("params must be an object (by-name), not an array")
         try:
-            self.result = await self.coro
-        except JsonRpcError as exc:
-            self.error = exc
+            decoded = self._decoder.decode(params) if raw else msgspec.convert(params, self._type)
+        except msgspec.ValidationError as exc:
+            if self._needs_agent and _lacks_agent(_probe_decoder.decode(params).write if raw else params.get("write")):
+                raise WriteRequiresAgent() from None
+            raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
+        if self._needs_agent and decoded.write.agent is None:  # type: ignore[attr-defined]
+            raise WriteRequiresAgent()
+        return decoded
 
 
-class _Context:
-    __slots__ = ("calls", "peer")
+# --- dispatch ----------------------------------------------------------------------------
 
-    def __init__(self, peer: Any) -> None:
-        self.peer = peer
-        self.calls: list[_Call] = []
+
+def _as_method(method: Method, handler: Handler) -> Callable[[RequestContext, Any], Awaitable[Result]]:
+    """``handler`` as jsonrpcserver calls it: the context, then the params (one argument,
+    still undecoded: msgspec's decoder takes the place of the library's binding of JSON
+    params to Python arguments)."""
+    decode = ParamsDecoder(method)
+    name = method.name
+
+    async def call(ctx: RequestContext, params: Any, /) -> Result:
+        try:
+            result = await handler(ctx, decode(params))
+        except Exception as exc:  # cancellation is not an Exception: it goes on up
+            return Error(**error_object(exc, name))
+        return Success(result)
+
+    return call
+
+
+def _checked_already(request: Any) -> Any:
+    """jsonrpcserver's validator: the shape was checked before dispatch (_shape_error)."""
+    return request
+
+
+def bind_handlers(*groups: Mapping[str, Handler]) -> dict[str, Handler]:
+    """The daemon's handlers, one per method of the table: a method without a handler, one
+    with two, or a handler for a method the table does not have stops the daemon at
+    start-up."""
+    bound: dict[str, Handler] = {}
+    twice: set[str] = set()
+    for group in groups:
+        twice |= bound.keys() & group.keys()
+        bound.update(group)
+    problems = []
+    if missing := [name for name in METHODS if name not in bound]:
+        problems.append(f"methods without a handler: {', '.join(missing)}")
+    if twice:
+        problems.append(f"methods with two handlers: {', '.join(sorted(twice))}")
+    if unknown := sorted(bound.keys() - METHODS.keys()):
+        problems.append(f"handlers for methods outside the table: {', '.join(unknown)}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return {name: bound[name] for name in METHODS}
 
 
 class Dispatcher:
-    def __init__(self, handlers: dict[str, Handler], *, max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS) -> None:
+    def __init__(self, handlers: Mapping[str, Handler], *, max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS) -> None:
         #: a longer batch is refused whole (one -32600), before any call in it runs
         self.max_batch_calls = max_batch_calls
-        self._too_long = encode_error(rpc_error(
+        self._too_long = error_line(RpcError(
             INVALID_REQUEST, f"Invalid request: a batch may hold at most {max_batch_calls} calls"))
-        unknown = set(handlers) - set(PARAMS)
+        unknown = sorted(set(handlers) - METHODS.keys())
         if unknown:
-            raise ValueError(f"handlers for methods outside wire-v1: {sorted(unknown)}")
-        self.methods = {name: self._wrap(name, h) for name, h in handlers.items()}
+            raise ValueError(f"handlers for methods outside the table: {', '.join(unknown)}")
+        self.methods = {name: _as_method(METHODS[name], h) for name, h in handlers.items()}
 
-    @staticmethod
-    def _wrap(name: str, handler: Handler) -> Callable[..., Any]:
-        params_type = PARAMS[name]
-        is_write = "write" in params_type.__struct_fields__
+    async def handle(self, peer: Any, message: Message, release_turn: Callable[[], None] | None = None) -> bytes | None:
+        """A parsed line (request, notification or batch) in, at most one line out.
+        ``release_turn`` lets the connection serve its next line while a request of this
+        one waits for an approval.
 
-        async def run(peer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            try:
-                if args:
-                    raise InvalidInput("params must be an object (by-name), not an array")
-                if is_write:
-                    write = kwargs.get("write")
-                    if write is None or (isinstance(write, dict) and write.get("agent") is None):
-                        raise WriteRequiresAgent()
-                try:
-                    params = msgspec.convert(kwargs, params_type)
-                except msgspec.ValidationError as exc:
-                    raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
-                return await handler(peer, params)
-            except StoreUnavailable as exc:
-                # The trace of a write the store could not take (after its approval, when it
-                # needed one): the method and the code, never the memory text.
-                log.error("%s failed: %s (%s) on %s: %s", name, exc.code, exc.details.get("reason"),
-                          exc.details.get("path"), exc.message)
-                raise _to_jsonrpc_error(exc) from None
-            except ProtocolError as exc:
-                raise _to_jsonrpc_error(exc) from None
-            except UnicodeEncodeError:
-                # A lone surrogate in some string that validation did not look at (an id,
-                # a key, an enum value) reached the encoder or SQLite: the input is bad.
-                raise _to_jsonrpc_error(InvalidInput("params contain a lone UTF-16 surrogate")) from None
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception:
-                log.exception("internal error in %s", name)
-                raise JsonRpcError(INTERNAL_ERROR, "Internal error",
-                                   {"code": "INTERNAL_ERROR", "message": "Internal error", "details": {}}) from None
-
-        # ctx is positional-only so that a param named "ctx" is just another unknown field.
-        def method(ctx: _Context, /, *args: Any, **kwargs: Any) -> Any:
-            call = _Call(run(ctx.peer, args, kwargs))
-            ctx.calls.append(call)
-            return Success(call)
-
-        # jsonrpcserver binds every call against inspect.signature(method); a precomputed
-        # __signature__ turns that from a per-request introspection into an attribute read.
-        method.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
-        return method
-
-    async def handle(self, peer: Any, obj: Any) -> bytes | None:
-        """A parsed line (request, notification or batch) in, at most one line out."""
-        if isinstance(obj, list):
-            if not obj:
-                return encode_error(rpc_error(INVALID_REQUEST, "Invalid request: empty batch"))
-            if len(obj) > self.max_batch_calls:
+        Batches are ours: jsonrpcserver validates a batch as a whole (one bad item would
+        fail them all) and runs its calls with ``asyncio.gather``; here each item is
+        dispatched on its own, answered with its own error if it is not a request, in a
+        task of its own, and a batch over ``max_batch_calls`` is refused before any runs."""
+        if isinstance(message, list):
+            if not message:
+                return _EMPTY_BATCH_LINE
+            if len(message) > self.max_batch_calls:
                 return self._too_long
-            replies: list[Any] = [None] * len(obj)
+            replies: list[Any] = [None] * len(message)
 
-            async def one(n: int, item: Any) -> None:
-                replies[n] = await self._dispatch(peer, item)
+            async def one(n: int, call: Call) -> None:
+                replies[n] = await self._dispatch(peer, call, release_turn)
 
             async with anyio.create_task_group() as tg:
-                for n, item in enumerate(obj):
-                    tg.start_soon(one, n, item)
+                for n, call in enumerate(message):
+                    tg.start_soon(one, n, call)
             out = [r for r in replies if r is not None]
             return encode(out) if out else None
-        reply = await self._dispatch(peer, obj)
+        reply = await self._dispatch(peer, message, release_turn)
         return None if reply is None else encode(reply)
 
-    async def _dispatch(self, peer: Any, obj: Any) -> dict[str, Any] | None:
-        ctx = _Context(peer)
-        response = dispatch_to_response("", self.methods, context=ctx, deserializer=lambda _: obj,
-                                        validator=_check_shape)
-        if ctx.calls:
-            # The approval gate reads the id from here (approvals.request_id; issue #9
-            # replaces this with an explicit request context). Each batch item runs in its
-            # own task, so each sees its own id.
-            token = request_id.set(_request_id(obj))
-            try:
-                for call in ctx.calls:
-                    await call.run()
-            finally:
-                request_id.reset(token)
-        if response is None:
+    async def _dispatch(self, peer: Any, call: Call, release_turn: Callable[[], None] | None) -> dict[str, Any] | None:
+        problem = _shape_error(call)
+        if problem is not None:
+            log.debug("invalid request: %s", problem)
+            return {"jsonrpc": "2.0", "id": call.reply_id(), "error": error_object(RpcError(INVALID_REQUEST,
+                                                                                           "Invalid request"))}
+        request: dict[str, Any] = {"jsonrpc": "2.0", "method": call.method, "params": [call.params]}
+        if call.id is not msgspec.UNSET:
+            request["id"] = call.id
+        ctx = RequestContext(peer, call.reply_id(), release_turn)
+        # The line is parsed already (the connection orders requests by method, batches are
+        # split above), so the deserializer hands over the request built from it.
+        reply = await async_dispatch_to_serializable("", self.methods, context=ctx, deserializer=lambda _: request,
+                                                     validator=_checked_already)
+        assert not isinstance(reply, list)  # one request in, at most one response out
+        if reply is None:
             return None
-        id_ = _request_id(obj)
-        if isinstance(response, Left):
-            err = response._error
-            data = err.data
-            if not isinstance(data, dict):
-                code = err.code
-                if code == METHOD_NOT_FOUND:
-                    message = "Method not found"
-                    details = {"method": str(data)}
-                elif code == INVALID_REQUEST:
-                    message = "Invalid request"
-                    details = {}
-                elif code == INVALID_PARAMS:
-                    wire = InvalidInput("params do not fit the method").to_wire()
-                    return {"jsonrpc": "2.0", "id": id_, "error": wire}
-                else:
-                    code = INTERNAL_ERROR
-                    message = "Internal error"
-                    details = {}
-                return {"jsonrpc": "2.0", "id": id_, "error": rpc_error(code, message, details)}
-            return {"jsonrpc": "2.0", "id": err.id, "error": {"code": err.code, "message": err.message, "data": data}}
-        ok = response._value  # type: ignore[union-attr]  # a single request: never a list
-        done: _Call = ok.result
-        if done.error is not None:
-            e = done.error
-            return {"jsonrpc": "2.0", "id": ok.id, "error": {"code": e.code, "message": e.message, "data": e.data}}
-        return {"jsonrpc": "2.0", "id": ok.id, "result": done.result}
+        # Written id first, as the documentation shows replies.
+        error = reply.get("error")
+        if error is None:
+            return {"jsonrpc": "2.0", "id": reply["id"], "result": reply["result"]}
+        if not isinstance(error.get("data"), dict):
+            # jsonrpcserver's own error (its data a bare string, not our {code, message,
+            # details}): for our methods, only an unknown method gets one.
+            error = error_object(RpcError(METHOD_NOT_FOUND, "Method not found", {"method": call.method})
+                                 if error.get("code") == METHOD_NOT_FOUND else RpcError(INTERNAL_ERROR, "Internal error"))
+        return {"jsonrpc": "2.0", "id": reply["id"], "error": error}
 
 
-_UNPARSABLE: Any = object()
-
-#: Methods that never wait for an approval: a connection may serve them inline, in order,
-#: without a task of their own.
-NEVER_PARK = frozenset({
-    "initialize", "memory/query", "memory/budgets", "memory/list", "audit/list", "audit/verify", "audit/explain",
-    "memory/snapshot",
-    "memory/export", "adapters/list", "proposals/create", "proposals/list", "proposals/dismiss",
-    "approval/decided", "approval/subscribe", "daemon/status",
-})
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse(line: bytes) -> Any:
-    """The line's JSON value, or ``_UNPARSABLE`` (also for nesting too deep to parse)."""
-    try:
-        return _decoder.decode(line)
-    except (msgspec.DecodeError, RecursionError):
-        # msgspec refuses lone surrogates ("\ud800") outright; the protocol wants them to
-        # reach validation and come back as INVALID_INPUT, so try the lenient parser
-        # (without its NaN/Infinity extension).
-        try:
-            return json.loads(line, parse_constant=_no_constants)
-        except (ValueError, RecursionError):
-            return _UNPARSABLE
-
-
-def never_parks(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("method") in NEVER_PARK
-
-
-def _request_id(obj: Any) -> Any:
-    """The id of a request that failed validation, when it can still be read: JSON-RPC
-    2.0 §5 wants ``null`` only when the id itself could not be detected."""
-    if isinstance(obj, dict):
-        id_ = obj.get("id")
-        if isinstance(id_, str | int | float) and not isinstance(id_, bool):
-            return id_
-    return None
+def failure_line(message: Message | Any, exc: BaseException) -> bytes | None:
+    """The reply to a line whose handling failed outside any method (a bug of ours)."""
+    if isinstance(message, Call) and message.id is msgspec.UNSET:
+        return None
+    return error_line(exc, message.reply_id() if isinstance(message, Call) else None)

@@ -17,8 +17,10 @@ import os
 import stat
 from pathlib import Path
 
+from .errors import DaemonError
 
-class UnsafeDir(Exception):
+
+class UnsafeDir(DaemonError):
     """The socket directory is not private to this uid; the message is one line."""
 
 

@@ -1,7 +1,8 @@
 """The protocol pipeline: validation → budget pre-check → approval → writer commit → events.
 
-One Service per daemon. Each method takes the calling connection (a ``Peer``) and its
-decoded params, and returns a wire Struct or raises a ProtocolError. Reads go to the read
+One Service per daemon. Each method takes the request's context (``RequestContext``: the
+calling connection, its notify, the request id) and its decoded params, and returns a wire
+Struct or raises a ProtocolError. Reads go to the read
 connection; every mutation is a job for the single writer, and every job re-checks what
 the approval was granted on (the entry *by id*, the budget against current usage) before
 it touches a row.
@@ -89,9 +90,10 @@ from memoryd_protocol.validation import (
     writer_view,
 )
 
-from . import store
-from .approvals import Approvals, Peer
+from . import __version__, store
+from .approvals import Approvals
 from .config import Config
+from .context import RequestContext
 from .ledger import Stamp
 from .owned import Owned
 from .pipeline import Pipeline, WritePlan
@@ -104,7 +106,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 def stderr_file() -> str | None:
     """The file this process's stderr (its log) is appended to, or None when stderr is not
@@ -241,15 +243,15 @@ class Service:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    async def initialize(self, peer: Any, p: InitializeParams) -> InitializeResult:
+    async def initialize(self, ctx: RequestContext, p: InitializeParams) -> InitializeResult:
         if p.protocol is not None and p.protocol != PROTOCOL:
             raise InvalidInput(f"unsupported protocol {p.protocol!r}; this daemon speaks {PROTOCOL}", "protocol")
+        peer = ctx.peer
         if p.capabilities is not None and not p.capabilities.approvals:
             # One-way: a connection that cannot approve never becomes one that can, or a
             # model-side tool could re-initialize and approve its own writes.
             peer.can_approve = False
             self.approvals.unsubscribe(peer)
-        peer.initialized = True
         peer.client = p.client  # shown as the origin of this connection's approvals
         return InitializeResult(
             protocol=PROTOCOL,
@@ -259,7 +261,7 @@ class Service:
             budgets=self.budget_rows(),
         )
 
-    async def status(self, peer: Peer, p: Any) -> DaemonStatus:
+    async def status(self, ctx: RequestContext, p: Any) -> DaemonStatus:
         return DaemonStatus(
             version=VERSION,
             uptime_s=round(time.monotonic() - self.started, 3),
@@ -276,13 +278,14 @@ class Service:
                              for c in sorted(self.live, key=lambda c: c.id)],
         )
 
-    async def approval_decided(self, peer: Peer, p: ApprovalDecidedParams) -> Empty:
+    async def approval_decided(self, ctx: RequestContext, p: ApprovalDecidedParams) -> Empty:
         if p.by is not None and p.by.name is not None:
             check_storable(p.by.name, "by.name")
-        self.approvals.decide(peer, p.id, p.outcome, p.by)
+        self.approvals.decide(ctx.peer, p.id, p.outcome, p.by)
         return Empty()
 
-    async def approval_subscribe(self, peer: Peer, p: Any) -> Empty:
+    async def approval_subscribe(self, ctx: RequestContext, p: Any) -> Empty:
+        peer = ctx.peer
         if not peer.can_approve:
             raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
         if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
@@ -293,17 +296,17 @@ class Service:
 
     # --- reads -------------------------------------------------------------------------
 
-    async def budgets(self, peer: Peer, p: Any) -> list[BudgetRow]:
+    async def budgets(self, ctx: RequestContext, p: Any) -> list[BudgetRow]:
         return self.budget_rows()
 
-    async def list_entries(self, peer: Peer, p: Any) -> list[Entry]:
+    async def list_entries(self, ctx: RequestContext, p: Any) -> list[Entry]:
         return await self.read(store.list_entries)
 
-    async def audit_list(self, peer: Peer, p: AuditListParams) -> list[AuditRow]:
+    async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
         return await self.read_off_loop(lambda c: store.audit_list(c, limit))
 
-    async def audit_verify(self, peer: Peer, p: Any) -> LedgerReport:
+    async def audit_verify(self, ctx: RequestContext, p: Any) -> LedgerReport:
         return await self._verify()
 
     async def _verify_once(self) -> LedgerReport:
@@ -311,12 +314,12 @@ class Service:
         head = self.writer.anchor.head  # committed before the read begins: the read must hold it
         return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_report(fetch, head)))
 
-    async def audit_explain(self, peer: Peer, p: AuditExplainParams) -> EntryLife:
+    async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:
             await self.writer.settled()
             return await self.scanner.run(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
 
-    async def query(self, peer: Peer, p: QueryParams) -> QueryResult:
+    async def query(self, ctx: RequestContext, p: QueryParams) -> QueryResult:
         f = p.filter
         o = p.opts
         text = f.text if f and f.text else None
@@ -340,7 +343,7 @@ class Service:
             limit=limit, boosted=boosted))
         page = hits[:limit]
         ts = store.now_ms()
-        stamp = Stamp(origin=self.pipeline.who(peer), session_id=session_id)
+        stamp = Stamp(origin=self.pipeline.who(ctx.peer), session_id=session_id)
 
         def recalled(conn: sqlite3.Connection) -> None:
             stamp.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
@@ -351,7 +354,7 @@ class Service:
         # query exact meanwhile, and ledger reads flush them first (Writer.settled).
         self.writer.record_recalls(page, ts, recalled if session_id is not None else None)
         if session_id is not None:
-            await peer.notify("memory/recalled", MemoryRecalled(query=text or "", matches=total, session_id=session_id))
+            await ctx.notify("memory/recalled", MemoryRecalled(query=text or "", matches=total, session_id=session_id))
         return QueryResult(entries=page, total=total, truncated=total > len(page))
 
     # --- writes ------------------------------------------------------------------------
@@ -386,7 +389,7 @@ class Service:
             session_id=view.session_id,
         )
 
-    async def add(self, peer: Peer, p: AddParams) -> WriteResult:
+    async def add(self, ctx: RequestContext, p: AddParams) -> WriteResult:
         view = writer_view(p.write)
         i = p.input
         text = check_text(i.text)
@@ -403,7 +406,7 @@ class Service:
                         entry=e, ts=e.created_at)
             return WriteResult(entry=e, usage=self.row(usage, *cell))
 
-        return await self.pipeline.run(peer, view, WritePlan(
+        return await self.pipeline.run(ctx, view, WritePlan(
             action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
             layers=[cell], sources=[source], deltas={cell: utf16_len(text)}, commit=commit,
             events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))], lands=(wk, ak, tags)))
@@ -422,7 +425,7 @@ class Service:
             raise EntryNotFound("the approved entry changed while the approval was pending", details)
         return current
 
-    async def replace(self, peer: Peer, p: ReplaceParams) -> ReplaceResult:
+    async def replace(self, ctx: RequestContext, p: ReplaceParams) -> ReplaceResult:
         view = writer_view(p.write)
         i = p.input
         selector = check_target(i.match, i.id)
@@ -446,14 +449,14 @@ class Service:
             return ReplaceResult(previous=previous, entry=e, usage=self.row(usage, *cell))
 
         # A replacement keeps the target's source: that one source is the old text's and the new one's.
-        return await self.pipeline.run(peer, view, WritePlan(
+        return await self.pipeline.run(ctx, view, WritePlan(
             action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
             source=target.source, layers=[cell], sources=[target.source],
             deltas={cell: utf16_len(text) - utf16_len(target.text)}, commit=commit,
             events=lambda r: [("memory/updated", MemoryUpdated(previous=r.previous, entry=r.entry))],
             entry_id=target.id, lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags)))
 
-    async def remove(self, peer: Peer, p: RemoveParams) -> WriteResult:
+    async def remove(self, ctx: RequestContext, p: RemoveParams) -> WriteResult:
         view = writer_view(p.write)
         i = p.input
         selector = check_target(i.match, i.id)
@@ -468,13 +471,13 @@ class Service:
                         text=previous.text, source=previous.source)
             return WriteResult(entry=previous, usage=self.row(usage, *cell))
 
-        return await self.pipeline.run(peer, view, WritePlan(
+        return await self.pipeline.run(ctx, view, WritePlan(
             action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
             source=target.source, layers=[cell], sources=[target.source], deltas={cell: -utf16_len(target.text)},
             commit=commit, events=lambda r: [("memory/removed", MemoryRemoved(entry=r.entry))],
             entry_id=target.id, lands=(target.workspace_key, target.agent_key, target.tags)))
 
-    async def consolidate(self, peer: Peer, p: ConsolidateParams) -> ConsolidateResult:
+    async def consolidate(self, ctx: RequestContext, p: ConsolidateParams) -> ConsolidateResult:
         view = writer_view(p.write)
         i = p.input
         matches = [check_match(m, f"matches[{n}]") for n, m in enumerate(i.matches)]
@@ -509,7 +512,7 @@ class Service:
                         source=source, entry=e, ts=ts)
             return ConsolidateResult(removed=removed, entry=e, usage=self.row(usage, *cell))
 
-        return await self.pipeline.run(peer, view, WritePlan(
+        return await self.pipeline.run(ctx, view, WritePlan(
             action="consolidate", track=i.track, scope=i.scope,
             text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
             source=source, layers=[cell], sources=[source, *(t.source for t in targets)],
@@ -539,7 +542,7 @@ class Service:
                                           workspace_key=wk, agent_key=ak, ts=0))
         return planned
 
-    async def seed_planned(self, peer: Peer, view: SessionView, planned: list[Entry]) -> SeedResult:
+    async def seed_planned(self, ctx: RequestContext, view: SessionView, planned: list[Entry]) -> SeedResult:
         deltas: dict[tuple[str, str], int] = {}
         for e in planned:
             deltas[(e.track, e.scope)] = deltas.get((e.track, e.scope), 0) + utf16_len(e.text)
@@ -557,12 +560,12 @@ class Service:
                             entry=e, ts=ts)
             return SeedResult(added=len(planned), entries=planned)
 
-        return await self.pipeline.run(peer, view, WritePlan(
+        return await self.pipeline.run(ctx, view, WritePlan(
             action="seed", track="batch", scope="batch", text=text, source=source,
             layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
             commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
             count=len(planned), entries=planned))
 
-    async def seed(self, peer: Peer, p: SeedParams) -> SeedResult:
+    async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write)
-        return await self.seed_planned(peer, view, self.plan_seed(view, p.inputs))
+        return await self.seed_planned(ctx, view, self.plan_seed(view, p.inputs))

@@ -13,18 +13,16 @@ binds it again.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from memoryd_protocol.errors import InvalidInput
 
 from .approvals import Peer
+from .context import Handler, RequestContext
 
 #: Session ids one connection binds at most; the ids it names beyond that stay unbound
 #: (its writes still work), so a connection cannot grow this table without bound.
 MAX_BOUND_PER_CONNECTION = 1024
-
-Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
 def named_session(params: Any) -> str | None:
@@ -74,10 +72,10 @@ class Sessions:
     def binding(self, handler: Handler) -> Handler:
         """``handler``, after the session its params name is bound to the calling connection."""
 
-        async def bound(peer: Any, params: Any) -> Any:
+        async def bound(ctx: RequestContext, params: Any) -> Any:
             sid = named_session(params)
             if sid is not None:
-                self.bind(peer, sid)
-            return await handler(peer, params)
+                self.bind(ctx.peer, sid)
+            return await handler(ctx, params)
 
         return bound

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
 
+from .errors import DaemonError
 from .rundir import check_private_dir, ensure_private_dir
 
 log = logging.getLogger("memoryd.transports")
@@ -157,7 +158,7 @@ def _behind_relay(pid: int) -> int:
     return ppid if ppid > 1 else pid
 
 
-class SocketInUse(Exception):
+class SocketInUse(DaemonError):
     """A live daemon already answers on the socket path."""
 
 

@@ -7,13 +7,15 @@ every Struct) would cost them most of their start-up.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from . import constants, errors, ledger, payloads, snapshot, text, types, validation
+    __version__: str
+    from . import constants, errors, ledger, methods, payloads, snapshot, text, types, validation
     from .errors import (
         AdapterNotFound,
         AdapterPayload,
@@ -32,9 +34,20 @@ if TYPE_CHECKING:
         from_wire,
     )
 
-__version__ = "0.1.0"
+#: The distribution this package ships in; ``__version__`` is its version, read from the
+#: installed package's metadata on first use (pyproject.toml holds the one literal).
+DISTRIBUTION = "dsh-memoryd"
 
-_SUBMODULES = frozenset({"constants", "errors", "ledger", "payloads", "snapshot", "text", "types", "validation"})
+
+@functools.cache
+def _package_version() -> str:
+    from importlib.metadata import version
+
+    return version(DISTRIBUTION)
+
+
+_SUBMODULES = frozenset({
+    "constants", "errors", "ledger", "methods", "payloads", "snapshot", "text", "types", "validation"})
 _FROM_ERRORS = frozenset({
     "AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BudgetExceeded", "EntryNotFound", "InvalidInput",
     "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnsupportedVersion",
@@ -43,6 +56,8 @@ _FROM_ERRORS = frozenset({
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _package_version()
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     if name in _FROM_ERRORS:
@@ -72,6 +87,7 @@ __all__ = [
     "errors",
     "from_wire",
     "ledger",
+    "methods",
     "payloads",
     "snapshot",
     "text",

@@ -1,6 +1,7 @@
 """The normative machine-readable contract, generated from the wire types.
 
-Two documents come out of :mod:`memoryd_protocol.types`:
+Two documents come out of :mod:`memoryd_protocol.types` and the methods table
+(:mod:`memoryd_protocol.methods`: each method's params, result, summary and errors):
 
 - ``schemas/dsh-memory-protocol-v1.schema.json``: JSON Schema 2020-12 for the protocol's data
   model (``$defs``: entry, entryInput, budgetRow, exportEnvelope, auditRow, proposal, error,
@@ -51,6 +52,7 @@ from .constants import (
     RPC_LEVEL_CODES,
     STORE_FAULTS,
 )
+from .methods import METHODS
 
 JSON = dict[str, Any]
 
@@ -722,94 +724,6 @@ def json_schema_document() -> JSON:
 
 # --- the OpenRPC document ----------------------------------------------------------------
 
-#: method → (summary, data.codes it may return besides INTERNAL_ERROR).
-_WRITE_ERRORS: Final = ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "BUDGET_EXCEEDED", "WRITE_DENIED", "STORE_UNAVAILABLE")
-_MATCH_ERRORS: Final = ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH")
-METHODS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
-    "initialize": (
-        "Open the session: declare the client and its capabilities (approvals: false for a "
-        "connection that must not answer approvals); get the protocol, write policy and budgets.",
-        ("INVALID_INPUT",),
-    ),
-    "memory/add": ("Insert a new entry (fresh id, version 1) through the write pipeline.", _WRITE_ERRORS),
-    "memory/replace": (
-        "Rewrite exactly one entry located by a unique substring or by its id; id kept, version + 1.",
-        (*_WRITE_ERRORS, *_MATCH_ERRORS),
-    ),
-    "memory/remove": (
-        "Delete exactly one entry located by a unique substring or by its id.",
-        ("INVALID_INPUT", "WRITE_REQUIRES_AGENT", "WRITE_DENIED", "STORE_UNAVAILABLE", *_MATCH_ERRORS),
-    ),
-    "memory/consolidate": (
-        f"Atomically delete 1..{MAX_CONSOLIDATE} entries and insert one new entry, under one approval.",
-        (*_WRITE_ERRORS, *_MATCH_ERRORS),
-    ),
-    "memory/seed": ("Insert a batch of entries, all-or-nothing, under one approval.", _WRITE_ERRORS),
-    "memory/query": (
-        "Substring search (ASCII case-insensitive); hits get recallCount + 1. With opts.sessionId "
-        "a 'recalled' audit row and a memory/recalled notification.",
-        ("INVALID_INPUT",),
-    ),
-    "memory/budgets": (
-        "The four budget rows, in the order user/user-global, user/workspace, agent/user-global, agent/workspace.",
-        ("INVALID_INPUT",),
-    ),
-    "memory/list": ("Every entry, in creation order (management view).", ("INVALID_INPUT",)),
-    "audit/list": ("Audit rows, newest first (limit default 100).", ("INVALID_INPUT",)),
-    "audit/verify": (
-        "Check the ledger: its hash chain, that every audit row since the chain's start is in it "
-        "unchanged, and that replaying it from its start gives the live entries. ok false names the "
-        "first break in problems[0].",
-        (),
-    ),
-    "audit/explain": (
-        "One entry's life: every ledger row that wrote it, who asked (the connection), who approved "
-        "and how, and the sessions whose frozen snapshot showed it. target: an entry id, or a text "
-        "that exactly one entry contains.",
-        ("INVALID_INPUT",),
-    ),
-    "memory/snapshot": (
-        "The frozen memory block for a session: rendered once per session id, then the same text "
-        "forever. The first render sends memory/snapshot and lands a 'snapshot' audit row.",
-        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
-    ),
-    "memory/export": (
-        "The memory-export-v1 envelope (read-only, no approval, no audit row), or with 'adapter' "
-        "that adapter's document.",
-        ("INVALID_INPUT", "ADAPTER_NOT_FOUND", "ADAPTER_PAYLOAD"),
-    ),
-    "memory/import": (
-        "Restore entries through seed: {envelope, write} or {adapter, payload, write}. Fresh ids, "
-        "version 1, recall counts 0; at most 1000 entries. skipExisting: true leaves out entries that "
-        "already exist (counted in 'skipped').",
-        (*_WRITE_ERRORS, "ADAPTER_NOT_FOUND", "ADAPTER_PAYLOAD"),
-    ),
-    "adapters/list": ("The registered import/export adapters.", ("INVALID_INPUT",)),
-    "proposals/create": (
-        "Create a pending proposal; null when the session already has one of that kind.",
-        ("INVALID_INPUT", "STORE_UNAVAILABLE"),
-    ),
-    "proposals/list": ("Proposals, optionally filtered by status.", ("INVALID_INPUT",)),
-    "proposals/approve": (
-        "Approve a pending proposal: its entry rides the full add pipeline (approval, budget, audit).",
-        (*_WRITE_ERRORS, "PROPOSAL_NOT_FOUND"),
-    ),
-    "proposals/dismiss": (
-        "Dismiss a pending proposal; returns it.", ("INVALID_INPUT", "PROPOSAL_NOT_FOUND", "STORE_UNAVAILABLE")
-    ),
-    "approval/decided": (
-        "Answer an approval/asked notification sent to this connection. Also accepted as a "
-        "notification (no id, no response).",
-        ("INVALID_INPUT",),
-    ),
-    "approval/subscribe": (
-        "Make this connection an approver: approvals of connections that declared "
-        "capabilities.approvals false are asked here.",
-        ("INVALID_INPUT",),
-    ),
-    "daemon/status": ("Daemon health: version, uptime, connections, pending approvals, queue, store.", ()),
-}
-
 #: notification → summary (daemon → client).
 NOTIFICATION_DOCS: Final[dict[str, str]] = {
     "approval/asked": (
@@ -879,8 +793,9 @@ def _export_result(prefix: str) -> JSON:
 
 def openrpc_document() -> JSON:
     prefix = OPENRPC_REF
-    params_types = list(t.PARAMS.values())
-    result_types = [t.RESULTS[m] for m in t.PARAMS]
+    table = list(METHODS.values())
+    params_types = [m.params for m in table]
+    result_types = [m.result for m in table]
     note_types = list(t.NOTIFICATIONS.values())
     roots = [*DATA_MODEL, *params_types, *result_types, *note_types]
     root_schemas, schemas = struct_schemas(roots, prefix)
@@ -889,26 +804,21 @@ def openrpc_document() -> JSON:
     n_model, n_params = len(DATA_MODEL), len(params_types)
     result_schemas = root_schemas[n_model + n_params : n_model + 2 * n_params]
 
-    missing = set(t.PARAMS) ^ set(METHODS)
-    if missing:
-        raise KeyError(f"methods without documentation or types: {sorted(missing)}")
-
     codes = all_error_codes()
     methods: list[JSON] = []
-    for (method, params_cls), result_schema in zip(t.PARAMS.items(), result_schemas, strict=True):
-        summary, errors = METHODS[method]
-        params_schema = schemas[def_name(params_cls.__name__)]
-        result = _export_result(prefix) if method == "memory/export" else copy.deepcopy(result_schema)
-        _merge(result, RESULT_PATCHES.get(method, {}))
+    for m, result_schema in zip(table, result_schemas, strict=True):
+        params_schema = schemas[def_name(m.params.__name__)]
+        result = _export_result(prefix) if m.name == "memory/export" else copy.deepcopy(result_schema)
+        _merge(result, RESULT_PATCHES.get(m.name, {}))
         methods.append(
             {
-                "name": method,
-                "summary": summary,
+                "name": m.name,
+                "summary": m.summary,
                 "paramStructure": "by-name",
-                "params": _param_descriptors(params_cls, params_schema),
+                "params": _param_descriptors(m.params, params_schema),
                 "result": {"name": "result", "schema": result},
-                "errors": [{"$ref": f"#/components/errors/{code}"} for code in errors],
-                "x-paramsSchema": {"$ref": prefix + def_name(params_cls.__name__)},
+                "errors": [{"$ref": f"#/components/errors/{code}"} for code in m.errors],
+                "x-paramsSchema": {"$ref": prefix + def_name(m.params.__name__)},
             }
         )
 

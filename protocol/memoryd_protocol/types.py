@@ -8,7 +8,7 @@ fields: harnesses put more there than memoryd reads.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -558,59 +558,21 @@ class MemorySnapshot(_Out):
     text: str
 
 
-#: method name → params type; the daemon builds one decoder per entry at start-up.
-PARAMS: dict[str, type[msgspec.Struct]] = {
-    "initialize": InitializeParams,
-    "memory/add": AddParams,
-    "memory/replace": ReplaceParams,
-    "memory/remove": RemoveParams,
-    "memory/consolidate": ConsolidateParams,
-    "memory/seed": SeedParams,
-    "memory/query": QueryParams,
-    "memory/budgets": EmptyParams,
-    "memory/list": EmptyParams,
-    "audit/list": AuditListParams,
-    "memory/snapshot": SnapshotParams,
-    "memory/export": ExportParams,
-    "memory/import": ImportParams,
-    "adapters/list": EmptyParams,
-    "proposals/create": ProposalCreateParams,
-    "proposals/list": ProposalListParams,
-    "proposals/approve": ProposalApproveParams,
-    "proposals/dismiss": ProposalDismissParams,
-    "approval/decided": ApprovalDecidedParams,
-    "approval/subscribe": EmptyParams,
-    "daemon/status": EmptyParams,
-    "audit/verify": EmptyParams,
-    "audit/explain": AuditExplainParams,
-}
+# PARAMS and RESULTS (method name → params type, → result type) derive from the methods
+# table (methods.py), which is built from the Structs above: they load from there on first
+# use, so that this module and the table import in either order.
+if TYPE_CHECKING:
+    PARAMS: dict[str, type[msgspec.Struct]]
+    RESULTS: dict[str, Any]
+else:
 
-#: method name → result type (for schema generation and typed clients).
-RESULTS: dict[str, Any] = {
-    "initialize": InitializeResult,
-    "memory/add": WriteResult,
-    "memory/replace": ReplaceResult,
-    "memory/remove": WriteResult,
-    "memory/consolidate": ConsolidateResult,
-    "memory/seed": SeedResult,
-    "memory/query": QueryResult,
-    "memory/budgets": list[BudgetRow],
-    "memory/list": list[Entry],
-    "audit/list": list[AuditRow],
-    "memory/snapshot": SnapshotResult,
-    "memory/export": Any,
-    "memory/import": SeedResult,
-    "adapters/list": list[AdapterInfo],
-    "proposals/create": Proposal | None,
-    "proposals/list": list[Proposal],
-    "proposals/approve": ProposalApproveResult,
-    "proposals/dismiss": Proposal,
-    "approval/decided": Empty,
-    "approval/subscribe": Empty,
-    "daemon/status": DaemonStatus,
-    "audit/verify": LedgerReport,
-    "audit/explain": EntryLife,
-}
+    def __getattr__(name: str) -> Any:
+        if name in ("PARAMS", "RESULTS"):
+            from . import methods
+
+            return getattr(methods, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: notification method → params type.
 NOTIFICATIONS: dict[str, type[msgspec.Struct]] = {

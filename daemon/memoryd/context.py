@@ -1,0 +1,42 @@
+"""The request context: what a handler knows of the request it serves.
+
+The dispatcher (rpc.py) makes one per request and passes it to the handler, which passes
+it on to whatever needs it: the write pipeline, the approval gate. Nothing reaches for
+per-request state any other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .approvals import Peer
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    #: the connection the request came on
+    peer: Peer
+    #: its JSON-RPC id: ``approval/asked`` carries it as ``requestId`` to this connection.
+    #: None for a notification (and for an id of null).
+    id: str | int | float | None = None
+    #: Called when the request parks on an approval, so that the connection may serve
+    #: its next line (the decision) meanwhile. None when the request was served inline:
+    #: it never parks.
+    release_turn: Callable[[], None] | None = None
+
+    async def notify(self, method: str, params: object) -> None:
+        """A notification to the requesting connection (never waits)."""
+        await self.peer.notify(method, params)
+
+    def park(self) -> None:
+        """The request is about to wait (for an approval, or its denial's commit): let the
+        connection serve its next line meanwhile."""
+        if self.release_turn is not None:
+            self.release_turn()
+
+
+#: A method's implementation: the request context and the decoded params in, the result out.
+Handler = Callable[[RequestContext, Any], Awaitable[Any]]
