@@ -14,7 +14,6 @@ import pytest
 from memoryd.approvals import Approvals
 from memoryd.config import Config
 from memoryd.context import RequestContext
-from memoryd.lifecycle import Lifecycle
 from memoryd.service import Service
 from memoryd_protocol.errors import EntryNotFound
 from memoryd_protocol.methods import METHODS
@@ -246,9 +245,10 @@ def test_bind_handlers_wants_exactly_one_handler_per_method_of_the_table() -> No
 
 def test_the_daemon_binds_a_handler_to_every_method() -> None:
     service = Service(Config(), None, None, Approvals(), None)  # type: ignore[arg-type]
-    handlers = method_handlers(service, Lifecycle(service, {}))
+    handlers = method_handlers(service, {})
     assert list(handlers) == list(METHODS)
-    assert handlers["memory/add"] == service.add
+    assert handlers["memory/add"].__qualname__ == "Writes.add"  # type: ignore[attr-defined]
+    assert handlers["daemon/status"] == service.status
 
 
 # --- the context reaches the approval gate ------------------------------------------------------

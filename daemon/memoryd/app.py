@@ -29,12 +29,16 @@ from .approvals import Approvals
 from .config import Config
 from .connection import Connection
 from .context import Handler
-from .lifecycle import Lifecycle
 from .owned import Owned
+from .proposals import Proposals
+from .reads import Reads
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
+from .snapshots import Snapshots
+from .transfer import Transfer
 from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
 from .writer import Writer
+from .writes import Writes
 
 log = logging.getLogger("memoryd")
 
@@ -183,27 +187,13 @@ def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
-def method_handlers(service: Service, lifecycle: Lifecycle) -> dict[str, Handler]:
+def method_handlers(service: Service, adapters: dict[str, Any]) -> dict[str, Handler]:
     """Every method's handler, in the methods table's order: the daemon does not start
     unless each method of the table has exactly one (rpc.bind_handlers)."""
-    core: dict[str, Handler] = {
-        "initialize": service.initialize,
-        "memory/add": service.add,
-        "memory/replace": service.replace,
-        "memory/remove": service.remove,
-        "memory/consolidate": service.consolidate,
-        "memory/seed": service.seed,
-        "memory/query": service.query,
-        "memory/budgets": service.budgets,
-        "memory/list": service.list_entries,
-        "audit/list": service.audit_list,
-        "audit/verify": service.audit_verify,
-        "audit/explain": service.audit_explain,
-        "approval/decided": service.approval_decided,
-        "approval/subscribe": service.approval_subscribe,
-        "daemon/status": service.status,
-    }
-    return bind_handlers(core, lifecycle.handlers())
+    writes = Writes(service)
+    return bind_handlers(service.handlers(), Reads(service).handlers(), writes.handlers(),
+                         Snapshots(service).handlers(), Proposals(service, writes).handlers(),
+                         Transfer(service, writes, adapters).handlers())
 
 
 @dataclass
@@ -260,7 +250,7 @@ class Daemon:
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, reader, approvals, loop_reader, scanner)
             handlers = {name: service.sessions.binding(h)
-                        for name, h in method_handlers(service, Lifecycle(service, adapters)).items()}
+                        for name, h in method_handlers(service, adapters).items()}
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
 

@@ -1,0 +1,156 @@
+"""memory/export, memory/import and adapters: moving memory in and out (an import is a
+seed through the pipeline, so it is approval-gated and audited like any write)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from typing import Any
+
+import msgspec
+from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
+from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
+from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.types import (
+    AdapterInfo,
+    Entry,
+    EntryInput,
+    ExportParams,
+    ImportParams,
+    SeedResult,
+)
+from memoryd_protocol.validation import writer_view
+
+from . import store
+from .context import Handler, RequestContext
+from .service import Service
+from .writes import Writes
+
+
+class _ImportedEntry(msgspec.Struct, rename="camel", kw_only=True):
+    """An envelope entry as import reads it: ids, timestamps and counters are dropped
+    (imports get fresh ones); unknown fields are ignored."""
+
+    track: str
+    scope: str
+    text: str
+    tags: list[str] | None = None
+    source: str | None = None
+    workspace_key: str | None = None
+    agent_key: str | None = None
+
+
+class _Envelope(msgspec.Struct, rename="camel", kw_only=True):
+    plugin: str
+    schema: str
+    entries: list[Any]
+
+
+EntryKey = tuple[str, str, str, str, str]
+
+
+def entry_key(e: Entry) -> EntryKey:
+    """What makes an imported entry one that already exists: its layer, keys and text."""
+    return (e.track, e.scope, e.workspace_key, e.agent_key, e.text)
+
+
+def existing_keys(conn: sqlite3.Connection) -> set[EntryKey]:
+    rows = conn.execute("SELECT track, scope, workspace_key, agent_key, text FROM entries")
+    return {(track, scope, wk or "", ak or "", text) for track, scope, wk, ak, text in rows}
+
+
+class Transfer:
+    def __init__(self, s: Service, w: Writes, adapters: dict[str, Any]) -> None:
+        self.s = s
+        self.w = w
+        self.adapters = adapters
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "memory/export": self.export,
+            "memory/import": self.import_,
+            "adapters/list": self.adapters_list,
+        }
+
+    def adapter(self, adapter_id: str) -> Any:
+        return get_adapter(self.adapters, adapter_id)
+
+    async def export(self, ctx: RequestContext, p: ExportParams) -> Any:
+        entries = await self.s.read_off_loop(store.list_entries)
+        if p.adapter is not None:
+            return export_entries(self.adapter(p.adapter), entries)
+        exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return {
+            "plugin": EXPORT_PLUGIN,
+            "schema": EXPORT_SCHEMA,
+            "exportedAt": exported_at,
+            "budgets": self.s.budget_rows(),
+            "entries": entries,
+        }
+
+    async def import_(self, ctx: RequestContext, p: ImportParams) -> SeedResult:
+        view = writer_view(p.write)
+        if (p.envelope is None) == (p.adapter is None):
+            raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
+        if p.adapter is not None:
+            inputs = adapt_payload(self.adapter(p.adapter), p.payload)
+            source_default: str | None = p.adapter
+        else:
+            inputs = self._envelope_inputs(p.envelope)
+            source_default = None
+        if len(inputs) > MAX_IMPORT_ENTRIES:
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "entries")
+        # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
+        planned = self.w.plan_seed(view, inputs, source_default, restricted=False)
+        if not p.skip_existing:
+            result = await self.w.seed_planned(ctx, view, planned)
+            if p.skip_existing is not None:
+                result.skipped = 0
+            return result
+        present = await self.s.read(existing_keys)
+        fresh = [e for e in planned if entry_key(e) not in present]
+        skipped = len(planned) - len(fresh)
+        if not fresh:
+            # Everything is already there: a no-op, with no approval to ask and nothing to audit.
+            return SeedResult(added=0, entries=[], skipped=skipped)
+        result = await self.w.seed_planned(ctx, view, fresh)
+        result.skipped = skipped
+        return result
+
+    @staticmethod
+    def _envelope_inputs(raw: Any) -> list[EntryInput]:
+        # As the reference's import: only a dsh-memento document is an envelope. The plugin is
+        # checked first, so another tool's document (which has no schema) is named as such.
+        if isinstance(raw, dict) and raw.get("plugin") != EXPORT_PLUGIN:
+            plugin = raw.get("plugin")
+            if "plugin" not in raw:
+                got = "no plugin"
+            elif isinstance(plugin, str):
+                got = f"plugin {plugin[:64]!r}"
+            else:
+                got = f"a plugin of type {json_type(plugin)}"
+            raise InvalidInput(
+                f"envelope has {got}; expected {EXPORT_PLUGIN!r} (another tool's document imports through its adapter)",
+                "envelope.plugin",
+            )
+        try:
+            env = msgspec.convert(raw, _Envelope)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput(f"invalid envelope: {exc}", "envelope") from None
+        if env.schema != EXPORT_SCHEMA:
+            raise InvalidInput(f"unknown envelope schema {env.schema!r}; expected {EXPORT_SCHEMA!r}", "envelope.schema")
+        if len(env.entries) > MAX_IMPORT_ENTRIES:
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "envelope.entries")
+        inputs: list[EntryInput] = []
+        for n, item in enumerate(env.entries):
+            try:
+                e = msgspec.convert(item, _ImportedEntry)
+                inputs.append(msgspec.convert(
+                    {"track": e.track, "scope": e.scope, "text": e.text, "tags": e.tags, "source": e.source,
+                     "workspaceKey": e.workspace_key, "agentKey": e.agent_key}, EntryInput))
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"invalid envelope entry {n}: {exc}", f"envelope.entries[{n}]") from None
+        return inputs
+
+    async def adapters_list(self, ctx: RequestContext, p: Any) -> list[AdapterInfo]:
+        return [a.info() for a in self.adapters.values()]
