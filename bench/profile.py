@@ -1,0 +1,79 @@
+"""py-spy profiles of a running daemon under a load (``python -m bench --profile``).
+
+Each load runs twice: once under ``py-spy record`` writing a flame graph (SVG), once writing
+collapsed stacks (``.txt``), which :func:`top` summarizes:
+
+    python -m bench.profile bench/results/profile-writes.txt [N]
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from .common import BIN
+
+
+def py_spy() -> str | None:
+    here = BIN / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+class Profiler:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.exe = py_spy()
+        if self.exe is None:
+            print("[bench] py-spy is not installed (pip install py-spy): no profiles", file=sys.stderr, flush=True)
+
+    def __call__(self, label: str, pid: int, load: Callable[[], object]) -> None:
+        if self.exe is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        for fmt, ext in (("flamegraph", "svg"), ("raw", "txt")):
+            path = self.out / f"profile-{label}.{ext}"
+            spy = subprocess.Popen([self.exe, "record", "--pid", str(pid), "--rate", "200", "--format", fmt,
+                                    "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assert spy.stderr
+            first = spy.stderr.readline()  # "Sampling process ..." once it is attached
+            if b"Sampling" not in first:
+                spy.wait()
+                print(f"[bench] py-spy failed: {first.decode(errors='replace').strip()}", file=sys.stderr)
+                return
+            try:
+                load()
+            finally:
+                spy.send_signal(signal.SIGINT)
+                spy.communicate()
+            print(f"[bench] wrote {path}", file=sys.stderr, flush=True)
+
+
+def top(path: Path, n: int = 12) -> str:
+    """The functions with the most samples, by self time and by inclusive time."""
+    self_: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        self_[frames[-1]] += k
+        for f in set(frames):
+            incl[f] += k
+    rows = [f"{total} samples", "", "self:"]
+    rows += [f"  {c / total:6.1%}  {f}" for f, c in self_.most_common(n)]
+    rows += ["", "inclusive:"]
+    rows += [f"  {c / total:6.1%}  {f}" for f, c in incl.most_common(n)]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(top(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 12))
