@@ -22,7 +22,7 @@ Writes results.json, RESULTS.md (medians and ratios) and results.png (matplotlib
 ``bench`` extra; skipped with a message without it) into ``--out`` (default bench/results/).
 ``--profile`` also records py-spy flame graphs of the daemon under the 16-client write load
 and the 2,000-entry query load (``profile-writes.svg``, ``profile-queries.svg``, and their
-collapsed stacks in ``.txt``).
+collapsed stacks in ``.txt``, and those of the GIL holder alone in ``.gil.txt``).
 """
 
 from __future__ import annotations

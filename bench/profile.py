@@ -1,7 +1,8 @@
 """py-spy profiles of a running daemon under a load (``python -m bench --profile``).
 
-Each load runs twice: once under ``py-spy record`` writing a flame graph (SVG), once writing
-collapsed stacks (``.txt``), which :func:`top` summarizes:
+Each load runs three times under ``py-spy record``: for a flame graph (SVG) of every thread
+that is not idle, then for the same samples as collapsed stacks (``.txt``), then for the
+thread holding the GIL only (``--gil``, ``.gil.txt``). :func:`top` summarizes a ``.txt``:
 
     python -m bench.profile bench/results/profile-writes.txt [N]
 """
@@ -35,15 +36,15 @@ class Profiler:
         if self.exe is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        for fmt, ext in (("flamegraph", "svg"), ("raw", "txt")):
+        for fmt, ext, extra in (("flamegraph", "svg", []), ("raw", "txt", []), ("raw", "gil.txt", ["--gil"])):
             path = self.out / f"profile-{label}.{ext}"
-            spy = subprocess.Popen([self.exe, "record", "--pid", str(pid), "--rate", "200", "--format", fmt,
-                                    "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            assert spy.stderr
-            first = spy.stderr.readline()  # "Sampling process ..." once it is attached
+            spy = subprocess.Popen([self.exe, "record", "--pid", str(pid), "--rate", "200", "--format", fmt, *extra,
+                                    "-o", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert spy.stdout
+            first = spy.stdout.readline()  # "py-spy> Sampling process ..." once it is attached
             if b"Sampling" not in first:
-                spy.wait()
-                print(f"[bench] py-spy failed: {first.decode(errors='replace').strip()}", file=sys.stderr)
+                _, err = spy.communicate()
+                print(f"[bench] py-spy failed: {(first + err).decode(errors='replace').strip()}", file=sys.stderr)
                 return
             try:
                 load()

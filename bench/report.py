@@ -242,6 +242,9 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     if pw:
         a.plot([1], [pw], "x", markersize=10, color="red", label="server-memory (1 stdio client)")
     a.set_xscale("log", base=2)
+    ticks = sorted({c for c, _ in auto + ask} | {1})
+    a.set_xticks(ticks, [str(c) for c in ticks])
+    a.set_ylim(bottom=0)
     a.set_xlabel("concurrent clients")
     a.set_ylabel("acked writes / s")
     a.set_title("memory/add throughput")
