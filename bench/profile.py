@@ -9,6 +9,7 @@ thread holding the GIL only (``--gil``, ``.gil.txt``). :func:`top` summarizes a 
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -54,8 +55,16 @@ class Profiler:
             print(f"[bench] wrote {path}", file=sys.stderr, flush=True)
 
 
+_LINE = re.compile(r":\d+\)$")
+#: Frames that every sample of a thread sits under: the interpreter's, the event loop's and
+#: the threads' roots, and memoryd's entry points.
+_ROOTS = re.compile(r"\((<frozen runpy>|asyncio/(base_events|runners|events)\.py|threading\.py|memoryd/(__main__|cli)\.py)\)$"
+                    r"|^(run|AsyncIOBackend\.run) \(anyio/|^serve \(memoryd/app\.py\)$")
+
+
 def top(path: Path, n: int = 12) -> str:
-    """The functions with the most samples, by self time and by inclusive time."""
+    """The functions (their lines merged) with the most samples: by self time, and by
+    inclusive time leaving out the roots (``_ROOTS``)."""
     self_: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
@@ -65,14 +74,14 @@ def top(path: Path, n: int = 12) -> str:
             continue
         k = int(count)
         total += k
-        frames = stack.split(";")
+        frames = [_LINE.sub(")", f) for f in stack.split(";")]
         self_[frames[-1]] += k
         for f in set(frames):
             incl[f] += k
     rows = [f"{total} samples", "", "self:"]
     rows += [f"  {c / total:6.1%}  {f}" for f, c in self_.most_common(n)]
-    rows += ["", "inclusive:"]
-    rows += [f"  {c / total:6.1%}  {f}" for f, c in incl.most_common(n)]
+    rows += ["", "inclusive (below the roots):"]
+    rows += [f"  {c / total:6.1%}  {f}" for f, c in [(f, c) for f, c in incl.most_common() if not _ROOTS.search(f)][:n]]
     return "\n".join(rows)
 
 
