@@ -1,0 +1,1 @@
+"""memoryd benchmarks: ``python -m bench`` (see bench/__main__.py) and ``python -m bench.soak``."""

@@ -1,0 +1,293 @@
+"""results → RESULTS.md (medians and ratios), results.json, and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import NEEDLES
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us < 100_000 else f"{us / 1000:.0f} ms"
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _mb(kb: int | None) -> str:
+    return "–" if kb is None else f"{kb / 1024:.1f} MB"
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """Issue 10's targets, each (what, the measured ratio, met?); None when not measured."""
+    out: list[tuple[str, str, bool | None]] = []
+    floor = _get(r, "floors", "sqlite_full_commits_per_s")
+    peer_w = _get(r, "peer", "writes", "per_s")
+
+    def ratio_target(what: str, v: float | None, ok: bool | None, fmt: str = "{:.2f}×") -> None:
+        out.append((what, "not measured" if v is None else fmt.format(v), None if v is None else ok))
+
+    for clients, need_floor, need_peer in (("16", 1.0, 10.0), ("1", 0.4, 4.0)):
+        w = _get(r, "writes", f"auto/{clients}", "per_s")
+        v = _div(w, floor)
+        ratio_target(f"acked writes, {clients} client(s) ≥ {need_floor}× the FULL commit floor", v,
+                     v is not None and v >= need_floor)
+        v = _div(w, peer_w)
+        ratio_target(f"acked writes, {clients} client(s) ≥ {need_peer:g}× server-memory", v,
+                     v is not None and v >= need_peer)
+    q2k = _get(r, "query", "2000") or {}
+    instr = _get(r, "floors", "scan_instr", "2000") or {}
+    peer_q = _get(r, "peer", "query", "2000") or {}
+    texts = [label for label, needle in NEEDLES.items() if needle is not None]
+    worst = [_div(_get(q2k, t, "p50_us"), _get(instr, t, "p50_us")) for t in texts]
+    v = None if not q2k or not instr or None in worst else max(w for w in worst if w is not None)
+    ratio_target("query at 2,000 ≤ 1.0× the in-process instr scan (worst needle)", v, v is not None and v <= 1.0)
+    speed = [_div(_get(peer_q, t, "p50_us"), _get(q2k, t, "p50_us")) for t in NEEDLES]
+    v = None if not q2k or not peer_q or None in speed else min(s for s in speed if s is not None)
+    ratio_target("query at 2,000 ≥ 3× faster than server-memory (worst needle)", v, v is not None and v >= 3.0)
+    tails = [_div(_get(q2k, t, "p99_us"), _get(q2k, t, "p50_us")) for t in NEEDLES]
+    v = None if not q2k or None in tails else max(t for t in tails if t is not None)
+    ratio_target("query at 2,000: p99 ≤ 3× p50 (worst needle)", v, v is not None and v <= 3.0)
+    big = max((int(k) for k in (_get(r, "query") or {})), default=0)
+    if big >= 100_000:
+        qb = r["query"][str(big)]
+        scan = _get(r, "floors", "scan", str(big)) or {}
+        long_ = [label for label, needle in NEEDLES.items() if needle is not None and len(needle) >= 3]
+        rs = [_div(_get(qb, t, "p50_us"), _get(scan, t, "p50_us")) for t in long_]
+        v = None if not scan or None in rs else max(x for x in rs if x is not None)
+        ratio_target(f"query at {big:,}, needles of 3+ chars: p50 ≤ 0.3× the in-process scan (worst)", v,
+                     v is not None and v <= 0.3)
+        small = min(int(k) for k in r["query"])
+        v = _div(_get(qb, "no text", "p50_us"), _get(r, "query", str(small), "no text", "p50_us"))
+        ratio_target(f"query without text at {big:,} ≤ 2× its cost at {small} (cost follows the page)", v,
+                     v is not None and v <= 2.0)
+    else:
+        out.append(("query at 100,000 (3+ chars ≤ 0.3× scan; no text follows the page)", "not measured", None))
+    st = r.get("start") or {}
+    v = _div(_get(st, "relay", "p50_us"), _get(st, "relay_python_pass", "p50_us"))
+    ratio_target("stdio spawn → initialize through the relay ≤ 2× python -c pass", v, v is not None and v <= 2.0)
+    cli = r.get("cli") or {}
+    for verb in ("query", "status"):
+        v = _div(_get(cli, verb, "p50_us"), _get(cli, f"{verb}_python_pass", "p50_us"))
+        ratio_target(f"memoryctl {verb} ≤ 3× python -c pass", v, v is not None and v <= 3.0)
+    v = _div(_get(st, "standalone", "p50_us"), _get(r, "peer", "start", "p50_us"))
+    ratio_target("--standalone start ≤ 0.75× server-memory's start", v, v is not None and v <= 0.75)
+    rs_ = r.get("rss") or {}
+    idle = _get(rs_, "idle_kb")
+    ratio_target("idle RSS ≤ 40 MB", None if idle is None else idle / 1024, idle is not None and idle <= 40 * 1024,
+                 "{:.1f} MB")
+    busy = _get(rs_, "with_idle_conns_kb")
+    n = _get(rs_, "idle_conns")
+    ratio_target(f"RSS with {n or 1000} idle connections ≤ 120 MB", None if busy is None else busy / 1024,
+                 busy is not None and busy <= 120 * 1024, "{:.1f} MB")
+    empty = _get(st, "ready_empty", "p50_us")
+    full = _get(st, "ready_big", "p50_us")
+    v = None if empty is None or full is None else (full - empty) / 1000
+    ratio_target(f"daemon start on a {_get(st, 'ready_big_entries') or 100_000:,}-entry store ≤ 100 ms beyond an empty "
+                 "one", v, v is not None and v <= 100, "+{:.0f} ms")
+    return out
+
+
+def markdown(r: dict[str, Any]) -> str:
+    env = r.get("env", {})
+    lines = ["# memoryd benchmark results", "",
+             f"`python -m bench{' --quick' if r.get('quick') else ''}` on {env.get('date_utc', '?')}: "
+             f"Python {env.get('python')}, SQLite {env.get('sqlite')}, {env.get('cores')} cores, load average "
+             f"{env.get('loadavg_at_start')} at start. Medians (p50) unless named; every ratio is to a figure "
+             "measured in the same run.", ""]
+    floors = r.get("floors") or {}
+    peer = r.get("peer") or {}
+    if "skipped" in peer:
+        lines += [f"The peer was skipped: {peer['skipped']}.", ""]
+    elif peer:
+        lines += [f"Peer: {peer.get('package')} {peer.get('version')} on node {peer.get('node')}.", ""]
+
+    lines += ["## Targets (issue 10)", "", "| target | measured | met |", "| --- | --- | --- |"]
+    for what, val, ok in targets(r):
+        lines.append(f"| {what} | {val} | {'–' if ok is None else ('yes' if ok else '**no**')} |")
+    lines.append("")
+
+    w = r.get("writes")
+    fl = floors.get("sqlite_full_commits_per_s")
+    if w:
+        pw = _get(peer, "writes", "per_s")
+        lines += ["## Acked `memory/add` throughput", "",
+                  f"Each daemon's store starts with {w.get('store_starts_at'):,} entries. Floor: raw sqlite3, one "
+                  f"INSERT per `synchronous=FULL` WAL transaction: **{fl if fl is not None else '–'} commits/s**. "
+                  f"server-memory: {pw if pw is not None else '–'} writes/s (one stdio client, sequential).", "",
+                  "| policy | clients | writes/s | × floor | × server-memory | daemon CPU per write |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for key, v in w.items():
+            if not isinstance(v, dict):
+                continue
+            policy, clients = key.split("/")
+            lines.append(f"| {policy} | {clients} | {v['per_s']:.0f} | {_x(_div(v['per_s'], fl))} | "
+                         f"{_x(_div(v['per_s'], pw))} | {v['daemon_cpu_us_per_write']:.0f} µs |")
+        lines.append("")
+
+    q = r.get("query")
+    if q:
+        lines += ["## `memory/query` round trip", "",
+                  "limit 20. Floors: the in-process scan with store.py's scan-plan SQL (`LIKE … ESCAPE`, every hit "
+                  "fetched, no conversion) and the older `instr(lower())` form; server-memory's `search_nodes` "
+                  "returns every hit.", "",
+                  "| entries | needle | hits | p50 | p99 | scan floor | × scan | × instr scan | server-memory p50 | "
+                  "server-memory ÷ memoryd |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for n, row in q.items():
+            for label, s in row.items():
+                needle = NEEDLES.get(label)
+                scan = _get(floors, "scan", n, label, "p50_us")
+                instr = _get(floors, "scan_instr", n, label, "p50_us")
+                pq = _get(peer, "query", n, label, "p50_us")
+                shown = label if needle is None else f"{label} `{needle}`"
+                lines.append(f"| {int(n):,} | {shown} | {s['hits']:,} | {_ms(s['p50_us'])} | {_ms(s['p99_us'])} | "
+                             f"{'–' if scan is None else _ms(scan)} | {_x(_div(s['p50_us'], scan))} | "
+                             f"{_x(_div(s['p50_us'], instr))} | {'–' if pq is None else _ms(pq)} | "
+                             f"{_x(_div(pq, s['p50_us']))} |")
+        lines.append("")
+
+    st, cli = r.get("start"), r.get("cli")
+    if st or cli or peer.get("start"):
+        ps = _get(peer, "start", "p50_us")
+        lines += ["## Starts and the CLI", "", "Spawn → `initialize` answered (stdio); a `memoryctl` run to its exit. "
+                  "Each is beside `python -c pass` measured alternately with it.", "",
+                  "| what | p50 | python -c pass | × python | × server-memory start |",
+                  "| --- | --- | --- | --- | --- |"]
+        rows: list[tuple[str, Any, Any]] = []
+        if st:
+            rows += [("`memoryd serve --stdio` (relay to a running daemon)", st.get("relay"),
+                      st.get("relay_python_pass")),
+                     ("`memoryd serve --stdio --standalone`", st.get("standalone"), st.get("standalone_python_pass"))]
+        if cli:
+            rows += [("`memoryctl query`", cli.get("query"), cli.get("query_python_pass")),
+                     ("`memoryctl status`", cli.get("status"), cli.get("status_python_pass"))]
+        if peer.get("start"):
+            rows.append(("server-memory (node)", peer["start"], peer.get("start_python_pass")))
+        for what, s, py in rows:
+            if s is None:
+                continue
+            lines.append(f"| {what} | {_ms(s['p50_us'])} | {_ms(py['p50_us'])} | {_x(_div(s['p50_us'], py['p50_us']))} "
+                         f"| {_x(_div(s['p50_us'], ps))} |")
+        if st and "ready_empty" in st:
+            lines.append(f"| daemon spawn → READY=1, empty store | {_ms(st['ready_empty']['p50_us'])} | | | |")
+            lines.append(f"| daemon spawn → READY=1, {st['ready_big_entries']:,} entries | "
+                         f"{_ms(st['ready_big']['p50_us'])} | | | |")
+        lines.append("")
+
+    rs = r.get("rss")
+    if rs or peer.get("peak_rss_kb"):
+        lines += ["## Memory", "", "| what | RSS |", "| --- | --- |"]
+        if rs:
+            lines += [f"| memoryd idle (2,000-entry store) | {_mb(rs['idle_kb'])} |",
+                      f"| memoryd after one query | {_mb(rs['after_first_query_kb'])} |",
+                      f"| memoryd with {rs['idle_conns']:,} idle initialized connections | "
+                      f"{_mb(rs['with_idle_conns_kb'])} |",
+                      f"| memoryd peak (VmHWM) | {_mb(rs['peak_kb'])} |"]
+        if peer.get("peak_rss_kb"):
+            lines.append(f"| server-memory peak (VmHWM, over its runs) | {_mb(peer['peak_rss_kb'])} |")
+        lines.append("")
+
+    if floors:
+        lines += ["## Floors", "", "| floor | value |", "| --- | --- |"]
+        if fl is not None:
+            lines.append(f"| sqlite3 one-row `synchronous=FULL` WAL transactions | {fl:.0f} commits/s |")
+        if "echo" in floors:
+            lines.append(f"| Unix-socket echo round trip (Python echo process) | {_ms(floors['echo']['p50_us'])} |")
+        if "python_pass" in floors:
+            lines.append(f"| `python -c pass` | {_ms(floors['python_pass']['p50_us'])} |")
+        lines.append("")
+    if r.get("seeding_s"):
+        lines += ["Stores seeded with memoryd's store.py functions in " +
+                  ", ".join(f"{float(s):.1f} s ({int(n):,} entries)" for n, s in r["seeding_s"].items()) + ".", ""]
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], path: Path) -> str | None:
+    """The PNG; None, or why it was not drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    w = r.get("writes") or {}
+    auto = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("auto/"))
+    ask = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("ask/"))
+    if auto:
+        a.plot([c for c, _ in auto], [v for _, v in auto], "o-", label="memoryd, policy auto")
+    if ask:
+        a.plot([c for c, _ in ask], [v for _, v in ask], "s--", label="memoryd, policy ask (auto-answered)")
+    fl = _get(r, "floors", "sqlite_full_commits_per_s")
+    if fl:
+        a.axhline(fl, color="grey", linestyle=":", label="floor: sqlite3 FULL one-row commits")
+    pw = _get(r, "peer", "writes", "per_s")
+    if pw:
+        a.plot([1], [pw], "x", markersize=10, color="red", label="server-memory (1 stdio client)")
+    a.set_xscale("log", base=2)
+    ticks = sorted({c for c, _ in auto + ask} | {1})
+    a.set_xticks(ticks, [str(c) for c in ticks])
+    a.set_ylim(bottom=0)
+    a.set_xlabel("concurrent clients")
+    a.set_ylabel("acked writes / s")
+    a.set_title("memory/add throughput")
+    a.legend(fontsize=8)
+    q = r.get("query") or {}
+    sizes = sorted(int(n) for n in q)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, label in enumerate(NEEDLES):
+        color = colors[i % len(colors)]
+        if sizes:
+            b.plot(sizes, [q[str(n)][label]["p50_us"] / 1000 for n in sizes], "o-", color=color, label=label)
+        scan = [(_get(r, "floors", "scan", str(n), label, "p50_us"), n) for n in sizes]
+        if scan and all(s is not None for s, _ in scan):
+            b.plot(sizes, [s / 1000 for s, _ in scan], ":", color=color)
+        pq = [(_get(r, "peer", "query", str(n), label, "p50_us"), n) for n in sizes]
+        if pq and all(s is not None for s, _ in pq):
+            b.plot(sizes, [s / 1000 for s, _ in pq], "x--", color=color, alpha=0.5)
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("entries in the store")
+    b.set_ylabel("p50 round trip, ms")
+    b.set_title("memory/query (solid) · in-process scan (dotted) · server-memory (x, dashed)")
+    b.title.set_fontsize(9)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def write_all(r: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    js = out / "results.json"
+    js.write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
+    written.append(js)
+    md = out / "RESULTS.md"
+    md.write_text(markdown(r) + "\n")
+    written.append(md)
+    png = out / "results.png"
+    why = plot(r, png)
+    if why is None:
+        written.append(png)
+    else:
+        print(f"[bench] {why}", flush=True)
+    return written

@@ -1,0 +1,43 @@
+"""Smoke test of the benchmark suite: ``python -m bench --quick --only floors,query`` runs
+real daemons and writes its three result files. No figure is asserted: speed is measured
+by the benchmark, never by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_floors_and_query_write_their_results(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "floors,query", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["suites"] == ["floors", "query"]
+    assert set(results["query"]) == {"50", "2000"}
+    assert results["query"]["2000"]["every row"]["hits"] == 2000
+    assert results["query"]["2000"]["3 chars"]["hits"] == 20  # the 1% needle
+    assert set(results["floors"]["scan"]) == {"50", "2000"}
+    table = (out / "RESULTS.md").read_text()
+    assert "## `memory/query` round trip" in table
+    assert "## Floors" in table
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "no plot" in proc.stdout
+    else:
+        assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unknown_suite_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--only", "nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown suite nope" in proc.stderr
