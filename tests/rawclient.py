@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 # Every message the daemon sends in the end-to-end suites is validated against the
 # committed schemas, so the schemas can never quietly lie.
 from contract import validate_message as _validate
+from memoryd_protocol.framing import Framer
 
 WRITE = {"agent": {"session": {"id": "s-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}}}
 TIMEOUT = 10
@@ -161,17 +162,15 @@ class Raw:
 
 
 async def _socket_lines(stream: Any) -> AsyncIterator[bytes]:
-    buf = b""
+    """The lines the daemon sent (an unterminated one at EOF is not a message: dropped)."""
+    lines = Framer(sys.maxsize)  # no limit: a test sees whatever the daemon sent
     while True:
         try:
             chunk = await stream.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line
+        for line in lines.feed(chunk):
+            yield line
 
 
 @asynccontextmanager

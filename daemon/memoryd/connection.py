@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import anyio
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
+from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals, release_turn
-from .framing import OVERSIZE, Framer
 from .rpc import (
     _UNPARSABLE,
     HALF_LINE_LINE,
