@@ -60,6 +60,8 @@ class Raw:
         self._tg: TaskGroup | None = None
         #: the child process, for clients that talk to one over its stdio
         self.process: Any = None
+        #: ends what this client sends (half-close), set by socket_client
+        self._send_eof: Callable[[], Awaitable[None]] | None = None
 
     async def _reader(self) -> None:
         try:
@@ -95,6 +97,14 @@ class Raw:
 
     async def notify_or_call(self, method: str, params: dict[str, Any]) -> None:
         await self.call(method, params)
+
+    async def hang_up(self) -> None:
+        """Send EOF, then wait for the daemon to close its end: it does once every request
+        it read on this connection is done (an event, where a test would otherwise poll)."""
+        assert self._send_eof is not None
+        await self._send_eof()
+        with anyio.fail_after(TIMEOUT):
+            await self.closed.wait()
 
     async def send_line(self, data: bytes) -> None:
         await self._send(data + b"\n")
@@ -189,6 +199,7 @@ async def socket_client(path: Path | str, *, approvals: bool = True, initialize:
     async with stream, anyio.create_task_group() as tg:
         raw = Raw(stream.send, _socket_lines(stream))
         raw._tg = tg
+        raw._send_eof = stream.send_eof
         tg.start_soon(raw._reader)
         if initialize:
             await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"},
