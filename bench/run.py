@@ -100,12 +100,15 @@ def bench_query(sock: str, n: int) -> list[float]:
 
 def echo_floor(tmp: Path, n: int) -> list[float]:
     path = str(tmp / "echo.sock")
-    code = ("import socket,sys\ns=socket.socket(socket.AF_UNIX);s.bind(sys.argv[1]);s.listen(1)\nc,_=s.accept()\n"
-            "f=c.makefile('rb')\nfor l in f: c.sendall(l)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, path])
+    # Bound and listening before the echo process starts (it inherits the listener), so the
+    # connect needs no wait for it.
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        code = ("import socket,sys\ns=socket.socket(fileno=int(sys.argv[1]))\nc,_=s.accept()\n"
+                "f=c.makefile('rb')\nfor l in f: c.sendall(l)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(listener.fileno())], pass_fds=[listener.fileno()])
     try:
-        while not os.path.exists(path):
-            time.sleep(0.005)
         c = Line(path)
         msg = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "memory/query",
                           "params": {"filter": {"text": "number 1", "limit": 5}}}).encode() + b"\n"
