@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 # Every message the daemon sends in the end-to-end suites is validated against the
 # committed schemas, so the schemas can never quietly lie.
 from contract import validate_message as _validate
+from memoryd_protocol.framing import Framer
 
 WRITE = {"agent": {"session": {"id": "s-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}}}
 TIMEOUT = 10
@@ -59,6 +60,8 @@ class Raw:
         self._tg: TaskGroup | None = None
         #: the child process, for clients that talk to one over its stdio
         self.process: Any = None
+        #: ends what this client sends (half-close), set by socket_client
+        self._send_eof: Callable[[], Awaitable[None]] | None = None
 
     async def _reader(self) -> None:
         try:
@@ -94,6 +97,14 @@ class Raw:
 
     async def notify_or_call(self, method: str, params: dict[str, Any]) -> None:
         await self.call(method, params)
+
+    async def hang_up(self) -> None:
+        """Send EOF, then wait for the daemon to close its end: it does once every request
+        it read on this connection is done (an event, where a test would otherwise poll)."""
+        assert self._send_eof is not None
+        await self._send_eof()
+        with anyio.fail_after(TIMEOUT):
+            await self.closed.wait()
 
     async def send_line(self, data: bytes) -> None:
         await self._send(data + b"\n")
@@ -161,17 +172,15 @@ class Raw:
 
 
 async def _socket_lines(stream: Any) -> AsyncIterator[bytes]:
-    buf = b""
+    """The lines the daemon sent (an unterminated one at EOF is not a message: dropped)."""
+    lines = Framer(sys.maxsize)  # no limit: a test sees whatever the daemon sent
     while True:
         try:
             chunk = await stream.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line
+        for line in lines.feed(chunk):
+            yield line
 
 
 @asynccontextmanager
@@ -190,6 +199,7 @@ async def socket_client(path: Path | str, *, approvals: bool = True, initialize:
     async with stream, anyio.create_task_group() as tg:
         raw = Raw(stream.send, _socket_lines(stream))
         raw._tg = tg
+        raw._send_eof = stream.send_eof
         tg.start_soon(raw._reader)
         if initialize:
             await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"},

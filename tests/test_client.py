@@ -8,6 +8,7 @@ client's error paths a correct daemon never takes.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -598,20 +599,38 @@ async def test_aclose_fails_pending_calls(ask_daemon: Any) -> None:
         await asked.wait()
         await c.aclose()
 
-    async with client(ask_daemon, on_approval=hold) as c:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(close_soon, c)
-            with pytest.raises(mc.ConnectionClosed) as info:
-                await c.add(entry("x"))
-        assert info.value.message == "connection closed by the client"
-        assert c.closed
-        with pytest.raises(mc.ConnectionClosed):
-            await c.status()
-    # The daemon saw the asking connection go: the write is denied as unavailable.
-    async with client(ask_daemon) as c2:
+    # A copy of the connection's socket, kept so that the test sees the daemon let go of it.
+    kept: list[socket.socket] = []
+    connect_unix = anyio.connect_unix
+
+    async def connect_and_keep(path: Any) -> anyio.abc.UNIXSocketStream:
+        stream = await connect_unix(path)
+        kept.append(stream.extra(anyio.abc.SocketAttribute.raw_socket).dup())
+        return stream
+
+    with mock.patch("anyio.connect_unix", connect_and_keep):
+        async with client(ask_daemon, on_approval=hold) as c:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close_soon, c)
+                with pytest.raises(mc.ConnectionClosed) as info:
+                    await c.add(entry("x"))
+            assert info.value.message == "connection closed by the client"
+            assert c.closed
+            with pytest.raises(mc.ConnectionClosed):
+                await c.status()
+    # The daemon saw the asking connection go: the write is denied as unavailable. The
+    # connection ends with the copy (EOF), and the daemon closes its end once every request
+    # it read is done, the denied write included: that EOF is the event to wait for.
+    async with await anyio.abc.UNIXSocketStream.from_socket(kept[0]) as copy:
+        await copy.send_eof()
         with anyio.fail_after(TIMEOUT):
-            while not (rows := await c2.audit_list()):  # noqa: ASYNC110 - daemon state, no event to wait on
-                await anyio.sleep(0.02)
+            while True:
+                try:
+                    await copy.receive()
+                except anyio.EndOfStream:
+                    break
+    async with client(ask_daemon) as c2:
+        rows = await c2.audit_list()
         assert rows[0].action == "add-denied" and rows[0].outcome.startswith("unavailable")
 
 

@@ -17,8 +17,8 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from memoryd.approvals import Approvals
 from memoryd.config import Config, ConfigError, apply
-from memoryd.framing import OVERSIZE, Framer
 from memoryd.transports import StreamProtocol
+from memoryd_protocol.framing import OVERSIZE, Framer
 from rawclient import write_ctx
 
 with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import

@@ -5,7 +5,9 @@ the daemon's own launcher starts it in its own session (stderr appended to ``mem
 next to the socket), waits for its ``READY=1`` and exits, printing the daemon's pid. It
 holds the runtime directory's start lock meanwhile, shared with ``memoryd serve --stdio``,
 so two clients (or a client and a harness's relay) that start at the same moment start one
-daemon between them. The client does not import the daemon: it runs it.
+daemon between them. The client does not import the daemon: it runs it, and so shares the
+daemon's one start-and-wait helper (``memoryd.launch.spawn_ready``, no polling) with the
+relay, the tests and the benchmark.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from memoryd_protocol.paths import log_path_for
+
 from .errors import ConnectFailed
 
 #: errno values of a connect that means "no daemon there" (as opposed to, say, EACCES).
 NO_DAEMON_ERRNOS: Final = frozenset({errno.ENOENT, errno.ECONNREFUSED})
-LOG_NAME: Final = "memoryd.log"
 DEFAULT_WAIT_S: Final = 30.0
 
 
@@ -42,10 +45,6 @@ def probe(path: Path) -> bool:
         except OSError:
             return False
     return True
-
-
-def log_path_for(socket_path: Path) -> Path:
-    return socket_path.parent / LOG_NAME
 
 
 def start_daemon(

@@ -37,6 +37,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL
 from memoryd_protocol.errors import InvalidInput, ProtocolError, from_wire
+from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.paths import default_socket_path
 
 from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
@@ -463,7 +464,7 @@ class Client:
     # --- reading -----------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        buffer = bytearray()
+        lines = Framer(MAX_LINE_BYTES)
         reason = "connection closed by the daemon"
         try:
             while True:
@@ -477,18 +478,15 @@ class Client:
                 except (anyio.BrokenResourceError, OSError) as exc:
                     reason = f"connection to the daemon broke: {exc}"
                     break
-                if b"\n" not in chunk:
-                    buffer += chunk
-                    if len(buffer) > MAX_LINE_BYTES:
-                        reason = f"the daemon sent a line longer than {MAX_LINE_BYTES} bytes"
+                got = lines.feed(chunk)
+                oversize = lines.discarding or OVERSIZE in got
+                for line in got:
+                    if line is OVERSIZE:
                         break
-                    continue
-                buffer += chunk
-                *lines, tail = buffer.split(b"\n")
-                buffer = bytearray(tail)
-                for line in lines:
-                    if line.strip():
-                        self._dispatch(bytes(line))
+                    self._dispatch(line)
+                if oversize:  # the first byte over the limit ends the connection
+                    reason = f"the daemon sent a line longer than {MAX_LINE_BYTES} bytes"
+                    break
         except Exception as exc:  # a bug here must not hang every caller
             log.exception("memoryd_client reader failed")
             reason = f"client reader failed: {exc!r}"

@@ -36,7 +36,7 @@ from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
 from .snapshots import Snapshots
 from .transfer import Transfer
-from .transports import FdStream, StreamProtocol, bind_unix, inherited_listener, sd_notify
+from .transports import StreamProtocol, bind_unix, inherited_listener, sd_notify, stdio_stream
 from .writer import Writer
 from .writes import Writes
 
@@ -402,16 +402,18 @@ class Daemon:
         # stderr, so a stray print() anywhere cannot corrupt the stream.
         out_fd = os.dup(1)
         os.dup2(2, 1)
-        fds = FdStream(0, out_fd, self.config.max_buffered_bytes)
-        conn = self.new_connection(fds, "stdio")
         try:
-            await self._serve_connection(conn, fds.chunks())
-        except Exception:
-            log.exception("stdio connection failed")
+            async with stdio_stream(0, out_fd, self.config.max_buffered_bytes) as proto:
+                conn = self.new_connection(proto, "stdio")
+                try:
+                    await self._serve_connection(conn, proto.chunks())
+                except Exception:
+                    log.exception("stdio connection failed")
+                finally:
+                    with anyio.move_on_after(5, shield=True):
+                        await proto.finish()  # whatever is still queued goes out
         finally:
-            with anyio.move_on_after(5, shield=True):
-                await fds.flush_all()
-            fds.close()
+            os.close(out_fd)
             self.begin_stop()
 
     def begin_stop(self) -> None:

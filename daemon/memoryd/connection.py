@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import anyio
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
+from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals
-from .framing import OVERSIZE, Framer
 from .rpc import (
     HALF_LINE_LINE,
     OVERSIZE_LINE,
@@ -40,7 +40,7 @@ log = logging.getLogger("memoryd.connection")
 
 
 class Sink(Protocol):
-    """The outgoing half of a transport."""
+    """The outgoing half of a transport; both raise OSError once the peer is gone."""
 
     def post(self, data: bytes) -> None: ...
 
@@ -104,7 +104,7 @@ class Connection:
             self._held.clear()
         try:
             self._sink.post(data + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except OSError:
             # The peer went away; requests still complete, only their replies are lost.
             self.closed = True
         return not self.closed
@@ -115,7 +115,7 @@ class Connection:
             self._held.clear()
             try:
                 self._sink.post(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            except OSError:
                 self.closed = True
 
     async def send_line(self, data: bytes) -> None:
@@ -123,7 +123,7 @@ class Connection:
         if self.post_line(data):
             try:
                 await self._sink.drain()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            except OSError:
                 self.closed = True
 
     def describe(self) -> ApprovalOrigin | None:
@@ -216,7 +216,7 @@ class Connection:
                                 held -= inflight.popleft()[1]
                         if chunk is None:
                             break
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                except OSError as exc:
                     log.debug("connection %d read failed: %s", self.id, exc)
                 finally:
                     self.gone = True

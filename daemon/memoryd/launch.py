@@ -7,7 +7,10 @@ credentials) and a pidfd for its exit. Readiness therefore means what it means u
 systemd: the store is open and the socket accepts connections.
 
 The stdio relay starts the shared daemon this way when none answers, and so does
-``memoryd serve --detach``. Stdlib only: this is on the relay's start-up path.
+``memoryd serve --detach``, and so do the tests and the benchmark: this is the one "start a
+daemon and wait until it is ready" helper. memoryctl's autostart reaches it by running
+``serve --detach``, since the client package does not import the daemon's; it is not in
+memoryd_protocol either, which holds no I/O. Stdlib only: this is on the relay's start-up path.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from memoryd_protocol.paths import log_path_for
+
 from .rundir import check_private_dir
 
-LOG_NAME = "memoryd.log"
 #: Shared with memoryctl's autostart: whoever holds it is starting the daemon of this
 #: runtime directory, and everyone else waits, then finds it running.
 LOCK_NAME = ".memoryd-autostart.lock"
@@ -43,10 +47,6 @@ class LaunchFailed(Exception):
         super().__init__(message)
         self.log = log
         self.returncode = returncode
-
-
-def log_path_for(socket_path: Path) -> Path:
-    return socket_path.parent / LOG_NAME
 
 
 def answers(path: Path) -> bool:

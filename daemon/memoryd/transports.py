@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import os
+import selectors
 import socket
 import stat
 import struct
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
 
 from .errors import DaemonError
@@ -287,126 +287,34 @@ def sd_notify(message: str) -> None:
 #: we sent is dropped (a stalled approver must not make the daemon buffer without bound),
 #: and at most this much of its unread input is queued before the daemon stops reading it.
 MAX_UNREAD = DEFAULT_MAX_BUFFERED_BYTES
-#: Above this, a reply waits (drain) before its request completes; notifications never wait.
-HIGH_WATER = 256 * 1024
-
-
-class SlowConsumer(OSError):
-    """The peer stopped reading."""
-
-
-class FdStream:
-    """Non-blocking reads and writes on raw file descriptors (stdio mode), driven by the
-    event loop's readiness notifications, with a thread fallback for regular files.
-
-    ``post`` never blocks: what the pipe does not take at once is buffered and flushed
-    when fd 1 becomes writable. The descriptors' blocking mode is restored on close,
-    since the parent shares them.
-    """
-
-    def __init__(self, in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD) -> None:
-        self.max_buffered = max_buffered
-        self.in_fd = in_fd
-        self.out_fd = out_fd
-        self._saved = (os.get_blocking(in_fd), os.get_blocking(out_fd))
-        self._in_pollable = not stat.S_ISREG(os.fstat(in_fd).st_mode)
-        if self._in_pollable:
-            os.set_blocking(in_fd, False)
-        self._out_pollable = not stat.S_ISREG(os.fstat(out_fd).st_mode)
-        if self._out_pollable:
-            os.set_blocking(out_fd, False)
-        self._pending = bytearray()
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._broken: OSError | None = None
-        #: stdio's peer is the process that spawned us
-        self.peer = PeerProcess.of(os.getppid())
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            if self._in_pollable:
-                try:
-                    data = os.read(self.in_fd, READ_CHUNK)
-                except BlockingIOError:
-                    await anyio.wait_readable(self.in_fd)
-                    continue
-            else:
-                data = await anyio.to_thread.run_sync(os.read, self.in_fd, READ_CHUNK)
-            if not data:
-                return
-            yield data
-
-    def post(self, data: bytes) -> None:
-        if self._broken is not None:
-            raise anyio.BrokenResourceError from self._broken
-        if not self._out_pollable:
-            os.write(self.out_fd, data)  # a regular file takes everything
-            return
-        if self._pending:
-            self._pending += data
-        else:
-            try:
-                n = os.write(self.out_fd, data)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self._broken = exc
-                raise anyio.BrokenResourceError from exc
-            if n == len(data):
-                return
-            self._pending += data[n:]
-            asyncio.get_running_loop().add_writer(self.out_fd, self._flush)
-        if len(self._pending) > self.max_buffered + len(data):
-            log.warning("stdout is not being read: %d bytes unsent (max_buffered_bytes %d); closing",
-                        len(self._pending), self.max_buffered)
-            self._broken = SlowConsumer("stdout is not being read")
-            raise anyio.BrokenResourceError from self._broken
-        if len(self._pending) > HIGH_WATER:
-            self._drained.clear()
-
-    def _flush(self) -> None:
-        try:
-            n = os.write(self.out_fd, self._pending)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._broken = exc
-            n = len(self._pending)
-        del self._pending[:n]
-        if len(self._pending) <= HIGH_WATER:
-            self._drained.set()
-        if not self._pending:
-            asyncio.get_running_loop().remove_writer(self.out_fd)
-
-    async def drain(self) -> None:
-        if not self._drained.is_set():
-            await self._drained.wait()
-        if self._broken is not None:
-            raise anyio.BrokenResourceError from self._broken
-
-    async def flush_all(self) -> None:
-        """Before exit: whatever is still buffered goes out (bounded by the caller)."""
-        while self._pending and self._broken is None:
-            await anyio.wait_writable(self.out_fd)
-            self._flush()
-
-    def close(self) -> None:
-        os.set_blocking(self.in_fd, self._saved[0])
-        os.set_blocking(self.out_fd, self._saved[1])
 
 
 class StreamProtocol(asyncio.Protocol):
-    """An accepted socket as an asyncio Protocol: bytes arrive by callback, replies go
-    out through the transport's buffer.
+    """A connection as an asyncio Protocol: bytes arrive by callback, replies go out
+    through the transport's buffer. One class for both transports, with one flow control
+    both ways: pause_reading when unread chunks pile up past max_buffered_bytes,
+    pause_writing (the transport's high-water mark) when the peer does not read, and a
+    peer that stops reading altogether is dropped.
+
+    A socket is one transport both ways (``loop.connect_accepted_socket``). stdio is two
+    (:func:`stdio_stream`): a read pipe and a write pipe, each calling ``connection_made``
+    and ``connection_lost`` on this same instance, so each direction is told apart by its
+    transport (``transport`` reads, ``out`` writes).
 
     anyio's UNIX socket stream re-registers the socket with epoll on every receive and
     yields on every send; on a 2-core machine that was a third of a query's round trip.
     This keeps one registration for the connection's life and never yields to write a
-    reply, with flow control both ways (pause_reading when unread chunks pile up,
-    pause_writing when the peer does not read).
+    reply.
+
+    Failures are OSErrors (asyncio's own: ``BrokenPipeError`` once the peer is gone).
     """
 
-    def __init__(self, on_connect: Callable[[StreamProtocol], None], max_buffered: int = MAX_UNREAD) -> None:
+    def __init__(self, on_connect: Callable[[StreamProtocol], None] | None, max_buffered: int = MAX_UNREAD,
+                 *, peer: PeerProcess | None = None) -> None:
+        """``on_connect`` runs once both directions are connected (a socket: once its peer
+        credentials let it in). ``peer``: who is on the other end when no socket can say
+        (stdio: our parent); without it the socket's peer credentials decide, and another
+        user's connection is refused."""
         self._on_connect = on_connect
         #: max_buffered_bytes: unread input queued here, and unsent output, per connection
         self.max_buffered = max_buffered
@@ -415,23 +323,37 @@ class StreamProtocol(asyncio.Protocol):
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
+        #: the writing side is gone (closed, flushed, or aborted)
+        self._sent = asyncio.Event()
         self._eof = False
         self._paused = False
+        self._check_peer = peer is None
+        #: no more bytes can go out
         self.closed = False
-        self.transport: asyncio.Transport | None = None
-        self.peer: PeerProcess | None = None
+        #: where bytes come from
+        self.transport: asyncio.ReadTransport | None = None
+        #: where bytes go (a socket: the same transport)
+        self.out: asyncio.WriteTransport | None = None
+        self.peer: PeerProcess | None = peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        creds = peer_credentials(sock)
-        if creds is None or not peer_allowed(creds[1], os.geteuid()):
-            self._refuse(transport, sock, creds)
-            return
-        pid, uid, _gid = creds
-        self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid, via=pid)
-        self._on_connect(self)
+        if isinstance(transport, asyncio.ReadTransport):
+            self.transport = transport
+        if isinstance(transport, asyncio.WriteTransport):
+            self.out = transport
+        if self.transport is None or self.out is None:
+            return  # stdio: the other pipe comes next
+        if self._check_peer:
+            sock = transport.get_extra_info("socket")
+            creds = peer_credentials(sock)
+            if creds is None or not peer_allowed(creds[1], os.geteuid()):
+                assert isinstance(transport, asyncio.Transport)
+                self._refuse(transport, sock, creds)
+                return
+            pid, uid, _gid = creds
+            self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid, via=pid)
+        if self._on_connect is not None:
+            self._on_connect(self)
 
     def _refuse(self, transport: asyncio.Transport, sock: Any, creds: tuple[int, int, int] | None) -> None:
         """Another user's connection: never served, nothing of it parsed. Both directions
@@ -458,13 +380,18 @@ class StreamProtocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._readable.set()
-        return True  # half-closed: replies to what was sent can still go out
+        return True  # a socket stays half-open: replies to what was sent can still go out
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._eof = True
-        self.closed = True
-        self._readable.set()
-        self._writable.set()
+        # Whichever transport is lost is closing by now: a socket is both directions, and
+        # a stdio pipe is one of them (stdin's EOF must not stop the replies).
+        if self.transport is None or self.transport.is_closing():
+            self._eof = True
+            self._readable.set()
+        if self.out is None or self.out.is_closing():
+            self.closed = True
+            self._writable.set()
+            self._sent.set()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -489,23 +416,180 @@ class StreamProtocol(asyncio.Protocol):
     def post(self, data: bytes) -> None:
         """Queue bytes for the peer without waiting; a peer that stops reading altogether
         is disconnected once more than max_buffered bytes wait for it (one line, however
-        long, always goes out)."""
-        if self.closed or self.transport is None or self.transport.is_closing():
-            raise anyio.BrokenResourceError
-        unsent = self.transport.get_write_buffer_size()
+        long, always goes out). Raises BrokenPipeError once the peer is gone."""
+        out = self.out
+        if self.closed or out is None or out.is_closing():
+            raise BrokenPipeError("the peer is gone")
+        unsent = out.get_write_buffer_size()
         if unsent > self.max_buffered:
             log.warning("dropping a connection that stopped reading: %d bytes unsent (max_buffered_bytes %d)",
                         unsent, self.max_buffered)
-            self.transport.abort()
-            raise anyio.BrokenResourceError
-        self.transport.write(data)
+            out.abort()
+            raise BrokenPipeError("the peer stopped reading")
+        out.write(data)
 
     async def drain(self) -> None:
         if not self._writable.is_set():
             await self._writable.wait()
         if self.closed:
-            raise anyio.BrokenResourceError
+            raise BrokenPipeError("the peer is gone")
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        """Stop reading; what is queued still goes out, then the writing side closes."""
+        for t in {self.transport, self.out}:
+            if t is not None:
+                t.close()
+
+    async def finish(self) -> None:
+        """Close, and return once everything queued went out (the caller bounds the wait)."""
+        self.close()
+        if self.out is not None:
+            await self._sent.wait()
+
+    def abort(self) -> None:
+        """Close both directions now, dropping what is unsent."""
+        if self.out is not None and not self._sent.is_set():  # (asyncio's pipes fail once lost)
+            self.out.abort()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # a read pipe (a socket's transport is aborted above)
+
+
+def _pollable(fd: int) -> bool:
+    """epoll watches ``fd`` (a pipe, a socket, a terminal), so asyncio's pipe transports can
+    serve it: not a regular file, nor /dev/null (epoll refuses those with EPERM)."""
+    with selectors.DefaultSelector() as probe:
+        try:
+            probe.register(fd, selectors.EVENT_READ)
+        except PermissionError:
+            return False
+    return True
+
+
+class FileReader(asyncio.ReadTransport):
+    """The regular-file fallback for stdin (``serve --stdio < requests.ndjson``), which
+    asyncio's pipe transports refuse: reads run in a worker thread, one chunk at a time,
+    and stop while the protocol has paused reading."""
+
+    def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self._fd = fd
+        self._protocol = protocol
+        self._closing = False
+        self._reading = asyncio.Event()
+        self._reading.set()
+        protocol.connection_made(self)
+        self._task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        exc: OSError | None = None
+        try:
+            while True:
+                await self._reading.wait()
+                data = await loop.run_in_executor(None, os.read, self._fd, READ_CHUNK)
+                if not data:
+                    self._protocol.eof_received()
+                    break
+                self._protocol.data_received(data)
+        except OSError as e:
+            exc = e
+        except asyncio.CancelledError:
+            pass  # close(): only ever cancelled by it
+        self._closing = True
+        self._protocol.connection_lost(exc)
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set() and not self._closing
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._task.cancel()
+
+
+class FileWriter(asyncio.WriteTransport):
+    """The regular-file fallback for stdout (``serve --stdio > out``): a file takes every
+    write whole, so nothing is ever buffered and the peer is never behind."""
+
+    def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self._fd = fd
+        self._protocol = protocol
+        self._closing = False
+        protocol.connection_made(self)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:  # a full disk, say: nothing more can go out
+            self._lose(exc)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._lose(None)
+
+    def abort(self) -> None:
+        self._lose(None)
+
+    def _lose(self, exc: Exception | None) -> None:
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, exc)
+
+
+async def _connect_stdio(proto: StreamProtocol, in_fd: int, out_fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    a, b = os.fstat(in_fd), os.fstat(out_fd)
+    if stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+        # One socket both ways (inetd style): one socket transport, as for the listener's
+        # connections (a write pipe on it would take incoming bytes for its peer closing).
+        await loop.connect_accepted_socket(lambda: proto, socket.socket(fileno=os.dup(in_fd)))
+        return
+    if _pollable(in_fd):
+        await loop.connect_read_pipe(lambda: proto, os.fdopen(in_fd, "rb", buffering=0, closefd=False))
+    else:
+        FileReader(in_fd, proto)
+    if _pollable(out_fd):
+        await loop.connect_write_pipe(lambda: proto, os.fdopen(out_fd, "wb", buffering=0, closefd=False))
+    else:
+        FileWriter(out_fd, proto)
+
+
+@contextlib.asynccontextmanager
+async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD) -> AsyncIterator[StreamProtocol]:
+    """stdio as a :class:`StreamProtocol` whose peer is our parent: asyncio's pipe
+    transports, or the regular-file fallback (:class:`FileReader`, :class:`FileWriter`)
+    for a side that epoll cannot watch. On exit, unsent bytes are dropped (``finish``
+    first to send them) and the descriptors get their blocking mode back, since the
+    parent shares them; they stay open."""
+    saved = [(fd, os.get_blocking(fd)) for fd in (in_fd, out_fd)]
+    proto = StreamProtocol(None, max_buffered, peer=PeerProcess.of(os.getppid()))
+    try:
+        await _connect_stdio(proto, in_fd, out_fd)
+        yield proto
+    finally:
+        proto.abort()
+        for fd, blocking in saved:
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, blocking)

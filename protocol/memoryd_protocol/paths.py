@@ -61,6 +61,15 @@ def default_config_path() -> Path:
     return base / "config.toml"
 
 
+#: The daemon's log, next to its socket, when a starter (the relay, ``serve --detach``,
+#: memoryctl's autostart) ran it detached.
+LOG_NAME = "memoryd.log"
+
+
+def log_path_for(socket_path: Path) -> Path:
+    return socket_path.parent / LOG_NAME
+
+
 def owner_record_path(db: Path) -> Path:
     """``<db>.memoryd-owner``: the pid and socket of the daemon that holds the store's lock
     (an exclusive flock on the db file), next to the store. It means something only while
@@ -68,5 +77,5 @@ def owner_record_path(db: Path) -> Path:
     return db.with_name(db.name + ".memoryd-owner")
 
 
-__all__ = ["default_config_path", "default_db_path", "default_socket_path", "owner_record_path", "private_socket_path",
-           "runtime_dir"]
+__all__ = ["LOG_NAME", "default_config_path", "default_db_path", "default_socket_path", "log_path_for",
+           "owner_record_path", "private_socket_path", "runtime_dir"]

@@ -1,18 +1,26 @@
-"""Bytes ↔ lines: newline-delimited JSON with a hard per-line limit."""
+"""Bytes ↔ lines, sans I/O: newline-delimited JSON (wire-v1.md §1) with a hard per-line limit.
+
+One line buffer for every reader of the stream: the daemon (which answers an oversize line
+with an error and times out a half line), the Python client and the test client. Feed it
+whatever bytes arrived; it returns the complete lines.
+"""
 
 from __future__ import annotations
 
 from typing import Final
 
-#: Yielded in place of a line that exceeded the limit (the line itself is discarded).
+#: Returned in place of a line that exceeded the limit (the line itself is discarded).
 OVERSIZE: Final = b"\x00oversize"
 
 
 class Framer:
     """Split a byte stream into lines without their ``\\n`` (a trailing ``\\r`` is kept;
-    JSON parsing ignores it). A line longer than ``max_bytes`` is dropped as it streams in,
-    never buffered whole, and reported once as OVERSIZE. ``partial`` says whether bytes of
-    an unfinished line are held (or being discarded): the half-line timeout runs then."""
+    JSON parsing ignores it); blank lines are skipped. A line longer than ``max_bytes`` is
+    dropped as it streams in, never buffered whole, and reported once as OVERSIZE when its
+    ``\\n`` (or the end) comes. ``partial`` says whether bytes of an unfinished line are
+    held (or being discarded): the daemon's half-line timeout runs then. ``discarding``
+    says a line over the limit is being dropped (a reader that gives up on such a line can
+    stop at once)."""
 
     __slots__ = ("_buf", "_discarding", "_max")
 
@@ -24,6 +32,10 @@ class Framer:
     @property
     def partial(self) -> bool:
         return self._discarding or bool(self._buf)
+
+    @property
+    def discarding(self) -> bool:
+        return self._discarding
 
     def feed(self, chunk: bytes) -> list[bytes]:
         out: list[bytes] = []
@@ -57,3 +69,6 @@ class Framer:
         if self._buf.strip():
             return [bytes(self._buf)]
         return []
+
+
+__all__ = ["OVERSIZE", "Framer"]
