@@ -244,7 +244,7 @@ def test_bind_handlers_wants_exactly_one_handler_per_method_of_the_table() -> No
 
 
 def test_the_daemon_binds_a_handler_to_every_method() -> None:
-    service = Service(Config(), None, None, Approvals(), None)  # type: ignore[arg-type]
+    service = Service(Config(), None, None, Approvals(), None, None)  # type: ignore[arg-type]
     handlers = method_handlers(service, {})
     assert list(handlers) == list(METHODS)
     assert handlers["memory/add"].__qualname__ == "Writes.add"  # type: ignore[attr-defined]

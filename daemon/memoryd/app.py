@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
@@ -240,8 +241,11 @@ class Daemon:
             writer = await Writer.open(path, version, busy_ms)
             resources.push_async_callback(writer.aclose)
             log.info("ledger head at start: %s", _head(writer.anchor))
-            reader = await Owned.open("memoryd-reader", lambda: _reader(path, busy_ms))
-            resources.push_async_callback(reader.aclose)
+            # Single-statement reads of unbounded size (audit/list, export) go through
+            # aiosqlite: its public API is exactly that, one statement per thread hop.
+            reader = await aiosqlite.connect(path, isolation_level=None, timeout=busy_ms / 1000)
+            resources.push_async_callback(reader.close)
+            await reader.execute("PRAGMA query_only = ON")
             # whole-ledger scans (audit/verify, audit/explain) get a thread of their own
             scanner = await Owned.open("memoryd-scanner", lambda: _reader(path, busy_ms))
             resources.push_async_callback(scanner.aclose)

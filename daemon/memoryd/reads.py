@@ -116,7 +116,7 @@ class Reads:
 
     async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.s.read_off_loop(lambda c: store.audit_list(c, limit))
+        return [store.row_to_audit(r) for r in await self.s.read_rows(store.AUDIT_LIST_SQL, (limit,))]
 
     async def audit_verify(self, ctx: RequestContext, p: Any) -> LedgerReport:
         return await self._verify()

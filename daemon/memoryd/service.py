@@ -16,7 +16,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,6 +56,8 @@ from .sessions import Sessions
 from .writer import Usage, Writer
 
 if TYPE_CHECKING:
+    import aiosqlite
+
     from .connection import Connection
 
 log = logging.getLogger("memoryd.service")
@@ -75,8 +77,8 @@ def stderr_file() -> str | None:
 
 
 class Service:
-    def __init__(self, config: Config, writer: Writer, reader: Owned, approvals: Approvals,
-                 loop_reader: sqlite3.Connection, scanner: Owned | None = None) -> None:
+    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals,
+                 loop_reader: sqlite3.Connection, scanner: Owned) -> None:
         self.config = config
         self.writer = writer
         self.reader = reader
@@ -84,7 +86,7 @@ class Service:
         #: large ledger) run on a connection and thread of their own, never queueing the
         #: reader's audit/list and export behind them; one scan of each kind at a time, and
         #: verifies asked while one runs share the next run (``Shared``).
-        self.scanner = scanner if scanner is not None else reader
+        self.scanner = scanner
         #: Entry reads run right here on the event loop: the entries table is bounded by
         #: the budgets (a few thousand rows at most), and such a read costs less than the
         #: thread hop would add. The unbounded audit ledger is read on ``reader``'s thread.
@@ -110,14 +112,12 @@ class Service:
         await self.writer.settled()
         return fn(self.loop_reader)
 
-    async def read_off_loop(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """A read of unbounded size (the ledger) on the reader thread."""
+    async def read_rows(self, sql: str, args: Sequence[Any] = ()) -> Iterable[Sequence[Any]]:
+        """The rows of one statement of unbounded size (the audit ledger, an export), read on
+        aiosqlite's thread after queued recall bookkeeping. (Whole-ledger scans, which need
+        one read transaction over several tables plus the hashing, run on ``scanner``.)"""
         await self.writer.settled()
-        # The reader's own thread (owned.py), not aiosqlite: these reads are one consistent
-        # snapshot of several tables plus the work of verifying the chain, a function of a
-        # connection. aiosqlite's public API would take a hop per statement, a lock around
-        # BEGIN…COMMIT, and another thread for the hashing.
-        return await self.reader.run(fn)
+        return await self.reader.execute_fetchall(sql, args)
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]

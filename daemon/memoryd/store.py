@@ -16,7 +16,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -412,7 +412,7 @@ def dump_tags(tags: Iterable[str]) -> str:
     return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
 
 
-def row_to_entry(row: tuple[Any, ...]) -> Entry:
+def row_to_entry(row: Sequence[Any]) -> Entry:
     tags = parse_tags(row[12])
     if tags is None:
         raise StoreCorrupt("an entry's tags column is not a JSON array of strings", {"entryId": row[0]})
@@ -434,12 +434,12 @@ def row_to_entry(row: tuple[Any, ...]) -> Entry:
     )
 
 
-def row_to_proposal(row: tuple[Any, ...]) -> Proposal:
+def row_to_proposal(row: Sequence[Any]) -> Proposal:
     [proposal] = ledger_format.proposals_from([row])
     return proposal
 
 
-def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
+def row_to_audit(row: Sequence[Any]) -> AuditRow:
     return AuditRow(
         seq=row[0],
         ts=row[1],
@@ -457,9 +457,13 @@ def row_to_audit(row: tuple[Any, ...]) -> AuditRow:
 # --- reads -------------------------------------------------------------------------------
 
 
+LIST_ENTRIES_SQL = f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY created_at, rowid"
+#: newest first; one parameter, the limit
+AUDIT_LIST_SQL = f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq DESC LIMIT ?"
+
+
 def list_entries(conn: sqlite3.Connection) -> list[Entry]:
-    rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY created_at, rowid").fetchall()
-    return [row_to_entry(r) for r in rows]
+    return [row_to_entry(r) for r in conn.execute(LIST_ENTRIES_SQL).fetchall()]
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: str) -> Entry | None:
@@ -473,11 +477,6 @@ def cell_entries(conn: sqlite3.Connection, track: str, scope: str) -> list[Entry
         (track, scope),
     ).fetchall()
     return [row_to_entry(r) for r in rows]
-
-
-def audit_list(conn: sqlite3.Connection, limit: int) -> list[AuditRow]:
-    rows = conn.execute(f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
-    return [row_to_audit(r) for r in rows]
 
 
 #: Below this many entries a query scans: the index would not pay for its extra statement.
