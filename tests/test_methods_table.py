@@ -52,3 +52,40 @@ def test_every_row_names_known_errors_and_has_a_summary() -> None:
 def test_the_table_is_read_only() -> None:
     with pytest.raises(TypeError):
         METHODS["x/y"] = METHODS["initialize"]  # type: ignore[index]
+
+
+# --- the clients derive from the table ---------------------------------------------------------
+
+
+def python_name(method: str) -> str:
+    """A method's name on the Python clients: the part after ``memory/`` (``import_`` for
+    the keyword), the others with ``/`` as ``_``; ``daemon/status`` is ``status``."""
+    special = {"memory/import": "import_", "daemon/status": "status"}
+    if method in special:
+        return special[method]
+    return method.removeprefix("memory/").replace("/", "_")
+
+
+def test_every_method_of_the_table_is_on_both_python_clients() -> None:
+    from memoryd_client import Client, SyncClient
+    from memoryd_client.client import WRITE_METHODS
+
+    for name in METHODS:
+        assert callable(getattr(Client, python_name(name), None)), f"Client lacks {python_name(name)} for {name}"
+        assert callable(getattr(SyncClient, python_name(name), None)), f"SyncClient lacks {python_name(name)} for {name}"
+    assert {name for name, m in METHODS.items() if m.parks} == WRITE_METHODS
+
+
+def test_the_node_client_is_generated_from_the_table_and_calls_every_method() -> None:
+    from pathlib import Path
+
+    from memoryd_protocol import schemas
+
+    js = Path(__file__).resolve().parents[1] / "client" / "js"
+    for name, text in schemas.generate_js().items():
+        committed = (js / name).read_text(encoding="utf-8")
+        assert committed == text, schemas.diff_summary(name, committed, text) + (
+            "\nregenerate with: python -m memoryd_protocol.schemas")
+    source = (js / "index.js").read_text(encoding="utf-8")
+    missing = [name for name in METHODS if f"'{name}'" not in source]
+    assert missing == [], f"the Node client never calls {missing}"

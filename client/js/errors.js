@@ -1,30 +1,10 @@
 // Structured errors of the memoryd wire contract (wire-v1.md §7) plus the client's own
 // failure codes. Callers branch on `err.code`, never on the message.
 
-/** Protocol error codes (`error.data.code` on the wire) → JSON-RPC error code. */
-export const ERROR_CODES = Object.freeze({
-  INVALID_INPUT: -32602,
-  WRITE_REQUIRES_AGENT: -32010,
-  BUDGET_EXCEEDED: -32011,
-  ENTRY_NOT_FOUND: -32012,
-  AMBIGUOUS_MATCH: -32013,
-  WRITE_DENIED: -32014,
-  PROPOSAL_NOT_FOUND: -32015,
-  STORE_CORRUPT: -32016,
-  STORE_UNSUPPORTED_VERSION: -32017,
-  ADAPTER_NOT_FOUND: -32018,
-  ADAPTER_PAYLOAD: -32019,
-  STORE_UNAVAILABLE: -32020,
-  STORE_LOCKED: -32021,
-});
+// The protocol's error table is generated from the Python protocol package (protocol.js).
+import { ERROR_CODES, RPC_LEVEL_CODES } from './protocol.js';
 
-/** JSON-RPC-level failures (they also carry `data.code` on the wire). */
-export const RPC_LEVEL_CODES = Object.freeze({
-  PARSE_ERROR: -32700,
-  INVALID_REQUEST: -32600,
-  METHOD_NOT_FOUND: -32601,
-  INTERNAL_ERROR: -32603,
-});
+export { ERROR_CODES, RPC_LEVEL_CODES };
 
 /** Failures raised by the client itself (no JSON-RPC code: `rpcCode` is null). */
 export const CLIENT_CODES = Object.freeze({

@@ -494,21 +494,10 @@ export type NotificationMethod = keyof NotificationMap;
 
 // --- errors -----------------------------------------------------------------------------------
 
-export type ProtocolErrorCode =
-  | 'INVALID_INPUT'
-  | 'WRITE_REQUIRES_AGENT'
-  | 'BUDGET_EXCEEDED'
-  | 'ENTRY_NOT_FOUND'
-  | 'AMBIGUOUS_MATCH'
-  | 'WRITE_DENIED'
-  | 'PROPOSAL_NOT_FOUND'
-  | 'STORE_CORRUPT'
-  | 'STORE_UNSUPPORTED_VERSION'
-  | 'ADAPTER_NOT_FOUND'
-  | 'ADAPTER_PAYLOAD'
-  | 'STORE_UNAVAILABLE'
-  | 'STORE_LOCKED';
-export type RpcLevelErrorCode = 'PARSE_ERROR' | 'INVALID_REQUEST' | 'METHOD_NOT_FOUND' | 'INTERNAL_ERROR';
+// Generated from the protocol package's error and methods tables (protocol.d.ts).
+import type { ProtocolErrorCode, RpcLevelErrorCode } from './protocol.js';
+export type { MethodInfo, MethodName, ProtocolErrorCode, RpcLevelErrorCode } from './protocol.js';
+export { METHODS } from './protocol.js';
 export type ClientErrorCode = 'CONNECTION_CLOSED' | 'CONNECTION_FAILED' | 'TIMEOUT' | 'ABORTED' | 'PROTOCOL_ERROR';
 export type ErrorCode = ProtocolErrorCode | RpcLevelErrorCode | ClientErrorCode | 'RPC_ERROR' | (string & {});
 

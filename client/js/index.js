@@ -22,6 +22,7 @@ import {
 } from './errors.js';
 
 export * from './errors.js';
+export { METHODS } from './protocol.js';
 export { LineDecoder, encodeMessage } from './framing.js';
 
 /** The protocol identifier sent in `initialize`. */

@@ -38,6 +38,7 @@ from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL
 from memoryd_protocol.errors import InvalidInput, ProtocolError, from_wire
 from memoryd_protocol.framing import OVERSIZE, Framer
+from memoryd_protocol.methods import METHODS
 from memoryd_protocol.paths import default_socket_path
 
 from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
@@ -52,18 +53,8 @@ MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 #: Events buffered per :meth:`Client.events` stream before new ones are dropped (logged).
 EVENT_BUFFER: Final = 10_000
 
-#: The write methods: the ones that can ask for approval.
-WRITE_METHODS: Final = frozenset(
-    {
-        "memory/add",
-        "memory/replace",
-        "memory/remove",
-        "memory/consolidate",
-        "memory/seed",
-        "memory/import",
-        "proposals/approve",
-    }
-)
+#: The write methods: the ones that can ask for approval (the methods table says which).
+WRITE_METHODS: Final = frozenset(name for name, m in METHODS.items() if m.parks)
 #: Every notification the daemon sends (wire-v1.md §5, §6).
 EVENT_METHODS: Final = frozenset(T.NOTIFICATIONS)
 
