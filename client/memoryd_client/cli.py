@@ -974,10 +974,7 @@ def _workspace(a: argparse.Namespace) -> str:
 
 
 def _socket(a: argparse.Namespace) -> Path:
-    if a.socket:
-        return Path(a.socket).expanduser()
-    env = os.environ.get("MEMORYD_SOCKET")
-    return Path(env) if env else default_socket_path()
+    return Path(a.socket).expanduser() if a.socket else default_socket_path()
 
 
 def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:

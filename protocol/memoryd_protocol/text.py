@@ -45,10 +45,6 @@ def ascii_fold(text: str) -> str:
     return text.translate(_ASCII_UPPER)
 
 
-def contains_folded(haystack: str, needle: str) -> bool:
-    return ascii_fold(needle) in ascii_fold(haystack)
-
-
 def cut_units(text: str, limit: int, ellipsis: str = "…") -> str:
     """Cut ``text`` to at most ``limit`` UTF-16 units (never splitting a surrogate pair)."""
     if utf16_len(text) <= limit:
@@ -132,7 +128,6 @@ def normalize_agent_key(preset: str | None) -> str:
 __all__ = [
     "ascii_fold",
     "check_storable",
-    "contains_folded",
     "cut_units",
     "has_lone_surrogate",
     "js_trim",
