@@ -19,21 +19,13 @@ import pytest
 from memoryd_client import render
 from memoryd_client.cli import main
 from memoryd_protocol import types as T
-from test_cli import UG, cli, error_line, run, store_state
+from test_cli import UG, cli, error_line, hermetic_env, run, store_state  # noqa: F401 - hermetic_env is autouse
 from test_e2e_store import make_store
 
 EXE = os.path.realpath("/proc/self/exe")  # what the daemon reads of this (in-process memoryctl) process
 NOT_IN_CHAIN = "is not in the chain: another program wrote it, or it was forged"
 
 
-@pytest.fixture(autouse=True)
-def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test may touch the user's real socket, store or config."""
-    monkeypatch.delenv("MEMORYD_SOCKET", raising=False)
-    for var in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
-        path = tmp_path / "xdg" / var.lower()
-        path.mkdir(parents=True, exist_ok=True)
-        monkeypatch.setenv(var, str(path))
 
 
 def report(d: Any) -> T.LedgerReport:

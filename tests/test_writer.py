@@ -25,6 +25,7 @@ from memoryd.config import Config
 from memoryd.writer import Usage, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
 from memoryd_protocol.types import Entry
+from test_store_faults import run_batch
 
 with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -74,24 +75,7 @@ async def running(db: Path, *, statements: list[str] | None = None) -> AsyncIter
         await writer.aclose()
 
 
-async def queued_then_run(writer: Writer, jobs: list[Any]) -> list[Any]:
-    """Queue every job before the writer runs (so they are one batch), run, close."""
-    results: list[Any] = [None] * len(jobs)
-
-    async def one(n: int, fn: Any) -> None:
-        try:
-            results[n] = await writer.submit(fn)
-        except Exception as exc:
-            results[n] = exc
-
-    async with anyio.create_task_group() as tg:
-        for n, fn in enumerate(jobs):
-            tg.start_soon(one, n, fn)
-        await anyio.wait_all_tasks_blocked()
-        assert writer.depth == len(jobs)
-        tg.start_soon(writer.run)
-        writer.close()
-    return results
+queued_then_run = run_batch  # queue every job before the writer runs (one batch), run, close
 
 
 @contextlib.contextmanager

@@ -112,17 +112,9 @@ class ProposalBody(_Body):
     replaces: str | None = None
 
 
-class AuditBody(_Body):
-    seq: int
-    ts: int
-    action: str
-    track: str | None
-    scope: str | None
-    entry_id: str | None
-    text: str | None
-    outcome: str | None
-    source: str | None
-    session_id: str | None
+class AuditBody(AuditRow, forbid_unknown_fields=True):
+    """An audit row's columns (the reference's layout) and what that layout cannot hold."""
+
     #: the connection the row was written for (None: the daemon's own, e.g. a timeout)
     connection: str | None
     #: the approval it was written under (None: policy auto, or no approval was asked)
@@ -186,9 +178,8 @@ def ledger_entry(e: Entry) -> LedgerEntry:
 
 
 def audit_fields(body: AuditBody) -> AuditRow:
-    return AuditRow(seq=body.seq, ts=body.ts, action=body.action, track=body.track, scope=body.scope,
-                    entry_id=body.entry_id, text=body.text, outcome=body.outcome, source=body.source,
-                    session_id=body.session_id)
+    """The audit row a body repeats."""
+    return AuditRow(**{f: getattr(body, f) for f in AuditRow.__struct_fields__})
 
 
 #: What replay compares of an entry: its identity, text, tags, version and keys (not its
