@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memoryd import store
+from memoryd import queries, store
 from memoryd_protocol.text import ascii_fold, utf16_len
 from memoryd_protocol.types import Entry
 
@@ -67,8 +67,8 @@ def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return used
 
 
-def hits(conn: sqlite3.Connection, needle: str, plan: store.QueryPlan) -> list[str]:
-    return [e.id for e in store.query(conn, track=None, scope=None, text=needle, agent_key=None,
+def hits(conn: sqlite3.Connection, needle: str, plan: queries.QueryPlan) -> list[str]:
+    return [e.id for e in queries.query(conn, track=None, scope=None, text=needle, agent_key=None,
                                       workspace_key=None, plan=plan)]
 
 
@@ -87,7 +87,7 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
             expected = reference(entries, needle)
             scan = hits(conn, needle, "scan")
             assert set(scan) == expected, needle
-            if len(needle) >= store.INDEX_MIN_NEEDLE:
+            if len(needle) >= queries.INDEX_MIN_NEEDLE:
                 assert hits(conn, needle, "index") == scan, needle
             assert hits(conn, needle, "auto") == scan, needle
 
@@ -108,12 +108,12 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
 
 def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path) -> None:
     with opened(tmp_path / "m.db") as conn:
-        entries = [entry(n, f"common text {n} {'rare' if n == 7 else ''}") for n in range(store.INDEX_MIN_ENTRIES)]
+        entries = [entry(n, f"common text {n} {'rare' if n == 7 else ''}") for n in range(queries.INDEX_MIN_ENTRIES)]
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
-        count = store.entry_count(conn)
-        assert store.choose_plan(conn, "common", count) == "scan"
-        assert store.choose_plan(conn, "rare", count) == "index"
-        assert store.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
+        count = queries.entry_count(conn)
+        assert queries.choose_plan(conn, "common", count) == "scan"
+        assert queries.choose_plan(conn, "rare", count) == "index"
+        assert queries.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
         assert hits(conn, "RARE", "auto") == ["e0007"]
 
 
@@ -176,7 +176,7 @@ def boost(entries: list[Entry], extra: dict[str, int]) -> list[Entry]:
     """The writer's overlay, in miniature: queued recalls counted in, then ranked again."""
     for e in entries:
         e.recall_count += extra.get(e.id, 0)
-    return sorted(entries, key=store.rank)
+    return sorted(entries, key=queries.rank)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -196,8 +196,8 @@ def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory
 
         write(conn, fill)
         extra = {f"e{n:04d}": k for n, k in queued.items() if n < len(rows)}
-        every = boost(store.query(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None), extra)
-        got, total = store.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
+        every = boost(queries.query(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None), extra)
+        got, total = queries.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
                                       limit=limit, boosted=extra.keys())
         assert total == len(every)
         assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]

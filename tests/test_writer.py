@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, store
+from memoryd import adapter_registry, queries, store
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.atomic import atomic
 from memoryd.config import Config
@@ -288,7 +288,7 @@ async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: P
         reader = store.connect(db, 0)
         try:
             def read(boosted: Any) -> tuple[list[Any], int]:
-                return store.query_page(reader, track=None, scope=None, text=None, agent_key=None,
+                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
                                         workspace_key=None, limit=50, boosted=boosted)
 
             hits, _ = await writer.with_recalls(read)

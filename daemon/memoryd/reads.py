@@ -43,7 +43,7 @@ from memoryd_protocol.validation import (
     check_session_id,
 )
 
-from . import store
+from . import queries, store
 from .context import Handler, RequestContext
 from .ledger import Stamp
 
@@ -150,7 +150,7 @@ class Reads:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        hits, total = await self.s.writer.with_recalls(lambda boosted: store.query_page(
+        hits, total = await self.s.writer.with_recalls(lambda boosted: queries.query_page(
             self.s.loop_reader, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key,
             limit=limit, boosted=boosted))
         page = hits[:limit]

@@ -37,7 +37,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol.types import Entry
 
-from . import ledger, store
+from . import ledger, queries, store
 from .atomic import atomic
 from .owned import Owned
 from .store import store_fault
@@ -185,7 +185,7 @@ class Writer:
         """``read(boosted)`` (entries off the store, and a count) with every recall queued
         but not committed yet counted in, ranked again if any is queued. ``boosted`` are the
         ids with queued recalls, which ``read`` must include if they match
-        (``store.query_page``)."""
+        (``queries.query_page``)."""
         # While a commit carrying queued recalls is in flight, the store may already show
         # them while the overlay still counts them: wait for that one commit.
         await self._bookkeeping_committed()
@@ -197,7 +197,7 @@ class Writer:
                 if queued is not None:
                     e.recall_count += queued[0]
                     e.last_recalled = max(e.last_recalled or 0, queued[1])
-            hits.sort(key=store.rank)
+            hits.sort(key=queries.rank)
         return hits, total
 
     def record_recalls(self, entries: list[Entry], ts: int,
