@@ -134,7 +134,7 @@ SCAN_SQL = ("SELECT id, track, scope, workspace_key, text, source, created_at, u
 def scan_floor(db: Path, needle: str | None, n: int, instr: bool = False) -> list[float]:
     """The in-process scan: queries.query's scan plan SQL (LIKE with ASCII folding), every hit
     fetched, no conversion; or with ``instr`` the ``instr(lower())`` form it replaced."""
-    from memoryd.store import like_pattern
+    from memoryd.queries import like_pattern
 
     conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
     try:
