@@ -18,7 +18,7 @@ hand them here, so both give the same verdict.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
@@ -43,6 +43,7 @@ from .types import (
 Fetch = Callable[[str], Iterable[Sequence[Any]]]
 Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal"]
 T = TypeVar("T")
+R = TypeVar("R")
 
 #: How many problems a report lists (the first one is what matters; the rest is context).
 MAX_PROBLEMS = 50
@@ -307,20 +308,15 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             if seq > after and seq not in chained:
                 v.problem(f"audit row {seq} is not in the chain: another program wrote it, or it was forged",
                           None, seq)
-        for eid in sorted(set(replayed) | set(live)):
-            want, have = replayed.get(eid), live.get(eid)
-            if want is None:
-                v.problem(f"entry {eid} is in the store but no ledger row wrote it")
-            elif have is None:
-                v.problem(f"entry {eid} is in the ledger but not in the store: it was deleted outside memoryd")
-            else:
-                fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
-                said, now = written.get(eid), live_provenance.get(eid)
-                if said is not None and now is not None:
-                    fields += [f for f, a, b in zip(("created_at", "updated_at", "session_id"), said, now, strict=True)
-                               if a is not None and a != b]
-                if fields:
-                    v.problem(f"entry {eid} differs from the ledger in {', '.join(fields)}")
+        def entry_differs(eid: str, want: LedgerEntry, have: LedgerEntry) -> list[str]:
+            fields = [f for f in _COMPARED if getattr(want, f) != getattr(have, f)]
+            said, now = written.get(eid), live_provenance.get(eid)
+            if said is not None and now is not None:
+                fields += [f for f, a, b in zip(("created_at", "updated_at", "session_id"), said, now, strict=True)
+                           if a is not None and a != b]
+            return fields
+
+        _compare(v, "entry", replayed, live, entry_differs)
         earlier = start.snapshots if start is not None else {}
         for sid, text in frozen.items():
             if sid in recorded:
@@ -337,7 +333,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             if sid not in frozen:
                 v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
         if proposals is not None:
-            _compare_proposals(v, proposed, {p.id: p for p in proposals})
+            _compare(v, "proposal", proposed, {p.id: p for p in proposals},
+                     lambda _, want, have: [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)])
     v.head(ledger, head)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
@@ -359,17 +356,17 @@ def _provenance(written: dict[str, list[Any]], body: AuditBody) -> None:
     written[body.entry.id] = [created, body.ts, body.session_id]
 
 
-def _compare_proposals(v: _Verifier, replayed: dict[str, Proposal], live: dict[str, Proposal]) -> None:
-    for pid in sorted(set(replayed) | set(live)):
-        want, have = replayed.get(pid), live.get(pid)
+def _compare(v: _Verifier, noun: str, replayed: Mapping[str, R], live: Mapping[str, R],
+             differs: Callable[[str, R, R], list[str]]) -> None:
+    """The live rows against the ledger's replay of them: each missing, extra or changed one."""
+    for key in sorted(set(replayed) | set(live)):
+        want, have = replayed.get(key), live.get(key)
         if want is None:
-            v.problem(f"proposal {pid} is in the store but no ledger row wrote it")
+            v.problem(f"{noun} {key} is in the store but no ledger row wrote it")
         elif have is None:
-            v.problem(f"proposal {pid} is in the ledger but not in the store: it was deleted outside memoryd")
-        else:
-            fields = [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)]
-            if fields:
-                v.problem(f"proposal {pid} differs from the ledger in {', '.join(fields)}")
+            v.problem(f"{noun} {key} is in the ledger but not in the store: it was deleted outside memoryd")
+        elif fields := differs(key, want, have):
+            v.problem(f"{noun} {key} differs from the ledger in {', '.join(fields)}")
 
 
 def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
