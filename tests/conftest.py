@@ -1,4 +1,21 @@
-"""Shared fixtures: a real memoryd process on a temporary socket and database."""
+"""Shared fixtures: a memoryd on a temporary socket and database, in one of two tiers.
+
+- **process** (the default): a real ``memoryd serve`` process (``daemon_factory`` and the
+  fixtures built on it), or a ``--stdio --standalone`` child (rawclient.stdio_client).
+- **in-process** (tests/inprocess.py): the daemon's real stack in the test process, no
+  process spawned. A module marked ``pytest.mark.inprocess`` gets it from
+  ``daemon_factory`` (and so ``daemon``, ``ask_daemon``, ``ask_any_daemon``): the same
+  object shape, serving a real Unix socket at ``socket_path`` from an event loop in a
+  thread of the test process (so tests that block, or call ``d.stop()``, are unchanged;
+  ``stop()`` returns 0 once the daemon's own drain and close finished cleanly). A test
+  in such a module that needs a real process (``.proc``, ``.stderr()``, signals, a pid
+  that is not the test's) is marked ``pytest.mark.process``. ``MEMORYD_TEST_TIER=process``
+  runs every test on processes.
+
+``pair_factory`` runs one test over three transports: ``memory`` (the daemon in the test's
+own event loop, over an in-memory pair of streams), ``socket`` (a daemon process) and
+``stdio`` (a ``--standalone`` stdio child).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +23,33 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rawclient import Raw, relay_client, socket_client, stdio_client
+
+#: pair_factory's transports; a module may name its own in ``PAIR_KINDS``, e.g. add
+#: "relay" (a stdio relay child to a socket daemon process), as test_e2e_core.py does
+PAIRS = ("memory", "socket", "stdio")
+
+#: ``pair_factory(policy="auto", config=None)`` → an async context manager yielding an
+#: initialized Raw; ``config`` is TOML text for the daemon's config file
+PairFactory = Callable[..., AbstractAsyncContextManager[Raw]]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pair_factory" in metafunc.fixturenames:
+        kinds = getattr(metafunc.module, "PAIR_KINDS", PAIRS)
+        metafunc.parametrize("pair_factory", kinds, indirect=True, ids=list(kinds))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "inprocess: daemon_factory's daemons run in the test process")
+    config.addinivalue_line("markers", "process: this test needs a real daemon process (overrides inprocess)")
 
 
 @pytest.fixture
@@ -82,21 +121,77 @@ def tempfile_dir(base: Path) -> str:
     return tempfile.mkdtemp(prefix="md-", dir=base)
 
 
+def _inprocess(request: pytest.FixtureRequest) -> bool:
+    if os.environ.get("MEMORYD_TEST_TIER") == "process":
+        return False
+    node = request.node
+    return node.get_closest_marker("inprocess") is not None and node.get_closest_marker("process") is None
+
+
+def start_thread_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path | None = None,
+                        name: str = "d", socket_path: Path | None = None) -> Any:
+    """start_daemon's in-process twin (inprocess.ThreadDaemon)."""
+    from inprocess import ThreadDaemon
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    sock = socket_path or Path(tempfile_dir(Path(os.environ.get("MEMORYD_TEST_SOCKDIR", "/tmp")))) / f"{name}.sock"
+    db_path = db or tmp / f"{name}.db"
+    args = ["--socket", str(sock), "--db", str(db_path)]
+    if policy is not None:
+        args += ["--write-policy", policy]
+    args += list(extra)
+    return ThreadDaemon.start(sock, db_path, args)
+
+
 @pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[object]:
-    started: list[Daemon] = []
+def daemon_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
+    started: list[Any] = []
+    start = start_thread_daemon if _inprocess(request) else start_daemon
 
     def factory(*extra: str, policy: str | None = "auto", db: Path | None = None, name: str = "d",
-                socket_path: Path | None = None) -> Daemon:
-        d = start_daemon(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path)
+                socket_path: Path | None = None) -> Any:
+        d = start(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path)
         started.append(d)
         return d
 
     yield factory
+    _stop_all(started)
+
+
+def _stop_all(started: list[Any]) -> None:
     for d in started:
         d.stop()
         if d.socket_path.parent.name.startswith("md-"):
             shutil.rmtree(d.socket_path.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def pair_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PairFactory]:
+    """``pair_factory(policy=..., config=...)`` → a connected, initialized Raw over the
+    parametrized transport: ``memory`` (inprocess.memory_pair: the daemon in this event
+    loop), ``socket`` (a daemon process), ``stdio`` (a ``--standalone`` stdio child), or
+    ``relay`` where a module asks for it (a stdio relay to a socket daemon process)."""
+    from inprocess import memory_pair
+
+    kind: str = request.param
+    started: list[Daemon] = []
+
+    def factory(policy: str = "auto", config: str | None = None) -> AbstractAsyncContextManager[Raw]:
+        extra: list[str] = []
+        if config is not None:
+            cfg = tmp_path / f"cfg-{len(list(tmp_path.iterdir()))}.toml"
+            cfg.write_text(config)
+            extra = ["--config", str(cfg)]
+        if kind in ("socket", "relay"):  # a process, whatever the module's tier
+            d = start_daemon(tmp_path, *extra, policy=policy)
+            started.append(d)
+            return (socket_client if kind == "socket" else relay_client)(d.socket_path)
+        if kind == "memory":
+            return memory_pair(["--db", str(tmp_path / "memory.db"), "--write-policy", policy, *extra])
+        return stdio_client(tmp_path / "stdio.db", "--write-policy", policy, *extra)
+
+    yield factory
+    _stop_all(started)
 
 
 @pytest.fixture

@@ -35,6 +35,9 @@ from memoryd_client.cli import build_parser, main, verbs
 from memoryd_protocol.constants import ALLOWED_ONCE
 from processes import peer_pid, stop
 
+#: daemon_factory's daemons run in the test process (conftest); tests marked process need one of their own
+pytestmark = pytest.mark.inprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 MEMORYCTL = [sys.executable, "-m", "memoryd_client"]
 UG = ["--track", "user", "--scope", "user-global"]
@@ -170,6 +173,7 @@ def test_global_options_before_or_after_the_verb() -> None:
 # --- verbs through a real daemon -----------------------------------------------------------
 
 
+@pytest.mark.process
 def test_write_verbs_and_tables(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     code, out, err = cli(capsys, daemon, "add", *UG, "--tag", "style", "Prefers tabs over spaces")
     assert code == 0 and out.startswith("added ") and "user/user-global 24/2000 chars" in out, err
@@ -215,6 +219,7 @@ def test_text_from_stdin_and_tags(daemon: Any) -> None:
     assert e["sessionId"].startswith("memoryctl-")
 
 
+@pytest.mark.process
 def test_json_output(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     code, out, _ = cli(capsys, daemon, "--json", "add", *UG, "Prefers tabs")
     assert code == 0
@@ -268,12 +273,14 @@ def test_workspace_agent_and_snapshot(capsys: pytest.CaptureFixture[str], daemon
     assert code == 0 and "WORKSPACE" in out.splitlines()[0] and str(proj) in out and "Prefers tabs" not in out
 
 
+@pytest.mark.process
 def test_empty_snapshot_and_list(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     code, out, err = cli(capsys, daemon, "snapshot")
     assert code == 0 and out == "" and "empty snapshot" in err
     assert cli(capsys, daemon, "list")[1].strip() == "no entries"
 
 
+@pytest.mark.process
 def test_proposals_verbs(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     with mc.connect_sync(daemon.socket_path, timeout=10) as c:
         p1 = c.proposals_create({"kind": "compaction", "track": "user", "scope": "user-global",
@@ -339,6 +346,7 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     assert json.loads(r.stdout)["entries"][0]["tags"] == ["personal"]
 
 
+@pytest.mark.process
 def test_adapters_and_status(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     code, out, _ = cli(capsys, daemon, "adapters")
     assert code == 0
@@ -429,6 +437,7 @@ def test_no_daemon_is_exit_3_and_says_how_to_start_one(tmp_path: Path) -> None:
     assert not (tmp_path / "my.db").exists()
 
 
+@pytest.mark.process
 def test_connection_lost_is_exit_3(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "x")
     try:
@@ -483,6 +492,7 @@ def reap(proc: subprocess.Popen[bytes], master: int) -> None:
     os.close(master)
 
 
+@pytest.mark.process
 def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     with mc.connect_sync(ask_daemon.socket_path, session="seed", on_approval=lambda a: True, timeout=10) as c:
         c.add({"track": "user", "scope": "user-global", "text": "Prefers tabs\nand\x1b[31m red"})
@@ -502,6 +512,7 @@ def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     assert decided_lines(ask_daemon)[-1] == "allowed-once (its own prompt; claims human)"
 
 
+@pytest.mark.process
 def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> None:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("4H", 24, 50, 0, 0))
@@ -524,6 +535,7 @@ def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> No
     assert texts(ask_daemon) == []
 
 
+@pytest.mark.process
 def test_pty_prompt_no_denies(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "Sensitive fact")
     try:
@@ -541,6 +553,7 @@ def test_pty_prompt_no_denies(ask_daemon: Any) -> None:
     assert (row.action, row.outcome) == ("add-denied", "rejected (via approval, writePolicy ask)")
 
 
+@pytest.mark.process
 def test_no_tty_denies_fail_closed(ask_daemon: Any) -> None:
     r = run(*sock(ask_daemon), "remove", *UG, "anything")  # not found: no approval needed
     assert r.returncode == 1 and "Approve?" not in r.stderr
@@ -566,6 +579,7 @@ def decided_lines(d: Any) -> list[str]:
             for m in re.findall(r"approval [0-9a-f-]{36} decided (.*)$", d.stderr(), re.M)]
 
 
+@pytest.mark.process
 def test_a_300_entry_import_prompt_stays_readable(ask_daemon: Any, tmp_path: Path) -> None:
     entries = [{"track": "user", "scope": "user-global", "text": f"fact {n}"} for n in range(100)]
     entries += [{"track": "agent", "scope": "user-global", "agentKey": "ops", "text": f"tip {n}\nApprove?"}
@@ -608,6 +622,7 @@ class Approver:
         self.proc.communicate(timeout=10)
 
 
+@pytest.mark.process
 def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon
     approver = Approver(ask_daemon, "--yes", "--count", "1")
@@ -629,6 +644,7 @@ def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims script 'memoryctl --yes')"]
 
 
+@pytest.mark.process
 def test_approve_verb_without_a_terminal_is_refused(ask_daemon: Any) -> None:
     """approvers = "interactive" (the default): only a process with a controlling terminal
     subscribes; a headless process (a model's tool, say) cannot become an approver."""
@@ -645,6 +661,7 @@ def test_approve_verb_without_a_terminal_is_refused(ask_daemon: Any) -> None:
     assert texts(ask_daemon) == []
 
 
+@pytest.mark.process
 def test_approve_verb_reject_and_no_tty(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon
     for args, notice in [(["--reject"], "rejected (--reject)"), ([], "fail closed")]:
@@ -662,6 +679,7 @@ def test_approve_verb_reject_and_no_tty(ask_any_daemon: Any) -> None:
     assert texts(ask_daemon) == []
 
 
+@pytest.mark.process
 def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon  # the other approver is this test, which has no terminal
     master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
@@ -694,6 +712,7 @@ def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_any_daemon: An
     assert texts(ask_daemon) == ["Raced"]
 
 
+@pytest.mark.process
 def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
     try:
@@ -770,6 +789,7 @@ def test_no_autostart(fresh_socket: Path) -> None:
     assert not fresh_socket.exists()
 
 
+@pytest.mark.process
 def test_via_approver_routes_a_script_write_to_memoryctl_approve(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon  # memoryctl approve --yes runs headless here
     approver = Approver(ask_daemon, "--count", "1", "--yes")
@@ -803,6 +823,7 @@ def test_invisible_characters_are_escaped_in_everything_shown() -> None:
     assert visible("中文 😀 é\tx") == "中文 😀 é\tx"
 
 
+@pytest.mark.process
 def test_export_to_an_existing_world_readable_file_leaves_it_private(daemon: Any, tmp_path: Path) -> None:
     target = tmp_path / "pub.json"
     target.write_text("old")
@@ -831,6 +852,7 @@ def test_version_needs_no_daemon(fresh_socket: Path, monkeypatch: pytest.MonkeyP
     assert not fresh_socket.parent.exists()  # nothing was started, not even the runtime dir
 
 
+@pytest.mark.process
 def test_stop_waits_until_the_daemon_is_gone(daemon_factory: Any) -> None:
     d = daemon_factory()
     assert run(*sock(d), "add", *UG, "Survives a restart").returncode == 0
@@ -872,6 +894,7 @@ def status_fields(out: str) -> dict[str, str]:
     return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in pairs.splitlines())  # type: ignore[misc]
 
 
+@pytest.mark.process
 def test_status_shows_socket_pid_policy_config_and_log(daemon_factory: Any, tmp_path: Path) -> None:
     cfg = tmp_path / "memoryd.toml"
     cfg.write_text('write_policy = "ask"\n')
@@ -1013,6 +1036,7 @@ def test_a_socket_directory_that_cannot_be_made_is_one_line_exit_3(
     assert not (base / "nowhere").exists() and blocker.read_text() == ""
 
 
+@pytest.mark.process
 def test_autostart_on_a_locked_store_prints_the_daemons_reason(
     daemon: Any, fresh_socket: Path
 ) -> None:
@@ -1033,6 +1057,7 @@ def ledger(d: Any) -> tuple[list[Any], int]:
         return [mc.plain(e) for e in c.list()], len(c.audit_list(10000))
 
 
+@pytest.mark.process
 def test_reimporting_a_backup_or_claude_md_is_a_no_op(ask_daemon: Any, tmp_path: Path) -> None:
     d = ask_daemon  # policy ask, and memoryctl has no terminal: any approval it is asked is denied
     for text in ("Prefers tabs", "Prefers tabs", "Uses uv for Python"):

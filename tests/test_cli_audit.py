@@ -25,6 +25,9 @@ from test_e2e_store import make_store
 EXE = os.path.realpath("/proc/self/exe")  # what the daemon reads of this (in-process memoryctl) process
 NOT_IN_CHAIN = "is not in the chain: another program wrote it, or it was forged"
 
+#: daemon_factory's daemons run in the test process (conftest); tests marked process need one of their own
+pytestmark = pytest.mark.inprocess
+
 
 
 
@@ -133,6 +136,7 @@ def test_verify_offline_on_a_stopped_daemons_store(capsys: pytest.CaptureFixture
                                    f"the row was changed\n", "")
 
 
+@pytest.mark.process
 def test_verify_offline_after_a_kill_reads_the_wal_and_ignores_the_stale_owner_record(
     capsys: pytest.CaptureFixture[str], daemon_factory: Any
 ) -> None:
@@ -146,6 +150,7 @@ def test_verify_offline_after_a_kill_reads_the_wal_and_ignores_the_stale_owner_r
     assert cli(capsys, d, "audit", "verify", "--db", str(d.db_path)) == (0, ok_line(online), "")
 
 
+@pytest.mark.process
 def test_verify_offline_is_refused_while_a_daemon_holds_the_store(
     capsys: pytest.CaptureFixture[str], daemon: Any, tmp_path: Path
 ) -> None:

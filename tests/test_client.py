@@ -24,7 +24,7 @@ from memoryd_client import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL
 from processes import foreign_socket
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 TIMEOUT = 10
 UG = {"track": "user", "scope": "user-global"}
@@ -71,6 +71,7 @@ async def foreign_client(daemon: Any, **kwargs: Any) -> AsyncIterator[mc.Client]
 # --- connecting --------------------------------------------------------------------------
 
 
+@pytest.mark.process
 async def test_connect_initializes(daemon: Any) -> None:
     async with client(daemon, client_name="pytest") as c:
         assert isinstance(c.server, T.InitializeResult)
@@ -402,6 +403,7 @@ async def test_approval_pair_is_observable(ask_daemon: Any) -> None:
     assert decided.params == mc.Decided(id=asked.params.id, outcome=ALLOWED_ONCE, refused=None)
 
 
+@pytest.mark.process
 async def test_a_handler_may_say_who_decided(ask_daemon: Any) -> None:
     def decide(a: T.ApprovalAsked) -> mc.Decision:
         return mc.Decision(ALLOWED_ONCE, {"kind": "human", "name": "alice"})
@@ -554,6 +556,7 @@ async def test_event_stream_iterates_until_the_connection_closes(daemon: Any) ->
 # --- disconnects and timeouts --------------------------------------------------------------
 
 
+@pytest.mark.process
 async def test_pending_calls_fail_when_the_daemon_dies(ask_daemon: Any) -> None:
     asked = anyio.Event()
 
@@ -779,6 +782,7 @@ async def test_server_closing_mid_call_is_connection_closed(tmp_path: Path) -> N
 # --- the blocking client -----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_sync_client(daemon_factory: Any, any_approvers: Path) -> None:
     daemon = daemon_factory("--config", str(any_approvers))
     with mc.connect_sync(daemon.socket_path, session=session(), timeout=TIMEOUT) as c:

@@ -16,7 +16,7 @@ import pytest
 from memoryd_protocol.constants import ALLOWED_ONCE
 from test_client import fake_server
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 TIMEOUT = 10
 A = mc.make_session("s-a", cwd="/home/u/a", agent_preset="coder")

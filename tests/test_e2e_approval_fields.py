@@ -21,7 +21,7 @@ import pytest
 from e2e_helpers import entry_input, state
 from rawclient import Raw, relay_client, socket_client, stdio_client, write_ctx
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 ME = {"pid": os.getpid(), "exe": os.path.realpath(sys.executable)}

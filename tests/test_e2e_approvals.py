@@ -12,7 +12,7 @@ from e2e_helpers import Gate, add, arrived, entry_input, start_held, state
 from processes import foreign_socket
 from rawclient import socket_client, write_ctx
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 
 def allow(outcome: str = "allowed-once") -> Any:
@@ -278,6 +278,7 @@ async def test_headless_writes_go_to_approvers_first_wins(ask_any_daemon: Any) -
         assert box["r"]["result"]["entry"]["text"] == "from a headless agent"
 
 
+@pytest.mark.process
 async def test_sigterm_denies_pending_and_exits_zero(ask_daemon: Any) -> None:
     async with socket_client(ask_daemon.socket_path) as raw:
         gate = Gate()

@@ -1,4 +1,5 @@
-"""The core protocol end to end: a real daemon, over both transports, raw NDJSON lines."""
+"""The core protocol end to end, raw NDJSON lines: the daemon in process (over an in-memory
+pair of streams), a real daemon over the socket and over stdio, and a stdio relay."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PAIRS, PairFactory
 from e2e_helpers import add, entry_input, state
-from rawclient import Raw, relay_client, socket_client, stdio_client, write_ctx
+from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
 
@@ -17,24 +19,15 @@ Connect = Callable[..., AbstractAsyncContextManager[Raw]]
 UG = {"track": "user", "scope": "user-global"}
 
 
-@pytest.fixture(params=["socket", "stdio", "relay"])
-def connect(request: pytest.FixtureRequest, daemon_factory: Any, tmp_path: Path) -> Connect:
-    """``connect(policy=..., config=...)`` → a Raw peer over the parametrized transport:
-    the socket, a ``--standalone`` stdio child, or a stdio relay to a socket daemon (the
-    whole core contract passes through the relay unchanged)."""
+#: pair_factory's transports (memory, socket, stdio) and a stdio relay to a socket daemon:
+#: the whole core contract passes through the relay unchanged
+PAIR_KINDS = (*PAIRS, "relay")
 
-    def factory(policy: str = "auto", config: str | None = None) -> AbstractAsyncContextManager[Raw]:
-        extra: list[str] = []
-        if config is not None:
-            cfg = tmp_path / f"cfg-{len(list(tmp_path.iterdir()))}.toml"
-            cfg.write_text(config)
-            extra = ["--config", str(cfg)]
-        if request.param in ("socket", "relay"):
-            d = daemon_factory(*extra, policy=policy)
-            return (socket_client if request.param == "socket" else relay_client)(d.socket_path)
-        return stdio_client(tmp_path / "stdio.db", "--write-policy", policy, *extra)
 
-    return factory
+@pytest.fixture
+def connect(pair_factory: PairFactory) -> Connect:
+    """``connect(policy=..., config=...)`` → a Raw peer over the parametrized transport."""
+    return pair_factory
 
 
 async def test_initialize(connect: Connect) -> None:

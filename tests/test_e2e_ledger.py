@@ -15,7 +15,7 @@ from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA
 from rawclient import Raw, socket_client, write_ctx
 from test_e2e_store import make_store
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 LAYER = {"track": "user", "scope": "user-global"}
 

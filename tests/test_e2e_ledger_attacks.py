@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import Gate, add, arrived, entry_input, start_held
 from rawclient import Raw, socket_client, write_ctx
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 LAYER = {"track": "user", "scope": "user-global"}
 
@@ -134,6 +134,7 @@ async def test_a_truncated_ledger_is_caught_by_the_daemon_that_wrote_it(daemon: 
                                                               f"missing: the ledger was truncated"}]
 
 
+@pytest.mark.process
 async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: Any) -> None:
     """Editing a row and recomputing every hash after it leaves a chain that checks out;
     the daemon still knows the head it wrote."""
@@ -306,6 +307,7 @@ async def test_an_entrys_session_and_times_are_replayed(daemon: Any) -> None:
                                                  f"session_id"}]
 
 
+@pytest.mark.process
 async def test_a_ledger_wiped_while_the_daemon_was_stopped_is_logged_when_it_restarts(
         daemon_factory: Any, tmp_path: Path) -> None:
     """With the daemon stopped, a same-uid process deletes the whole ledger and the audit

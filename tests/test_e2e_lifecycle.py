@@ -16,7 +16,7 @@ from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
 from reference_text import HEADER_EN, HEADER_ZH, PROPOSALS_EN, PROPOSALS_ZH
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 SESSION = {"id": "snap-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}
 

@@ -17,7 +17,7 @@ from e2e_helpers import add, entry_input, state
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA
 from rawclient import Raw, RpcFailure, socket_client, write_ctx
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 SESSION = {"id": "s-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}
 LAYER = {"track": "user", "scope": "user-global"}

@@ -15,7 +15,7 @@ from e2e_helpers import entry_input, state
 from rawclient import Raw, _socket_lines, write_ctx
 from reference_text import PROPOSALS_EN
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 UG = {"track": "user", "scope": "user-global"}
 

@@ -10,7 +10,7 @@ import pytest
 from e2e_helpers import Gate, add, entry_input, state
 from rawclient import Raw, socket_client, write_ctx
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 UG = {"track": "user", "scope": "user-global"}
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import sqlite3
 import time
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from . import ledger, store
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
-from .connection import Connection
+from .connection import Connection, Sink
 from .context import Handler
 from .owned import Owned
 from .proposals import Proposals
@@ -301,36 +302,65 @@ class Daemon:
             await self._run(stdio, sock, signals)
 
     async def _run(self, stdio: bool, sock: Any, signals: Any) -> None:
-        async with anyio.create_task_group() as root:
-            root.start_soon(self.writer.run)
-            flush_scope = anyio.CancelScope()
+        async with self.running() as serving:
+            serving.start_soon(self._watch_signals, signals)
+            if stdio:
+                serving.start_soon(self._serve_stdio)
+            else:
+                assert sock is not None
+                await self._start_listener(serving, sock)
+            sd_notify("READY=1")
+            log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
+                     self.config.db_path)
+            await self.stopping.wait()
+            sd_notify("STOPPING=1")
 
-            async def flusher() -> None:
-                with flush_scope:
-                    await self.writer.flusher()
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[TaskGroup]:
+        """The daemon's stack running in the caller's event loop, without signals or a
+        socket of its own: the writer and its flusher run while inside, and the task group
+        yielded serves connections (``serve_stream``). Leaving stops it as a signal does
+        (``begin_stop``, then ``_drain``: writes denied, queued commits finished, read
+        requests answered), then the writer settles and the store is closed.
 
-            root.start_soon(flusher)
-            try:
-                async with anyio.create_task_group() as serving:
-                    serving.start_soon(self._watch_signals, signals)
-                    if stdio:
-                        serving.start_soon(self._serve_stdio)
-                    else:
-                        assert sock is not None
-                        await self._start_listener(serving, sock)
-                    sd_notify("READY=1")
-                    log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
-                             self.config.db_path)
-                    await self.stopping.wait()
-                    sd_notify("STOPPING=1")
-                    await self._drain(serving)
-            finally:
-                flush_scope.cancel()
-                with anyio.CancelScope(shield=True):
-                    await self.writer.settled()
-                self.writer.close()
-        await self.close()
+        ``_run`` serves the socket and stdio inside it; the in-process test tier
+        (tests/inprocess.py) and any embedder use it directly."""
+        try:
+            async with anyio.create_task_group() as root:
+                root.start_soon(self.writer.run)
+                flush_scope = anyio.CancelScope()
+
+                async def flusher() -> None:
+                    with flush_scope:
+                        await self.writer.flusher()
+
+                root.start_soon(flusher)
+                try:
+                    async with anyio.create_task_group() as serving:
+                        yield serving
+                        self.begin_stop()
+                        await self._drain(serving)
+                finally:
+                    flush_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        await self.writer.settled()
+                    self.writer.close()
+        finally:
+            await self.close()  # shielded; a second close (``_serve``'s) does nothing
         log.info("ledger head at stop: %s", _head(self.writer.anchor))
+
+    async def serve_stream(self, sink: Sink, chunks: AsyncIterable[bytes], name: str = "socket") -> None:
+        """Serve one connection over any pair of streams until the peer's EOF or the drain:
+        ``sink`` is the outgoing half (connection.Sink; its ``peer``, if any, names the peer
+        process), ``chunks`` the bytes read. ``name`` is the transport daemon/status shows
+        ("socket" or "stdio"). Call it in ``running()``'s task group; it is what the
+        in-process test tier and any embedder use."""
+        await self._serve_connection(self.new_connection(sink, name), chunks)
+
+    async def listen(self, serving: TaskGroup) -> None:
+        """Serve the configured socket (or systemd's) from ``running()``'s task group: the
+        socket half of ``_run``, for the in-process test tier and any embedder."""
+        await self._start_listener(serving, self._bind())
 
     def _bind(self) -> Any:
         """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
