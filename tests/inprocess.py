@@ -36,8 +36,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from memoryd import config as config_mod
-from memoryd.cli import build_parser
+from memoryd.cli import build_parser, serve_config
 from memoryd.config import Config
 from memoryd.transports import PeerProcess
 from rawclient import Raw, _socket_lines
@@ -52,17 +51,8 @@ CHUNK = 65536
 
 
 def config_for(args: Sequence[str]) -> Config:
-    """The Config ``memoryd serve <args>`` would run with (memoryd.cli._main's steps)."""
-    parsed = build_parser().parse_args(["serve", *args])
-    path = parsed.config.expanduser() if parsed.config is not None else config_mod.default_config_file()
-    cfg = config_mod.load(path)
-    if parsed.db is not None:
-        cfg.db_path = parsed.db.expanduser().absolute()
-    if parsed.socket is not None:
-        cfg.socket_path = parsed.socket.expanduser().absolute()
-    if parsed.write_policy is not None:
-        cfg.write_policy = parsed.write_policy
-    return cfg
+    """The Config ``memoryd serve <args>`` would run with."""
+    return serve_config(build_parser().parse_args(["serve", *args]))[1]
 
 
 class MemorySink:

@@ -92,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
+def serve_config(args: argparse.Namespace) -> tuple[Path | None, config_mod.Config]:
+    """The config file ``serve`` reads (None: none) and the Config it runs with: that
+    file, then ``--db``, ``--socket`` and ``--write-policy`` over it. (The in-process test
+    tier builds its daemons' Config here too.)"""
+    config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
+    cfg = config_mod.load(config_path)
+    if args.db is not None:
+        cfg.db_path = args.db.expanduser().absolute()
+    if args.socket is not None:
+        cfg.socket_path = args.socket.expanduser().absolute()
+    if args.write_policy is not None:
+        cfg.write_policy = args.write_policy
+    return config_path, cfg
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -103,14 +118,7 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
     if args.detach and args.stdio:
         parser.error("--detach cannot be combined with --stdio")
-    config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
-    cfg = config_mod.load(config_path)
-    if args.db is not None:
-        cfg.db_path = args.db.expanduser().absolute()
-    if args.socket is not None:
-        cfg.socket_path = args.socket.expanduser().absolute()
-    if args.write_policy is not None:
-        cfg.write_policy = args.write_policy
+    config_path, cfg = serve_config(args)
 
     if args.stdio and not args.standalone:
         from . import relay
