@@ -49,8 +49,11 @@ VERBS = list(verbs())
 def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test may touch the user's real socket, store or config."""
     monkeypatch.delenv("MEMORYD_SOCKET", raising=False)
-    for var in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
-        path = tmp_path / "xdg" / var.lower()
+    # Short names: the runtime dir holds a socket, whose path has at most 107 bytes, and a
+    # parallel worker's tmp_path is longer than a serial run's.
+    for var, name in (("XDG_RUNTIME_DIR", "run"), ("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"),
+                      ("XDG_STATE_HOME", "state")):
+        path = tmp_path / "xdg" / name
         path.mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(var, str(path))
 
