@@ -50,6 +50,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "inprocess: daemon_factory's daemons run in the test process")
     config.addinivalue_line("markers", "process: this test needs a real daemon process (overrides inprocess)")
+    config.addinivalue_line("markers", "exec: this test's daemons are `python -m memoryd` children of the test "
+                            "process, not forked from a preloaded one (tests/forked.py)")
 
 
 @pytest.fixture
@@ -87,20 +89,27 @@ def daemon_env() -> dict[str, str]:
     return env
 
 
-def spawn_ready(args: list[str], err: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_ready(args: list[str], err: Path, env: dict[str, str] | None = None, *,
+                fork: bool = False) -> subprocess.Popen[bytes]:
     """``python -m memoryd serve <args>``, returned once it sent READY=1 (the store is open
-    and the socket accepts): the daemon's own readiness signal, not a connect loop."""
+    and the socket accepts): the daemon's own readiness signal, not a connect loop. With
+    ``fork``, the same daemon forked from a preloaded interpreter (tests/forked.py), unless
+    ``MEMORYD_TEST_SPAWN=exec``."""
     from memoryd.launch import LaunchFailed
     from memoryd.launch import spawn_ready as launch
 
     try:
+        if fork and os.environ.get("MEMORYD_TEST_SPAWN") != "exec":
+            from forked import spawn_ready as forked
+
+            return forked(args, log=err, env=env or daemon_env())  # type: ignore[return-value]
         return launch(args, log=err, env=env or daemon_env())
     except LaunchFailed as exc:
         raise RuntimeError(f"memoryd failed to start: {exc}\n{err.read_text(errors='replace')}") from None
 
 
 def start_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path | None = None,
-                 name: str = "d", socket_path: Path | None = None) -> Daemon:
+                 name: str = "d", socket_path: Path | None = None, fork: bool = True) -> Daemon:
     tmp.mkdir(parents=True, exist_ok=True)
     # Unix socket paths are limited to ~107 bytes; pytest's tmp paths can be long.
     sock_dir = Path(os.environ.get("MEMORYD_TEST_SOCKDIR", "/tmp"))
@@ -111,7 +120,7 @@ def start_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db: Path |
     if policy is not None:
         args += ["--write-policy", policy]
     args += list(extra)
-    proc = spawn_ready(args, err)
+    proc = spawn_ready(args, err, fork=fork)
     return Daemon(sock, db_path, proc, err, [sys.executable, "-m", "memoryd", "serve", *args])
 
 
@@ -146,11 +155,15 @@ def start_thread_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db:
 @pytest.fixture
 def daemon_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
     started: list[Any] = []
-    start = start_thread_daemon if _inprocess(request) else start_daemon
+    inprocess = _inprocess(request)
+    fork = request.node.get_closest_marker("exec") is None
 
     def factory(*extra: str, policy: str | None = "auto", db: Path | None = None, name: str = "d",
                 socket_path: Path | None = None) -> Any:
-        d = start(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path)
+        if inprocess:
+            d = start_thread_daemon(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path)
+        else:
+            d = start_daemon(tmp_path, *extra, policy=policy, db=db, name=name, socket_path=socket_path, fork=fork)
         started.append(d)
         return d
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,14 +35,11 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from memoryd.app import Daemon
 from memoryd.cli import build_parser, serve_config
 from memoryd.config import Config
 from memoryd.transports import PeerProcess
 from rawclient import Raw, _socket_lines
-
-with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from memoryd.app import Daemon
 
 #: what one read of a socket returns at most: lines longer than this reach the daemon in
 #: pieces, as they do over the socket

@@ -85,6 +85,7 @@ def connect_as_nobody(daemon: Any) -> tuple[int, int, str, str]:
 
 
 @AS_ROOT
+@pytest.mark.exec  # waits for the daemon's SIGSTOP with waitpid: it must be our child
 async def test_another_uid_is_refused_before_anything_is_read(daemon: Any) -> None:
     """With the socket opened up to everyone (0666 in a 0755 directory), uid 65534 still
     gets EOF and no reply: its request, sent before the daemon accepted it, is discarded

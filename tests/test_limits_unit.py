@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,11 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from memoryd.approvals import Approvals
 from memoryd.config import Config, ConfigError, apply
+from memoryd.connection import Connection
+from memoryd.rpc import Dispatcher
 from memoryd.transports import StreamProtocol
 from memoryd_protocol.framing import OVERSIZE, Framer
 from rawclient import write_ctx
-
-with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from memoryd.connection import Connection
-    from memoryd.rpc import Dispatcher
 
 
 def test_limit_keys_have_defaults_and_refuse_bad_values() -> None:

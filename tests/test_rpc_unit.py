@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
+from memoryd import rpc
+from memoryd.app import method_handlers
 from memoryd.approvals import Approvals
 from memoryd.config import Config
 from memoryd.context import RequestContext
@@ -19,11 +20,6 @@ from memoryd_protocol.errors import EntryNotFound
 from memoryd_protocol.methods import METHODS
 from memoryd_protocol.types import AddParams, ApprovalAsked, ApprovalOrigin, ConnectionInfo, QueryParams
 from rawclient import write_ctx
-
-with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from memoryd import rpc
-    from memoryd.app import method_handlers
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import sqlite3
 import threading
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,13 @@ import anyio
 import pytest
 from memoryd import adapter_registry, queries, store
 from memoryd.adapter_registry import AdapterRegistryError
+from memoryd.app import Daemon
 from memoryd.atomic import atomic
 from memoryd.config import Config
 from memoryd.writer import Usage, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
 from memoryd_protocol.types import Entry
 from test_store_faults import run_batch
-
-with warnings.catch_warnings():  # jsonrpcserver uses importlib.resources.read_text at import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from memoryd.app import Daemon
 
 pytestmark = pytest.mark.anyio
 

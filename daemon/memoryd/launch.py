@@ -25,8 +25,9 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from memoryd_protocol.paths import log_path_for
 
@@ -109,7 +110,24 @@ def _signals_as_fd(signums: Sequence[int]) -> Iterator[tuple[int | None, list[in
         os.close(w)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+class Child(Protocol):
+    """What the readiness wait needs of a started daemon: ``subprocess.Popen``, or a test's
+    forked process (tests/forked.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+C = TypeVar("C", bound=Child)
+
+
+def _stop(proc: Child) -> None:
     proc.terminate()
     try:
         proc.wait(5)
@@ -144,6 +162,28 @@ def spawn_ready(
     (it is stopped then). A signal in ``cancel_on`` that arrives before it is ready stops
     it as well: whoever sent it gave up waiting (a client's own timeout), and a daemon that
     nobody waits for must not linger half-started in its own session."""
+
+    def run(child_env: dict[str, str], stderr: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [python, "-m", "memoryd", "serve", *serve_args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True, close_fds=True, cwd="/", env=child_env,
+        )
+
+    return start_ready(run, log=log, wait_s=wait_s, env=env, cancel_on=cancel_on)
+
+
+def start_ready(
+    start: Callable[[dict[str, str], int], C],
+    *,
+    log: Path | None,
+    wait_s: float = DEFAULT_WAIT_S,
+    env: dict[str, str] | None = None,
+    cancel_on: Sequence[int] = (),
+) -> C:
+    """The readiness wait of :func:`spawn_ready`, for a daemon that ``start(env, stderr)``
+    starts in a process of its own with that environment (which names the private
+    ``NOTIFY_SOCKET``) and that stderr descriptor (``subprocess.DEVNULL`` without a log)."""
     name = f"memoryd-launch-{os.getpid()}-{os.urandom(8).hex()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
             _signals_as_fd(cancel_on) as (wake, got):
@@ -158,11 +198,7 @@ def spawn_ready(
             err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             offset = os.lseek(err, 0, os.SEEK_END)
         try:
-            proc = subprocess.Popen(
-                [python, "-m", "memoryd", "serve", *serve_args],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True, close_fds=True, cwd="/", env=child_env,
-            )
+            proc = start(child_env, err)
         finally:
             if log is not None:
                 os.close(err)
@@ -194,4 +230,4 @@ def spawn_ready(
             os.close(pidfd)
 
 
-__all__ = ["LaunchFailed", "answers", "log_path_for", "spawn_ready", "start_lock"]
+__all__ = ["Child", "LaunchFailed", "answers", "log_path_for", "spawn_ready", "start_lock", "start_ready"]
