@@ -206,11 +206,24 @@ def markdown(r: dict[str, Any]) -> str:
     if floors:
         lines += ["## Floors", "", "| floor | value |", "| --- | --- |"]
         if fl is not None:
-            lines.append(f"| sqlite3 one-row `synchronous=FULL` WAL transactions | {fl:.0f} commits/s |")
+            pages = floors.get("sqlite_full_wal_pages_per_commit")
+            lines.append(f"| sqlite3 one-row `synchronous=FULL` WAL transactions | {fl:.0f} commits/s"
+                         + ("" if pages is None else f", {pages:.1f} WAL pages per commit") + " |")
         if "echo" in floors:
             lines.append(f"| Unix-socket echo round trip (Python echo process) | {_ms(floors['echo']['p50_us'])} |")
         if "python_pass" in floors:
             lines.append(f"| `python -c pass` | {_ms(floors['python_pass']['p50_us'])} |")
+        lines.append("")
+    if anatomy := floors.get("write_anatomy"):
+        lines += ["## What one write commits", "",
+                  "In-process, memoryd's own store and ledger functions on a copy of the 2,000-entry store, one "
+                  "`synchronous=FULL` transaction per write, one layer more per row (`bench/anatomy.py`). "
+                  "The last row is what a daemon commits for one `memory/add`.", "",
+                  "| transaction | commits/s | µs per commit | WAL pages per commit | × the floor's rate |",
+                  "| --- | --- | --- | --- | --- |"]
+        for layer, a in anatomy.items():
+            lines.append(f"| {layer} | {a['commits_per_s']:.0f} | {a['us_per_commit']:.0f} | "
+                         f"{a['wal_pages_per_commit']:.1f} | {_x(_div(a['commits_per_s'], fl))} |")
         lines.append("")
     if r.get("seeding_s"):
         lines += ["Stores seeded with memoryd's store.py functions in " +

@@ -150,21 +150,28 @@ def scan_floor(db: Path, needle: str | None, n: int, instr: bool = False) -> lis
         conn.close()
 
 
-def sqlite_commit_floor(tmp: Path, n: int) -> float:
-    """Raw sqlite3: one INSERT per transaction, WAL, synchronous=FULL; commits per second."""
+def sqlite_commit_floor(tmp: Path, n: int) -> tuple[float, float]:
+    """Raw sqlite3: one INSERT per transaction, WAL, synchronous=FULL; commits per second,
+    and the WAL pages each commit wrote (counted as bench/anatomy.py counts them)."""
+    from .anatomy import wal_pages
+
     path = tmp / "floor-commit.db"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
     conn.execute("CREATE TABLE e (id TEXT PRIMARY KEY, text TEXT)")
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    before = wal_pages(path, page_size)
     t = time.perf_counter()
     for i in range(n):
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO e VALUES (?, ?)", (f"id-{i}", f"fact {i}: a floor row of about the same size"))
         conn.execute("COMMIT")
     rate = n / (time.perf_counter() - t)
+    pages = (wal_pages(path, page_size) - before) / n
     conn.close()
-    return rate
+    return rate, pages
 
 
 _ECHO = ("import socket,sys\ns=socket.socket(fileno=int(sys.argv[1]))\nc,_=s.accept()\n"
@@ -200,7 +207,14 @@ def echo_floor(tmp: Path, n: int) -> list[float]:
 def floors(ctx: Ctx) -> None:
     r = ctx.results.setdefault("floors", {})
     log("floors: sqlite FULL commits")
-    r["sqlite_full_commits_per_s"] = round(sqlite_commit_floor(ctx.tmp, ctx.p.floor_commits), 1)
+    rate, pages = sqlite_commit_floor(ctx.tmp, ctx.p.floor_commits)
+    r["sqlite_full_commits_per_s"] = round(rate, 1)
+    r["sqlite_full_wal_pages_per_commit"] = round(pages, 2)
+    log("floors: what one memory/add commits, layer by layer")
+    from .anatomy import write_anatomy
+
+    r["write_anatomy"] = write_anatomy(ctx.store(2_000 if 2_000 in ctx.p.sizes else ctx.p.sizes[0]), ctx.tmp,
+                                       ctx.p.floor_commits)
     log("floors: unix-socket echo")
     r["echo"] = summary(echo_floor(ctx.tmp, max(ctx.p.query_reps.values())))
     log("floors: python -c pass")
