@@ -1,6 +1,6 @@
 """The single writer, in process: a real store in a temporary directory, no daemon process.
 
-Group commit, a savepoint per job, the one owner thread, the bookkeeping nobody awaits
+Group commit (a savepoint per job only once a job fails), the one owner thread, the bookkeeping nobody awaits
 (kept ledger rows, the recall overlay), close and drain; ``atomic``; and ``Daemon.open``
 letting go of everything when a later step fails.
 """
@@ -107,14 +107,18 @@ async def test_queued_jobs_commit_as_one_transaction(tmp_path: Path) -> None:
     finally:
         await writer.aclose()
     assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 1
-    assert [s for s in statements if s.startswith("SAVEPOINT")] == ["SAVEPOINT job"] * 3
+    assert [s for s in statements if s.startswith("SAVEPOINT")] == []  # none while no job fails
     assert rows(db) == [("t:a", "x"), ("t:b", "x"), ("t:c", "x")]
     assert writer.usage == {CELL: 6}
 
 
 async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Path) -> None:
-    """Its rows and its usage change are undone; the jobs before and after it commit."""
-    db, _, writer = fresh(tmp_path)
+    """Its rows and its usage change are undone; the jobs before and after it commit. The
+    batch ran without savepoints first: the failure rolled it back whole, and it ran again
+    with a savepoint per job."""
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
 
     def over(conn: sqlite3.Connection, usage: Usage) -> None:
         put("over", 100)(conn, usage)
@@ -128,6 +132,9 @@ async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Pat
     assert isinstance(failed, BudgetExceeded)
     assert rows(db) == [("t:a", "x"), ("t:c", "x")]
     assert writer.usage == {CELL: 4}
+    assert [s for s in statements if s.split()[0] in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT")] == [
+        "BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "SAVEPOINT job", "SAVEPOINT job", "ROLLBACK TO job",
+        "SAVEPOINT job", "COMMIT"]
 
 
 async def test_every_job_runs_on_the_one_owner_thread(tmp_path: Path) -> None:
