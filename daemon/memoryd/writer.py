@@ -87,6 +87,20 @@ class _Job(Generic[T]):
     error: BaseException | None = None
 
 
+class _Recalls:
+    """One bookkeeping step for the recalls of queries in a row: per entry, how many and the
+    last one's ts; and each recall's ledger row, in order."""
+
+    def __init__(self) -> None:
+        self.bumps: dict[str, list[int]] = {}
+        self.rows: list[Callable[[sqlite3.Connection], None]] = []
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        store.bump_recalls(conn, [(i, n, ts) for i, (n, ts) in self.bumps.items()])
+        for row in self.rows:
+            row(conn)
+
+
 class _StepFailed(Exception):
     """A job or a deferred step of a batch run without savepoints failed: run it again
     with them."""
@@ -117,8 +131,10 @@ class Writer:
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
         self._bookkeeping_idle = anyio.Event()
         self._bookkeeping_idle.set()
-        #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it
-        self._recalls: dict[str, list[int]] = {}
+        #: id → [recalls, the last one's ts] queued for a commit not begun yet, and those
+        #: of the commit in flight (``with_recalls``)
+        self._queued: dict[str, list[int]] = {}
+        self._flying: dict[str, list[int]] = {}
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
@@ -193,52 +209,55 @@ class Writer:
 
     async def with_recalls(self, read: Callable[[Collection[str]], tuple[list[Entry], int]]
                            ) -> tuple[list[Entry], int]:
-        """``read(boosted)`` (entries off the store, and a count) with every recall queued
-        but not committed yet counted in, ranked again if any is queued. ``boosted`` are the
-        ids with queued recalls, which ``read`` must include if they match
-        (``queries.query_page``)."""
-        # While a commit carrying queued recalls is in flight, the store may already show
-        # them while the overlay still counts them: wait for that one commit.
-        await self._bookkeeping_committed()
-        overlay = self._recalls
-        hits, total = read(overlay.keys())
-        if overlay:
-            for e in hits:
-                queued = overlay.get(e.id)
-                if queued is not None:
-                    e.recall_count += queued[0]
-                    e.last_recalled = max(e.last_recalled or 0, queued[1])
-            hits.sort(key=queries.rank)
-        return hits, total
+        """``read(boosted)`` (entries off the store, and a count) with every recall not
+        committed yet counted in, ranked again if any is. ``boosted`` are the ids with such
+        recalls, which ``read`` must include if they match (``queries.query_page``).
+
+        Recalls queued for a commit not begun yet are not in the store: each counts. Those
+        of the commit in flight may or may not be in what ``read`` saw: a row that is not
+        shows another ``last_recalled`` than the commit sets, so its recalls count; a row
+        that shows that one may be either (or a recall of the same millisecond before it),
+        and only then does the query wait for the commit and read again. A query never
+        waits for a commit in the common case, where the store has not taken it yet."""
+        while True:
+            queued, flying = self._queued, self._flying
+            hits, total = read(queued.keys() | flying.keys() if flying else queued.keys())
+            if flying and any((f := flying.get(e.id)) is not None and e.last_recalled == f[1] for e in hits):
+                await self._bookkeeping_committed()
+                continue
+            if queued or flying:
+                for e in hits:
+                    for overlay in (flying, queued):
+                        pending = overlay.get(e.id)
+                        if pending is not None:
+                            e.recall_count += pending[0]
+                            e.last_recalled = max(e.last_recalled or 0, pending[1])
+                hits.sort(key=queries.rank)
+            return hits, total
 
     def record_recalls(self, entries: list[Entry], ts: int,
                        row: Callable[[sqlite3.Connection], None] | None = None) -> None:
         """``entries`` (a query's page) were recalled at ``ts``: each of these copies shows
-        it now, later queries count it (the overlay) until it commits, and its commit (the
-        counters, and ``row``: the recall's audit row) is queued as bookkeeping."""
-        ids = [e.id for e in entries]
-        overlay = self._recalls
+        it now, later queries count it until it commits (``with_recalls``), and its commit
+        (the counters, and ``row``: the recall's audit row) is queued as bookkeeping.
+
+        The recalls of queries in a row share one bookkeeping step (one UPDATE per entry
+        for all of them, however many times it was recalled), each recall's row kept, in
+        order: a burst of queries costs its next commit a few statements, not a few per
+        query. A step queued after them (a ledger row of an approval) starts the next."""
+        shared = self._deferred[-1].fn if self._deferred else None
+        if not isinstance(shared, _Recalls):
+            shared = _Recalls()
+            self.defer(shared)
         for e in entries:
             e.recall_count += 1
             e.last_recalled = ts
-            queued = overlay.setdefault(e.id, [0, ts])
-            queued[0] += 1
-            queued[1] = ts
-
-        def job(conn: sqlite3.Connection) -> None:
-            store.bump_recalls(conn, ids, ts)
-            if row is not None:
-                row(conn)
-
-        def committed() -> None:
-            for i in ids:
-                queued = overlay.get(i)
-                if queued is not None:
-                    queued[0] -= 1
-                    if queued[0] <= 0:
-                        del overlay[i]
-
-        self.defer(job, committed)
+            for overlay in (shared.bumps, self._queued):
+                pending = overlay.setdefault(e.id, [0, ts])
+                pending[0] += 1
+                pending[1] = ts
+        if row is not None:
+            shared.rows.append(row)
 
     async def settled(self) -> None:
         """Return once all deferred bookkeeping queued so far has committed, or failed (for
@@ -295,6 +314,8 @@ class Writer:
         lost: list[_Deferred] = []
         if deferred:
             self._bookkeeping_idle = anyio.Event()
+            # every queued recall is in this commit (its steps are never kept)
+            self._flying, self._queued = self._queued, {}
         try:
             with anyio.CancelScope(shield=True):
                 self._usage = await self._owned.run(lambda c: self._run_batch(c, batch, durable, deferred, lost))
@@ -318,6 +339,8 @@ class Writer:
             for d in deferred:
                 if d not in lost:
                     d.on_done()
+            # committed (the store counts them now) or failed (lost): no longer counted here
+            self._flying = {}
             self._bookkeeping_idle.set()
             for j in batch:
                 if not j.done.done():
