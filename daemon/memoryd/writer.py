@@ -184,8 +184,14 @@ class Writer:
             self._idle = anyio.Event()
         # Once queued, the job runs whatever happens to the caller; wait for it shielded
         # so a cancelled caller cannot mistake a committed write for a failed one.
-        with anyio.CancelScope(shield=True):
-            await job.done
+        # (asyncio.shield keeps the future itself from being cancelled; the shielded
+        # cancel scope, which costs more, is entered only once cancelled.)
+        try:
+            await asyncio.shield(job.done)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True):
+                await job.done
+            raise
         if job.error is not None:
             raise job.error
         result: T = job.result
