@@ -210,6 +210,35 @@ async def test_a_batch_is_answered_item_by_item_each_with_its_own_context() -> N
     assert r["error"]["message"] == "Invalid request: a batch may hold at most 4 calls" and ids == []
 
 
+async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
+    """The table's methods go through our own dispatch (its cost per request, rpc.py); the
+    library, which answers methods outside the table, gives the same reply to each kind of
+    request: a result, each kind of failure, every kind of id, a notification."""
+    async def ok(ctx: RequestContext, p: Any) -> Any:
+        return {"id": ctx.id, "list": [1, "ä"]}
+
+    async def fails(ctx: RequestContext, p: Any) -> Any:
+        raise failure
+
+    d = rpc.Dispatcher({"memory/budgets": ok, "memory/list": fails, "memory/add": ok})
+    failure: Exception = EntryNotFound("gone", {"entryId": "e"})
+    cases = [line("memory/budgets", id_=i) for i in (1, "s", 2.5, 0, -3)]
+    cases += [b'{"jsonrpc":"2.0","id":null,"method":"memory/budgets"}', line("memory/budgets", id_=None),
+              line("memory/budgets", {}, 4), line("memory/add", ADD, 5), line("memory/add", {"input": "x"}, 6),
+              line("memory/add", [1], 7),
+              line("memory/add", {"input": {**ADD["input"], "track": 5}, "write": write_ctx()}, 8)]
+    for each in (EntryNotFound("gone", {"entryId": "e"}), RuntimeError("boom"),
+                 UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")):
+        failure = each
+        cases += [line("memory/list", id_=9), line("memory/list", id_=None)]
+        for data in cases:
+            call = rpc.parse(data)
+            assert isinstance(call, rpc.Call)
+            library = await d.via_library(FakePeer(), call)
+            assert await d.handle(FakePeer(), call) == (None if library is None else rpc.encode(library)), data
+        del cases[-2:]
+
+
 async def test_a_line_that_fails_outside_any_method_costs_only_its_reply() -> None:
     assert rpc.failure_line(rpc.parse(line("x", id_=None)), RuntimeError()) is None
     r = json.loads(rpc.failure_line(rpc.parse(line("x", id_=9)), RuntimeError()) or b"")

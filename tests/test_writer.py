@@ -1,6 +1,6 @@
 """The single writer, in process: a real store in a temporary directory, no daemon process.
 
-Group commit, a savepoint per job, the one owner thread, the bookkeeping nobody awaits
+Group commit (a savepoint per job only once a job fails), the one owner thread, the bookkeeping nobody awaits
 (kept ledger rows, the recall overlay), close and drain; ``atomic``; and ``Daemon.open``
 letting go of everything when a later step fails.
 """
@@ -103,14 +103,18 @@ async def test_queued_jobs_commit_as_one_transaction(tmp_path: Path) -> None:
     finally:
         await writer.aclose()
     assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 1
-    assert [s for s in statements if s.startswith("SAVEPOINT")] == ["SAVEPOINT job"] * 3
+    assert [s for s in statements if s.startswith("SAVEPOINT")] == []  # none while no job fails
     assert rows(db) == [("t:a", "x"), ("t:b", "x"), ("t:c", "x")]
     assert writer.usage == {CELL: 6}
 
 
 async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Path) -> None:
-    """Its rows and its usage change are undone; the jobs before and after it commit."""
-    db, _, writer = fresh(tmp_path)
+    """Its rows and its usage change are undone; the jobs before and after it commit. The
+    batch ran without savepoints first: the failure rolled it back whole, and it ran again
+    with a savepoint per job."""
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
 
     def over(conn: sqlite3.Connection, usage: Usage) -> None:
         put("over", 100)(conn, usage)
@@ -124,6 +128,9 @@ async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Pat
     assert isinstance(failed, BudgetExceeded)
     assert rows(db) == [("t:a", "x"), ("t:c", "x")]
     assert writer.usage == {CELL: 4}
+    assert [s for s in statements if s.split()[0] in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT")] == [
+        "BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "SAVEPOINT job", "SAVEPOINT job", "ROLLBACK TO job",
+        "SAVEPOINT job", "COMMIT"]
 
 
 async def test_every_job_runs_on_the_one_owner_thread(tmp_path: Path) -> None:
@@ -299,6 +306,97 @@ async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: P
             committed, _ = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
             assert [(e.id, e.recall_count, e.last_recalled) for e in committed] == [(older, 1, 1000), (newer, 0, None)]
         finally:
+            reader.close()
+
+
+def two_entries(conn: sqlite3.Connection, ids: tuple[str, str]) -> None:
+    for n, entry_id in enumerate(ids):
+        store.insert_entry(conn, Entry(
+            id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
+            source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
+            recall_count=0, session_id=None))
+
+
+async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp_path: Path) -> None:
+    """Three queries' recalls: one UPDATE per entry in one commit, each recall's row written,
+    in order; a step queued between recalls (a ledger row) keeps its place."""
+    db = tmp_path / "w.db"
+    statements: list[str] = []
+    async with running(db, statements=statements) as writer:
+        a, b = store.new_id(), store.new_id()
+        await writer.submit(lambda conn, usage: two_entries(conn, (a, b)))
+        reader = store.connect(db, 0)
+        try:
+            def read(boosted: Any) -> tuple[list[Any], int]:
+                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
+                                        workspace_key=None, limit=50, boosted=boosted)
+
+            def row(key: str) -> Callable[[sqlite3.Connection], None]:
+                return lambda conn: conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",)) and None
+
+            by_id = {e.id: e for e in (await writer.with_recalls(read))[0]}
+            writer.record_recalls([by_id[a], by_id[b]], 1000, row("1"))
+            writer.record_recalls([by_id[a]], 1001, row("2"))
+            writer.defer(row("between"))
+            writer.record_recalls([by_id[a]], 1002, row("3"))
+            statements.clear()
+            await writer.settled()
+        finally:
+            reader.close()
+    updates = [s for s in statements if s.startswith("UPDATE entries")]
+    assert len(updates) == 3  # a and b for the first two queries, a for the third
+    inserts = [s.split("'t:")[1].split("'")[0] for s in statements if "INSERT INTO meta" in s]
+    assert inserts == ["1", "2", "between", "3"]
+    assert statements.count("COMMIT") == 1
+    assert sorted(rows(db, "SELECT id, recall_count, last_recalled FROM entries")) == sorted([(a, 3, 1002),
+                                                                                             (b, 1, 1000)])
+
+
+async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(tmp_path: Path) -> None:
+    """While the commit carrying recalls is in flight: a row the store does not show it in
+    counts its recalls at once; a row that shows its last_recalled may already be in it, and
+    that query waits for the commit."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        a, b = store.new_id(), store.new_id()
+        await writer.submit(lambda conn, usage: two_entries(conn, (a, b)))
+        reader = store.connect(db, 0)
+        release = threading.Event()
+        try:
+            def read(boosted: Any) -> tuple[list[Any], int]:
+                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
+                                        workspace_key=None, limit=50, boosted=boosted)
+
+            first = (await writer.with_recalls(read))[0]
+            writer.record_recalls([e for e in first if e.id == a], 1000)
+            writer.record_recalls([e for e in first if e.id == a], 1000)
+            async with anyio.create_task_group() as tg:
+                # the recalls' step runs first in this batch, then the job holds the commit back
+                tg.start_soon(writer.submit, lambda conn, usage: release.wait())
+                await anyio.wait_all_tasks_blocked()
+                hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
+                assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
+
+                def committed_look(boosted: Any) -> tuple[list[Any], int]:
+                    hits, total = read(boosted)
+                    for e in hits:
+                        if e.id == a and e.recall_count == 0:
+                            e.last_recalled = 1000  # the row as the commit leaves it, but for its count
+                    return hits, total
+
+                waited: list[Any] = []
+
+                async def ambiguous() -> None:
+                    waited.append(await writer.with_recalls(committed_look))
+
+                tg.start_soon(ambiguous)
+                await anyio.wait_all_tasks_blocked()
+                assert waited == []  # it waits for the commit
+                release.set()
+            hits = waited[0][0]
+            assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
+        finally:
+            release.set()
             reader.close()
 
 

@@ -3,7 +3,9 @@
 Every call handed to an :class:`Owned` runs on its thread, one at a time, in the order
 handed over: a whole transaction (the writer's group commit, a consistent read of the
 ledger) is one hop, and no statement of it ever runs on another thread. The result goes
-back to the event loop through anyio's public ``from_thread`` API.
+back to the event loop with ``loop.call_soon_threadsafe``, which does not wait for the loop:
+anyio's ``from_thread.run_sync`` would hold the owner thread until the loop had run the
+callback, so the next transaction (the writer's next batch) could not begin meanwhile.
 
 Why not aiosqlite: its public API is statement-level (one thread hop per ``execute``), and
 the one primitive that would run a whole function on its thread (``_execute``) is private.
@@ -13,6 +15,7 @@ at once, not which thread runs them; the writer's design is one owner thread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import sqlite3
@@ -21,8 +24,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 
 log = logging.getLogger("memoryd.store")
 
@@ -68,26 +69,31 @@ class Owned:
     async def _call(self, fn: Callable[[], T]) -> T:
         if self._closed:
             raise RuntimeError(f"{self.name}: the connection is closed")
-        token = anyio.lowlevel.current_token()
-        done = anyio.Event()
-        results: list[T] = []
-        errors: list[BaseException] = []
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, error: BaseException | None) -> None:
+            if done.done():  # the caller was cancelled: nobody waits for this result
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
 
         def call() -> None:
+            result: T | None = None
+            error: BaseException | None = None
             try:
-                results.append(fn())
+                result = fn()
             except BaseException as exc:
-                errors.append(exc)
+                error = exc
             try:
-                anyio.from_thread.run_sync(done.set, token=token)
-            except RuntimeError:  # RunFinishedError, or a loop closing at that moment
-                pass  # the loop has ended: nobody waits for this call any more
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the loop is closed: nobody waits for this call any more
+                pass
 
         self._calls.put(call)
-        await done.wait()
-        if errors:
-            raise errors[0]
-        return results[0]
+        return await done
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn

@@ -609,10 +609,11 @@ def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
     conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
 
 
-def bump_recalls(conn: sqlite3.Connection, ids: list[str], ts: int) -> None:
+def bump_recalls(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:
+    """``(id, times, ts)``: the entry was recalled ``times`` more times, the last at ``ts``."""
     conn.executemany(
-        "UPDATE entries SET recall_count = recall_count + 1, last_recalled = ? WHERE id = ?",
-        [(ts, i) for i in ids],
+        "UPDATE entries SET recall_count = recall_count + ?, last_recalled = ? WHERE id = ?",
+        [(n, ts, i) for i, n, ts in recalls],
     )
 
 

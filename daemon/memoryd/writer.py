@@ -2,8 +2,12 @@
 
 Jobs are plain synchronous functions ``fn(conn, usage) -> result`` executed on the write
 connection's thread. The writer drains whatever is queued and commits it as one
-transaction (group commit) with a savepoint per job, so one job's failure rolls back only
-that job. A job's caller is answered only after COMMIT has returned, i.e. after the WAL
+transaction (group commit). One job's failure rolls back only that job: the batch first
+runs without savepoints (two statements less per job, and each statement on the writer's
+thread is one more wait for the GIL while the event loop is busy); when a job fails, the
+whole transaction is rolled back and the batch runs again with a savepoint per job. Jobs
+are functions of the store (they re-read what they depend on), so running one again
+computes it anew. A job's caller is answered only after COMMIT has returned, i.e. after the WAL
 fsync (``synchronous=FULL``): an acknowledged write survives power loss.
 
 Jobs marked ``durable=False`` (recall bookkeeping of queries) may commit with
@@ -24,17 +28,17 @@ across a store fault), and the recall overlay of queries (``with_recalls`` /
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from memoryd_protocol.types import Entry
 
 from . import ledger, queries, store
@@ -77,9 +81,29 @@ MAX_KEPT = 10_000
 class _Job(Generic[T]):
     fn: JobFn[T]
     durable: bool
-    done: anyio.Event = field(default_factory=anyio.Event)
+    #: resolved (to None) once the job's batch has committed or failed
+    done: asyncio.Future[None]
     result: Any = None
     error: BaseException | None = None
+
+
+class _Recalls:
+    """One bookkeeping step for the recalls of queries in a row: per entry, how many and the
+    last one's ts; and each recall's ledger row, in order."""
+
+    def __init__(self) -> None:
+        self.bumps: dict[str, list[int]] = {}
+        self.rows: list[Callable[[sqlite3.Connection], None]] = []
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        store.bump_recalls(conn, [(i, n, ts) for i, (n, ts) in self.bumps.items()])
+        for row in self.rows:
+            row(conn)
+
+
+class _StepFailed(Exception):
+    """A job or a deferred step of a batch run without savepoints failed: run it again
+    with them."""
 
 
 class Writer:
@@ -92,9 +116,11 @@ class Writer:
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
-        self._send: MemoryObjectSendStream[_Job[Any]]
-        self._recv: MemoryObjectReceiveStream[_Job[Any]]
-        self._send, self._recv = anyio.create_memory_object_stream[_Job[Any]](math.inf)
+        #: queued jobs, and what wakes ``run`` for them (plain asyncio: one append and one
+        #: future per job, where anyio's memory stream and Event cost several calls each)
+        self._queue: deque[_Job[Any]] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
         self._full_sync = True
         self.depth = 0
         #: set while no job is queued or committing (depth 0): what a drain waits on
@@ -105,8 +131,10 @@ class Writer:
         #: set while no commit carrying deferred bookkeeping is between COMMIT and on_done
         self._bookkeeping_idle = anyio.Event()
         self._bookkeeping_idle.set()
-        #: id → [recalls queued but not yet committed, last recall ts]; queries overlay it
-        self._recalls: dict[str, list[int]] = {}
+        #: id → [recalls, the last one's ts] queued for a commit not begun yet, and those
+        #: of the commit in flight (``with_recalls``)
+        self._queued: dict[str, list[int]] = {}
+        self._flying: dict[str, list[int]] = {}
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
@@ -139,26 +167,31 @@ class Writer:
     async def aclose(self) -> None:
         """Once ``run`` has returned: checkpoint (best effort), close the connection, end
         the thread. (A writer that never ran closes its queue here.)"""
-        self._send.close()
-        self._recv.close()
+        self.close()
         await self._owned.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
 
     async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
         """Run ``fn`` in the next group commit; return its result once COMMIT has returned.
         Its error (a store fault as STORE_UNAVAILABLE) is raised here, to the one caller
         who reports it: the writer logs only what nobody awaits."""
-        job: _Job[T] = _Job(fn, durable)
-        try:
-            self._send.send_nowait(job)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise WriterClosed("the store is closing") from None
+        if self._closed:
+            raise WriterClosed("the store is closing")
+        job: _Job[T] = _Job(fn, durable, asyncio.get_running_loop().create_future())
+        self._queue.append(job)
+        self._wake.set()
         self.depth += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
         # Once queued, the job runs whatever happens to the caller; wait for it shielded
         # so a cancelled caller cannot mistake a committed write for a failed one.
-        with anyio.CancelScope(shield=True):
-            await job.done.wait()
+        # (asyncio.shield keeps the future itself from being cancelled; the shielded
+        # cancel scope, which costs more, is entered only once cancelled.)
+        try:
+            await asyncio.shield(job.done)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True):
+                await job.done
+            raise
         if job.error is not None:
             raise job.error
         result: T = job.result
@@ -182,52 +215,55 @@ class Writer:
 
     async def with_recalls(self, read: Callable[[Collection[str]], tuple[list[Entry], int]]
                            ) -> tuple[list[Entry], int]:
-        """``read(boosted)`` (entries off the store, and a count) with every recall queued
-        but not committed yet counted in, ranked again if any is queued. ``boosted`` are the
-        ids with queued recalls, which ``read`` must include if they match
-        (``queries.query_page``)."""
-        # While a commit carrying queued recalls is in flight, the store may already show
-        # them while the overlay still counts them: wait for that one commit.
-        await self._bookkeeping_committed()
-        overlay = self._recalls
-        hits, total = read(overlay.keys())
-        if overlay:
-            for e in hits:
-                queued = overlay.get(e.id)
-                if queued is not None:
-                    e.recall_count += queued[0]
-                    e.last_recalled = max(e.last_recalled or 0, queued[1])
-            hits.sort(key=queries.rank)
-        return hits, total
+        """``read(boosted)`` (entries off the store, and a count) with every recall not
+        committed yet counted in, ranked again if any is. ``boosted`` are the ids with such
+        recalls, which ``read`` must include if they match (``queries.query_page``).
+
+        Recalls queued for a commit not begun yet are not in the store: each counts. Those
+        of the commit in flight may or may not be in what ``read`` saw: a row that is not
+        shows another ``last_recalled`` than the commit sets, so its recalls count; a row
+        that shows that one may be either (or a recall of the same millisecond before it),
+        and only then does the query wait for the commit and read again. A query never
+        waits for a commit in the common case, where the store has not taken it yet."""
+        while True:
+            queued, flying = self._queued, self._flying
+            hits, total = read(queued.keys() | flying.keys() if flying else queued.keys())
+            if flying and any((f := flying.get(e.id)) is not None and e.last_recalled == f[1] for e in hits):
+                await self._bookkeeping_committed()
+                continue
+            if queued or flying:
+                for e in hits:
+                    for overlay in (flying, queued):
+                        pending = overlay.get(e.id)
+                        if pending is not None:
+                            e.recall_count += pending[0]
+                            e.last_recalled = max(e.last_recalled or 0, pending[1])
+                hits.sort(key=queries.rank)
+            return hits, total
 
     def record_recalls(self, entries: list[Entry], ts: int,
                        row: Callable[[sqlite3.Connection], None] | None = None) -> None:
         """``entries`` (a query's page) were recalled at ``ts``: each of these copies shows
-        it now, later queries count it (the overlay) until it commits, and its commit (the
-        counters, and ``row``: the recall's audit row) is queued as bookkeeping."""
-        ids = [e.id for e in entries]
-        overlay = self._recalls
+        it now, later queries count it until it commits (``with_recalls``), and its commit
+        (the counters, and ``row``: the recall's audit row) is queued as bookkeeping.
+
+        The recalls of queries in a row share one bookkeeping step (one UPDATE per entry
+        for all of them, however many times it was recalled), each recall's row kept, in
+        order: a burst of queries costs its next commit a few statements, not a few per
+        query. A step queued after them (a ledger row of an approval) starts the next."""
+        shared = self._deferred[-1].fn if self._deferred else None
+        if not isinstance(shared, _Recalls):
+            shared = _Recalls()
+            self.defer(shared)
         for e in entries:
             e.recall_count += 1
             e.last_recalled = ts
-            queued = overlay.setdefault(e.id, [0, ts])
-            queued[0] += 1
-            queued[1] = ts
-
-        def job(conn: sqlite3.Connection) -> None:
-            store.bump_recalls(conn, ids, ts)
-            if row is not None:
-                row(conn)
-
-        def committed() -> None:
-            for i in ids:
-                queued = overlay.get(i)
-                if queued is not None:
-                    queued[0] -= 1
-                    if queued[0] <= 0:
-                        del overlay[i]
-
-        self.defer(job, committed)
+            for overlay in (shared.bumps, self._queued):
+                pending = overlay.setdefault(e.id, [0, ts])
+                pending[0] += 1
+                pending[1] = ts
+        if row is not None:
+            shared.rows.append(row)
 
     async def settled(self) -> None:
         """Return once all deferred bookkeeping queued so far has committed, or failed (for
@@ -263,18 +299,20 @@ class Writer:
 
     def close(self) -> None:
         """Accept no more jobs; ``run`` returns once the queued ones are committed."""
-        self._send.close()
+        self._closed = True
+        self._wake.set()
 
     async def run(self) -> None:
-        async with self._recv:
-            async for job in self._recv:
-                batch: list[_Job[Any]] = [job]
-                while len(batch) < MAX_GROUP:
-                    try:
-                        batch.append(self._recv.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                await self._commit(batch)
+        queue = self._queue
+        while True:
+            if not queue:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
+            await self._commit(batch)
 
     async def _commit(self, batch: list[_Job[Any]]) -> None:
         durable = any(j.durable for j in batch)
@@ -282,6 +320,8 @@ class Writer:
         lost: list[_Deferred] = []
         if deferred:
             self._bookkeeping_idle = anyio.Event()
+            # every queued recall is in this commit (its steps are never kept)
+            self._flying, self._queued = self._queued, {}
         try:
             with anyio.CancelScope(shield=True):
                 self._usage = await self._owned.run(lambda c: self._run_batch(c, batch, durable, deferred, lost))
@@ -305,9 +345,12 @@ class Writer:
             for d in deferred:
                 if d not in lost:
                     d.on_done()
+            # committed (the store counts them now) or failed (lost): no longer counted here
+            self._flying = {}
             self._bookkeeping_idle.set()
             for j in batch:
-                j.done.set()
+                if not j.done.done():
+                    j.done.set_result(None)
 
     def _keep(self, lost: list[_Deferred]) -> None:
         """Put kept rows that a fault lost back at the head of the queue, oldest first."""
@@ -322,14 +365,44 @@ class Writer:
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]], durable: bool,
                    deferred: list[_Deferred], lost: list[_Deferred]) -> Usage:
-        """On the writer's thread: the deferred bookkeeping, then every job, each in its own
-        savepoint, all in one transaction. A savepoint that SQLite took the transaction
-        with (``lost``) fails the batch: none of it is committed."""
+        """On the writer's thread: the deferred bookkeeping, then every job, all in one
+        transaction; first without savepoints, and if a step fails, again with one per step
+        (``_run_steps``)."""
         if conn.in_transaction:
             conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed in an earlier batch
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
+        usage = dict(self._usage)
+        try:
+            with atomic(conn):
+                self.anchor.check(conn)
+                for d in deferred:
+                    try:
+                        d.fn(conn)
+                    except Exception:
+                        raise _StepFailed() from None
+                for job in batch:
+                    try:
+                        job.result = job.fn(conn, usage)
+                    except Exception:
+                        raise _StepFailed() from None
+        except _StepFailed:
+            pass  # rolled back: every step again, each in its own savepoint
+        else:
+            self.anchor.advance(conn)  # committed: the head this daemon wrote moves on
+            return usage
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed just now
+        for job in batch:
+            job.result = None
+        return self._run_steps(conn, batch, deferred, lost)
+
+    def _run_steps(self, conn: sqlite3.Connection, batch: list[_Job[Any]], deferred: list[_Deferred],
+                   lost: list[_Deferred]) -> Usage:
+        """The deferred bookkeeping, then every job, each in its own savepoint, all in one
+        transaction. A savepoint that SQLite took the transaction with (``lost``) fails the
+        batch: none of it is committed."""
         usage = dict(self._usage)
         with atomic(conn):
             self.anchor.check(conn)
