@@ -14,10 +14,9 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
-from memoryd_protocol.paths import default_socket_path
+from memoryd_protocol.paths import default_socket, pathlib_str
 
 from .errors import ConnectFailed
 from .quick import Connection, __version__, make_session, query_params
@@ -64,11 +63,49 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.socket_option is not None:
-            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket_path()})"
+            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket()})"
         return super().format_help()
 
 
-_FORMATTER = argparse.RawDescriptionHelpFormatter
+_COLUMNS: list[int] = []
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, the same steps ($COLUMNS, else stdout's
+    terminal, else 80), without importing shutil (which imports zlib, bz2 and lzma); found
+    once per run (argparse asks for every option it adds)."""
+    if _COLUMNS:
+        return _COLUMNS[0]
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    try:
+        lines = int(os.environ["LINES"])
+    except (KeyError, ValueError):
+        lines = 0
+    if columns <= 0 or lines <= 0:
+        try:
+            size = os.get_terminal_size(sys.__stdout__.fileno())  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            size = os.terminal_size((80, 24))
+        if columns <= 0:
+            columns = size.columns or 80
+    _COLUMNS.append(columns)
+    return columns
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The help formatter, told the terminal's width (:func:`_columns`) as argparse would
+    find it itself: argparse makes a formatter for every option it adds, and the first one
+    imported shutil, a tenth of what the read commands' quick path costs otherwise."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
+_FORMATTER = _Formatter
 
 
 
@@ -239,8 +276,10 @@ class _Verb(_Parser):
         return super().format_help()
 
 
-def _verb(sub: Any, name: str, summary: str, description: str, examples: str = "",
+def _verb(sub: _Only, name: str, summary: str, description: str, examples: str = "",
           arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    if not sub.wants(name):
+        return
     epilog = "examples:\n" + _indent(cleandoc(examples), "  ") if examples else None
     sub.add_parser(name, help=summary, description=cleandoc(description), epilog=epilog, formatter_class=_FORMATTER,
                    arguments=arguments)
@@ -252,9 +291,11 @@ class _Only:
     def __init__(self, sub: Any, names: frozenset[str] | None) -> None:
         self.sub, self.names = sub, names
 
+    def wants(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
     def add_parser(self, name: str, **kwargs: Any) -> None:
-        if self.names is None or name in self.names:
-            self.sub.add_parser(name, partial=self.names is not None, **kwargs)
+        self.sub.add_parser(name, partial=self.names is not None, **kwargs)
 
 
 def _help_word(word: str) -> bool:
@@ -622,13 +663,13 @@ def verbs(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.A
 
 
 class Ctx:
-    """One run: the arguments, the socket, whether stdout is a terminal (``fit``), and what
+    """One run: the arguments, the socket (as ``str(Path)`` has it), whether stdout is a terminal (``fit``), and what
     :func:`prepare` read (``data``). A plain class: ``dataclasses`` imports ``inspect``."""
 
     #: the approval handler, set by memoryd_client.commands for the verbs that run there
     approver: Approver
 
-    def __init__(self, args: argparse.Namespace, socket: Path, fit: bool = False) -> None:
+    def __init__(self, args: argparse.Namespace, socket: str, fit: bool = False) -> None:
         self.args = args
         self.socket = socket
         self.fit = fit
@@ -655,6 +696,8 @@ def _read_input(name: str) -> str:
     if name == "-":
         return sys.stdin.read()
     try:
+        from pathlib import Path
+
         return Path(name).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -709,11 +752,13 @@ def _write_private(name: str, text: str, *, force: bool) -> str:
 
 
 _MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
-_MARKDOWN_LINE = re.compile(r"^(#{1,6}[ \t]|[-*+][ \t]+\S)", re.M)
+_MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
 
 
 def _is_markdown(name: str, raw: str) -> bool:
-    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(_MARKDOWN_LINE.search(raw))
+    from pathlib import Path
+
+    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
 
 
 def _markdown_without_adapter(name: str) -> UsageError:
@@ -723,6 +768,8 @@ def _markdown_without_adapter(name: str) -> UsageError:
     from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
 
     ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
+    from pathlib import Path
+
     pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
     shown = "stdin" if name == "-" else name
     return UsageError(
@@ -781,8 +828,9 @@ def _workspace(a: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(a.workspace)) if a.workspace else os.getcwd()
 
 
-def _socket(a: argparse.Namespace) -> Path:
-    return Path(a.socket).expanduser() if a.socket else default_socket_path()
+def _socket(a: argparse.Namespace) -> str:
+    """--socket (``~`` expanded), else the default socket, as ``str(Path)`` has them."""
+    return pathlib_str(a.socket) if a.socket else default_socket()
 
 
 def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
@@ -812,8 +860,8 @@ def _serve_command(ctx: Ctx) -> str:
     """The ``memoryd serve`` that would serve what this command asked for."""
     a = ctx.args
     cmd = ["memoryd", "serve"]
-    if ctx.socket != default_socket_path():
-        cmd += ["--socket", str(ctx.socket)]
+    if ctx.socket != default_socket():
+        cmd += ["--socket", ctx.socket]
     if a.db:
         cmd += ["--db", a.db]
     if a.config:
@@ -944,7 +992,7 @@ def _quick(ctx: Ctx, conn: Connection) -> str:
     if a.verb == "budgets":
         return render.budgets_table(_result(conn, "memory/budgets", {}))
     assert a.verb == "status", a.verb
-    return render.status_lines(_result(conn, "daemon/status", {}), socket=str(ctx.socket))
+    return render.status_lines(_result(conn, "daemon/status", {}), socket=ctx.socket)
 
 
 def run_quick(ctx: Ctx) -> int:
@@ -959,7 +1007,7 @@ def run_quick(ctx: Ctx) -> int:
         prepare(ctx)
         while True:
             try:
-                with Connection(str(ctx.socket), timeout=a.timeout, session=session, client_name=PROG,
+                with Connection(ctx.socket, timeout=a.timeout, session=session, client_name=PROG,
                                 approvals=not a.via_approver) as conn:
                     if a.db and not autostarted:
                         try:
@@ -1009,7 +1057,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     ctx = Ctx(args, socket=_socket(args), fit=_isatty(sys.stdout))
     if args.verb == "socket":  # local only: no connection, no autostart
-        path = str(ctx.socket.absolute())
+        from pathlib import Path
+
+        path = str(Path(ctx.socket).absolute())
         ctx.out(json.dumps({"socket": path}) if ctx.json else path)
         return EXIT_OK
     try:

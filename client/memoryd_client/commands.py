@@ -164,7 +164,7 @@ def audit_offline(ctx: Ctx) -> int:
         return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
     except offline.StoreHeld as exc:
         how = "run it without --db"
-        if exc.socket is not None and Path(exc.socket) != ctx.socket:
+        if exc.socket is not None and Path(exc.socket) != Path(ctx.socket):
             how += f" and with --socket {shlex.quote(exc.socket)}"
         raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
     except offline.OfflineError as exc:
@@ -260,7 +260,7 @@ async def cmd_adapters(c: Client, ctx: Ctx) -> None:
 
 async def cmd_status(c: Client, ctx: Ctx) -> None:
     s = await c.status()
-    ctx.result(s, lambda: render.status_lines(s, socket=str(ctx.socket)))
+    ctx.result(s, lambda: render.status_lines(s, socket=ctx.socket))
 
 
 def _pidfd(pid: int) -> int | None:
