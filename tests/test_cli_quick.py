@@ -123,9 +123,10 @@ def test_no_daemon_and_db_warning_on_both_paths(daemon: Any, tmp_path: Path, cap
 
 
 @contextmanager
-def fake_daemon(tmp_path: Path, results: dict[str, Any]) -> Iterator[Path]:
+def fake_daemon(tmp_path: Path, results: dict[str, Any], before: bytes = b"") -> Iterator[Path]:
     """A socket that answers each request with ``results[method]`` (initialize: a valid
-    answer), one line per answer, for any number of connections."""
+    answer; None: no answer at all), one line per answer, ``before`` sent ahead of every
+    answer but initialize's, for any number of connections."""
     path = tmp_path / "fake.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -137,8 +138,13 @@ def fake_daemon(tmp_path: Path, results: dict[str, Any]) -> Iterator[Path]:
         with conn, conn.makefile("rb") as lines:
             for line in lines:
                 req = json.loads(line)
+                if "method" not in req:  # the client's answer to a request of ours
+                    continue
                 result = init if req["method"] == "initialize" else results[req["method"]]
-                conn.sendall(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}).encode() + b"\n")
+                if result is None:
+                    continue
+                ahead = b"" if req["method"] == "initialize" else before
+                conn.sendall(ahead + json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}).encode() + b"\n")
 
     def accept() -> None:
         while True:
@@ -184,6 +190,24 @@ def test_extra_fields_and_ints_for_floats_fit_as_msgspec_has_them(tmp_path: Path
     with fake_daemon(tmp_path, {"memory/query": result}) as path:
         quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
     assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
+
+
+def test_noise_before_the_answer_is_skipped_on_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    noise = (b'{"jsonrpc":"2.0","id":2,"result":NaN}\n'  # not JSON: unreadable
+             b'not json\n{"jsonrpc":"2.0","method":"memory/recalled","params":{}}\n'
+             b'{"jsonrpc":"2.0","id":"x","method":"client/ping","params":{}}\n'  # a request: refused
+             b'{"jsonrpc":"2.0","id":99,"result":{}}\n[{"jsonrpc":"2.0","method":"x"}]\n')
+    result = {"entries": [ENTRY], "total": 1, "truncated": False}
+    with fake_daemon(tmp_path, {"memory/query": result}, before=noise) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
+    assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
+
+
+def test_no_answer_is_the_same_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with fake_daemon(tmp_path, {"memory/query": None}) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", "--timeout", "0.2", "query"], capsys)
+    assert quick == slow
+    assert quick[0] == 3 and quick[2] == "error: TIMEOUT: memory/query: no answer from memoryd within 0.2s\n"
 
 
 # --- the shapes are the Structs' ---------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
 from memoryd_protocol.paths import default_socket, pathlib_str
 
-from .errors import ConnectFailed
+from .errors import ClientError, ConnectFailed, ProtocolError
 from .quick import Connection, __version__, make_session, query_params
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
@@ -916,10 +916,8 @@ def autostart(ctx: Ctx, exc: ConnectFailed, autostarted: bool) -> None:
 def fail(ctx: Ctx, exc: Exception) -> int:
     """A failed command's one line on stderr (and ``{"error"}`` with --json), and its exit
     status; ``exc`` itself is re-raised when it is no command failure."""
-    from memoryd_protocol.errors import ProtocolError
-
     from .autostart import NO_DAEMON_ERRNOS, AutostartFailed
-    from .errors import BadResponse, ClientError
+    from .errors import BadResponse
 
     a = ctx.args
     if isinstance(exc, UsageError):
@@ -998,8 +996,6 @@ def _quick(ctx: Ctx, conn: Connection) -> str:
 def run_quick(ctx: Ctx) -> int:
     """A verb of :data:`LEAN_VERBS`, without --json: connect (autostarting a daemon as
     memoryd_client.commands.run does), one call, its table."""
-    from .errors import ClientError
-
     a = ctx.args
     session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
     autostarted = False
@@ -1012,13 +1008,8 @@ def run_quick(ctx: Ctx) -> int:
                     if a.db and not autostarted:
                         try:
                             warn_db(ctx, _result(conn, "daemon/status", {}).store.path)
-                        except ClientError:
-                            pass
-                        except Exception as exc:  # the daemon said no: as the async path, no warning
-                            from memoryd_protocol.errors import ProtocolError
-
-                            if not isinstance(exc, ProtocolError):
-                                raise
+                        except (ProtocolError, ClientError):
+                            pass  # as the async path: no answer, no warning
                     ctx.out(_quick(ctx, conn))
                     return EXIT_OK
             except ConnectFailed as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Mapping
 
 from memoryd_protocol.framing import OVERSIZE, Framer
@@ -103,6 +104,11 @@ def _from_wire(error: Any) -> ProtocolError:
     return from_wire(error)
 
 
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (msgspec refuses the line): the line is unreadable."""
+    raise ValueError(f"not JSON: {name}")
+
+
 class Connection:
     """One blocking JSON-RPC connection to memoryd, initialized as the async client does
     (:func:`initialize_params`). :meth:`call` returns a result as plain JSON and raises what
@@ -122,7 +128,10 @@ class Connection:
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(path)
-        except OSError as exc:  # includes TimeoutError
+        except TimeoutError as exc:  # as the async client words it (anyio.fail_after's TimeoutError)
+            self._sock.close()
+            raise connect_failed(path, TimeoutError()) from exc
+        except OSError as exc:
             self._sock.close()
             raise connect_failed(path, exc) from exc
         try:
@@ -147,8 +156,10 @@ class Connection:
         except OSError as exc:
             raise ConnectionClosed(f"connection to the daemon broke: {exc}") from None
 
-    def _line(self, method: str) -> bytes:
+    def _line(self, method: str, deadline: float | None) -> bytes:
         while not self._lines:
+            if deadline is not None:
+                self._sock.settimeout(max(deadline - time.monotonic(), 0.0))
             try:
                 chunk = self._sock.recv(CHUNK)
             except TimeoutError:
@@ -166,19 +177,28 @@ class Connection:
         return self._lines.pop(0)
 
     def call(self, method: str, params: Any) -> Any:
-        """Send a request; its ``result`` as plain JSON. An unreadable line or one that is
-        neither the answer nor a notification is skipped, as the async client skips it."""
+        """Send a request; its ``result`` as plain JSON, within ``timeout`` seconds of the
+        send. As the async client does, skip an unreadable line, a notification and an
+        answer to another id, and refuse a request from the daemon (v1 defines none)."""
         self._ids += 1
         request_id = self._ids
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
         while True:
-            line = self._line(method)
+            line = self._line(method, deadline)
             try:
-                parsed = json.loads(line)
+                parsed = json.loads(line, parse_constant=_no_constant)
             except ValueError:
                 continue
             for msg in parsed if isinstance(parsed, list) else [parsed]:
-                if not isinstance(msg, dict) or msg.get("id") != request_id or "method" in msg:
+                if not isinstance(msg, dict):
+                    continue
+                if isinstance(msg.get("method"), str):
+                    if "id" in msg:
+                        self._send({"jsonrpc": "2.0", "id": msg["id"],
+                                    "error": {"code": -32601, "message": f"method not found: {msg['method']}"}})
+                    continue
+                if type(msg.get("id")) is not int or msg["id"] != request_id:
                     continue
                 if "error" in msg:
                     raise _from_wire(msg["error"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import time
-import unicodedata
 from collections.abc import Iterable, Sequence
 
 from memoryd_protocol.constants import GRID
@@ -20,8 +19,9 @@ if TYPE_CHECKING:
 
     from memoryd_protocol import types as T
 
-# msgspec, the wire types and shutil are imported where they are used, not here: the read
-# commands' quick path (memoryd_client.quick) renders their tables without them.
+# msgspec, the wire types, shutil and unicodedata (for text that is not ASCII) are imported
+# where they are used, not here: the read commands' quick path (memoryd_client.quick)
+# renders their tables without them.
 
 
 def _json(value: Any) -> str:
@@ -43,6 +43,8 @@ _FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers render as bla
 def _unsafe(ch: str) -> bool:
     if ch in "\n\t":
         return False
+    import unicodedata
+
     cat = unicodedata.category(ch)
     if cat in _UNSAFE_CATEGORIES or (cat == "Zs" and ch != " ") or ch in _FILLERS:
         return True
@@ -347,6 +349,8 @@ def _cells(ch: str) -> int:
         return 8
     if ch.isascii():
         return 1
+    import unicodedata
+
     return 2 if unicodedata.east_asian_width(ch) in ("W", "F", "A") else 1
 
 
