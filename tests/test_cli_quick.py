@@ -122,10 +122,15 @@ def test_no_daemon_and_db_warning_on_both_paths(daemon: Any, tmp_path: Path, cap
 # --- a daemon that breaks the contract ------------------------------------------------------
 
 
+ERROR = "__error__"
+CLOSE: Any = object()
+
+
 @contextmanager
 def fake_daemon(tmp_path: Path, results: dict[str, Any], before: bytes = b"") -> Iterator[Path]:
     """A socket that answers each request with ``results[method]`` (initialize: a valid
-    answer; None: no answer at all), one line per answer, ``before`` sent ahead of every
+    answer unless given; None: no answer at all; ``{"error": ...}`` under ERROR: that error;
+    CLOSE: close the connection), one line per answer, ``before`` sent ahead of every
     answer but initialize's, for any number of connections."""
     path = tmp_path / "fake.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -140,11 +145,14 @@ def fake_daemon(tmp_path: Path, results: dict[str, Any], before: bytes = b"") ->
                 req = json.loads(line)
                 if "method" not in req:  # the client's answer to a request of ours
                     continue
-                result = init if req["method"] == "initialize" else results[req["method"]]
+                result = results.get(req["method"], init if req["method"] == "initialize" else None)
                 if result is None:
                     continue
+                if result is CLOSE:
+                    return
                 ahead = b"" if req["method"] == "initialize" else before
-                conn.sendall(ahead + json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}).encode() + b"\n")
+                reply = {"error": result[ERROR]} if isinstance(result, dict) and ERROR in result else {"result": result}
+                conn.sendall(ahead + json.dumps({"jsonrpc": "2.0", "id": req["id"], **reply}).encode() + b"\n")
 
     def accept() -> None:
         while True:
@@ -201,6 +209,20 @@ def test_noise_before_the_answer_is_skipped_on_both_paths(tmp_path: Path, capsys
     with fake_daemon(tmp_path, {"memory/query": result}, before=noise) as path:
         quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
     assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
+
+
+@pytest.mark.parametrize(("init", "code", "error"), [
+    ({ERROR: {"code": -32602, "message": "bad protocol", "data": {"code": "INVALID_INPUT", "details": {}}}}, 1,
+     "error: INVALID_INPUT: bad protocol\n"),
+    ({ERROR: {"code": -32603, "message": "boom"}}, 1, "error: INTERNAL_ERROR: boom\n"),
+    (CLOSE, 3, "error: CONNECTION_CLOSED: connection closed by the daemon\n"),
+])
+def test_a_failed_initialize_fails_both_paths_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   init: Any, code: int, error: str) -> None:
+    result = {"entries": [ENTRY], "total": 1, "truncated": False}
+    with fake_daemon(tmp_path, {"initialize": init, "memory/query": result}) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
+    assert quick == slow == (code, "", error)
 
 
 def test_no_answer_is_the_same_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
