@@ -200,7 +200,14 @@ class Connection:
         self._ids += 1
         call = _Call(self._ids, method, None if self.timeout is None else time.monotonic() + self.timeout)
         self._calls.append(call)
-        self._send({"jsonrpc": "2.0", "id": call.id, "method": method, "params": params})
+        try:
+            self._send({"jsonrpc": "2.0", "id": call.id, "method": method, "params": params})
+        except ConnectionClosed as exc:
+            if all(c.done for c in self._calls[:-1]):
+                raise
+            # A call still waits (initialize): what became of it is what the async client,
+            # which sends this one only after that answer, would report first.
+            call.done, call.error = True, exc
         return call
 
     def _read(self) -> None:
