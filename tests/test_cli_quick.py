@@ -315,7 +315,7 @@ def test_the_terminal_width_is_shutils(monkeypatch: pytest.MonkeyPatch, env: dic
 def test_the_help_is_the_whole_parsers(capsys: pytest.CaptureFixture[str]) -> None:
     full = cli.build_parser()
     for verb, parser in cli.verbs(full).items():
-        part = cli.build_parser([verb, "x"])
+        part = cli.build_parser([verb, "x", "--json"])
         assert cli.verbs(part)[verb].format_help() == parser.format_help(), verb
     assert tuple(cli.verbs(full)) == cli.VERB_NAMES
     assert cli.main(["--agent", "list"]) == 2  # no verb: the usage lists every verb
@@ -329,6 +329,34 @@ def test_the_help_is_the_whole_parsers(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize("word", ["-h", "--help", "--he", "--h", "-yh", "-hy", "--help=x"])
 def test_help_words_build_every_verb(word: str) -> None:
     assert cli._named_verbs(["query", word]) is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["--socket", "/s", "--no-autostart", "query", "postgres"], ["query"], ["--json", "list"], ["--agent", "list", "status"],
+    ["query", "-1"], ["query", "x", "--limit", "3"], ["budgets", "--json"], ["-y", "query", "-"],
+    ["--timeout", "5", "--session", "s", "--workspace", "/w", "query", "--as-session", "t"], ["list", "--track", "user"],
+])
+def test_the_parser_for_some_verbs_parses_as_the_whole_one(argv: list[str]) -> None:
+    def parse(parser: Any) -> Any:
+        try:
+            return vars(cli._parse(parser, argv))
+        except (cli._Partial, SystemExit) as exc:
+            return type(exc).__name__
+
+    whole = parse(cli.build_parser())
+    assert isinstance(whole, dict)
+    assert parse(cli.build_parser(argv)) == whole
+
+
+def test_an_error_in_the_parser_for_some_verbs_goes_to_the_whole_one(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--limit", "3", "query"]
+    with pytest.raises(cli._Partial):
+        cli._parse(cli.build_parser(argv), argv)
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    choices = ", ".join(f"'{v}'" for v in cli.VERB_NAMES)  # every verb, not only the one argv names
+    assert capsys.readouterr().err == (f"error: USAGE: argument VERB: invalid choice: '3' (choose from {choices}) "
+                                       "(see 'memoryctl --help')\n")
 
 
 def test_option_values_that_name_verbs_are_parsed_as_argparse_does() -> None:
