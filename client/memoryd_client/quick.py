@@ -109,39 +109,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"not JSON: {name}")
 
 
-class _Call:
-    """A request sent on a :class:`Connection`, and its answer once it came."""
-
-    __slots__ = ("deadline", "done", "error", "id", "method", "result")
-
-    def __init__(self, request_id: int, method: str, deadline: float | None) -> None:
-        self.id, self.method, self.deadline = request_id, method, deadline
-        self.done = False
-        self.result: Any = None
-        self.error: Any = None
-
-
 class Connection:
     """One blocking JSON-RPC connection to memoryd, initialized as the async client does
     (:func:`initialize_params`). :meth:`call` returns a result as plain JSON and raises what
     the async client raises: the protocol's typed errors, :class:`ConnectionClosed`,
     :class:`Timeout` (``timeout`` seconds per call, as ``connect(timeout=)``). Notifications
-    are skipped: the read commands wait for nothing but their answer.
-
-    ``initialize`` is sent at once and its answer read with the first call's: the daemon
-    serves a connection's lines in order (connection.py), so the call runs after
-    ``initialize`` as it does when the client waits in between, one round trip sooner. An
-    ``initialize`` that fails fails the call with its own error, as it would have first."""
+    are skipped: the read commands wait for nothing but their answer."""
 
     def __init__(self, path: str, *, timeout: float | None, session: Mapping[str, Any] | None,
                  client_name: str, approvals: bool) -> None:
         self.path = path
         self.timeout = timeout
         self.session = session
-        #: initialize's result, once read
-        self.server: Any = None
         self._ids = 0
-        self._calls: list[_Call] = []
         self._lines: list[bytes] = []
         self._framer = Framer(MAX_LINE_BYTES)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -155,7 +135,7 @@ class Connection:
             self._sock.close()
             raise connect_failed(path, exc) from exc
         try:
-            self._init = self._start("initialize", initialize_params(
+            self.server = self.call("initialize", initialize_params(
                 "dsh-memory-protocol/v1", default_client(client_name), {"approvals": approvals}))
         except BaseException:
             self.close()
@@ -196,62 +176,34 @@ class Connection:
                 self._lines.append(line)
         return self._lines.pop(0)
 
-    def _start(self, method: str, params: Any) -> _Call:
-        self._ids += 1
-        call = _Call(self._ids, method, None if self.timeout is None else time.monotonic() + self.timeout)
-        self._calls.append(call)
-        try:
-            self._send({"jsonrpc": "2.0", "id": call.id, "method": method, "params": params})
-        except ConnectionClosed as exc:
-            if all(c.done for c in self._calls[:-1]):
-                raise
-            # A call still waits (initialize): what became of it is what the async client,
-            # which sends this one only after that answer, would report first.
-            call.done, call.error = True, exc
-        return call
-
-    def _read(self) -> None:
-        """Read one line, for the oldest call still waiting (whose deadline and name a
-        timeout or a closed connection report), and record any answer it holds. As the
-        async client does, skip an unreadable line, a notification and an answer to no
-        call, and refuse a request from the daemon (v1 defines none)."""
-        oldest = next(c for c in self._calls if not c.done)
-        line = self._line(oldest.method, oldest.deadline)
-        try:
-            parsed = json.loads(line, parse_constant=_no_constant)
-        except ValueError:
-            return
-        for msg in parsed if isinstance(parsed, list) else [parsed]:
-            if not isinstance(msg, dict):
-                continue
-            if isinstance(msg.get("method"), str):
-                if "id" in msg:
-                    self._send({"jsonrpc": "2.0", "id": msg["id"],
-                                "error": {"code": -32601, "message": f"method not found: {msg['method']}"}})
-                continue
-            call = next((c for c in self._calls if not c.done and type(msg.get("id")) is int and c.id == msg["id"]),
-                        None)
-            if call is None or ("error" not in msg and "result" not in msg):
-                continue
-            call.done = True
-            if "error" in msg:
-                call.error = _from_wire(msg["error"])
-            else:
-                call.result = msg["result"]
-
     def call(self, method: str, params: Any) -> Any:
         """Send a request; its ``result`` as plain JSON, within ``timeout`` seconds of the
-        send (``initialize``'s error first, when it failed)."""
-        call = self._start(method, params)
-        while not (call.done and self._init.done):
-            self._read()
-        if self._init.error is not None:
-            raise self._init.error
-        self.server = self._init.result
-        self._calls = [c for c in self._calls if not c.done]
-        if call.error is not None:
-            raise call.error
-        return call.result
+        send. As the async client does, skip an unreadable line, a notification and an
+        answer to another id, and refuse a request from the daemon (v1 defines none)."""
+        self._ids += 1
+        request_id = self._ids
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        while True:
+            line = self._line(method, deadline)
+            try:
+                parsed = json.loads(line, parse_constant=_no_constant)
+            except ValueError:
+                continue
+            for msg in parsed if isinstance(parsed, list) else [parsed]:
+                if not isinstance(msg, dict):
+                    continue
+                if isinstance(msg.get("method"), str):
+                    if "id" in msg:
+                        self._send({"jsonrpc": "2.0", "id": msg["id"],
+                                    "error": {"code": -32601, "message": f"method not found: {msg['method']}"}})
+                    continue
+                if type(msg.get("id")) is not int or msg["id"] != request_id:
+                    continue
+                if "error" in msg:
+                    raise _from_wire(msg["error"])
+                if "result" in msg:
+                    return msg["result"]
 
 
 __all__ = ["Connection", "default_client", "initialize_params", "make_session", "query_opts", "query_params"]
