@@ -217,6 +217,47 @@ def test_the_relay_does_not_import_the_daemon_stack(daemon_factory: Any) -> None
     assert json.loads(r.stdout)["id"] == 1
 
 
+def test_a_plain_relay_command_line_builds_no_parser(daemon_factory: Any, tmp_path: Path) -> None:
+    """``serve --stdio --socket S --db D --log-level L``: read without argparse, and the default
+    socket (tempfile without $XDG_RUNTIME_DIR) never computed."""
+    d: Daemon = daemon_factory()
+    argv = ["serve", "--stdio", "--socket", str(d.socket_path), f"--db={d.db_path}", "--log-level", "warning"]
+    code = ("import sys, memoryd.cli as c\n"
+            f"rc = c.main({argv!r})\n"
+            "heavy = ('argparse', 'typing', 'tempfile', 'shutil', 'anyio', 'msgspec', 'sqlite3', 'memoryd.units')\n"
+            "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30, env=env)
+    assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
+    assert json.loads(r.stdout)["id"] == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--stdio"],
+    ["serve", "--stdio", "--socket", "/s", "--db", "d.db", "--config=/c.toml", "--write-policy", "auto",
+     "--log-level=debug"],
+    ["serve", "--db", "a", "--stdio", "--db", "b", "--stdio"],
+])
+def test_quick_args_are_the_parsers(argv: list[str]) -> None:
+    from memoryd.cli import build_parser, quick_args
+
+    quick = quick_args(argv)
+    assert quick is not None
+    assert vars(quick) == vars(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve"], ["serve", "--stdio", "--standalone"], ["serve", "--stdio", "--detach"], ["serve", "--stdio", "--sock", "x"],
+    ["serve", "--stdio", "--socket"], ["serve", "--stdio", "--db", "-x"], ["serve", "--stdio", "--write-policy", "never"],
+    ["serve", "--stdio", "-h"], ["serve", "--stdio", "--db="], ["--version"], ["systemd-units"], [],
+    ["serve", "--stdio", "extra"], ["serve", "--stdio", "--"],
+])
+def test_anything_else_goes_to_the_parser(argv: list[str]) -> None:
+    from memoryd.cli import quick_args
+
+    assert quick_args(argv) is None
+
+
 def test_detach_starts_once_and_reports_a_running_daemon(sock_dir: Path, tmp_path: Path) -> None:
     sock = sock_dir / "memoryd.sock"
     args = [sys.executable, "-m", "memoryd", "serve", "--detach", "--socket", str(sock), "--db", str(tmp_path / "m.db")]

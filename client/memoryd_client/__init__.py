@@ -17,47 +17,78 @@ raise the protocol's typed exceptions (re-exported here), transport failures a
 
 from __future__ import annotations
 
-from memoryd_protocol import types
+import importlib
 
-from .client import (
-    DECIDED,
-    EVENT_METHODS,
-    WRITE_METHODS,
-    ApprovalCall,
-    Client,
-    Decided,
-    Decision,
-    Event,
-    EventStream,
-    __version__,
-    connect,
-    make_session,
-    plain,
-)
-from .errors import (
-    AdapterNotFound,
-    AdapterPayload,
-    AmbiguousMatch,
-    BadResponse,
-    BudgetExceeded,
-    ClientError,
-    ConnectFailed,
-    ConnectionClosed,
-    EntryNotFound,
-    InvalidInput,
-    ProposalNotFound,
-    ProtocolError,
-    RpcError,
-    StoreCorrupt,
-    StoreLocked,
-    StoreUnavailable,
-    StoreUnsupportedVersion,
-    Timeout,
-    WriteDenied,
-    WriteRequiresAgent,
-    from_wire,
-)
-from .sync import SyncClient, SyncEventStream, connect_sync
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from typing import Any
+
+    from memoryd_protocol import types
+
+    from .client import (
+        DECIDED,
+        EVENT_METHODS,
+        WRITE_METHODS,
+        ApprovalCall,
+        Client,
+        Decided,
+        Decision,
+        Event,
+        EventStream,
+        connect,
+        plain,
+    )
+    from .errors import (
+        AdapterNotFound,
+        AdapterPayload,
+        AmbiguousMatch,
+        BadResponse,
+        BudgetExceeded,
+        ClientError,
+        ConnectFailed,
+        ConnectionClosed,
+        EntryNotFound,
+        InvalidInput,
+        ProposalNotFound,
+        ProtocolError,
+        RpcError,
+        StoreCorrupt,
+        StoreLocked,
+        StoreUnavailable,
+        StoreUnsupportedVersion,
+        Timeout,
+        WriteDenied,
+        WriteRequiresAgent,
+        from_wire,
+    )
+    from .quick import __version__, make_session
+    from .sync import SyncClient, SyncEventStream, connect_sync
+
+#: Where each name lives. They load on first use (PEP 562): ``memoryctl``'s read commands
+#: import this package but not the async client (anyio, msgspec, every wire Struct), which
+#: would cost them most of their start-up.
+_HOMES = {
+    **dict.fromkeys(("DECIDED", "EVENT_METHODS", "WRITE_METHODS", "ApprovalCall", "Client", "Decided", "Decision",
+                     "Event", "EventStream", "connect", "plain"), ".client"),
+    **dict.fromkeys(("AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BadResponse", "BudgetExceeded",
+                     "ClientError", "ConnectFailed", "ConnectionClosed", "EntryNotFound", "InvalidInput",
+                     "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnavailable",
+                     "StoreUnsupportedVersion", "Timeout", "WriteDenied", "WriteRequiresAgent", "from_wire"), ".errors"),
+    **dict.fromkeys(("__version__", "make_session"), ".quick"),
+    **dict.fromkeys(("SyncClient", "SyncEventStream", "connect_sync"), ".sync"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "types":
+        return importlib.import_module("memoryd_protocol.types")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DECIDED",

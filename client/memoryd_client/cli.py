@@ -9,36 +9,27 @@ lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is
 from __future__ import annotations
 
 import argparse
-import contextlib
-import inspect
 import json
 import os
 import re
-import shlex
-import signal
 import sys
-import tempfile
-import textwrap
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
 
-import anyio
-import msgspec
-from memoryd_protocol import types as T
-from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL, SCOPES, TRACKS
-from memoryd_protocol.errors import ProtocolError
-from memoryd_protocol.paths import default_socket_path
-from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
-from memoryd_protocol.validation import SessionView
+from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
+from memoryd_protocol.paths import default_socket, pathlib_str
 
-from . import render
-from .autostart import NO_DAEMON_ERRNOS, AutostartFailed, start_daemon
-from .client import DECIDED, Client, __version__, connect, make_session
-from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
-from .prompt import Approver
+from .errors import ClientError, ConnectFailed, ProtocolError
+from .quick import Connection, __version__, make_session, query_params
+
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    from .prompt import Approver
+
+# This module is memoryctl's front: the command line, the read commands' quick path
+# (run_quick: socket and json, no anyio, no msgspec) and the exit statuses. Every other verb
+# runs in memoryd_client.commands, imported only then (see LEAN_VERBS).
 
 PROG = "memoryctl"
 EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -50,19 +41,71 @@ class UsageError(Exception):
     """A local problem with the command line or its input files (exit 2)."""
 
 
-class StopFailed(ClientError):
-    """``memoryctl stop`` could not stop the daemon or confirm that it stopped (exit 3)."""
-
-    CODE = "STOP_FAILED"
+class _Partial(Exception):
+    """A parser built for some verbs only met an error: the whole parser must say it."""
 
 
 class _Parser(argparse.ArgumentParser):
+    #: --socket, whose help names the default socket: filled in only when help is shown,
+    #: since computing it can import tempfile (no $XDG_RUNTIME_DIR), a cost on every run
+    socket_option: argparse.Action | None = None
+
+    def __init__(self, *args: Any, partial: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: built for some verbs only (build_parser(argv)): errors are the whole parser's to print
+        self.partial = partial
+
     def error(self, message: str) -> NoReturn:
+        if self.partial:
+            raise _Partial(message)
         sys.stderr.write(f"error: USAGE: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
 
+    def format_help(self) -> str:
+        if self.socket_option is not None:
+            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket()})"
+        return super().format_help()
 
-_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+_COLUMNS: list[int] = []
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, the same steps ($COLUMNS, else stdout's
+    terminal, else 80), without importing shutil (which imports zlib, bz2 and lzma); found
+    once per run (argparse asks for every option it adds)."""
+    if _COLUMNS:
+        return _COLUMNS[0]
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    try:
+        lines = int(os.environ["LINES"])
+    except (KeyError, ValueError):
+        lines = 0
+    if columns <= 0 or lines <= 0:
+        try:
+            size = os.get_terminal_size(sys.__stdout__.fileno())  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            size = os.terminal_size((80, 24))
+        if columns <= 0:
+            columns = size.columns or 80
+    _COLUMNS.append(columns)
+    return columns
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The help formatter, told the terminal's width (:func:`_columns`) as argparse would
+    find it itself: argparse makes a formatter for every option it adds, and the first one
+    imported shutil, a tenth of what the read commands' quick path costs otherwise."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
+_FORMATTER = _Formatter
 
 
 
@@ -75,7 +118,7 @@ def _positive_seconds(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
     return value
 
-def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+def _global_options(parser: _Parser, *, suppress: bool) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
     defaults are suppressed, so an option given before the verb is not reset after it."""
 
@@ -83,11 +126,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         return argparse.SUPPRESS if suppress else value
 
     g = parser.add_argument_group("connection and context (any position)")
-    g.add_argument(
+    parser.socket_option = g.add_argument(
         "--socket",
         metavar="PATH",
         default=d(None),
-        help=f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket_path()})",
+        help="daemon socket (see _Parser.format_help)",
     )
     g.add_argument(
         "--db",
@@ -179,20 +222,130 @@ def _text_arg(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("text", metavar="TEXT", help=f"{help} ('-' reads it from stdin)")
 
 
-def _verb(sub: Any, name: str, summary: str, description: str, examples: str = "") -> argparse.ArgumentParser:
-    epilog = "examples:\n" + textwrap.indent(inspect.cleandoc(examples), "  ") if examples else None
-    p: argparse.ArgumentParser = sub.add_parser(
-        name, help=summary, description=inspect.cleandoc(description), epilog=epilog, formatter_class=_FORMATTER
-    )
-    _global_options(p, suppress=True)
-    return p
+def cleandoc(text: str) -> str:
+    """``inspect.cleandoc``, the same steps, without importing ``inspect`` or ``textwrap``:
+    with ``dataclasses`` they were a tenth of memoryctl's start-up (``textwrap`` compiles its
+    regular expressions at import; argparse imports it only to print help).
+    tests/test_cli_quick.py checks that both agree on every help text here."""
+    lines = text.expandtabs().split("\n")
+    margins = [len(line) - len(line.lstrip()) for line in lines[1:] if line.lstrip()]
+    margin = min(margins, default=0)
+    lines = [lines[0].lstrip(), *(line[margin:] for line in lines[1:])]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _indent(text: str, prefix: str) -> str:
+    """``textwrap.indent`` for these help texts (lines that are not blank get ``prefix``)."""
+    return "\n".join(prefix + line if line.strip() else line for line in text.split("\n"))
+
+
+class _Verb(_Parser):
+    """A verb's parser, given its options (the global ones, then ``arguments``) when it is
+    first used, to parse or to print help. Seventeen verbs with a dozen options each took
+    most of memoryctl's start-up to build, and a run uses one of them."""
+
+    def __init__(self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                 global_options: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+        self._global_options = global_options
+        self._complete = False
+
+    def complete(self) -> _Verb:
+        """Add the options, once."""
+        if not self._complete:
+            self._complete = True
+            if self._global_options:
+                _global_options(self, suppress=True)
+            if self._arguments is not None:
+                self._arguments(self)
+        return self
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self.complete()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_usage(self) -> str:
+        self.complete()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.complete()
+        return super().format_help()
+
+
+def _verb(sub: _Only, name: str, summary: str, description: str, examples: str = "",
+          arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    if not sub.wants(name):
+        return
+    epilog = "examples:\n" + _indent(cleandoc(examples), "  ") if examples else None
+    sub.add_parser(name, help=summary, description=cleandoc(description), epilog=epilog, formatter_class=_FORMATTER,
+                   arguments=arguments)
+
+
+class _Only:
+    """``add_subparsers()``'s ``add_parser`` for the verbs in ``names`` only (None: all);
+    without ``global_options`` their parsers leave out the global options (no option word
+    follows a verb in argv, so none can be given after it)."""
+
+    def __init__(self, sub: Any, names: frozenset[str] | None, global_options: bool) -> None:
+        self.sub, self.names, self.global_options = sub, names, global_options
+
+    def wants(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
+    def add_parser(self, name: str, **kwargs: Any) -> None:
+        self.sub.add_parser(name, partial=self.names is not None, global_options=self.global_options, **kwargs)
+
+
+def _help_word(word: str) -> bool:
+    """Whether ``word`` may ask for help: ``-h``, ``--help`` or an abbreviation of it, or
+    a cluster of short options with ``h`` in it (``-yh``)."""
+    option = word.partition("=")[0]
+    if option.startswith("--"):
+        return len(option) > 2 and "--help".startswith(option)
+    return option.startswith("-") and "h" in option
+
+
+def _named_verbs(argv: Sequence[str]) -> frozenset[str] | None:
+    """The verbs ``argv`` can be running: every word that is a verb's name (one may be an
+    option's value, ``--agent list query``). None, for all of them, when it names none or
+    may ask for help, which lists them all."""
+    named = frozenset(w for w in argv if w in VERB_NAMES)
+    if not named or any(_help_word(w) for w in argv):
+        return None
+    return named
+
+
+def _options_after_a_verb(argv: Sequence[str]) -> bool:
+    """Whether a word that starts with ``-`` follows the first word that is a verb's name."""
+    verb = next((i for i, w in enumerate(argv) if w in VERB_NAMES), len(argv))
+    return any(w.startswith("-") for w in argv[verb + 1:])
+
+
+#: Every verb, in the order --help lists them (test_cli_quick checks it against build_parser()).
+VERB_NAMES = ("list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit", "proposals", "export",
+              "import", "adapters", "status", "stop", "snapshot", "approve", "socket")
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """memoryctl's parser. With ``argv``, only the verbs it can be running get their parser
+    (:func:`_named_verbs`): building seventeen of them, each with a dozen options, was most of
+    memoryctl's start-up. Such a parser raises :class:`_Partial` instead of printing an
+    error, since the message may list the verbs (:func:`main` parses again with them all)."""
+    only = None if argv is None else _named_verbs(argv)
+    # A verb's parser without the dozen global options when no option follows a verb: the
+    # same Namespace (their defaults are suppressed there), a millisecond less.
+    globals_on_verbs = only is None or argv is None or _options_after_a_verb(argv)
     parser = _Parser(
+        partial=only is not None,
         prog=PROG,
         formatter_class=_FORMATTER,
-        description=textwrap.dedent("""
+        description=cleandoc("""
             Manage memoryd, the local memory daemon (dsh-memory-protocol v1): read, write,
             audit, import and export memory, and approve writes.
 
@@ -201,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
             complete change and ask 'Approve? [y/N]' on the terminal; without a terminal
             they are denied unless --yes is given.
         """).strip(),
-        epilog=textwrap.dedent("""
+        epilog=cleandoc("""
             exit status: 0 ok, 1 refused by the daemon (error code on stderr) or a broken
             ledger (audit verify), 2 usage,
             3 no daemon / connection lost / timeout / stop failed, 130 interrupted.
@@ -212,19 +365,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"{PROG} {__version__} ({PROTOCOL})", help="print the version and exit"
     )
     _global_options(parser, suppress=False)
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_Parser)
+    sub = _Only(parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_Verb), only,
+                globals_on_verbs)
 
-    p = _verb(
+    def _list_args(p: argparse.ArgumentParser) -> None:
+        _layer(p, required=False)
+
+    _verb(
         sub,
         "list",
         "list every entry (all agents and workspaces)",
         """List every memory entry in creation order, across all agents and workspaces
               (the management view). --track/--scope narrow the table.""",
         "memoryctl list\nmemoryctl list --track user --json",
+        arguments=_list_args,
     )
-    _layer(p, required=False)
 
-    p = _verb(
+    def _query_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("text", metavar="TEXT", nargs="?", help="substring to look for (omit to match everything)")
+        _layer(p, required=False)
+        p.add_argument("--limit", type=int, metavar="N", help="at most N entries (daemon default 20, cap 1000)")
+        p.add_argument(
+            "--as-session",
+            action="store_true",
+            help="see only what the session (--workspace, --agent) sees, and audit the recall under --session",
+        )
+
+    _verb(
         sub,
         "query",
         "search entries by substring",
@@ -232,17 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
               ranked by recall count and recency; each hit's recall count goes up.""",
         "memoryctl query tabs\nmemoryctl query --track agent --limit 50\n"
         "memoryctl query pytest --as-session --workspace ~/proj",
-    )
-    p.add_argument("text", metavar="TEXT", nargs="?", help="substring to look for (omit to match everything)")
-    _layer(p, required=False)
-    p.add_argument("--limit", type=int, metavar="N", help="at most N entries (daemon default 20, cap 1000)")
-    p.add_argument(
-        "--as-session",
-        action="store_true",
-        help="see only what the session (--workspace, --agent) sees, and audit the recall under --session",
+        arguments=_query_args,
     )
 
-    p = _verb(
+    def _add_args(p: argparse.ArgumentParser) -> None:
+        _layer(p)
+        p.add_argument("--tag", action="append", default=[], metavar="TAG", help="a tag (repeatable; ≤16, ≤32 chars each)")
+        p.add_argument("--source", default="memoryctl", help="provenance label (default: memoryctl)")
+        _text_arg(p, "the entry text")
+
+    _verb(
         sub,
         "add",
         "add an entry",
@@ -251,13 +417,17 @@ def build_parser() -> argparse.ArgumentParser:
         """memoryctl add --track user --scope user-global "Prefers tabs over spaces"
               memoryctl add --track agent --scope workspace --tag ci "Run tests with make check"
               echo "long text" | memoryctl add --track user --scope user-global -""",
+        arguments=_add_args,
     )
-    _layer(p)
-    p.add_argument("--tag", action="append", default=[], metavar="TAG", help="a tag (repeatable; ≤16, ≤32 chars each)")
-    p.add_argument("--source", default="memoryctl", help="provenance label (default: memoryctl)")
-    _text_arg(p, "the entry text")
 
-    p = _verb(
+    def _replace_args(p: argparse.ArgumentParser) -> None:
+        _layer(p)
+        p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
+        _id_arg(p)
+        p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to replace (or --id)")
+        _text_arg(p, "the new text")
+
+    _verb(
         sub,
         "replace",
         "rewrite the one entry that MATCH (or --id) finds",
@@ -267,14 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
               hits: ENTRY_NOT_FOUND; several: AMBIGUOUS_MATCH.""",
         'memoryctl replace --track user --scope user-global "tabs" "Prefers 4-space indents"\n'
         'memoryctl replace --track user --scope user-global --id 3f2a1b2c "Prefers 4-space indents"',
+        arguments=_replace_args,
     )
-    _layer(p)
-    p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
-    _id_arg(p)
-    p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to replace (or --id)")
-    _text_arg(p, "the new text")
 
-    p = _verb(
+    def _remove_args(p: argparse.ArgumentParser) -> None:
+        _layer(p)
+        _id_arg(p)
+        p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to remove (or --id)")
+
+    _verb(
         sub,
         "remove",
         "delete the one entry that MATCH (or --id) finds",
@@ -283,31 +454,32 @@ def build_parser() -> argparse.ArgumentParser:
               text. The approval shows the full text being deleted.""",
         'memoryctl remove --track agent --scope workspace "make check"\n'
         "memoryctl remove --track agent --scope workspace --id 3f2a1b2c",
+        arguments=_remove_args,
     )
-    _layer(p)
-    _id_arg(p)
-    p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to remove (or --id)")
 
-    p = _verb(
+    def _consolidate_args(p: argparse.ArgumentParser) -> None:
+        _layer(p)
+        p.add_argument(
+            "-m",
+            "--match",
+            dest="matches",
+            action="append",
+            required=True,
+            metavar="MATCH",
+            help="unique substring of an entry to merge (repeat for each, 1..20)",
+        )
+        p.add_argument("--tag", action="append", metavar="TAG", help="tags of the new entry (repeatable)")
+        _text_arg(p, "the merged entry's text")
+
+    _verb(
         sub,
         "consolidate",
         "merge several entries into one",
         """Atomically delete every entry found by the -m substrings (1 to 20, each must
               hit exactly one entry) and add one new entry: one approval, one transaction.""",
         'memoryctl consolidate --track user --scope user-global -m tabs -m indent "Prefers 4-space indents"',
+        arguments=_consolidate_args,
     )
-    _layer(p)
-    p.add_argument(
-        "-m",
-        "--match",
-        dest="matches",
-        action="append",
-        required=True,
-        metavar="MATCH",
-        help="unique substring of an entry to merge (repeat for each, 1..20)",
-    )
-    p.add_argument("--tag", action="append", metavar="TAG", help="tags of the new entry (repeatable)")
-    _text_arg(p, "the merged entry's text")
 
     _verb(
         sub,
@@ -318,7 +490,19 @@ def build_parser() -> argparse.ArgumentParser:
         "memoryctl budgets",
     )
 
-    p = _verb(
+    def _audit_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "action",
+            nargs="?",
+            choices=("list", "verify", "explain"),
+            default="list",
+            help="list (default), verify or explain",
+        )
+        p.add_argument("target", nargs="?", metavar="TEXT|ID",
+                       help="explain: an entry's id, or a text that exactly one entry contains")
+        p.add_argument("--limit", type=int, metavar="N", help="list: at most N rows (default 100)")
+
+    _verb(
         sub,
         "audit",
         "show the audit ledger; verify its hash chain; explain one entry's life",
@@ -334,19 +518,21 @@ def build_parser() -> argparse.ArgumentParser:
               themselves, read-only, without a daemon (refused while a daemon holds it).""",
         "memoryctl audit --limit 20\nmemoryctl audit verify\nmemoryctl audit verify --db ~/backup/memory.db\n"
         'memoryctl audit explain "Prefers tabs"\nmemoryctl audit explain 3f2a1b2c-5d6e-4f70-8a9b-0c1d2e3f4a5b',
+        arguments=_audit_args,
     )
-    p.add_argument(
-        "action",
-        nargs="?",
-        choices=("list", "verify", "explain"),
-        default="list",
-        help="list (default), verify or explain",
-    )
-    p.add_argument("target", nargs="?", metavar="TEXT|ID",
-                   help="explain: an entry's id, or a text that exactly one entry contains")
-    p.add_argument("--limit", type=int, metavar="N", help="list: at most N rows (default 100)")
 
-    p = _verb(
+    def _proposals_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "action",
+            nargs="?",
+            choices=("list", "approve", "dismiss"),
+            default="list",
+            help="list (default), approve or dismiss",
+        )
+        p.add_argument("id", nargs="?", metavar="ID", help="proposal id (or unique prefix) to approve or dismiss")
+        p.add_argument("--status", choices=("pending", "approved", "dismissed"), help="list only proposals in this state")
+
+    _verb(
         sub,
         "proposals",
         "list, approve or dismiss memory proposals",
@@ -355,18 +541,15 @@ def build_parser() -> argparse.ArgumentParser:
               budget, audit); 'dismiss ID' drops it. ID may be a unique prefix.""",
         "memoryctl proposals\nmemoryctl proposals --status dismissed\n"
         "memoryctl proposals approve 3f2a\nmemoryctl proposals dismiss 3f2a",
+        arguments=_proposals_args,
     )
-    p.add_argument(
-        "action",
-        nargs="?",
-        choices=("list", "approve", "dismiss"),
-        default="list",
-        help="list (default), approve or dismiss",
-    )
-    p.add_argument("id", nargs="?", metavar="ID", help="proposal id (or unique prefix) to approve or dismiss")
-    p.add_argument("--status", choices=("pending", "approved", "dismissed"), help="list only proposals in this state")
 
-    p = _verb(
+    def _export_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--adapter", metavar="ID", help="export through this adapter (see 'memoryctl adapters')")
+        p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (mode 0600) instead of stdout")
+        p.add_argument("--force", action="store_true", help="let -o replace an existing FILE (refused otherwise)")
+
+    _verb(
         sub,
         "export",
         "write every entry as JSON (or an adapter's format)",
@@ -374,12 +557,25 @@ def build_parser() -> argparse.ArgumentParser:
               adapter's document (e.g. markdown). Read-only: no approval, no audit row.""",
         "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o CLAUDE.md\n"
         "memoryctl export -o memory.json --force   # replace yesterday's backup",
+        arguments=_export_args,
     )
-    p.add_argument("--adapter", metavar="ID", help="export through this adapter (see 'memoryctl adapters')")
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (mode 0600) instead of stdout")
-    p.add_argument("--force", action="store_true", help="let -o replace an existing FILE (refused otherwise)")
 
-    p = _verb(
+    def _import_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--adapter", metavar="ID", help="convert FILE with this adapter (see 'memoryctl adapters')")
+        p.add_argument(
+            "--allow-duplicates",
+            action="store_true",
+            help="also import entries that already exist (same layer, keys and text); by default they are skipped",
+        )
+        p.add_argument(
+            "--format",
+            choices=("auto", "json", "text"),
+            default="auto",
+            help="adapter payload: parsed JSON or the raw text (default auto: JSON if it parses)",
+        )
+        p.add_argument("file", metavar="FILE", help="file to import ('-' reads stdin)")
+
+    _verb(
         sub,
         "import",
         "import an export envelope or an adapter's file",
@@ -391,20 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
               or CLAUDE.md again changes nothing; --allow-duplicates imports them anyway.""",
         "memoryctl import memory.json\nmemoryctl import --adapter claude-code-memory-md CLAUDE.md\n"
         "memoryctl import --adapter mem0 - < facts.json",
+        arguments=_import_args,
     )
-    p.add_argument("--adapter", metavar="ID", help="convert FILE with this adapter (see 'memoryctl adapters')")
-    p.add_argument(
-        "--allow-duplicates",
-        action="store_true",
-        help="also import entries that already exist (same layer, keys and text); by default they are skipped",
-    )
-    p.add_argument(
-        "--format",
-        choices=("auto", "json", "text"),
-        default="auto",
-        help="adapter payload: parsed JSON or the raw text (default auto: JSON if it parses)",
-    )
-    p.add_argument("file", metavar="FILE", help="file to import ('-' reads stdin)")
 
     _verb(
         sub,
@@ -436,7 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
         "memoryctl stop\nmemoryctl stop --socket /tmp/memoryd-test.sock",
     )
 
-    p = _verb(
+    def _snapshot_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--lang", choices=("en", "zh"), help="snapshot language (default: the daemon's)")
+
+    _verb(
         sub,
         "snapshot",
         "print the memory snapshot a session sees",
@@ -445,10 +632,14 @@ def build_parser() -> argparse.ArgumentParser:
               once per session id, then frozen; the default id is new each run, so the
               default shows what a new session would see now.""",
         "memoryctl snapshot\nmemoryctl snapshot --session s-42 --cwd ~/proj --agent coder",
+        arguments=_snapshot_args,
     )
-    p.add_argument("--lang", choices=("en", "zh"), help="snapshot language (default: the daemon's)")
 
-    p = _verb(
+    def _approve_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--reject", action="store_true", help="reject every approval without asking")
+        p.add_argument("--count", type=int, metavar="N", help="exit after N decisions")
+
+    _verb(
         sub,
         "approve",
         "answer approvals for other clients' writes",
@@ -457,9 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
               payload. Prints a notice when another approver decided first. Runs until
               Ctrl-C or end of input.""",
         "memoryctl approve\nmemoryctl approve --reject   # deny everything, e.g. while away",
+        arguments=_approve_args,
     )
-    p.add_argument("--reject", action="store_true", help="reject every approval without asking")
-    p.add_argument("--count", type=int, metavar="N", help="exit after N decisions")
 
     _verb(
         sub,
@@ -470,6 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
           none, so it also works before one runs. --json prints {"socket": PATH}.""",
         'socat - UNIX-CONNECT:"$(memoryctl socket)"\nmemoryctl --socket /tmp/m.sock socket',
     )
+
     return parser
 
 
@@ -478,20 +669,25 @@ def verbs(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.A
     parser = parser or build_parser()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
+            return {name: p.complete() if isinstance(p, _Verb) else p for name, p in action.choices.items()}
     return {}
 
 
 # --- running ---------------------------------------------------------------------------
 
 
-@dataclass
 class Ctx:
-    args: argparse.Namespace
-    socket: Path
+    """One run: the arguments, the socket (as ``str(Path)`` has it), whether stdout is a terminal (``fit``), and what
+    :func:`prepare` read (``data``). A plain class: ``dataclasses`` imports ``inspect``."""
+
+    #: the approval handler, set by memoryd_client.commands for the verbs that run there
     approver: Approver
-    fit: bool = False
-    data: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, args: argparse.Namespace, socket: str, fit: bool = False) -> None:
+        self.args = args
+        self.socket = socket
+        self.fit = fit
+        self.data: dict[str, Any] = {}
 
     @property
     def json(self) -> bool:
@@ -502,13 +698,20 @@ class Ctx:
             print(text, flush=True)
 
     def result(self, value: Any, human: Callable[[], str]) -> None:
-        self.out(render.to_json(value) if self.json else human())
+        if self.json:
+            from .render import to_json
+
+            self.out(to_json(value))
+        else:
+            self.out(human())
 
 
 def _read_input(name: str) -> str:
     if name == "-":
         return sys.stdin.read()
     try:
+        from pathlib import Path
+
         return Path(name).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -531,6 +734,9 @@ def _write_private(name: str, text: str, *, force: bool) -> str:
     others is replaced rather than rewritten in place. Without ``force`` an existing
     ``name`` is refused, also one created since the command started (``link`` fails then,
     where a rename would replace it). Returns the path."""
+    import contextlib
+    import tempfile
+
     path = os.path.expanduser(name)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -560,18 +766,24 @@ def _write_private(name: str, text: str, *, force: bool) -> str:
 
 
 _MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
-_MARKDOWN_LINE = re.compile(r"^(#{1,6}[ \t]|[-*+][ \t]+\S)", re.M)
+_MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
 
 
 def _is_markdown(name: str, raw: str) -> bool:
-    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(_MARKDOWN_LINE.search(raw))
+    from pathlib import Path
+
+    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
 
 
 def _markdown_without_adapter(name: str) -> UsageError:
     """``import NOTES.md`` without ``--adapter``: name the adapters and the command that works."""
+    import shlex
+
     from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
 
     ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
+    from pathlib import Path
+
     pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
     shown = "stdin" if name == "-" else name
     return UsageError(
@@ -599,6 +811,8 @@ def prepare(ctx: Ctx) -> None:
     if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):
         raise _exists(a.output)  # before asking the daemon for anything
     if a.verb == "import":
+        import json
+
         raw = _read_input(a.file)
         if a.adapter is None or a.format == "json":
             try:
@@ -624,377 +838,25 @@ def prepare(ctx: Ctx) -> None:
             raise UsageError(f"--{name} must be at least 1")
 
 
-async def cmd_list(c: Client, ctx: Ctx) -> None:
-    a = ctx.args
-    entries = [
-        e for e in await c.list() if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)
-    ]
-    ctx.result(entries, lambda: render.entries_table(entries, fit=ctx.fit) if entries else "no entries")
-
-
-async def cmd_query(c: Client, ctx: Ctx) -> None:
-    a = ctx.args
-    flt = {
-        k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit)) if v is not None
-    }
-    opts = None
-    if a.as_session:
-        opts = {"sessionId": c.session["id"] if c.session else None, "agentKey": a.agent, "workspaceKey": _workspace(a)}
-    r = await c.query(flt or None, opts)
-
-    def human() -> str:
-        if not r.entries:
-            return "no matches"
-        more = " (truncated; --limit N for more)" if r.truncated else ""
-        return f"{render.entries_table(r.entries, fit=ctx.fit)}\n{len(r.entries)} of {r.total} matches{more}"
-
-    ctx.result(r, human)
-
-
-def _input(ctx: Ctx, **extra: Any) -> dict[str, Any]:
-    a = ctx.args
-    inp: dict[str, Any] = {"track": a.track, "scope": a.scope, **extra}
-    if "text" in ctx.data:
-        inp["text"] = ctx.data["text"]
-    tags = getattr(a, "tag", None)
-    if tags:
-        inp["tags"] = tags
-    return inp
-
-
-async def cmd_add(c: Client, ctx: Ctx) -> None:
-    r = await c.add(_input(ctx, source=ctx.args.source))
-    ctx.result(r, lambda: f"added {render.short(r.entry.id)} ({render.usage(r.usage)})")
-
-
-async def _target(c: Client, ctx: Ctx) -> dict[str, str]:
-    """``{match}`` or ``{id}``; an --id shorter than a full id is widened to the one entry of
-    this track/scope, visible to the session, whose id starts with it."""
-    a = ctx.args
-    if a.entry_id is None:
-        return {"match": a.match}
-    prefix: str = a.entry_id
-    if len(prefix) >= FULL_ID_LENGTH or not prefix:
-        return {"id": prefix}
-    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
-    hits = [
-        e.id
-        for e in await c.list()
-        if e.track == a.track
-        and e.scope == a.scope
-        and e.id.startswith(prefix)
-        and view.sees(e.scope, e.workspace_key, e.agent_key)
-    ]
-    if len(hits) > 1:
-        raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
-    return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
-
-
-async def cmd_replace(c: Client, ctx: Ctx) -> None:
-    r = await c.replace(_input(ctx, **await _target(c, ctx)))
-    ctx.result(
-        r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
-    )
-
-
-async def cmd_remove(c: Client, ctx: Ctx) -> None:
-    r = await c.remove(_input(ctx, **await _target(c, ctx)))
-    ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
-
-
-async def cmd_consolidate(c: Client, ctx: Ctx) -> None:
-    r = await c.consolidate(_input(ctx, matches=ctx.args.matches))
-    ctx.result(
-        r, lambda: f"consolidated {len(r.removed)} entries into {render.short(r.entry.id)} ({render.usage(r.usage)})"
-    )
-
-
-async def cmd_budgets(c: Client, ctx: Ctx) -> None:
-    rows = await c.budgets()
-    ctx.result(rows, lambda: render.budgets_table(rows))
-
-
-def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
-    ctx.result(report, lambda: render.ledger_report(report))
-    return EXIT_OK if report.ok else EXIT_PROTOCOL
-
-
-def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
-    ctx.result(life, lambda: render.entry_life(life))
-    return EXIT_OK
-
-
-async def cmd_audit(c: Client, ctx: Ctx) -> int:
-    a = ctx.args
-    if a.action == "verify":
-        return _ledger_report(ctx, await c.audit_verify())
-    if a.action == "explain":
-        return _entry_life(ctx, await c.audit_explain(a.target))
-    rows = await c.audit_list(a.limit)
-    ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
-    return EXIT_OK
-
-
-def audit_offline(ctx: Ctx) -> int:
-    """``audit verify|explain --db PATH``: read the store itself, read-only, no daemon."""
-    from memoryd_protocol.ledger import read_life, read_report
-
-    from . import offline
-
-    a, db = ctx.args, ctx.data["db"]
-    try:
-        if a.action == "verify":
-            return _ledger_report(ctx, offline.read(db, read_report))
-        target: str = a.target
-        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
-    except offline.StoreHeld as exc:
-        how = "run it without --db"
-        if exc.socket is not None and Path(exc.socket) != ctx.socket:
-            how += f" and with --socket {shlex.quote(exc.socket)}"
-        raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
-    except offline.OfflineError as exc:
-        raise UsageError(str(exc)) from None
-    except offline.NoLedger as exc:
-        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
-        return EXIT_PROTOCOL
-
-
-async def _proposal_id(c: Client, prefix: str) -> str:
-    if len(prefix) >= 32:
-        return prefix
-    hits = [p.id for p in await c.proposals_list("pending") if p.id.startswith(prefix)]
-    if len(hits) == 1:
-        return hits[0]
-    return prefix  # zero or several: let the daemon say PROPOSAL_NOT_FOUND
-
-
-async def cmd_proposals(c: Client, ctx: Ctx) -> None:
-    a = ctx.args
-    if a.action == "list":
-        rows = await c.proposals_list(a.status)
-        ctx.result(rows, lambda: render.proposals_table(rows, fit=ctx.fit) if rows else "no proposals")
-    elif a.action == "approve":
-        r = await c.proposals_approve(await _proposal_id(c, a.id))
-        ctx.result(
-            r, lambda: f"approved proposal {r.proposal.id}: added {render.short(r.entry.id)} ({render.usage(r.usage)})"
-        )
-    else:
-        p = await c.proposals_dismiss(await _proposal_id(c, a.id))
-        ctx.result(p, lambda: f"dismissed proposal {p.id}")
-
-
-async def cmd_export(c: Client, ctx: Ctx) -> None:
-    doc = await c.export(ctx.args.adapter)
-    text = doc if isinstance(doc, str) else render.to_json(doc)
-    if not text.endswith("\n"):
-        text += "\n"
-    if ctx.args.output:
-        path = await anyio.to_thread.run_sync(partial(_write_private, ctx.args.output, text, force=ctx.args.force))
-        if not ctx.json:
-            print(f"exported to {path}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-
-def _parse_json(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-
-
-async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
-    """The payload for ``--adapter``: parsed JSON for a JSON adapter, the text for a text one
-    (``importFormats`` says which); the raw text when JSON does not parse."""
-    a = ctx.args
-    if "payload" in ctx.data:
-        return ctx.data["payload"]
-    raw: str = ctx.data["raw"]
-    if a.format == "text":
-        return raw
-    formats = next((ad.import_formats for ad in await c.adapters_list() if ad.id == a.adapter), [])
-    wants_json = any("json" in f for f in formats)
-    wants_text = any(f.startswith("text/") for f in formats)
-    if wants_text and not wants_json:
-        return raw
-    parsed = _parse_json(raw)
-    return parsed if isinstance(parsed, dict | list) else raw
-
-
-async def cmd_import(c: Client, ctx: Ctx) -> None:
-    a = ctx.args
-    skip = None if a.allow_duplicates else True
-    if a.adapter:
-        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx), skip_existing=skip)
-    else:
-        r = await c.import_(envelope=ctx.data["payload"], skip_existing=skip)
-
-    def human() -> str:
-        if isinstance(r.skipped, msgspec.UnsetType):
-            return f"imported {r.added} entries"
-        return f"imported {r.added} entries, skipped {r.skipped} already in the store"
-
-    ctx.result(r, human)
-
-
-async def cmd_adapters(c: Client, ctx: Ctx) -> None:
-    rows = await c.adapters_list()
-    ctx.result(rows, lambda: render.adapters_table(rows, fit=ctx.fit))
-
-
-async def cmd_status(c: Client, ctx: Ctx) -> None:
-    s = await c.status()
-    ctx.result(s, lambda: render.status_lines(s, socket=str(ctx.socket)))
-
-
-def _pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid`` (Linux ≥ 5.3): signal it without a pid-reuse race, and wait for
-    its exit. None where there is none."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _terminate(pid: int, pidfd: int | None) -> None:
-    try:
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        else:
-            os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass  # exiting already: its connection ends all the same
-    except OSError as exc:
-        raise StopFailed(f"cannot signal memoryd (pid {pid}): {exc.strerror or exc}", {"pid": pid}) from None
-
-
-def _present(path: str) -> bool:
-    return os.path.lexists(path)
-
-
-def _not_running(ctx: Ctx) -> None:
-    where = str(ctx.socket)
-    ctx.result({"stopped": False, "pid": None, "socket": where}, lambda: f"memoryd is not running on {where}")
-
-
-async def cmd_stop(c: Client, ctx: Ctx) -> None:
-    """SIGTERM the daemon, then wait on what it does as it finishes draining: it unlinks its
-    socket and closes every connection (EOF on this one), then exits (its pidfd turns
-    readable). No polling."""
-    s = await c.status()
-    pid, peer = s.pid, c.peer_pid
-    if peer is not None and peer != pid:  # another pid namespace, or something in between
-        raise StopFailed(
-            f"the daemon at {ctx.socket} reports pid {pid} but the socket's peer is pid {peer}; not signalling",
-            {"pid": pid, "peerPid": peer},
-        )
-    pidfd = _pidfd(pid)
-    try:
-        _terminate(pid, pidfd)
-        with anyio.move_on_after(ctx.args.timeout) as waiting:
-            await c.wait_closed()
-            if s.socket is not None and _present(s.socket):
-                raise StopFailed(
-                    f"memoryd (pid {pid}) closed its connections but {s.socket} is still there", {"pid": pid}
-                )
-            if pidfd is not None:
-                await anyio.wait_readable(pidfd)
-        if waiting.cancelled_caught:
-            raise Timeout(f"memoryd (pid {pid}) did not stop within {ctx.args.timeout:g}s", {"pid": pid})
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-    where = s.socket if s.socket is not None else str(ctx.socket)
-    note = "" if s.socket is not None else " (systemd keeps the socket and starts memoryd on the next connection)"
-    ctx.result({"stopped": True, "pid": pid, "socket": where}, lambda: f"stopped memoryd (pid {pid}) on {where}{note}")
-
-
-async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
-    r = await c.snapshot(c.session, ctx.args.lang)
-    if ctx.json:
-        ctx.out(render.to_json(r))
-    elif r.text:
-        sys.stdout.write(render.visible(r.text) if ctx.fit else r.text)
-        sys.stdout.write("\n" if not r.text.endswith("\n") else "")
-        sys.stdout.flush()
-    else:
-        print("(empty snapshot: no entries visible to this session)", file=sys.stderr)
-
-
-async def cmd_approve(c: Client, ctx: Ctx) -> int:
-    a = ctx.args
-    events = c.events("approval/resolved", DECIDED)
-    await c.approval_subscribe()
-    print(f"memoryctl: approving writes for memoryd at {ctx.socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-    decided = 0
-    async for ev in events:
-        p = ev.params
-        if ev.method == DECIDED:
-            decided += 1
-            word = "approved" if p.outcome == ALLOWED_ONCE else p.outcome
-            late = f" (too late: {p.refused})" if p.refused else ""
-            if ctx.json:
-                ctx.out(json.dumps({"id": p.id, "outcome": p.outcome, "refused": p.refused}))
-            else:
-                ctx.out(f"{word} {p.id}{late}")
-            if (a.count and decided >= a.count) or ctx.approver.eof:
-                return EXIT_OK
-        else:
-            rid, outcome = (p.id, p.outcome) if isinstance(p, T.ApprovalResolved) else (p.get("id"), p.get("outcome"))
-            if ctx.json:
-                ctx.out(json.dumps({"id": rid, "outcome": outcome, "resolvedElsewhere": True}))
-            else:
-                ctx.out(f"approval {rid} was decided by another approver: {outcome}")
-    raise ConnectionClosed("the daemon closed the connection")
-
-
-COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
-    "list": cmd_list,
-    "query": cmd_query,
-    "add": cmd_add,
-    "replace": cmd_replace,
-    "remove": cmd_remove,
-    "consolidate": cmd_consolidate,
-    "budgets": cmd_budgets,
-    "audit": cmd_audit,
-    "proposals": cmd_proposals,
-    "export": cmd_export,
-    "import": cmd_import,
-    "adapters": cmd_adapters,
-    "status": cmd_status,
-    "stop": cmd_stop,
-    "snapshot": cmd_snapshot,
-    "approve": cmd_approve,
-}
-
-
 def _workspace(a: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(a.workspace)) if a.workspace else os.getcwd()
 
 
-def _socket(a: argparse.Namespace) -> Path:
-    return Path(a.socket).expanduser() if a.socket else default_socket_path()
+def _socket(a: argparse.Namespace) -> str:
+    """--socket (``~`` expanded), else the default socket, as ``str(Path)`` has them."""
+    return pathlib_str(a.socket) if a.socket else default_socket()
 
 
 def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
     line = " ".join(message.split()) if message else code.lower()
     match = (details or {}).get("match")
     if code in ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH") and isinstance(match, str):
-        line += f" (match: {render.one_line(match)})"  # which of several -m failed
+        from .render import one_line
+
+        line += f" (match: {one_line(match)})"  # which of several -m failed
     print(f"error: {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
         ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
-
-
-async def _warn_db(c: Client, ctx: Ctx) -> None:
-    want = ctx.data["db"]
-    try:
-        have = (await c.status()).store.path
-    except (ProtocolError, ClientError):
-        return
-    if have != want:  # the daemon reports an absolute path
-        print(f"warning: the daemon at {ctx.socket} serves {have}, not --db {want}", file=sys.stderr)
 
 
 def _daemon_reason(tail: str) -> list[str]:
@@ -1012,66 +874,81 @@ def _serve_command(ctx: Ctx) -> str:
     """The ``memoryd serve`` that would serve what this command asked for."""
     a = ctx.args
     cmd = ["memoryd", "serve"]
-    if ctx.socket != default_socket_path():
-        cmd += ["--socket", str(ctx.socket)]
+    if ctx.socket != default_socket():
+        cmd += ["--socket", ctx.socket]
     if a.db:
         cmd += ["--db", a.db]
     if a.config:
         cmd += ["--config", a.config]
+    import shlex
+
     return shlex.join(cmd)
 
 
-async def run(ctx: Ctx) -> int:
+# --- what both paths share -----------------------------------------------------------
+
+
+def only_layer(entries: list[Any], a: argparse.Namespace) -> list[Any]:
+    """``memoryctl list --track/--scope``: the entries of that layer."""
+    return [e for e in entries if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)]
+
+
+def query_request(ctx: Ctx, session: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``memoryctl query``'s filter and opts: the whole store, or with --as-session what the
+    session (--workspace, --agent) sees, its recall audited under the session id."""
     a = ctx.args
-    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
-    command = COMMANDS[a.verb]
-    autostarted = False
-    try:
-        prepare(ctx)
-        if a.verb == "audit" and a.action != "list" and a.db:
-            return audit_offline(ctx)  # the store itself, read-only: no connection, no autostart
-        while True:
-            try:
-                async with connect(
-                    ctx.socket,
-                    session=session,
-                    # --via-approver: this connection declares it cannot approve, so the
-                    # daemon routes its writes to subscribed approvers (wire-v1 §5).
-                    approvals=not (a.via_approver and a.verb != "approve"),
-                    on_approval=ctx.approver,
-                    client_name=PROG,
-                    timeout=a.timeout,
-                ) as c:
-                    if a.db and not autostarted:
-                        await _warn_db(c, ctx)
-                    code = await command(c, ctx)
-                    return code if isinstance(code, int) else EXIT_OK
-            except ConnectFailed as exc:
-                no_daemon = exc.details.get("errno") in NO_DAEMON_ERRNOS
-                if a.verb == "stop" and no_daemon:  # nothing to stop is not an error; never autostart
-                    _not_running(ctx)
-                    return EXIT_OK
-                if autostarted or a.no_autostart or not no_daemon:
-                    raise
-            autostarted = True
-            pid = await anyio.to_thread.run_sync(partial(start_daemon, ctx.socket, db=a.db, config=a.config))
-            if pid is not None:
-                print(f"memoryctl: started memoryd (pid {pid}) on {ctx.socket}", file=sys.stderr, flush=True)
-    except UsageError as exc:
+    flt = {
+        k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit)) if v is not None
+    }
+    opts = None
+    if a.as_session:
+        opts = {"sessionId": session["id"] if session else None, "agentKey": a.agent, "workspaceKey": _workspace(a)}
+    return flt or None, opts
+
+
+def warn_db(ctx: Ctx, have: str) -> None:
+    """--db names another store than the one the daemon serves (``have``, absolute)."""
+    want = ctx.data["db"]
+    if have != want:
+        print(f"warning: the daemon at {ctx.socket} serves {have}, not --db {want}", file=sys.stderr)
+
+
+def autostart(ctx: Ctx, exc: ConnectFailed, autostarted: bool) -> None:
+    """Nothing answered (``exc``): start a daemon on the socket, or re-raise ``exc`` when
+    none may be started (--no-autostart, one was started already, or the connect failed
+    for another reason than "no daemon there")."""
+    from .autostart import NO_DAEMON_ERRNOS, start_daemon
+
+    a = ctx.args
+    if autostarted or a.no_autostart or exc.details.get("errno") not in NO_DAEMON_ERRNOS:
+        raise exc
+    pid = start_daemon(ctx.socket, db=a.db, config=a.config)
+    if pid is not None:
+        print(f"memoryctl: started memoryd (pid {pid}) on {ctx.socket}", file=sys.stderr, flush=True)
+
+
+def fail(ctx: Ctx, exc: Exception) -> int:
+    """A failed command's one line on stderr (and ``{"error"}`` with --json), and its exit
+    status; ``exc`` itself is re-raised when it is no command failure."""
+    from .autostart import NO_DAEMON_ERRNOS, AutostartFailed
+    from .errors import BadResponse
+
+    a = ctx.args
+    if isinstance(exc, UsageError):
         _error(ctx, "USAGE", str(exc))
         return EXIT_USAGE
-    except ProtocolError as exc:
+    if isinstance(exc, ProtocolError):
         message = exc.message
         if exc.code == "WRITE_DENIED" and exc.details.get("outcome") == "unavailable" and a.via_approver:
             message += "; no approver is subscribed: run `memoryctl approve` in another terminal"
         _error(ctx, exc.code, message, exc.details)
         return EXIT_PROTOCOL
-    except AutostartFailed as exc:
+    if isinstance(exc, AutostartFailed):
         for line in _daemon_reason(exc.details.get("stderr") or ""):
             print(line, file=sys.stderr)
         _error(ctx, exc.code, exc.message, exc.details)
         return EXIT_CONNECTION
-    except ConnectFailed as exc:
+    if isinstance(exc, ConnectFailed):
         message = exc.message
         if exc.details.get("errno") in NO_DAEMON_ERRNOS:
             message += f"; no daemon runs there: start one with `{_serve_command(ctx)}`"
@@ -1079,14 +956,81 @@ async def run(ctx: Ctx) -> int:
                 message += " or drop --no-autostart"
         _error(ctx, exc.code, message, exc.details)
         return EXIT_CONNECTION
-    except BadResponse as exc:
+    if isinstance(exc, BadResponse):
         _error(ctx, exc.code, exc.message, exc.details)
         return EXIT_PROTOCOL
-    except ClientError as exc:
+    if isinstance(exc, ClientError):
         _error(ctx, exc.code, exc.message, exc.details)
         return EXIT_CONNECTION
-    finally:
-        ctx.approver.close()
+    raise exc
+
+
+# --- the read commands' quick path ---------------------------------------------------
+
+#: The read commands that run here, over :class:`memoryd_client.quick.Connection`, unless
+#: --json is given (the JSON is msgspec's rendering of the Structs, so it goes through the
+#: async client): ``memoryctl query`` is then about 3× ``python -c pass`` instead of 13×.
+LEAN_VERBS = frozenset({"list", "query", "status", "budgets"})
+
+
+def _result(conn: Connection, method: str, params: dict[str, Any]) -> Any:
+    """``method``'s result, checked against its wire Struct's shape (memoryd_client.shapes);
+    one that does not fit is decoded by msgspec itself, as the async client decodes it
+    (BAD_RESPONSE, or the Struct when the shape was stricter than msgspec)."""
+    from .shapes import RESULTS, Mismatch, convert
+
+    raw = conn.call(method, params)
+    try:
+        return convert(RESULTS[method], raw)
+    except Mismatch:
+        import msgspec
+
+        from .client import decode_result
+
+        return decode_result(method, msgspec.json.encode(raw))
+
+
+def _quick(ctx: Ctx, conn: Connection) -> str:
+    """A lean verb's call and its human output (the same render functions as
+    memoryd_client.commands')."""
+    from . import render
+
+    a = ctx.args
+    if a.verb == "query":
+        return render.query_result(_result(conn, "memory/query", query_params(*query_request(ctx, conn.session))),
+                                   fit=ctx.fit)
+    if a.verb == "list":
+        return render.entry_list(only_layer(_result(conn, "memory/list", {}), a), fit=ctx.fit)
+    if a.verb == "budgets":
+        return render.budgets_table(_result(conn, "memory/budgets", {}))
+    assert a.verb == "status", a.verb
+    return render.status_lines(_result(conn, "daemon/status", {}), socket=ctx.socket)
+
+
+def run_quick(ctx: Ctx) -> int:
+    """A verb of :data:`LEAN_VERBS`, without --json: connect (autostarting a daemon as
+    memoryd_client.commands.run does), one call, its table."""
+    a = ctx.args
+    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
+    autostarted = False
+    try:
+        prepare(ctx)
+        while True:
+            try:
+                with Connection(ctx.socket, timeout=a.timeout, session=session, client_name=PROG,
+                                approvals=not a.via_approver) as conn:
+                    if a.db and not autostarted:
+                        try:
+                            warn_db(ctx, _result(conn, "daemon/status", {}).store.path)
+                        except (ProtocolError, ClientError):
+                            pass  # as the async path: no answer, no warning
+                    ctx.out(_quick(ctx, conn))
+                    return EXIT_OK
+            except ConnectFailed as exc:
+                autostart(ctx, exc, autostarted)
+            autostarted = True
+    except Exception as exc:
+        return fail(ctx, exc)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1103,26 +1047,32 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(words)
     try:
-        args = _parse(parser, argv)
+        try:
+            args = _parse(parser, words)
+        except _Partial:  # the parser with every verb says what is wrong
+            parser = build_parser()
+            args = _parse(parser, words)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not args.verb:
-        parser.print_help(sys.stderr)
+        build_parser().print_help(sys.stderr)
         return EXIT_USAGE
-    ctx = Ctx(
-        args=args,
-        socket=_socket(args),
-        approver=Approver(yes=args.yes, reject=getattr(args, "reject", False)),
-        fit=_isatty(sys.stdout),
-    )
+    ctx = Ctx(args, socket=_socket(args), fit=_isatty(sys.stdout))
     if args.verb == "socket":  # local only: no connection, no autostart
-        path = str(ctx.socket.absolute())
+        from pathlib import Path
+
+        path = str(Path(ctx.socket).absolute())
         ctx.out(json.dumps({"socket": path}) if ctx.json else path)
         return EXIT_OK
     try:
-        return anyio.run(run, ctx)
+        if args.verb in LEAN_VERBS and not args.json:
+            return run_quick(ctx)
+        from .commands import run_async
+
+        return run_async(ctx)
     except BrokenPipeError:  # `memoryctl list | head`: the reader left; not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

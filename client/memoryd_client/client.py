@@ -41,15 +41,21 @@ from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.methods import METHODS
 from memoryd_protocol.paths import default_socket_path
 
-from .errors import BadResponse, ClientError, ConnectFailed, ConnectionClosed, Timeout
+from .errors import BadResponse, ClientError, ConnectionClosed, Timeout
+from .quick import (
+    MAX_LINE_BYTES,
+    __version__,
+    connect_failed,
+    default_client,
+    initialize_params,
+    make_session,
+    no_answer,
+    query_opts,
+    query_params,
+)
 
 log = logging.getLogger("memoryd_client")
 
-__version__: Final = "0.1.0"
-
-#: The longest line the client buffers. The daemon's own limit is 4 MiB per message it
-#: accepts; its answers (an export of 1000 entries) can be larger, so the client allows more.
-MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 #: Events buffered per :meth:`Client.events` stream before new ones are dropped (logged).
 EVENT_BUFFER: Final = 10_000
 
@@ -154,6 +160,18 @@ class Event:
     params: Any
 
 
+def decode_result(method: str, raw: bytes | msgspec.Raw) -> Any:
+    """A ``result`` as ``method``'s protocol Struct (``types.RESULTS``; plain JSON for a
+    method it does not name); :class:`BadResponse` when it does not fit."""
+    try:
+        return _RESULT_DECODERS.get(method, _ANY).decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise BadResponse(
+            f"{method} result does not fit the wire contract: {exc}",
+            {"method": method, "result": bytes(raw).decode("utf-8", "replace")[:2000]},
+        ) from None
+
+
 def plain(value: Any) -> Any:
     """A protocol Struct (or anything containing one) as plain JSON data, ``None`` fields left
     out; dicts and lists pass through with their Structs converted."""
@@ -172,16 +190,6 @@ def _drop_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_drop_none(v) for v in value]
     return value
-
-
-def make_session(id: str, *, cwd: str | None = None, agent_preset: str | None = None) -> dict[str, Any]:
-    """A session object ``{id, header: {cwd, agentPreset}}`` for ``connect(session=...)``."""
-    header: dict[str, Any] = {}
-    if cwd is not None:
-        header["cwd"] = cwd
-    if agent_preset is not None:
-        header["agentPreset"] = agent_preset
-    return {"id": id, "header": header} if header else {"id": id}
 
 
 def _session(value: SessionLike | None) -> dict[str, Any] | None:
@@ -517,14 +525,10 @@ class Client:
             pending.error = from_wire(msg.error)
         else:
             assert isinstance(msg.result, msgspec.Raw)
-            decoder = _RESULT_DECODERS.get(pending.method, _ANY)
             try:
-                pending.result = decoder.decode(msg.result)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                pending.error = BadResponse(
-                    f"{pending.method} result does not fit the wire contract: {exc}",
-                    {"method": pending.method, "result": bytes(msg.result).decode("utf-8", "replace")[:2000]},
-                )
+                pending.result = decode_result(pending.method, msg.result)
+            except BadResponse as exc:
+                pending.error = exc
         pending.done.set()
 
     async def _refuse_request(self, id: Any, method: str) -> None:
@@ -687,9 +691,7 @@ class Client:
                 with pending.scope:
                     await pending.done.wait()
                 if not pending.done.is_set():
-                    raise Timeout(
-                        f"{method}: no answer from memoryd within {timeout}s", {"method": method, "timeout": timeout}
-                    )
+                    raise no_answer(method, timeout)
         finally:
             self._pending.pop(request_id, None)
         if pending.error is not None:
@@ -717,11 +719,11 @@ class Client:
         client: Mapping[str, Any] | T.ClientInfo | None = None,
         capabilities: Mapping[str, Any] | T.Capabilities | None = None,
     ) -> T.InitializeResult:
-        params = {
-            "protocol": protocol,
-            "client": plain(client) if client is not None else {"name": self.client_name, "version": __version__},
-            "capabilities": plain(capabilities) if capabilities is not None else {"approvals": self.approvals},
-        }
+        params = initialize_params(
+            protocol,
+            plain(client) if client is not None else default_client(self.client_name),
+            plain(capabilities) if capabilities is not None else {"approvals": self.approvals},
+        )
         result: T.InitializeResult = await self.call("initialize", params)
         self.server = result
         return result
@@ -749,19 +751,7 @@ class Client:
         (``agentKey`` = its ``agentPreset`` or ``''``, ``workspaceKey`` = its ``cwd`` or ``''``)
         and, when the session has an id, ``sessionId`` (the daemon then audits the recall and
         sends ``memory/recalled``). None without a session: the whole store."""
-        if self.session is None:
-            return None
-        header = self.session.get("header")
-        header = header if isinstance(header, Mapping) else {}
-        opts: dict[str, Any] = {}
-        session_id = self.session.get("id")
-        if session_id is not None:
-            opts["sessionId"] = session_id
-        agent = header.get("agentPreset")
-        opts["agentKey"] = agent if agent is not None else ""
-        cwd = header.get("cwd")
-        opts["workspaceKey"] = cwd if cwd is not None else ""
-        return opts
+        return query_opts(self.session)
 
     async def query(
         self,
@@ -773,12 +763,7 @@ class Client:
         ``{}``) for the whole store."""
         if opts is _DEFAULT:
             opts = self.query_opts
-        params: dict[str, Any] = {}
-        if filter is not None:
-            params["filter"] = filter
-        if opts is not None:
-            params["opts"] = opts
-        return await self.call("memory/query", params)  # type: ignore[no-any-return]
+        return await self.call("memory/query", query_params(filter, opts))  # type: ignore[no-any-return]
 
     async def budgets(self) -> builtins.list[T.BudgetRow]:
         return await self.call("memory/budgets", {})  # type: ignore[no-any-return]
@@ -914,10 +899,7 @@ async def connect(
         with anyio.fail_after(timeout):
             stream = await anyio.connect_unix(sock)
     except OSError as exc:  # includes TimeoutError
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise ConnectFailed(
-            f"cannot connect to memoryd at {sock}: {reason}", {"path": str(sock), "errno": exc.errno}
-        ) from exc
+        raise connect_failed(str(sock), exc) from exc
     client = Client(
         stream,
         session=session,
@@ -961,7 +943,9 @@ __all__ = [
     "Decision",
     "Event",
     "EventStream",
+    "__version__",
     "connect",
+    "decode_result",
     "make_session",
     "plain",
 ]

@@ -8,16 +8,27 @@ interpreted by the terminal (what the human approves is what is stored).
 from __future__ import annotations
 
 import re
-import shutil
 import time
-import unicodedata
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-import msgspec
-from memoryd_protocol import types as T
 from memoryd_protocol.constants import GRID
-from memoryd_protocol.text import utf16_len
+
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from typing import Any
+
+    from memoryd_protocol import types as T
+
+# msgspec, the wire types, shutil and unicodedata (for text that is not ASCII) are imported
+# where they are used, not here: the read commands' quick path (memoryd_client.quick)
+# renders their tables without them.
+
+
+def _json(value: Any) -> str:
+    """``value`` as compact JSON, as msgspec writes it."""
+    import msgspec
+
+    return msgspec.json.encode(value).decode()
 
 # ASCII controls (newline and tab handled separately) and DEL: the fast path for ASCII text.
 _UNSAFE_ASCII = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -32,6 +43,8 @@ _FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers render as bla
 def _unsafe(ch: str) -> bool:
     if ch in "\n\t":
         return False
+    import unicodedata
+
     cat = unicodedata.category(ch)
     if cat in _UNSAFE_CATEGORIES or (cat == "Zs" and ch != " ") or ch in _FILLERS:
         return True
@@ -66,6 +79,8 @@ def one_line(text: str) -> str:
 
 def to_json(value: Any) -> str:
     """The result as pretty JSON (Structs use their wire names)."""
+    import msgspec
+
     return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
 
 
@@ -85,7 +100,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = 
     for r in rows:
         for i, cell in enumerate(r[:-1]):
             widths[i] = max(widths[i], len(cell))
-    width = shutil.get_terminal_size((100, 24)).columns if fit else 0
+    width = 0
+    if fit:
+        import shutil
+
+        width = shutil.get_terminal_size((100, 24)).columns
 
     def line(cells: Sequence[str]) -> str:
         head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
@@ -117,6 +136,19 @@ def entries_table(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
         for e in entries
     ]
     return table(headers, rows, fit=fit)
+
+
+def entry_list(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
+    """``memoryctl list``."""
+    return entries_table(entries, fit=fit) if entries else "no entries"
+
+
+def query_result(r: T.QueryResult, *, fit: bool = False) -> str:
+    """``memoryctl query``: the hits, then how many of how many."""
+    if not r.entries:
+        return "no matches"
+    more = " (truncated; --limit N for more)" if r.truncated else ""
+    return f"{entries_table(r.entries, fit=fit)}\n{len(r.entries)} of {r.total} matches{more}"
 
 
 def budgets_table(rows: Sequence[T.BudgetRow]) -> str:
@@ -225,7 +257,9 @@ def ledger_report(r: T.LedgerReport) -> str:
         if r.note:
             lines.append(one_line(r.note))
         return "\n".join(lines)
-    first, *rest = r.problems or [T.LedgerProblem(reason="the report names no problem")]
+    from memoryd_protocol.types import LedgerProblem
+
+    first, *rest = r.problems or [LedgerProblem(reason="the report names no problem")]
     at = _problem_at(first)
     lines = [f"ledger BROKEN{f' at {at}' if at else ''}: {one_line(first.reason)}"]
     for p in rest:
@@ -275,7 +309,7 @@ def _event_line(ev: T.LedgerEvent) -> str:
         if decided:
             parts.append(decided)
     if ev.text is not None:
-        parts.append(f"text {one_line(msgspec.json.encode(ev.text).decode())}")
+        parts.append(f"text {one_line(_json(ev.text))}")
     return "  ".join(parts)
 
 
@@ -315,6 +349,8 @@ def _cells(ch: str) -> int:
         return 8
     if ch.isascii():
         return 1
+    import unicodedata
+
     return 2 if unicodedata.east_asian_width(ch) in ("W", "F", "A") else 1
 
 
@@ -352,13 +388,13 @@ def _tags(tags: Sequence[str]) -> str:
     if not tags:
         return "-"
     if any("," in t for t in tags):
-        return one_line(msgspec.json.encode(list(tags)).decode())
+        return one_line(_json(list(tags)))
     return ", ".join(one_line(t) for t in tags)
 
 
 def _quoted(value: str, empty: str) -> str:
     """A key inside a one-line entry header: quoted, so it cannot run into the next field."""
-    return one_line(msgspec.json.encode(value).decode()) if value else empty
+    return one_line(_json(value)) if value else empty
 
 
 def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
@@ -377,6 +413,8 @@ def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
 
 def _summary(entries: Sequence[T.ApprovalEntry]) -> list[str]:
     """Count and size (UTF-16 units, as budgets count) per track/scope/workspaceKey/agentKey."""
+    from memoryd_protocol.text import utf16_len
+
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for e in entries:
         g = groups.setdefault((e.track, e.scope, e.workspace_key, e.agent_key), [0, 0])
@@ -450,9 +488,11 @@ __all__ = [
     "budgets_table",
     "entries_table",
     "entry_life",
+    "entry_list",
     "ledger_report",
     "one_line",
     "proposals_table",
+    "query_result",
     "short",
     "status_lines",
     "table",

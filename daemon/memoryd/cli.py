@@ -9,41 +9,66 @@ Three ways to run ``serve``:
   stdin/stdout (tests, sandboxes).
 
 Only the daemon paths import the daemon's stack (anyio, sqlite3, jsonrpcserver); the
-relay and ``--detach`` start with the standard library and the config loader.
+relay and ``--detach`` start with the standard library and the config loader. The relay
+does not even build the parser when its command line is a plain one (:func:`quick_args`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from . import config as config_mod
-from . import units
 from .errors import DaemonError
 
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    import argparse
+    from types import SimpleNamespace
+    from typing import Any
 
-class _PrintVersion(argparse.Action):
-    """``--version``, reading the version only when asked: package metadata costs the
-    relay (every harness spawn) a noticeable part of its start-up."""
+#: serve's options that take a value, and the values each allows (None: any). The parser
+#: and :func:`quick_args` both read them.
+SERVE_VALUES: dict[str, tuple[str, ...] | None] = {
+    "--socket": None,
+    "--db": None,
+    "--config": None,
+    "--write-policy": ("ask", "auto", "off"),
+    "--log-level": ("debug", "info", "warning", "error"),
+}
+#: serve's flags
+SERVE_FLAGS = ("--stdio", "--standalone", "--detach")
 
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                         help="show program's version number and exit")
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        from . import __version__
+def _print_version() -> type[argparse.Action]:
+    import argparse
 
-        print(f"memoryd {__version__} (dsh-memory-protocol/v1)")
-        parser.exit()
+    class PrintVersion(argparse.Action):
+        """``--version``, reading the version only when asked: package metadata costs the
+        relay (every harness spawn) a noticeable part of its start-up."""
+
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                             help="show program's version number and exit")
+
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                     option_string: str | None = None) -> None:
+            from . import __version__
+
+            print(f"memoryd {__version__} (dsh-memory-protocol/v1)")
+            parser.exit()
+
+    return PrintVersion
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from . import units
+
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
-    parser.add_argument("--version", action=_PrintVersion)
+    parser.add_argument("--version", action=_print_version())
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve", help="run the daemon, or attach a harness to it over stdio",
@@ -61,14 +86,47 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", type=Path, help="SQLite store (default: the per-user data dir's memory.db)")
     serve.add_argument("--config", type=Path,
                        help=f"TOML config file (default: {config_mod.DEFAULT_CONFIG_HINT} if it exists)")
-    serve.add_argument("--write-policy", choices=["ask", "auto", "off"], help="override the config's write_policy")
-    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+    serve.add_argument("--write-policy", choices=SERVE_VALUES["--write-policy"], help="override the config's write_policy")
+    serve.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
                        help="stderr log level (default: $MEMORYD_LOG_LEVEL, else info)")
     units.add_parser(sub)
     return parser
 
 
-def _forwarded(args: argparse.Namespace, config_path: Path | None) -> list[str]:
+def quick_args(argv: list[str]) -> SimpleNamespace | None:
+    """``serve``'s arguments, read without argparse when ``argv`` is a plain ``serve
+    --stdio`` command line: each word one of :data:`SERVE_FLAGS`, or an option of
+    :data:`SERVE_VALUES` with its value (``--db PATH`` or ``--db=PATH``, a value not
+    starting with ``-``, one of its choices). None for anything else (help, an
+    abbreviation, an error, another command): the parser reads that. Importing argparse
+    and building the parser (its help formatter imports shutil) was a fifth of the relay's
+    start-up, paid on every harness spawn."""
+    from types import SimpleNamespace
+
+    if argv[:1] != ["serve"]:
+        return None
+    values: dict[str, Any] = {"command": "serve", "stdio": False, "standalone": False, "detach": False,
+                              "socket": None, "db": None, "config": None, "write_policy": None, "log_level": None}
+    words = iter(argv[1:])
+    for word in words:
+        if word in SERVE_FLAGS:
+            values[word[2:]] = True
+            continue
+        name, eq, value = word.partition("=")
+        if name not in SERVE_VALUES:
+            return None
+        if not eq:
+            value = next(words, "")
+        choices = SERVE_VALUES[name]
+        if not value or value.startswith("-") or (choices is not None and value not in choices):
+            return None
+        values[name[2:].replace("-", "_")] = value if choices is not None else Path(value)
+    if not values["stdio"] or values["standalone"] or values["detach"]:
+        return None  # the relay only: the daemon paths have more to check
+    return SimpleNamespace(**values)
+
+
+def _forwarded(args: argparse.Namespace | SimpleNamespace, config_path: Path | None) -> list[str]:
     """The options a daemon started on our behalf gets (absolute: it runs in /)."""
     out: list[str] = []
     if args.db is not None:
@@ -92,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
-def serve_config(args: argparse.Namespace) -> tuple[Path | None, config_mod.Config]:
+def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | None, config_mod.Config]:
     """The config file ``serve`` reads (None: none) and the Config it runs with: that
     file, then ``--db``, ``--socket`` and ``--write-policy`` over it. (The in-process test
     tier builds its daemons' Config here too.)"""
@@ -108,16 +166,21 @@ def serve_config(args: argparse.Namespace) -> tuple[Path | None, config_mod.Conf
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "systemd-units":
-        return units.run(args)
-    if args.standalone and not args.stdio:
-        parser.error("--standalone needs --stdio")
-    if args.standalone and args.socket is not None:
-        parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
-    if args.detach and args.stdio:
-        parser.error("--detach cannot be combined with --stdio")
+    words = sys.argv[1:] if argv is None else argv
+    args: argparse.Namespace | SimpleNamespace | None = quick_args(words)
+    if args is None:
+        parser = build_parser()
+        args = parser.parse_args(words)
+        if args.command == "systemd-units":
+            from . import units
+
+            return units.run(args)
+        if args.standalone and not args.stdio:
+            parser.error("--standalone needs --stdio")
+        if args.standalone and args.socket is not None:
+            parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
+        if args.detach and args.stdio:
+            parser.error("--detach cannot be combined with --stdio")
     config_path, cfg = serve_config(args)
 
     if args.stdio and not args.standalone:

@@ -7,9 +7,7 @@ bug, not a convenience).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
@@ -33,6 +31,11 @@ from memoryd_protocol.constants import (
 from memoryd_protocol.paths import default_config_path, default_db_path, default_socket_path
 
 from .errors import DaemonError
+
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 #: For --help, which must not compute the real path (that costs the relay a platformdirs import).
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
@@ -59,7 +62,7 @@ class Config:
 
     def __init__(self) -> None:
         self.db_path: Path = default_db_path()
-        self.socket_path: Path = default_socket_path()
+        self._socket_path: Path | None = None
         self.write_policy: str = "ask"
         self.approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
         self.language: str = "en"
@@ -84,6 +87,19 @@ class Config:
         self.db_path_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
         self.config_path: Path | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        """The socket: the per-user default until the file or ``--socket`` sets one, computed
+        when first read (without $XDG_RUNTIME_DIR it imports tempfile, which a relay given
+        ``--socket`` never needs)."""
+        if self._socket_path is None:
+            self._socket_path = default_socket_path()
+        return self._socket_path
+
+    @socket_path.setter
+    def socket_path(self, value: Path) -> None:
+        self._socket_path = value
 
     def policy_for(self, layers: Iterable[tuple[str, str]], sources: Iterable[str]) -> str:
         """The effective write policy of one write, the only place it is computed.

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
+    from typing import Any
+
     __version__: str
     from . import constants, errors, ledger, methods, payloads, snapshot, text, types, validation
     from .errors import (

@@ -6,7 +6,14 @@ Every number here is part of dsh-memory-protocol v1 or of memoryd's wire contrac
 
 from __future__ import annotations
 
-from typing import Final, Literal
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final, Literal
+
+    Track = Literal["user", "agent"]
+    Scope = Literal["user-global", "workspace"]
+    WritePolicy = Literal["ask", "auto", "off"]
+    StoreFault = Literal["busy", "full", "readonly", "io"]
 
 PROTOCOL: Final = "dsh-memory-protocol/v1"
 EXPORT_SCHEMA: Final = "memory-export-v1"
@@ -17,8 +24,6 @@ STORE_SCHEMA_VERSION: Final = 4
 #: memoryd's own tables (frozen snapshots, ...) carry this version in meta.memoryd_schema.
 MEMORYD_SCHEMA_VERSION: Final = 3
 
-Track = Literal["user", "agent"]
-Scope = Literal["user-global", "workspace"]
 TRACKS: Final[tuple[Track, ...]] = ("user", "agent")
 SCOPES: Final[tuple[Scope, ...]] = ("user-global", "workspace")
 #: The order of budget rows and snapshot sections everywhere on the wire.
@@ -70,13 +75,11 @@ DEFAULT_MAX_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_HALF_LINE_TIMEOUT_S: Final = 30.0
 DEFAULT_MAX_PENDING_APPROVALS: Final = 16
 
-WritePolicy = Literal["ask", "auto", "off"]
 WRITE_POLICIES: Final[tuple[WritePolicy, ...]] = ("ask", "auto", "off")
 #: The only approval outcome that lets a write through.
 ALLOWED_ONCE: Final = "allowed-once"
 DENIAL_OUTCOMES: Final = ("rejected", "cancelled", "unavailable")
 #: STORE_UNAVAILABLE's details.reason: why the store cannot take a write right now.
-StoreFault = Literal["busy", "full", "readonly", "io"]
 STORE_FAULTS: Final[tuple[StoreFault, ...]] = ("busy", "full", "readonly", "io")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 
@@ -113,3 +116,23 @@ RPC_LEVEL_CODES: Final[dict[int, str]] = {
     METHOD_NOT_FOUND: "METHOD_NOT_FOUND",
     INTERNAL_ERROR: "INTERNAL_ERROR",
 }
+
+
+# The Literal aliases (Track, Scope, WritePolicy, StoreFault) are built from the tuples
+# above on first use, not at import: importing ``typing`` was a tenth of the start-up of the
+# stdio relay and of memoryctl's read commands, which import this module and need none of
+# them. For the same reason the modules on those paths import ``typing`` only for the type
+# checker (``TYPE_CHECKING = False``; mypy treats the name as true).
+_LITERALS = {"Track": TRACKS, "Scope": SCOPES, "WritePolicy": WRITE_POLICIES, "StoreFault": STORE_FAULTS}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        values = _LITERALS.get(name)
+        if values is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from typing import Literal
+
+        alias = Literal[values]
+        globals()[name] = alias
+        return alias

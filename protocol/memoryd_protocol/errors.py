@@ -7,9 +7,11 @@ wire contract asks for them.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 from .constants import ERROR_CODES, INTERNAL_ERROR, RPC_LEVEL_CODES
+
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
 
 
 class ProtocolError(Exception):

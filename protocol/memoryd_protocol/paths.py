@@ -4,13 +4,22 @@ socket that ``memoryd serve`` opened without either importing the other)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# pathlib is imported where a Path is made, not here: memoryctl's read commands need only
+# the socket's name (default_socket, pathlib_str), and pathlib (with urllib.parse, which it
+# imports) was a tenth of their start-up.
 
 APP = "memoryd"
 
 
 def runtime_dir() -> Path:
     """``$XDG_RUNTIME_DIR/memoryd``, else ``<tmp>/memoryd-<uid>``; created 0700 by the daemon."""
+    from pathlib import Path
+
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / APP
@@ -26,8 +35,33 @@ def private_socket_path() -> Path:
 
 def default_socket_path() -> Path:
     """``$MEMORYD_SOCKET`` when set, else the per-user socket."""
+    from pathlib import Path
+
     env = os.environ.get("MEMORYD_SOCKET")
     return Path(env) if env else private_socket_path()
+
+
+def _plain(path: str) -> bool:
+    """Whether ``str(Path(path))`` is ``path`` itself (and ``expanduser`` leaves it be): an
+    absolute path without empty or ``.`` components."""
+    return path.startswith("/") and "//" not in path and "/./" not in path and not path.endswith(("/", "/."))
+
+
+def pathlib_str(path: str) -> str:
+    """``str(Path(path).expanduser())``, importing pathlib only when ``path`` is not plain."""
+    if _plain(path):
+        return path
+    from pathlib import Path
+
+    return str(Path(path).expanduser())
+
+
+def default_socket() -> str:
+    """``str(default_socket_path())``, importing pathlib only when that path is not plain."""
+    env = os.environ.get("MEMORYD_SOCKET")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    path = env if env else f"{xdg}/{APP}/memoryd.sock" if xdg else ""
+    return path if _plain(path) else str(default_socket_path())
 
 
 def _xdg(var: str, fallback: str) -> Path | None:
@@ -36,6 +70,7 @@ def _xdg(var: str, fallback: str) -> Path | None:
     memoryctl a third of their start-up for what is, on Linux, one environment lookup;
     tests/test_paths.py keeps the two equal."""
     import sys
+    from pathlib import Path
 
     if not sys.platform.startswith("linux"):
         return None
@@ -46,6 +81,8 @@ def _xdg(var: str, fallback: str) -> Path | None:
 def default_db_path() -> Path:
     base = _xdg("XDG_DATA_HOME", ".local/share")
     if base is None:
+        from pathlib import Path
+
         import platformdirs
 
         base = Path(platformdirs.user_data_dir(APP))
@@ -55,6 +92,8 @@ def default_db_path() -> Path:
 def default_config_path() -> Path:
     base = _xdg("XDG_CONFIG_HOME", ".config")
     if base is None:
+        from pathlib import Path
+
         import platformdirs
 
         base = Path(platformdirs.user_config_dir(APP))
@@ -77,5 +116,5 @@ def owner_record_path(db: Path) -> Path:
     return db.with_name(db.name + ".memoryd-owner")
 
 
-__all__ = ["LOG_NAME", "default_config_path", "default_db_path", "default_socket_path", "log_path_for",
-           "owner_record_path", "private_socket_path", "runtime_dir"]
+__all__ = ["LOG_NAME", "default_config_path", "default_db_path", "default_socket", "default_socket_path",
+           "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path", "runtime_dir"]

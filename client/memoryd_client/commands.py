@@ -1,0 +1,438 @@
+"""``memoryctl``'s verbs that run over the async client (:mod:`memoryd_client.client`):
+writes with their approval prompt, ``approve``, ``stop``, ``--json`` output, and every verb
+the quick path (:func:`memoryd_client.cli.run_quick`) does not take.
+
+Imported only when such a verb runs: anyio, msgspec and the wire Structs are most of
+memoryctl's start-up, and its read commands do without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+from memoryd_protocol import types as T
+from memoryd_protocol.constants import ALLOWED_ONCE
+from memoryd_protocol.errors import ProtocolError
+from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
+from memoryd_protocol.validation import SessionView
+
+from . import render
+from .autostart import NO_DAEMON_ERRNOS
+from .cli import (
+    EXIT_OK,
+    EXIT_PROTOCOL,
+    FULL_ID_LENGTH,
+    PROG,
+    Ctx,
+    UsageError,
+    _error,
+    _workspace,
+    _write_private,
+    autostart,
+    fail,
+    only_layer,
+    prepare,
+    query_request,
+    warn_db,
+)
+from .client import DECIDED, Client, connect, make_session
+from .errors import ClientError, ConnectFailed, ConnectionClosed, Timeout
+from .prompt import Approver
+
+
+class StopFailed(ClientError):
+    """``memoryctl stop`` could not stop the daemon or confirm that it stopped (exit 3)."""
+
+    CODE = "STOP_FAILED"
+
+
+async def cmd_list(c: Client, ctx: Ctx) -> None:
+    entries = only_layer(await c.list(), ctx.args)
+    ctx.result(entries, lambda: render.entry_list(entries, fit=ctx.fit))
+
+
+async def cmd_query(c: Client, ctx: Ctx) -> None:
+    r = await c.query(*query_request(ctx, c.session))
+    ctx.result(r, lambda: render.query_result(r, fit=ctx.fit))
+
+
+def _input(ctx: Ctx, **extra: Any) -> dict[str, Any]:
+    a = ctx.args
+    inp: dict[str, Any] = {"track": a.track, "scope": a.scope, **extra}
+    if "text" in ctx.data:
+        inp["text"] = ctx.data["text"]
+    tags = getattr(a, "tag", None)
+    if tags:
+        inp["tags"] = tags
+    return inp
+
+
+async def cmd_add(c: Client, ctx: Ctx) -> None:
+    r = await c.add(_input(ctx, source=ctx.args.source))
+    ctx.result(r, lambda: f"added {render.short(r.entry.id)} ({render.usage(r.usage)})")
+
+
+async def _target(c: Client, ctx: Ctx) -> dict[str, str]:
+    """``{match}`` or ``{id}``; an --id shorter than a full id is widened to the one entry of
+    this track/scope, visible to the session, whose id starts with it."""
+    a = ctx.args
+    if a.entry_id is None:
+        return {"match": a.match}
+    prefix: str = a.entry_id
+    if len(prefix) >= FULL_ID_LENGTH or not prefix:
+        return {"id": prefix}
+    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
+    hits = [
+        e.id
+        for e in await c.list()
+        if e.track == a.track
+        and e.scope == a.scope
+        and e.id.startswith(prefix)
+        and view.sees(e.scope, e.workspace_key, e.agent_key)
+    ]
+    if len(hits) > 1:
+        raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
+    return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
+
+
+async def cmd_replace(c: Client, ctx: Ctx) -> None:
+    r = await c.replace(_input(ctx, **await _target(c, ctx)))
+    ctx.result(
+        r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
+    )
+
+
+async def cmd_remove(c: Client, ctx: Ctx) -> None:
+    r = await c.remove(_input(ctx, **await _target(c, ctx)))
+    ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
+
+
+async def cmd_consolidate(c: Client, ctx: Ctx) -> None:
+    r = await c.consolidate(_input(ctx, matches=ctx.args.matches))
+    ctx.result(
+        r, lambda: f"consolidated {len(r.removed)} entries into {render.short(r.entry.id)} ({render.usage(r.usage)})"
+    )
+
+
+async def cmd_budgets(c: Client, ctx: Ctx) -> None:
+    rows = await c.budgets()
+    ctx.result(rows, lambda: render.budgets_table(rows))
+
+
+def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
+    ctx.result(report, lambda: render.ledger_report(report))
+    return EXIT_OK if report.ok else EXIT_PROTOCOL
+
+
+def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
+    ctx.result(life, lambda: render.entry_life(life))
+    return EXIT_OK
+
+
+async def cmd_audit(c: Client, ctx: Ctx) -> int:
+    a = ctx.args
+    if a.action == "verify":
+        return _ledger_report(ctx, await c.audit_verify())
+    if a.action == "explain":
+        return _entry_life(ctx, await c.audit_explain(a.target))
+    rows = await c.audit_list(a.limit)
+    ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
+    return EXIT_OK
+
+
+def audit_offline(ctx: Ctx) -> int:
+    """``audit verify|explain --db PATH``: read the store itself, read-only, no daemon."""
+    from memoryd_protocol.ledger import read_life, read_report
+
+    from . import offline
+
+    a, db = ctx.args, ctx.data["db"]
+    try:
+        if a.action == "verify":
+            return _ledger_report(ctx, offline.read(db, read_report))
+        target: str = a.target
+        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
+    except offline.StoreHeld as exc:
+        how = "run it without --db"
+        if exc.socket is not None and Path(exc.socket) != Path(ctx.socket):
+            how += f" and with --socket {shlex.quote(exc.socket)}"
+        raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
+    except offline.OfflineError as exc:
+        raise UsageError(str(exc)) from None
+    except offline.NoLedger as exc:
+        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
+        return EXIT_PROTOCOL
+
+
+async def _proposal_id(c: Client, prefix: str) -> str:
+    if len(prefix) >= 32:
+        return prefix
+    hits = [p.id for p in await c.proposals_list("pending") if p.id.startswith(prefix)]
+    if len(hits) == 1:
+        return hits[0]
+    return prefix  # zero or several: let the daemon say PROPOSAL_NOT_FOUND
+
+
+async def cmd_proposals(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    if a.action == "list":
+        rows = await c.proposals_list(a.status)
+        ctx.result(rows, lambda: render.proposals_table(rows, fit=ctx.fit) if rows else "no proposals")
+    elif a.action == "approve":
+        r = await c.proposals_approve(await _proposal_id(c, a.id))
+        ctx.result(
+            r, lambda: f"approved proposal {r.proposal.id}: added {render.short(r.entry.id)} ({render.usage(r.usage)})"
+        )
+    else:
+        p = await c.proposals_dismiss(await _proposal_id(c, a.id))
+        ctx.result(p, lambda: f"dismissed proposal {p.id}")
+
+
+async def cmd_export(c: Client, ctx: Ctx) -> None:
+    doc = await c.export(ctx.args.adapter)
+    text = doc if isinstance(doc, str) else render.to_json(doc)
+    if not text.endswith("\n"):
+        text += "\n"
+    if ctx.args.output:
+        path = await anyio.to_thread.run_sync(partial(_write_private, ctx.args.output, text, force=ctx.args.force))
+        if not ctx.json:
+            print(f"exported to {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _parse_json(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+
+
+async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
+    """The payload for ``--adapter``: parsed JSON for a JSON adapter, the text for a text one
+    (``importFormats`` says which); the raw text when JSON does not parse."""
+    a = ctx.args
+    if "payload" in ctx.data:
+        return ctx.data["payload"]
+    raw: str = ctx.data["raw"]
+    if a.format == "text":
+        return raw
+    formats = next((ad.import_formats for ad in await c.adapters_list() if ad.id == a.adapter), [])
+    wants_json = any("json" in f for f in formats)
+    wants_text = any(f.startswith("text/") for f in formats)
+    if wants_text and not wants_json:
+        return raw
+    parsed = _parse_json(raw)
+    return parsed if isinstance(parsed, dict | list) else raw
+
+
+async def cmd_import(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    skip = None if a.allow_duplicates else True
+    if a.adapter:
+        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx), skip_existing=skip)
+    else:
+        r = await c.import_(envelope=ctx.data["payload"], skip_existing=skip)
+
+    def human() -> str:
+        if isinstance(r.skipped, msgspec.UnsetType):
+            return f"imported {r.added} entries"
+        return f"imported {r.added} entries, skipped {r.skipped} already in the store"
+
+    ctx.result(r, human)
+
+
+async def cmd_adapters(c: Client, ctx: Ctx) -> None:
+    rows = await c.adapters_list()
+    ctx.result(rows, lambda: render.adapters_table(rows, fit=ctx.fit))
+
+
+async def cmd_status(c: Client, ctx: Ctx) -> None:
+    s = await c.status()
+    ctx.result(s, lambda: render.status_lines(s, socket=ctx.socket))
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (Linux ≥ 5.3): signal it without a pid-reuse race, and wait for
+    its exit. None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _terminate(pid: int, pidfd: int | None) -> None:
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # exiting already: its connection ends all the same
+    except OSError as exc:
+        raise StopFailed(f"cannot signal memoryd (pid {pid}): {exc.strerror or exc}", {"pid": pid}) from None
+
+
+def _present(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _not_running(ctx: Ctx) -> None:
+    where = str(ctx.socket)
+    ctx.result({"stopped": False, "pid": None, "socket": where}, lambda: f"memoryd is not running on {where}")
+
+
+async def cmd_stop(c: Client, ctx: Ctx) -> None:
+    """SIGTERM the daemon, then wait on what it does as it finishes draining: it unlinks its
+    socket and closes every connection (EOF on this one), then exits (its pidfd turns
+    readable). No polling."""
+    s = await c.status()
+    pid, peer = s.pid, c.peer_pid
+    if peer is not None and peer != pid:  # another pid namespace, or something in between
+        raise StopFailed(
+            f"the daemon at {ctx.socket} reports pid {pid} but the socket's peer is pid {peer}; not signalling",
+            {"pid": pid, "peerPid": peer},
+        )
+    pidfd = _pidfd(pid)
+    try:
+        _terminate(pid, pidfd)
+        with anyio.move_on_after(ctx.args.timeout) as waiting:
+            await c.wait_closed()
+            if s.socket is not None and _present(s.socket):
+                raise StopFailed(
+                    f"memoryd (pid {pid}) closed its connections but {s.socket} is still there", {"pid": pid}
+                )
+            if pidfd is not None:
+                await anyio.wait_readable(pidfd)
+        if waiting.cancelled_caught:
+            raise Timeout(f"memoryd (pid {pid}) did not stop within {ctx.args.timeout:g}s", {"pid": pid})
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    where = s.socket if s.socket is not None else str(ctx.socket)
+    note = "" if s.socket is not None else " (systemd keeps the socket and starts memoryd on the next connection)"
+    ctx.result({"stopped": True, "pid": pid, "socket": where}, lambda: f"stopped memoryd (pid {pid}) on {where}{note}")
+
+
+async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
+    r = await c.snapshot(c.session, ctx.args.lang)
+    if ctx.json:
+        ctx.out(render.to_json(r))
+    elif r.text:
+        sys.stdout.write(render.visible(r.text) if ctx.fit else r.text)
+        sys.stdout.write("\n" if not r.text.endswith("\n") else "")
+        sys.stdout.flush()
+    else:
+        print("(empty snapshot: no entries visible to this session)", file=sys.stderr)
+
+
+async def cmd_approve(c: Client, ctx: Ctx) -> int:
+    a = ctx.args
+    events = c.events("approval/resolved", DECIDED)
+    await c.approval_subscribe()
+    print(f"memoryctl: approving writes for memoryd at {ctx.socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    decided = 0
+    async for ev in events:
+        p = ev.params
+        if ev.method == DECIDED:
+            decided += 1
+            word = "approved" if p.outcome == ALLOWED_ONCE else p.outcome
+            late = f" (too late: {p.refused})" if p.refused else ""
+            if ctx.json:
+                ctx.out(json.dumps({"id": p.id, "outcome": p.outcome, "refused": p.refused}))
+            else:
+                ctx.out(f"{word} {p.id}{late}")
+            if (a.count and decided >= a.count) or ctx.approver.eof:
+                return EXIT_OK
+        else:
+            rid, outcome = (p.id, p.outcome) if isinstance(p, T.ApprovalResolved) else (p.get("id"), p.get("outcome"))
+            if ctx.json:
+                ctx.out(json.dumps({"id": rid, "outcome": outcome, "resolvedElsewhere": True}))
+            else:
+                ctx.out(f"approval {rid} was decided by another approver: {outcome}")
+    raise ConnectionClosed("the daemon closed the connection")
+
+
+COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
+    "list": cmd_list,
+    "query": cmd_query,
+    "add": cmd_add,
+    "replace": cmd_replace,
+    "remove": cmd_remove,
+    "consolidate": cmd_consolidate,
+    "budgets": cmd_budgets,
+    "audit": cmd_audit,
+    "proposals": cmd_proposals,
+    "export": cmd_export,
+    "import": cmd_import,
+    "adapters": cmd_adapters,
+    "status": cmd_status,
+    "stop": cmd_stop,
+    "snapshot": cmd_snapshot,
+    "approve": cmd_approve,
+}
+
+
+
+async def _warn_db(c: Client, ctx: Ctx) -> None:
+    try:
+        have = (await c.status()).store.path
+    except (ProtocolError, ClientError):
+        return
+    warn_db(ctx, have)
+
+
+
+async def run(ctx: Ctx) -> int:
+    a = ctx.args
+    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
+    command = COMMANDS[a.verb]
+    autostarted = False
+    try:
+        prepare(ctx)
+        if a.verb == "audit" and a.action != "list" and a.db:
+            return audit_offline(ctx)  # the store itself, read-only: no connection, no autostart
+        while True:
+            try:
+                async with connect(
+                    ctx.socket,
+                    session=session,
+                    # --via-approver: this connection declares it cannot approve, so the
+                    # daemon routes its writes to subscribed approvers (wire-v1 §5).
+                    approvals=not (a.via_approver and a.verb != "approve"),
+                    on_approval=ctx.approver,
+                    client_name=PROG,
+                    timeout=a.timeout,
+                ) as c:
+                    if a.db and not autostarted:
+                        await _warn_db(c, ctx)
+                    code = await command(c, ctx)
+                    return code if isinstance(code, int) else EXIT_OK
+            except ConnectFailed as exc:
+                if a.verb == "stop" and exc.details.get("errno") in NO_DAEMON_ERRNOS:
+                    _not_running(ctx)  # nothing to stop is not an error; never autostart
+                    return EXIT_OK
+                await anyio.to_thread.run_sync(partial(autostart, ctx, exc, autostarted))
+            autostarted = True
+    except Exception as exc:
+        return fail(ctx, exc)
+    finally:
+        ctx.approver.close()
+
+
+def run_async(ctx: Ctx) -> int:
+    """Run the verb over the async client, answering approvals at the terminal."""
+    a = ctx.args
+    ctx.approver = Approver(yes=a.yes, reject=getattr(a, "reject", False))
+    return anyio.run(run, ctx)
