@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -237,6 +239,26 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
             library = await d.via_library(FakePeer(), call)
             assert await d.handle(FakePeer(), call) == (None if library is None else rpc.encode(library)), data
         del cases[-2:]
+
+
+def test_jsonrpcserver_is_imported_only_when_a_method_outside_the_table_comes() -> None:
+    """A daemon's start and the table's methods do without it (its import, with jsonschema,
+    is a quarter of a standalone start); a method outside the table brings it in."""
+    script = (
+        "import asyncio, sys\n"
+        "from memoryd import rpc\n"
+        "from memoryd.app import method_handlers\n"
+        "async def ok(ctx, p): return 1\n"
+        "d = rpc.Dispatcher({'memory/budgets': ok})\n"
+        "assert 'jsonrpcserver' not in sys.modules, 'at start'\n"
+        "asyncio.run(d.handle(None, rpc.parse(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"memory/budgets\"}')))\n"
+        "assert 'jsonrpcserver' not in sys.modules, 'after a method of the table'\n"
+        "r = asyncio.run(d.handle(None, rpc.parse(b'{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"nope/x\"}')))\n"
+        "assert b'-32601' in r and 'jsonrpcserver' in sys.modules, r\n"
+    )
+    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "")
 
 
 async def test_a_line_that_fails_outside_any_method_costs_only_its_reply() -> None:

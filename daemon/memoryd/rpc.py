@@ -1,4 +1,4 @@
-"""JSON-RPC: parse a line, dispatch each request through jsonrpcserver, encode the reply.
+"""JSON-RPC: parse a line, dispatch each request, encode the reply.
 
 Who does what:
 
@@ -13,7 +13,8 @@ Who does what:
 - jsonrpcserver, through its public API (``async_dispatch_to_serializable``), answers a
   method the table does not have, and is the reference our dispatch is tested against
   (tests/test_rpc_unit.py): the same reply for every kind of request. Methods as it calls
-  them return its ``Success``/``Error`` results. Protocol errors keep their code and details; msgspec
+  them return its ``Success``/``Error`` results. It is imported on the first such request,
+  not at start (see :meth:`Dispatcher.via_library`). Protocol errors keep their code and details; msgspec
   validation failures become INVALID_INPUT with the ``$.path`` of the bad field; anything
   unexpected becomes -32603 with a fixed message, and its traceback goes to the log, never
   onto the wire.
@@ -24,11 +25,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import msgspec
-from jsonrpcserver import Error, Result, Success, async_dispatch_to_serializable
 from memoryd_protocol.constants import (
     DEFAULT_MAX_BATCH_CALLS,
     INTERNAL_ERROR,
@@ -40,6 +40,9 @@ from memoryd_protocol.errors import InvalidInput, ProtocolError, RpcError, Store
 from memoryd_protocol.methods import METHODS, Method
 
 from .context import Handler, RequestContext
+
+if TYPE_CHECKING:
+    from jsonrpcserver import Result
 
 log = logging.getLogger("memoryd.rpc")
 
@@ -259,6 +262,8 @@ def _as_method(method: Method, handler: Handler) -> Callable[[RequestContext, An
     """``handler`` as jsonrpcserver calls it: the context, then the params (one argument,
     still undecoded: msgspec's decoder takes the place of the library's binding of JSON
     params to Python arguments)."""
+    from jsonrpcserver import Error, Success
+
     decode = ParamsDecoder(method)
     name = method.name
 
@@ -318,8 +323,9 @@ class Dispatcher:
         unknown = sorted(set(handlers) - METHODS.keys())
         if unknown:
             raise ValueError(f"handlers for methods outside the table: {', '.join(unknown)}")
-        #: the methods as jsonrpcserver calls them (``via_library``)
-        self.methods = {name: _as_method(METHODS[name], h) for name, h in handlers.items()}
+        self._handlers = dict(handlers)
+        #: the methods as jsonrpcserver calls them (``via_library``), made on its first use
+        self._library_methods: dict[str, Callable[[RequestContext, Any], Awaitable[Result]]] | None = None
         #: the same methods as our own dispatch calls them
         self._bound = {name: _Bound(METHODS[name], h) for name, h in handlers.items()}
 
@@ -379,13 +385,20 @@ class Dispatcher:
                           ) -> dict[str, Any] | None:
         """A request of a valid shape dispatched by jsonrpcserver: the path of a method
         outside the table, and the reference ``_dispatch`` is tested against."""
+        # Imported on first use, not at start: jsonrpcserver imports jsonschema, about 105 ms
+        # of CPU on the 2-core bench machine, a quarter of a standalone start, and the
+        # table's methods never need it.
+        from jsonrpcserver import async_dispatch_to_serializable
+
+        if self._library_methods is None:
+            self._library_methods = {name: _as_method(METHODS[name], h) for name, h in self._handlers.items()}
         request: dict[str, Any] = {"jsonrpc": "2.0", "method": call.method, "params": [call.params]}
         if call.id is not msgspec.UNSET:
             request["id"] = call.id
         ctx = RequestContext(peer, call.reply_id(), release_turn)
         # The line is parsed already (the connection orders requests by method, batches are
         # split above), so the deserializer hands over the request built from it.
-        reply = await async_dispatch_to_serializable("", self.methods, context=ctx, deserializer=lambda _: request,
+        reply = await async_dispatch_to_serializable("", self._library_methods, context=ctx, deserializer=lambda _: request,
                                                      validator=_checked_already)
         assert not isinstance(reply, list)  # one request in, at most one response out
         if reply is None:
