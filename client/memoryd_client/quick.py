@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Mapping
 
+from memoryd_protocol import __version__ as __version__
 from memoryd_protocol.framing import OVERSIZE, Framer
 
 from .errors import ConnectFailed, ConnectionClosed, Timeout
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from typing import Any, Final
 
     from memoryd_protocol.errors import ProtocolError
-
-__version__: Final = "0.1.0"
 
 #: The longest line the client buffers. The daemon's own limit is 4 MiB per message it
 #: accepts; its answers (an export of 1000 entries) can be larger, so the client allows more.

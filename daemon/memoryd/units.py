@@ -40,6 +40,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from memoryd_protocol import DISTRIBUTION
+
 from .errors import DaemonError
 
 TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
@@ -51,7 +53,6 @@ SERVICE_UNIT = "memoryd.service"
 #: Where ``systemd --user`` looks for a user's own units (systemd.unit(5), "User Unit Search Path").
 USER_UNIT_DIR_HINT = "~/.config/systemd/user"
 NEXT_STEP = "systemctl --user daemon-reload && systemctl --user enable --now memoryd.socket"
-DISTRIBUTION = "dsh-memoryd"
 
 
 class UnitError(DaemonError, ValueError):

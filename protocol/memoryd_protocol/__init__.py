@@ -7,16 +7,15 @@ every Struct) would cost them most of their start-up.
 
 from __future__ import annotations
 
-import functools
 import importlib
 
+from ._version import __version__
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
     from typing import Any
 
-    __version__: str
     from . import constants, errors, ledger, methods, payloads, snapshot, text, types, validation
     from .errors import (
         AdapterNotFound,
@@ -36,16 +35,10 @@ if TYPE_CHECKING:
         from_wire,
     )
 
-#: The distribution this package ships in; ``__version__`` is its version, read from the
-#: installed package's metadata on first use (pyproject.toml holds the one literal).
+#: The distribution this package ships in. ``__version__`` is its version: pyproject.toml
+#: holds the one literal, and hatchling's version build hook writes it into ``_version.py``
+#: at install (read without importlib.metadata, which costs a memoryctl start ~20 ms).
 DISTRIBUTION = "dsh-memoryd"
-
-
-@functools.cache
-def _package_version() -> str:
-    from importlib.metadata import version
-
-    return version(DISTRIBUTION)
 
 
 _SUBMODULES = frozenset({
@@ -58,8 +51,6 @@ _FROM_ERRORS = frozenset({
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        return _package_version()
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     if name in _FROM_ERRORS:
