@@ -104,6 +104,29 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
         assert hits(conn, "記憶 d", "index") == []
         (n,) = conn.execute("SELECT count(*) FROM memoryd_fts WHERE memoryd_fts MATCH '\"spa\"'").fetchone()
         assert n == 1
+        # the index holds exactly the entries' texts (FTS5 reads them back from entries)
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+
+
+def segments(conn: sqlite3.Connection) -> int:
+    (n,) = conn.execute("SELECT count(DISTINCT segid) FROM memoryd_fts_idx").fetchone()
+    return int(n)
+
+
+def test_a_transaction_of_many_writes_adds_one_segment_to_the_index(tmp_path: Path) -> None:
+    """FTS5 writes what a transaction indexed as one new segment at COMMIT, unless a
+    statement savepoint flushes it earlier (an INSERT ... SELECT opens one): a batch of
+    adds must cost the index one segment, not one per add."""
+    with opened(tmp_path / "m.db") as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(0, "the first entry")))
+        assert segments(conn) == 1
+        write(conn, lambda c: [store.insert_entry(c, entry(n, f"entry number {n}")) for n in range(1, 17)])
+        assert segments(conn) == 2
+        a = entry(3, "entry number 3, edited")
+        write(conn, lambda c: (store.update_entry(c, a), store.insert_entry(c, entry(20, "one more"))))
+        assert segments(conn) == 3
+        assert hits(conn, "number 3, ed", "index") == ["e0003"]
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
 
 
 def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path) -> None:

@@ -548,17 +548,23 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 # --- writes (inside the writer's transaction) --------------------------------------------
 
 
-def _unindex(conn: sqlite3.Connection, entry_id: str) -> None:
+def _unindex(conn: sqlite3.Connection, entry_id: str) -> int | None:
+    """Take the entry out of the text index and the counts; its rowid (None: no such entry)."""
     row = conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
     if row is None:
-        return
+        return None
     rowid, text, track, scope = row
     conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
     _count(conn, track, scope, -1, -utf16_len(text))
+    return int(rowid)
 
 
-def _index(conn: sqlite3.Connection, e: Entry) -> None:
-    conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (e.id,))
+def _index(conn: sqlite3.Connection, rowid: int, e: Entry) -> None:
+    # One row of VALUES, not INSERT ... SELECT FROM entries: a statement that may write
+    # several rows opens a statement savepoint, and FTS5 flushes its pending terms to a
+    # new segment at every savepoint. The text is the one the row was just written with.
+    # Measured in batches of 16 adds: half the index's CPU and a third fewer WAL pages.
+    conn.execute("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", (rowid, e.text))
     _count(conn, e.track, e.scope, 1, utf16_len(e.text))
 
 
@@ -569,12 +575,12 @@ def _count(conn: sqlite3.Connection, track: str, scope: str, entries: int, used:
 
 
 def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
-    _insert_row(conn, e)
-    _index(conn, e)
+    _index(conn, _insert_row(conn, e), e)
 
 
-def _insert_row(conn: sqlite3.Connection, e: Entry) -> None:
-    conn.execute(
+def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
+    """The entry's row; its rowid."""
+    cur = conn.execute(
         f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             e.id,
@@ -593,15 +599,18 @@ def _insert_row(conn: sqlite3.Connection, e: Entry) -> None:
             e.version,
         ),
     )
+    assert cur.lastrowid is not None
+    return cur.lastrowid
 
 
 def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
-    _unindex(conn, e.id)
+    rowid = _unindex(conn, e.id)
     conn.execute(
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
-    _index(conn, e)
+    if rowid is not None:
+        _index(conn, rowid, e)
 
 
 def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
