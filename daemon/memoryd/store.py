@@ -117,8 +117,10 @@ MEMORYD_TABLES = (
     # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
     # index in step in its own write jobs, and rebuilds it at start when the entries are not
     # what it last indexed (FTS_MARK), i.e. after another program wrote them.
+    # memoryd_schema 4: columnsize=0, no row per entry in memoryd_fts_docsize (nothing
+    # here ranks by length): one B-tree page less per write (see MEMORYD_MIGRATIONS).
     "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
-    "text, content='entries', content_rowid='rowid', tokenize='trigram')",
+    "text, content='entries', content_rowid='rowid', tokenize='trigram', columnsize=0)",
     # ... and what memoryd knows of the entries without reading them all: their number and
     # each cell's usage (UTF-16 units), kept in step by memoryd's own writes in the same
     # transactions. A start trusts them (no index rebuild, no usage scan, no tags scan)
@@ -129,6 +131,13 @@ MEMORYD_TABLES = (
     # page's end. A plain index: dsh-memento's SQLite keeps it up to date unknowingly.
     "CREATE INDEX IF NOT EXISTS memoryd_entries_rank ON entries (recall_count DESC, updated_at DESC, id)",
 )
+
+#: What a store of memoryd_schema n-1 drops on its way to n, before MEMORYD_TABLES creates
+#: the new definitions; a step that drops the text index rebuilds it from the entries.
+MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # memoryd_fts with columnsize=0, memoryd_ledger_ref partial: two B-tree pages less per write
+    4: ("DROP TABLE IF EXISTS memoryd_fts", "DROP INDEX IF EXISTS memoryd_ledger_ref"),
+}
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
     1: {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}},
@@ -360,9 +369,18 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
     row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
     if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
         return  # nothing to do: opening an up-to-date store writes nothing
+    # None: memoryd never opened it (its tables are all new)
+    was = int(row[0]) if row is not None and str(row[0]).isdigit() else None
     with atomic(conn):
+        steps = [] if was is None else [MEMORYD_MIGRATIONS.get(v, ()) for v in range(was + 1, MEMORYD_SCHEMA_VERSION + 1)]
+        for step in steps:
+            for sql in step:
+                conn.execute(sql)
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
+        if any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps):
+            # the counts and the ledger may be trusted (sync_text_index would not rebuild)
+            conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('memoryd_schema', ?) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
