@@ -104,6 +104,29 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
         assert hits(conn, "記憶 d", "index") == []
         (n,) = conn.execute("SELECT count(*) FROM memoryd_fts WHERE memoryd_fts MATCH '\"spa\"'").fetchone()
         assert n == 1
+        # the index holds exactly the entries' texts (FTS5 reads them back from entries)
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+
+
+def segments(conn: sqlite3.Connection) -> int:
+    (n,) = conn.execute("SELECT count(DISTINCT segid) FROM memoryd_fts_idx").fetchone()
+    return int(n)
+
+
+def test_a_transaction_of_many_writes_adds_one_segment_to_the_index(tmp_path: Path) -> None:
+    """FTS5 writes what a transaction indexed as one new segment at COMMIT, unless a
+    statement savepoint flushes it earlier (an INSERT ... SELECT opens one): a batch of
+    adds must cost the index one segment, not one per add."""
+    with opened(tmp_path / "m.db") as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(0, "the first entry")))
+        assert segments(conn) == 1
+        write(conn, lambda c: [store.insert_entry(c, entry(n, f"entry number {n}")) for n in range(1, 17)])
+        assert segments(conn) == 2
+        a = entry(3, "entry number 3, edited")
+        write(conn, lambda c: (store.update_entry(c, a), store.insert_entry(c, entry(20, "one more"))))
+        assert segments(conn) == 3
+        assert hits(conn, "number 3, ed", "index") == ["e0003"]
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
 
 
 def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path) -> None:
@@ -201,3 +224,61 @@ def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory
                                       limit=limit, boosted=extra.keys())
         assert total == len(every)
         assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]
+
+
+# --- memoryd_schema 4: the text index without docsize rows, the ledger's ref index partial ----
+
+#: memoryd_schema 3's definitions, as stores written by it hold them
+SCHEMA_3 = ("CREATE VIRTUAL TABLE memoryd_fts USING fts5(text, content='entries', content_rowid='rowid', "
+            "tokenize='trigram')",
+            "CREATE INDEX memoryd_ledger_ref ON memoryd_ledger (kind, ref)")
+
+
+def assert_schema_4(path: Path, texts: dict[str, str]) -> None:
+    """The definitions of memoryd_schema 4, an index that holds every entry, and the ledger's
+    connection-row lookup on its index."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("4",)
+        defs = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE name IN ('memoryd_fts', "
+                                 "'memoryd_ledger_ref', 'memoryd_fts_docsize')"))
+        assert defs == {"memoryd_fts": "CREATE VIRTUAL TABLE memoryd_fts USING fts5(text, content='entries', "
+                                       "content_rowid='rowid', tokenize='trigram', columnsize=0)",
+                        "memoryd_ledger_ref": "CREATE INDEX memoryd_ledger_ref ON memoryd_ledger (kind, ref) "
+                                              "WHERE ref IS NOT NULL"}
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+        [(_, _, _, plan)] = conn.execute("EXPLAIN QUERY PLAN SELECT 1 FROM memoryd_ledger WHERE kind = 'connection' "
+                                         "AND ref = ?", ("r/1",)).fetchall()
+        assert "USING COVERING INDEX memoryd_ledger_ref" in plan
+        for eid, text in texts.items():
+            assert hits(conn, text[2:], "index") == hits(conn, text[2:], "scan") == [eid]
+
+
+def test_a_schema_3_store_gets_the_new_text_index_with_every_entry(tmp_path: Path) -> None:
+    """A store memoryd_schema 3 wrote, trusted at start (its counts and ledger as memoryd left
+    them, so no rebuild would run for it): the migration rebuilds the index it redefines."""
+    path = tmp_path / "m.db"
+    with opened(path) as conn:
+        write(conn, lambda c: [store.insert_entry(c, entry(n, f"fact number {n}")) for n in range(3)])
+        chain_newest_audit_row(conn)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DROP TABLE memoryd_fts")
+        conn.execute("DROP INDEX memoryd_ledger_ref")
+        for sql in SCHEMA_3:
+            conn.execute(sql)
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'memoryd_schema'")
+        conn.execute("COMMIT")
+        assert store.trusted(conn)
+    with opened(path) as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(9, "fact number 9")))
+    assert_schema_4(path, {f"e{n:04d}": f"fact number {n}" for n in (0, 1, 2, 9)})
+
+
+def test_a_store_of_the_reference_gets_the_new_definitions(tmp_path: Path) -> None:
+    from test_e2e_store import make_store
+
+    path = tmp_path / "m.db"
+    make_store(path, 4)
+    with opened(path) as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(9, "fact number 9")))
+    assert_schema_4(path, {"3b241101-e2bb-4255-8caf-4136c566a962": "Prefers tabs", "e0009": "fact number 9"})

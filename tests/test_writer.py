@@ -491,3 +491,88 @@ async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fai
         await daemon.close()
     assert set(threading.enumerate()) == threads
     await daemon.close()  # a second close does nothing
+
+
+# --- the ledger's transaction scope -----------------------------------------------------------
+
+
+def who(n: int) -> Any:
+    from memoryd_protocol.types import LedgerConnection
+
+    return LedgerConnection(ref=f"run-1/{n}", run="run-1", id=n, transport="socket", pid=None, uid=None, exe=None,
+                            client=None, opened_at=1)
+
+
+def audited(n: int, *, fail: bool = False) -> Callable[[sqlite3.Connection, Usage], int]:
+    """An audit row (and its ledger rows) for connection ``n``; ``fail``: then raise."""
+    from memoryd import ledger
+
+    def job(conn: sqlite3.Connection, usage: Usage) -> int:
+        ledger.Stamp(origin=who(n), session_id=None, label="allowed").audit(
+            conn, "add", track="user", scope="user-global", entry_id=f"e-{n}", text=f"fact {n}", source="t")
+        if fail:
+            raise BudgetExceeded("memory budget exceeded", {})
+        return n
+
+    return job
+
+
+def chain(db: Path) -> list[tuple[int, str, str | None]]:
+    """(n, kind, ref) of every ledger row, after checking that each hash chains on."""
+    from memoryd_protocol.ledger import chain_hash
+
+    out, prev = [], ""
+    for n, ts, kind, ref, seq, body, p, h in rows(db, "SELECT n, ts, kind, ref, audit_seq, body, prev, hash "
+                                                      "FROM memoryd_ledger ORDER BY n"):
+        assert (p, h) == (prev, chain_hash(prev, n, ts, kind, ref, seq, body))
+        out.append((n, kind, ref))
+        prev = h
+    return out
+
+
+async def test_the_ledger_chains_in_memory_and_a_rolled_back_connection_row_is_written_again(
+        tmp_path: Path) -> None:
+    """A transaction reads the ledger's newest row once; its rows chain on in memory. A job
+    rolled back to its savepoint takes its connection row with it, so the next job of that
+    connection writes the row again; and a connection whose row has committed is not looked
+    up again."""
+    db = tmp_path / "w.db"
+    store.open_store(db, store.inspect(db), 0).close()
+    writer = await Writer.open(db, store.inspect(db), 0)
+    statements: list[str] = []
+    await writer._owned.run(lambda c: c.set_trace_callback(statements.append))
+    head_reads = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
+    lookups = "SELECT 1 FROM memoryd_ledger WHERE kind = 'connection'"
+    try:
+        first, failed, last = await queued_then_run(writer, [audited(1), audited(2, fail=True), audited(2)])
+        # the first run without savepoints, then again with them: one head read each
+        assert sum(s.startswith(head_reads) for s in statements) == 2
+        del statements[:]
+        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        assert await queued_then_run(writer, [audited(1), audited(2)]) == [1, 2]
+        assert sum(s.startswith(head_reads) for s in statements) == 1
+        assert not [s for s in statements if s.startswith(lookups)]  # both rows committed in this run
+    finally:
+        await writer.aclose()
+    assert (first, last) == (1, 2) and isinstance(failed, BudgetExceeded)
+    assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
+                         (4, "connection", "run-1/2"), (5, "audit", None), (6, "audit", None), (7, "audit", None)]
+    assert writer.anchor.head is not None and writer.anchor.head[0] == 7
+
+
+async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path: Path) -> None:
+    """Once the ledger's newest row is not the one this daemon's last commit left, the
+    connection rows it wrote are looked up again (and written again when gone)."""
+    db = tmp_path / "w.db"
+    store.open_store(db, store.inspect(db), 0).close()
+    writer = await Writer.open(db, store.inspect(db), 0)
+    try:
+        assert await queued_then_run(writer, [audited(1)]) == [1]
+        with contextlib.closing(sqlite3.connect(db)) as other, other:
+            other.execute("DELETE FROM memoryd_ledger WHERE n > 1")
+        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        assert await queued_then_run(writer, [audited(1)]) == [1]
+    finally:
+        await writer.aclose()
+    assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
+    assert writer.anchor.lost

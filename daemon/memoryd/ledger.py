@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Literal
 
 from memoryd_protocol.ledger import (
@@ -38,16 +39,30 @@ from .atomic import atomic
 log = logging.getLogger("memoryd.ledger")
 
 
+#: The writer's transaction in progress on this thread (``Anchor.check`` to ``advance`` or
+#: ``leave``): its ``Anchor`` holds the ledger's newest row, so ``append`` need not read it.
+_scope = threading.local()
+
+
+def _in_scope(conn: sqlite3.Connection) -> Anchor | None:
+    anchor: Anchor | None = getattr(_scope, "anchor", None)
+    return anchor if anchor is not None and anchor._conn is conn else None
+
+
 def append(conn: sqlite3.Connection, kind: Kind, body: Body, *, ref: str | None = None,
            audit_seq: int | None = None, ts: int | None = None) -> None:
-    last = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
+    scope = _in_scope(conn)
+    last = scope._tip if scope is not None else head(conn)
     n, prev = (last[0] + 1, last[1]) if last else (1, "")
     text = canonical(body)
     ts = ts if ts is not None else store.now_ms()
+    digest = chain_hash(prev, n, ts, kind, ref, audit_seq, text)
     conn.execute(
         "INSERT INTO memoryd_ledger (n, ts, kind, ref, audit_seq, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (n, ts, kind, ref, audit_seq, text, prev, chain_hash(prev, n, ts, kind, ref, audit_seq, text)),
+        (n, ts, kind, ref, audit_seq, text, prev, digest),
     )
+    if scope is not None:
+        scope._tip = (n, digest)
 
 
 def ensure_start(conn: sqlite3.Connection) -> None:
@@ -86,9 +101,16 @@ def _ensure_connection(conn: sqlite3.Connection, who: LedgerConnection | None) -
     """The ref of ``who``, writing its connection row first if no row of it exists yet."""
     if who is None:
         return None
+    scope = _in_scope(conn)
+    if scope is not None and (who.ref in scope._connections or who.ref in scope._written):
+        return who.ref  # its row is in the store: committed in this run, or by this transaction
     seen = conn.execute("SELECT 1 FROM memoryd_ledger WHERE kind = 'connection' AND ref = ?", (who.ref,)).fetchone()
     if seen is None:
         append(conn, "connection", who, ref=who.ref)
+        if scope is not None:
+            scope._written.add(who.ref)
+    elif scope is not None:
+        scope._connections.add(who.ref)  # committed before this transaction (not by it: see above)
     return who.ref
 
 
@@ -106,15 +128,37 @@ class Anchor:
     remembers. The writer checks the row at the head of every transaction (``check``) and
     moves the head after every commit (``advance``); ``audit/verify`` compares the store
     with it. Once the store no longer holds that row as written, the head stays where it
-    was for the daemon's life, so a later write does not chain the forgery in."""
+    was for the daemon's life, so a later write does not chain the forgery in.
+
+    Between ``check`` and ``advance`` (or ``leave``) it is also the writer's transaction
+    scope on its thread: ``check`` reads the store's newest row once, and every row
+    ``append`` adds chains on from it in memory (two statements less per audited write:
+    the head read, and the connection-row check of a connection whose row this daemon
+    has written). A savepoint rolled back takes its rows out of the scope too (``mark``,
+    ``undo``); a transaction rolled back ends it, and the next ``check`` reads again."""
 
     head: tuple[int, str] | None = None
     #: set once the store's row ``head`` was found missing or changed
     lost: bool = False
+    #: the connection rows this daemon committed (their refs), while the ledger's newest
+    #: row is the one its last commit left (``_left``): anyone else's write forgets them
+    _connections: set[str] = field(default_factory=set)
+    _left: tuple[int, str] | None = None
+    #: the transaction in progress: its connection, the ledger's newest row in it, and
+    #: the connection rows it wrote
+    _conn: sqlite3.Connection | None = field(default=None, repr=False)
+    _tip: tuple[int, str] | None = None
+    _written: set[str] = field(default_factory=set)
 
     def check(self, conn: sqlite3.Connection) -> None:
-        """Inside the writer's transaction, before its first row."""
-        if self.head is None or self.lost:
+        """Inside the writer's transaction, before its first row; begins the scope."""
+        tip = head(conn)
+        if tip != self._left:
+            self._connections.clear()  # the ledger is not as this daemon left it: read them again
+        self._left = tip
+        self._conn, self._tip, self._written = conn, tip, set()
+        _scope.anchor = self
+        if self.head is None or self.lost or tip == self.head:
             return
         n, want = self.head
         row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (n,)).fetchone()
@@ -123,9 +167,31 @@ class Anchor:
             log.error("ledger row %d, the last this daemon wrote, is %s outside memoryd; audit/verify reports it", n,
                       "missing: deleted" if row is None else "changed")
 
+    def mark(self) -> tuple[tuple[int, str] | None, set[str]]:
+        """Before a savepoint: what ``undo`` puts back when it is rolled back."""
+        return self._tip, set(self._written)
+
+    def undo(self, mark: tuple[tuple[int, str] | None, set[str]]) -> None:
+        self._tip, self._written = mark[0], set(mark[1])
+
+    def leave(self) -> None:
+        """End the scope (after a rollback: nothing of it is in the store)."""
+        if getattr(_scope, "anchor", None) is self:
+            _scope.anchor = None
+        self._conn, self._written = None, set()
+
     def advance(self, conn: sqlite3.Connection) -> None:
-        """After a commit. Never raises: the commit is done, and a head not moved only makes
-        the next check look at an older row, which is still there."""
+        """After a commit; ends the scope. Never raises: the commit is done, and a head not
+        moved only makes the next check look at an older row, which is still there."""
+        if self._conn is conn:
+            tip, written = self._tip, self._written
+            self.leave()
+            self._left = tip
+            self._connections |= written
+            if not self.lost:
+                self.head = tip
+            return
+        self.leave()
         if self.lost:
             return
         try:

@@ -373,6 +373,13 @@ class Writer:
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
+        try:
+            return self._run_batch_in_scope(conn, batch, deferred, lost)
+        finally:
+            self.anchor.leave()  # committed or not, the transaction's ledger scope ends with it
+
+    def _run_batch_in_scope(self, conn: sqlite3.Connection, batch: list[_Job[Any]], deferred: list[_Deferred],
+                            lost: list[_Deferred]) -> Usage:
         usage = dict(self._usage)
         try:
             with atomic(conn):
@@ -392,6 +399,7 @@ class Writer:
         else:
             self.anchor.advance(conn)  # committed: the head this daemon wrote moves on
             return usage
+        self.anchor.leave()
         if conn.in_transaction:
             conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed just now
         for job in batch:
@@ -408,12 +416,14 @@ class Writer:
             self.anchor.check(conn)
             for d in deferred:
                 step = atomic(conn, "bookkeeping")
+                mark = self.anchor.mark()
                 try:
                     with step:
                         d.fn(conn)
                 except Exception as exc:
                     if step.lost:
                         raise
+                    self.anchor.undo(mark)  # its ledger rows were rolled back with it
                     fault = store_fault(exc, self._path)
                     if fault is not None and d.keep:
                         lost.append(d)
@@ -424,6 +434,7 @@ class Writer:
             for job in batch:
                 before = dict(usage)
                 step = atomic(conn, "job")
+                mark = self.anchor.mark()
                 try:
                     with step:
                         job.result = job.fn(conn, usage)
@@ -431,6 +442,7 @@ class Writer:
                     usage = before
                     if step.lost:
                         raise
+                    self.anchor.undo(mark)  # its ledger rows were rolled back with it
                     fault = store_fault(exc, self._path)
                     if fault is not None:
                         log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)

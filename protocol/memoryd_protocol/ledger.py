@@ -58,7 +58,10 @@ TABLE = """CREATE TABLE IF NOT EXISTS memoryd_ledger (
     prev TEXT NOT NULL,
     hash TEXT NOT NULL
 )"""
-INDEX = "CREATE INDEX IF NOT EXISTS memoryd_ledger_ref ON memoryd_ledger (kind, ref)"
+#: The rows that name something (a connection, an approval, a proposal) by ``ref``; audit
+#: rows (ref NULL), most of the ledger, stay out of it: one B-tree page less per write.
+#: (Partial since memoryd_schema 4; a lookup ``kind = ? AND ref = ?`` uses it.)
+INDEX = "CREATE INDEX IF NOT EXISTS memoryd_ledger_ref ON memoryd_ledger (kind, ref) WHERE ref IS NOT NULL"
 LEDGER_COLUMNS = "n, ts, kind, ref, audit_seq, body, prev, hash"
 SELECT_LEDGER = f"SELECT {LEDGER_COLUMNS} FROM memoryd_ledger ORDER BY n"
 SELECT_AUDIT = "SELECT seq, ts, action, track, scope, entry_id, text, outcome, source, session_id FROM audit ORDER BY seq"
