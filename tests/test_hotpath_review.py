@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 from pathlib import Path
 
+import anyio
+import pytest
 from conftest import start_daemon
+from e2e_helpers import add
 from faults import CONFIG
+from inprocess import memory_daemon
 from memoryd.app import DRAIN_S
 from rawclient import write_ctx
+
+pytestmark = pytest.mark.anyio
 
 INIT = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocol":"dsh-memory-protocol/v1",'
         b'"capabilities":{"approvals":true}}}\n')
@@ -58,3 +65,64 @@ def test_a_reply_the_peer_never_reads_does_not_hold_the_stop_past_its_drain(tmp_
     finally:
         s.close()
         d.stop()
+
+
+# --- recall bookkeeping: exact under concurrent queries and writes ------------------------
+
+QUERY_TEXTS = ("needle", "eedle", "needl")
+
+
+async def test_recall_counts_and_rows_are_exact_under_concurrent_queries_and_writes(tmp_path: Path) -> None:
+    """Six connections query (each with its own sessionId) while a seventh adds and
+    replaces matching entries. Every query's reply is one recall of each entry on its page:
+    across all replies an entry shows recallCount 1, 2, ..., n exactly once each (the overlay
+    neither misses a recall nor counts one twice, whether its commit is queued, in flight or
+    done); the store ends with n and the last reply's lastRecalled; each session's recalled
+    rows are its queries, in the order it sent them; the ledger verifies."""
+    db = tmp_path / "memory.db"
+    sessions = [f"s-q{k}" for k in range(6)]
+    sent: dict[str, list[str]] = {s: [] for s in sessions}
+    seen: dict[str, list[tuple[int, int]]] = {}
+    async with memory_daemon(["--db", str(db), "--write-policy", "auto"]) as d:
+        async with d.connect() as w:
+            ids = [(await add(w, f"needle {n}"))["entry"]["id"] for n in range(6)]
+
+            async def querier(session: str) -> None:
+                async with d.connect() as raw:
+                    for n in range(40):
+                        text = QUERY_TEXTS[(n + len(sent[session])) % 3]
+                        sent[session].append(text)
+                        r = await raw.ok("memory/query", {"filter": {"text": text, "limit": 50},
+                                                          "opts": {"sessionId": session}})
+                        for e in r["entries"]:
+                            seen.setdefault(e["id"], []).append((e["recallCount"], e["lastRecalled"]))
+
+            async def writer() -> None:
+                for n in range(30):
+                    ids.append((await add(w, f"needle late {n}"))["entry"]["id"])
+                    await w.ok("memory/replace", {"input": {"track": "user", "scope": "user-global",
+                                                            "id": ids[n % 6], "text": f"needle {n % 6} v{n}"},
+                                                  "write": write_ctx()})
+
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    tg.start_soon(querier, s)
+                tg.start_soon(writer)
+            report = await w.ok("audit/verify", {})
+            assert report["ok"], report["problems"]
+            listed = {e["id"]: e for e in await w.ok("memory/list", {})}
+    for i, shown in seen.items():
+        assert sorted(c for c, _ in shown) == list(range(1, len(shown) + 1)), i
+        assert listed[i]["recallCount"] == len(shown)
+    conn = sqlite3.connect(db)
+    try:
+        stored = {i: (c, t) for i, c, t in conn.execute("SELECT id, recall_count, last_recalled FROM entries")}
+        rows = conn.execute("SELECT session_id, text FROM audit WHERE action = 'recalled' ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+    for i, shown in seen.items():
+        assert stored[i] == (len(shown), max(t for _, t in shown)), i
+    assert {i for i, (c, _) in stored.items() if c} == set(seen)
+    for s in sessions:
+        assert [t for sid, t in rows if sid == s] == sent[s]
+    assert len(rows) == sum(len(v) for v in sent.values())

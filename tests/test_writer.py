@@ -17,13 +17,14 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, queries, store
+from memoryd import adapter_registry, ledger, queries, store
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
 from memoryd.atomic import atomic
 from memoryd.config import Config
 from memoryd.writer import Usage, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
+from memoryd_protocol.ledger import consistent, read_report
 from memoryd_protocol.types import Entry
 from test_store_faults import run_batch
 
@@ -491,3 +492,141 @@ async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fai
         await daemon.close()
     assert set(threading.enumerate()) == threads
     await daemon.close()  # a second close does nothing
+
+
+# --- a batch run again after a failure: everything else applied exactly once ----------------
+
+
+def _entry(text: str) -> Entry:
+    return Entry(id=store.new_id(), track="user", scope="user-global", workspace_key="", agent_key="", text=text,
+                 source="user", tags=[], version=1, created_at=1, updated_at=1, last_recalled=None, recall_count=0,
+                 session_id="s-1")
+
+
+STAMP = ledger.Stamp(origin=None, session_id="s-1", label="allowed-once (policy auto)")
+
+
+def add_job(text: str, delta: int) -> Callable[[sqlite3.Connection, Usage], str]:
+    """An add as the pipeline commits one: the entry, its audit row and ledger row, usage."""
+    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+        e = _entry(text)
+        e.created_at = e.updated_at = store.now_ms()
+        store.insert_entry(conn, e)
+        STAMP.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source, entry=e,
+                    ts=e.created_at)
+        usage[CELL] = usage.get(CELL, 0) + delta
+        return text
+
+    return job
+
+
+def fails_after_its_rows(fault: bool) -> Callable[[sqlite3.Connection, Usage], None]:
+    """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
+    fault SQLite confines to the statement (SQLITE_READONLY)."""
+    def job(conn: sqlite3.Connection, usage: Usage) -> None:
+        add_job("doomed", 1000)(conn, usage)
+        if not fault:
+            raise BudgetExceeded("memory budget exceeded", {})
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
+        finally:
+            conn.execute("PRAGMA query_only = OFF")
+
+    return job
+
+
+async def seed_one(db: Path) -> Entry:
+    """A store with its ledger begun and one entry (inserted without rows: a start row
+    lists it)."""
+    seeded = _entry("recalled one")
+    conn = store.open_store(db, store.inspect(db), 0)
+    try:
+        store.insert_entry(conn, seeded)
+        conn.commit()
+    finally:
+        conn.close()
+    return seeded
+
+
+def ledger_state(db: Path, head: tuple[int, str] | None) -> tuple[list[tuple[str, str | None]], list[str], Any]:
+    conn = sqlite3.connect(db)
+    try:
+        audit = conn.execute("SELECT action, text FROM audit ORDER BY seq").fetchall()
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM memoryd_ledger ORDER BY n")]
+        report = consistent(conn, lambda fetch: read_report(fetch, head))
+        assert ledger.head(conn) == head
+    finally:
+        conn.close()
+    return audit, kinds, report
+
+
+@pytest.mark.parametrize("fault", [False, True], ids=["job-error", "store-fault"])
+async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(tmp_path: Path, fault: bool) -> None:
+    """A batch of bookkeeping (a kept ledger row, a query's recalls and its recalled row, a
+    step with a bug) and five jobs, the second and fourth of which fail after writing rows:
+    the batch runs again with savepoints. Every other step is applied once: one audit row
+    and one ledger row each, in order, the usage of the three adds alone, the recall counted
+    once, each on_done run once, and the ledger's head (the Anchor) the committed head."""
+    db = tmp_path / "w.db"
+    seeded = await seed_one(db)
+    writer = await Writer.open(db, store.inspect(db), 0)
+    done: list[str] = []
+    try:
+        before = writer.usage[CELL]
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
+                     lambda: done.append("kept"), keep=True)
+
+        def bug(conn: sqlite3.Connection) -> None:
+            raise RuntimeError("a bookkeeping bug")
+
+        writer.defer(bug, lambda: done.append("bug"))
+        writer.record_recalls([seeded], 5000, lambda conn: STAMP.audit(
+            conn, "recalled", track=None, scope=None, entry_id=None, text="q", source=None, ts=5000))
+        results = await run_batch(writer, [add_job("a", 1), fails_after_its_rows(fault), add_job("c", 2),
+                                           fails_after_its_rows(fault), add_job("e", 4)])
+        assert [r if isinstance(r, str) else type(r) for r in results] == [
+            "a", StoreUnavailable if fault else BudgetExceeded, "c", StoreUnavailable if fault else BudgetExceeded, "e"]
+        assert writer.usage[CELL] == before + 7
+        assert sorted(done) == ["bug", "kept"]
+        head = writer.anchor.head
+    finally:
+        await writer.aclose()
+    audit, kinds, report = ledger_state(db, head)
+    assert audit == [("recalled", "q"), ("add", "a"), ("add", "c"), ("add", "e")]
+    assert kinds == ["start", "failed", "audit", "audit", "audit", "audit"]
+    assert report.ok, report.problems
+    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE id = ?", seeded.id) == [(1, 5000)]
+    assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["a", "c", "e", "recalled one"]
+
+
+async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overlay(tmp_path: Path) -> None:
+    """The recalled row of a query fails (a bug): that query-run's recall step is undone
+    (its counters and rows, one step), the jobs and the other bookkeeping of the batch
+    commit once, and no later query counts the lost recalls from the overlay."""
+    db = tmp_path / "w.db"
+    seeded = await seed_one(db)
+    writer = await Writer.open(db, store.inspect(db), 0)
+    try:
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None), keep=True)
+
+        def broken_row(conn: sqlite3.Connection) -> None:
+            raise RuntimeError("a recalled row's bug")
+
+        writer.record_recalls([seeded], 5000, broken_row)
+        assert await run_batch(writer, [add_job("a", 1)]) == ["a"]
+        reader = store.connect(db, 0)
+        try:
+            hits, _ = await writer.with_recalls(lambda boosted: queries.query_page(
+                reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None, limit=50,
+                boosted=boosted))
+        finally:
+            reader.close()
+        assert {e.text: e.recall_count for e in hits} == {"recalled one": 0, "a": 0}
+        head = writer.anchor.head
+    finally:
+        await writer.aclose()
+    audit, kinds, report = ledger_state(db, head)
+    assert audit == [("add", "a")]
+    assert kinds == ["start", "failed", "audit"]
+    assert report.ok, report.problems
