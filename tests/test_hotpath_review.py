@@ -3,6 +3,7 @@ writer's batch re-run, the coalesced recall bookkeeping and our own RPC dispatch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sqlite3
@@ -126,3 +127,39 @@ async def test_recall_counts_and_rows_are_exact_under_concurrent_queries_and_wri
     for s in sessions:
         assert [t for sid, t in rows if sid == s] == sent[s]
     assert len(rows) == sum(len(v) for v in sent.values())
+
+
+# --- connection: a peer that leaves with requests in flight ---------------------------------
+
+
+async def test_a_peer_that_leaves_mid_pipeline_gets_every_reply_in_order_and_leaks_no_task(tmp_path: Path) -> None:
+    """120 writes and queries pipelined, then EOF at once: every request read is served, in
+    the order sent (the ledger's rows follow the lines), its reply sent; once the daemon
+    has closed its end, the event loop holds exactly the tasks it held before the peer
+    came, and the store holds every acknowledged write."""
+    db = tmp_path / "memory.db"
+    async with memory_daemon(["--db", str(db), "--write-policy", "auto"]) as d:
+        await d.daemon.writer.idle()
+        baseline = {t for t in asyncio.all_tasks() if not t.done()}
+        async with d.connect() as raw:
+            lines = []
+            for n in range(120):
+                if n % 3 == 2:
+                    lines.append({"jsonrpc": "2.0", "id": 1000 + n, "method": "memory/query",
+                                  "params": {"filter": {"text": "pipelined"}, "opts": {"sessionId": "s-1"}}})
+                else:
+                    lines.append({"jsonrpc": "2.0", "id": 1000 + n, "method": "memory/add", "params": {
+                        "input": {"track": "user", "scope": "user-global", "text": f"pipelined {n}"},
+                        "write": write_ctx()}})
+            await raw.send_line(b"\n".join(json.dumps(m).encode() for m in lines))
+            await raw.hang_up()  # EOF at once; returns once the daemon has closed its end
+            replies = [m for m in raw.received if isinstance(m, dict) and m.get("id", 0) >= 1000]
+        await d.daemon.writer.settled()
+        left = {t for t in asyncio.all_tasks() if not t.done()} - baseline
+        assert not left, left
+        assert [r["id"] for r in replies] == [1000 + n for n in range(120)]
+        assert all("result" in r for r in replies)
+        async with d.connect() as check:
+            audit = await check.ok("audit/list", {"limit": 1000})
+    added = [a["text"] for a in sorted(audit, key=lambda a: a["seq"]) if a["action"] == "add"]
+    assert added == [f"pipelined {n}" for n in range(120) if n % 3 != 2]
