@@ -630,3 +630,48 @@ async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overl
     assert audit == [("add", "a")]
     assert kinds == ["start", "failed", "audit"]
     assert report.ok, report.problems
+
+
+async def cancelled_mid_job(writer: Writer, fails: bool) -> list[BaseException]:
+    """Submit a job, cancel its caller while the job runs on the writer's thread, then let
+    the job end (failing, or committed); what ``on_error`` got."""
+    started, release = threading.Event(), threading.Event()
+
+    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+        started.set()
+        release.wait()
+        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}",))
+        if fails:
+            raise BudgetExceeded("memory budget exceeded", {})
+        return "done"
+
+    reported: list[BaseException] = []
+    ended: list[bool] = []
+
+    async def caller() -> None:
+        try:
+            await writer.submit(job, on_error=reported.append)
+        finally:
+            ended.append(release.is_set() and writer.depth == 0)
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await anyio.to_thread.run_sync(started.wait)
+            scope.cancel()
+            release.set()
+    assert scope.cancelled_caught and ended == [True]
+    return reported
+
+
+async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failure_is_still_reported(
+        tmp_path: Path) -> None:
+    """Cancelled while its job is in flight, the caller is cancelled only once the job has
+    ended (committed, or failed); a failed job's ``on_error`` runs all the same (the
+    pipeline's ``failed`` ledger row follows it), a committed one's does not; nothing is
+    left waiting."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        assert [type(e) for e in await cancelled_mid_job(writer, True)] == [BudgetExceeded]
+        assert await cancelled_mid_job(writer, False) == []
+    assert rows(db) == [("t:False", "x")]

@@ -107,11 +107,10 @@ class Pipeline:
                 usage[cell] = usage.get(cell, 0) + d
             return plan.commit(conn, stamp, usage)  # on an error the writer restores usage
 
-        try:
-            result = await self.writer.submit(job)
-        except Exception as exc:
+        def failed_row(exc: BaseException) -> None:
             # Nothing of the write was committed (its decision row neither): say so in the
-            # ledger, kept until the store takes it.
+            # ledger, kept until the store takes it; also when the request was cancelled
+            # while its commit ran (the writer calls this, not the request).
             code, message = (exc.code, exc.message) if isinstance(exc, ProtocolError) else (
                 "INTERNAL_ERROR", "the commit failed")
 
@@ -121,7 +120,8 @@ class Pipeline:
                 ledger.failed(conn, stamp, plan.action, code, message, plan.entry_id)
 
             self.writer.defer(failed, keep=True)
-            raise
+
+        result = await self.writer.submit(job, on_error=failed_row)
         for method, params in plan.events(result):
             await ctx.notify(method, params)
         return result
