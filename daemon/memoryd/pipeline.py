@@ -34,7 +34,7 @@ from . import ledger, store
 from .approvals import Approvals, Peer
 from .config import Config
 from .context import RequestContext
-from .writer import Usage, Writer
+from .writer import Usage, Writer, WriterClosed
 
 R = TypeVar("R")
 Cell = tuple[str, str]
@@ -121,7 +121,11 @@ class Pipeline:
 
             self.writer.defer(failed, keep=True)
 
-        result = await self.writer.submit(job, on_error=failed_row)
+        try:
+            result = await self.writer.submit(job, on_error=failed_row)
+        except WriterClosed as exc:  # refused before it was queued: no on_error
+            failed_row(exc)
+            raise
         for method, params in plan.events(result):
             await ctx.notify(method, params)
         return result
