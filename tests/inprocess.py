@@ -108,6 +108,7 @@ class InProcess:
         async with to_daemon, sink.receive, anyio.create_task_group() as tg:
             raw = Raw(send, _socket_lines(sink.receive))
             raw._tg = tg
+            raw._send_eof = to_daemon.aclose  # hang_up: EOF, as a socket's half-close
             tg.start_soon(raw._reader)
             if initialize:
                 await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1",

@@ -18,7 +18,7 @@ from memoryd.approvals import Approvals
 from memoryd.config import Config
 from memoryd.context import RequestContext
 from memoryd.service import Service
-from memoryd_protocol.errors import EntryNotFound
+from memoryd_protocol.errors import EntryNotFound, InvalidInput, StoreUnavailable, WriteDenied
 from memoryd_protocol.methods import METHODS
 from memoryd_protocol.types import AddParams, ApprovalAsked, ApprovalOrigin, ConnectionInfo, QueryParams
 from rawclient import write_ctx
@@ -322,3 +322,62 @@ async def test_an_approval_parks_the_request_and_names_its_id_to_its_own_connect
         assert method == "approval/asked" and note.request_id == "w-1"
         approvals.decide(peer, "ap", "allowed-once")
     assert result == ["allowed-once"]
+
+
+ODD_IDS: list[Any] = [1.0, -0.0, 10**30, "", "ä", "\ud800", None]
+
+
+async def test_our_dispatch_answers_as_jsonrpcserver_does_for_odd_ids_params_and_results() -> None:
+    """Beyond the cases above: odd ids (a float that is whole, -0.0, an integer beyond 64
+    bits, the empty string, non-ASCII, a lone surrogate, null) on every kind of outcome,
+    params as an array or an empty object where an input is required, a result of null,
+    each protocol error with its details, and an explicit id null on a failing method."""
+    async def ok(ctx: RequestContext, p: Any) -> Any:
+        return None
+
+    async def fails(ctx: RequestContext, p: Any) -> Any:
+        raise failure
+
+    d = rpc.Dispatcher({"memory/budgets": ok, "memory/list": fails, "memory/add": ok})
+    failure: Exception = EntryNotFound("gone", {"entryId": "e"})
+    cases: list[bytes] = []
+    for i in ODD_IDS:
+        cases += [line("memory/budgets", id_=i), line("memory/add", [ADD], i), line("memory/add", {}, i),
+                  line("memory/add", {**ADD, "extra": 1}, i)]
+        cases.append(json.dumps({"jsonrpc": "2.0", "id": i, "method": "memory/list"}).encode())
+    for each in (InvalidInput("bad", "input.text"), WriteDenied("write denied: rejected", {"outcome": "rejected"}),
+                 StoreUnavailable("the store is busy", {"reason": "busy", "path": "/x"}), RuntimeError("boom")):
+        failure = each
+        for data in cases:
+            call = rpc.parse(data)
+            assert isinstance(call, rpc.Call)
+            library = await d.via_library(FakePeer(), call)
+            assert await d.handle(FakePeer(), call) == (None if library is None else rpc.encode(library)), data
+        # In a batch, each item is answered as it would be alone (the library's reply to it).
+        batch = rpc.parse(b"[" + b",".join(cases) + b"]")
+        assert isinstance(batch, list)
+        alone = [await d.via_library(FakePeer(), c) for c in batch]
+        assert await d.handle(FakePeer(), batch) == rpc.encode([r for r in alone if r is not None])
+
+
+def test_a_batch_is_the_first_to_bring_in_jsonrpcserver() -> None:
+    """The first method outside the table comes inside a batch, twice, between the table's
+    methods (each item in a task of its own): each gets its -32601 with its own id, the
+    others their results, in order."""
+    script = (
+        "import asyncio, json, sys\n"
+        "from memoryd import rpc\n"
+        "async def ok(ctx, p): return ctx.id\n"
+        "d = rpc.Dispatcher({'memory/budgets': ok})\n"
+        "line = b'[' + b','.join(json.dumps({'jsonrpc': '2.0', 'id': i, 'method': m}).encode() for i, m in\n"
+        "    [(1, 'memory/budgets'), (2, 'nope/x'), (3, 'memory/budgets'), (4, 'nope/y')]) + b']'\n"
+        "assert 'jsonrpcserver' not in sys.modules\n"
+        "r = json.loads(asyncio.run(d.handle(None, rpc.parse(line))))\n"
+        "assert [x['id'] for x in r] == [1, 2, 3, 4], r\n"
+        "assert [x.get('result') for x in r] == [1, None, 3, None], r\n"
+        "assert [x['error']['code'] for x in r if 'error' in x] == [-32601, -32601], r\n"
+        "assert [x['error']['data']['details'] for x in r if 'error' in x] == [{'method': 'nope/x'}, {'method': 'nope/y'}]\n"
+    )
+    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "")

@@ -17,13 +17,14 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, queries, store
+from memoryd import adapter_registry, ledger, queries, store
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
 from memoryd.atomic import atomic
 from memoryd.config import Config
 from memoryd.writer import Usage, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
+from memoryd_protocol.ledger import consistent, read_report
 from memoryd_protocol.types import Entry
 from test_store_faults import run_batch
 
@@ -517,6 +518,32 @@ def audited(n: int, *, fail: bool = False) -> Callable[[sqlite3.Connection, Usag
     return job
 
 
+# --- a batch run again after a failure: everything else applied exactly once ----------------
+
+
+def _entry(text: str) -> Entry:
+    return Entry(id=store.new_id(), track="user", scope="user-global", workspace_key="", agent_key="", text=text,
+                 source="user", tags=[], version=1, created_at=1, updated_at=1, last_recalled=None, recall_count=0,
+                 session_id="s-1")
+
+
+STAMP = ledger.Stamp(origin=None, session_id="s-1", label="allowed-once (policy auto)")
+
+
+def add_job(text: str, delta: int) -> Callable[[sqlite3.Connection, Usage], str]:
+    """An add as the pipeline commits one: the entry, its audit row and ledger row, usage."""
+    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+        e = _entry(text)
+        e.created_at = e.updated_at = store.now_ms()
+        store.insert_entry(conn, e)
+        STAMP.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source, entry=e,
+                    ts=e.created_at)
+        usage[CELL] = usage.get(CELL, 0) + delta
+        return text
+
+    return job
+
+
 def chain(db: Path) -> list[tuple[int, str, str | None]]:
     """(n, kind, ref) of every ledger row, after checking that each hash chains on."""
     from memoryd_protocol.ledger import chain_hash
@@ -576,3 +603,160 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
         await writer.aclose()
     assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
     assert writer.anchor.lost
+
+
+def fails_after_its_rows(fault: bool) -> Callable[[sqlite3.Connection, Usage], None]:
+    """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
+    fault SQLite confines to the statement (SQLITE_READONLY)."""
+    def job(conn: sqlite3.Connection, usage: Usage) -> None:
+        add_job("doomed", 1000)(conn, usage)
+        if not fault:
+            raise BudgetExceeded("memory budget exceeded", {})
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
+        finally:
+            conn.execute("PRAGMA query_only = OFF")
+
+    return job
+
+
+async def seed_one(db: Path) -> Entry:
+    """A store with its ledger begun and one entry (inserted without rows: a start row
+    lists it)."""
+    seeded = _entry("recalled one")
+    conn = store.open_store(db, store.inspect(db), 0)
+    try:
+        store.insert_entry(conn, seeded)
+        conn.commit()
+    finally:
+        conn.close()
+    return seeded
+
+
+def ledger_state(db: Path, head: tuple[int, str] | None) -> tuple[list[tuple[str, str | None]], list[str], Any]:
+    conn = sqlite3.connect(db)
+    try:
+        audit = conn.execute("SELECT action, text FROM audit ORDER BY seq").fetchall()
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM memoryd_ledger ORDER BY n")]
+        report = consistent(conn, lambda fetch: read_report(fetch, head))
+        assert ledger.head(conn) == head
+    finally:
+        conn.close()
+    return audit, kinds, report
+
+
+@pytest.mark.parametrize("fault", [False, True], ids=["job-error", "store-fault"])
+async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(tmp_path: Path, fault: bool) -> None:
+    """A batch of bookkeeping (a kept ledger row, a query's recalls and its recalled row, a
+    step with a bug) and five jobs, the second and fourth of which fail after writing rows:
+    the batch runs again with savepoints. Every other step is applied once: one audit row
+    and one ledger row each, in order, the usage of the three adds alone, the recall counted
+    once, each on_done run once, and the ledger's head (the Anchor) the committed head."""
+    db = tmp_path / "w.db"
+    seeded = await seed_one(db)
+    writer = await Writer.open(db, store.inspect(db), 0)
+    done: list[str] = []
+    try:
+        before = writer.usage[CELL]
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
+                     lambda: done.append("kept"), keep=True)
+
+        def bug(conn: sqlite3.Connection) -> None:
+            raise RuntimeError("a bookkeeping bug")
+
+        writer.defer(bug, lambda: done.append("bug"))
+        writer.record_recalls([seeded], 5000, lambda conn: STAMP.audit(
+            conn, "recalled", track=None, scope=None, entry_id=None, text="q", source=None, ts=5000))
+        results = await run_batch(writer, [add_job("a", 1), fails_after_its_rows(fault), add_job("c", 2),
+                                           fails_after_its_rows(fault), add_job("e", 4)])
+        assert [r if isinstance(r, str) else type(r) for r in results] == [
+            "a", StoreUnavailable if fault else BudgetExceeded, "c", StoreUnavailable if fault else BudgetExceeded, "e"]
+        assert writer.usage[CELL] == before + 7
+        assert sorted(done) == ["bug", "kept"]
+        head = writer.anchor.head
+    finally:
+        await writer.aclose()
+    audit, kinds, report = ledger_state(db, head)
+    assert audit == [("recalled", "q"), ("add", "a"), ("add", "c"), ("add", "e")]
+    assert kinds == ["start", "failed", "audit", "audit", "audit", "audit"]
+    assert report.ok, report.problems
+    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE id = ?", seeded.id) == [(1, 5000)]
+    assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["a", "c", "e", "recalled one"]
+
+
+async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overlay(tmp_path: Path) -> None:
+    """The recalled row of a query fails (a bug): that query-run's recall step is undone
+    (its counters and rows, one step), the jobs and the other bookkeeping of the batch
+    commit once, and no later query counts the lost recalls from the overlay."""
+    db = tmp_path / "w.db"
+    seeded = await seed_one(db)
+    writer = await Writer.open(db, store.inspect(db), 0)
+    try:
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None), keep=True)
+
+        def broken_row(conn: sqlite3.Connection) -> None:
+            raise RuntimeError("a recalled row's bug")
+
+        writer.record_recalls([seeded], 5000, broken_row)
+        assert await run_batch(writer, [add_job("a", 1)]) == ["a"]
+        reader = store.connect(db, 0)
+        try:
+            hits, _ = await writer.with_recalls(lambda boosted: queries.query_page(
+                reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None, limit=50,
+                boosted=boosted))
+        finally:
+            reader.close()
+        assert {e.text: e.recall_count for e in hits} == {"recalled one": 0, "a": 0}
+        head = writer.anchor.head
+    finally:
+        await writer.aclose()
+    audit, kinds, report = ledger_state(db, head)
+    assert audit == [("add", "a")]
+    assert kinds == ["start", "failed", "audit"]
+    assert report.ok, report.problems
+
+
+async def cancelled_mid_job(writer: Writer, fails: bool) -> list[BaseException]:
+    """Submit a job, cancel its caller while the job runs on the writer's thread, then let
+    the job end (failing, or committed); what ``on_error`` got."""
+    started, release = threading.Event(), threading.Event()
+
+    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+        started.set()
+        release.wait()
+        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}",))
+        if fails:
+            raise BudgetExceeded("memory budget exceeded", {})
+        return "done"
+
+    reported: list[BaseException] = []
+    ended: list[bool] = []
+
+    async def caller() -> None:
+        try:
+            await writer.submit(job, on_error=reported.append)
+        finally:
+            ended.append(release.is_set() and writer.depth == 0)
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await anyio.to_thread.run_sync(started.wait)
+            scope.cancel()
+            release.set()
+    assert scope.cancelled_caught and ended == [True]
+    return reported
+
+
+async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failure_is_still_reported(
+        tmp_path: Path) -> None:
+    """Cancelled while its job is in flight, the caller is cancelled only once the job has
+    ended (committed, or failed); a failed job's ``on_error`` runs all the same (the
+    pipeline's ``failed`` ledger row follows it), a committed one's does not; nothing is
+    left waiting."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        assert [type(e) for e in await cancelled_mid_job(writer, True)] == [BudgetExceeded]
+        assert await cancelled_mid_job(writer, False) == []
+    assert rows(db) == [("t:False", "x")]

@@ -161,6 +161,7 @@ class Connection:
         loop = asyncio.get_running_loop()
         #: the requests' tasks not finished yet
         tasks: set[asyncio.Task[None]] = set()
+        cancelled = False
         try:
             try:
                 prev = asyncio.Event()
@@ -234,14 +235,25 @@ class Connection:
                     # Waiters asked of this connection get "unavailable" and finish.
                     self._approvals.connection_closed(self)
             except BaseException:
+                cancelled = True
                 for t in tasks:
                     t.cancel()
                 raise
             finally:
-                # Every request read is answered (or cancelled, above) before serve returns.
-                if tasks:
-                    with anyio.CancelScope(shield=True):
+                # Every request read is answered (or cancelled) before serve returns. A
+                # cancel that arrives while serve waits for them (the drain's DRAIN_S run
+                # out, say, with a reply waiting for a peer that does not read) cancels them.
+                try:
+                    if tasks and not cancelled:
                         await asyncio.wait(set(tasks))
+                except BaseException:
+                    for t in tasks:
+                        t.cancel()
+                    raise
+                finally:
+                    if tasks:
+                        with anyio.CancelScope(shield=True):
+                            await asyncio.wait(set(tasks))
         finally:
             self._approvals.connection_closed(self)
             log.debug("connection %d closed", self.id)

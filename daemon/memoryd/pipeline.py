@@ -34,7 +34,7 @@ from . import ledger, store
 from .approvals import Approvals, Peer
 from .config import Config
 from .context import RequestContext
-from .writer import Usage, Writer
+from .writer import Usage, Writer, WriterClosed
 
 R = TypeVar("R")
 Cell = tuple[str, str]
@@ -107,11 +107,10 @@ class Pipeline:
                 usage[cell] = usage.get(cell, 0) + d
             return plan.commit(conn, stamp, usage)  # on an error the writer restores usage
 
-        try:
-            result = await self.writer.submit(job)
-        except Exception as exc:
+        def failed_row(exc: BaseException) -> None:
             # Nothing of the write was committed (its decision row neither): say so in the
-            # ledger, kept until the store takes it.
+            # ledger, kept until the store takes it; also when the request was cancelled
+            # while its commit ran (the writer calls this, not the request).
             code, message = (exc.code, exc.message) if isinstance(exc, ProtocolError) else (
                 "INTERNAL_ERROR", "the commit failed")
 
@@ -121,6 +120,11 @@ class Pipeline:
                 ledger.failed(conn, stamp, plan.action, code, message, plan.entry_id)
 
             self.writer.defer(failed, keep=True)
+
+        try:
+            result = await self.writer.submit(job, on_error=failed_row)
+        except WriterClosed as exc:  # refused before it was queued: no on_error
+            failed_row(exc)
             raise
         for method, params in plan.events(result):
             await ctx.notify(method, params)

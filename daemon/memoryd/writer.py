@@ -85,6 +85,9 @@ class _Job(Generic[T]):
     done: asyncio.Future[None]
     result: Any = None
     error: BaseException | None = None
+    #: run on the event loop with ``error`` once the job has failed, whether or not its
+    #: caller still waits (a caller cancelled meanwhile only sees its cancellation)
+    on_error: Callable[[BaseException], None] | None = None
 
 
 class _Recalls:
@@ -170,13 +173,16 @@ class Writer:
         self.close()
         await self._owned.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
 
-    async def submit(self, fn: JobFn[T], *, durable: bool = True) -> T:
+    async def submit(self, fn: JobFn[T], *, durable: bool = True,
+                     on_error: Callable[[BaseException], None] | None = None) -> T:
         """Run ``fn`` in the next group commit; return its result once COMMIT has returned.
         Its error (a store fault as STORE_UNAVAILABLE) is raised here, to the one caller
-        who reports it: the writer logs only what nobody awaits."""
+        who reports it: the writer logs only what nobody awaits. A caller cancelled while
+        its job runs gets its cancellation once the job has ended; what must follow a
+        failure whatever happens to the caller (a ledger row) goes in ``on_error``."""
         if self._closed:
             raise WriterClosed("the store is closing")
-        job: _Job[T] = _Job(fn, durable, asyncio.get_running_loop().create_future())
+        job: _Job[T] = _Job(fn, durable, asyncio.get_running_loop().create_future(), on_error=on_error)
         self._queue.append(job)
         self._wake.set()
         self.depth += 1
@@ -349,6 +355,11 @@ class Writer:
             self._flying = {}
             self._bookkeeping_idle.set()
             for j in batch:
+                if j.error is not None and j.on_error is not None:
+                    try:
+                        j.on_error(j.error)
+                    except Exception:  # a bug of ours: it must not leave a caller waiting
+                        log.exception("on_error of a failed job failed")
                 if not j.done.done():
                     j.done.set_result(None)
 
