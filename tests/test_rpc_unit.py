@@ -241,6 +241,13 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
         del cases[-2:]
 
 
+def run_alone(script: str) -> None:
+    """``script`` in a fresh interpreter, which has imported nothing yet; it must pass."""
+    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
 def test_jsonrpcserver_is_imported_only_when_a_method_outside_the_table_comes() -> None:
     """A daemon's start and the table's methods do without it (its import, with jsonschema,
     is a quarter of a standalone start); a method outside the table brings it in."""
@@ -256,9 +263,7 @@ def test_jsonrpcserver_is_imported_only_when_a_method_outside_the_table_comes() 
         "r = asyncio.run(d.handle(None, rpc.parse(b'{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"nope/x\"}')))\n"
         "assert b'-32601' in r and 'jsonrpcserver' in sys.modules, r\n"
     )
-    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
-                       capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stderr) == (0, "")
+    run_alone(script)
 
 
 async def test_a_line_that_fails_outside_any_method_costs_only_its_reply() -> None:
@@ -378,6 +383,4 @@ def test_a_batch_is_the_first_to_bring_in_jsonrpcserver() -> None:
         "assert [x['error']['code'] for x in r if 'error' in x] == [-32601, -32601], r\n"
         "assert [x['error']['data']['details'] for x in r if 'error' in x] == [{'method': 'nope/x'}, {'method': 'nope/y'}]\n"
     )
-    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
-                       capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stderr) == (0, "")
+    run_alone(script)
