@@ -338,6 +338,29 @@ async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
 
 
 async def cmd_approve(c: Client, ctx: Ctx) -> int:
+    """Ctrl-C stops it (exit 0). SIGINT is taken here rather than left to asyncio's
+    default, which cancels the main task natively: a cancel scope that happens to be
+    exiting at that moment (a prompt that the daemon just resolved, a call's timeout) can
+    absorb such a cancellation, and the verb then went on waiting for approvals."""
+    import asyncio  # anyio.run's backend here; anyio has no callback-style signal handler
+
+    scope = anyio.CancelScope()
+
+    def interrupted() -> None:
+        print("", file=sys.stderr)
+        scope.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        with scope:
+            return await _approve(c, ctx)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return EXIT_OK
+
+
+async def _approve(c: Client, ctx: Ctx) -> int:
     a = ctx.args
     events = c.events("approval/resolved", DECIDED)
     await c.approval_subscribe()
