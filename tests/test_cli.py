@@ -736,12 +736,6 @@ def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
 # --- autostart -----------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 @pytest.fixture
 def fresh_socket() -> Iterator[Path]:
     """A socket path nobody serves yet; whatever daemon ends up there is stopped afterwards."""

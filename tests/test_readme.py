@@ -354,11 +354,6 @@ def _quote(path: Path) -> str:
 # --- cleaning up ---------------------------------------------------------------------------
 
 
-
-
-
-
-
 def processes_of(home: Path) -> dict[int, str]:
     """Live processes whose environment has ``HOME=<home>``: everything the sandbox started."""
     needle = f"HOME={home}".encode()
