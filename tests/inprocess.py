@@ -39,7 +39,7 @@ from memoryd.app import Daemon
 from memoryd.cli import build_parser, serve_config
 from memoryd.config import Config
 from memoryd.transports import PeerProcess
-from rawclient import Raw, _socket_lines
+from rawclient import Raw, _socket_lines, running
 
 #: what one read of a socket returns at most: lines longer than this reach the daemon in
 #: pieces, as they do over the socket
@@ -105,19 +105,10 @@ class InProcess:
                 await to_daemon.send(data[i:i + CHUNK])
 
         self.serving.start_soon(serve)
-        async with to_daemon, sink.receive, anyio.create_task_group() as tg:
-            raw = Raw(send, _socket_lines(sink.receive))
-            raw._tg = tg
-            raw._send_eof = to_daemon.aclose  # hang_up: EOF, as a socket's half-close
-            tg.start_soon(raw._reader)
-            if initialize:
-                await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1",
-                                            "client": {"name": "raw", "version": "0"},
-                                            "capabilities": {"approvals": approvals}})
-            try:
-                yield raw
-            finally:
-                tg.cancel_scope.cancel()
+        # hang_up: EOF, as a socket's half-close
+        async with to_daemon, sink.receive, running(Raw(send, _socket_lines(sink.receive)), initialize, approvals,
+                                                    send_eof=to_daemon.aclose) as raw:
+            yield raw
 
 
 @asynccontextmanager

@@ -196,10 +196,19 @@ async def socket_client(path: Path | str, *, approvals: bool = True, initialize:
         stream: Any = await anyio.abc.UNIXSocketStream.from_socket(sock)
     else:
         stream = await anyio.connect_unix(str(path))
-    async with stream, anyio.create_task_group() as tg:
-        raw = Raw(stream.send, _socket_lines(stream))
+    async with stream, running(Raw(stream.send, _socket_lines(stream)), initialize, approvals,
+                               send_eof=stream.send_eof) as raw:
+        yield raw
+
+
+@asynccontextmanager
+async def running(raw: Raw, initialize: bool, approvals: bool = True, *,
+                  send_eof: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Raw]:
+    """``raw`` with its reader running (and approvals answered) while inside, after an
+    ``initialize`` when asked; every transport's client is this around its own streams."""
+    async with anyio.create_task_group() as tg:
         raw._tg = tg
-        raw._send_eof = stream.send_eof
+        raw._send_eof = send_eof
         tg.start_soon(raw._reader)
         if initialize:
             await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"},
@@ -228,19 +237,14 @@ async def relay_client(socket_path: Path, *extra: str, initialize: bool = True,
 @asynccontextmanager
 async def _stdio(serve_args: list[str], initialize: bool, approvals: bool = True) -> AsyncIterator[Raw]:
     args = [sys.executable, "-m", "memoryd", "serve", "--stdio", *serve_args]
-    async with await anyio.open_process(args, env=dict(os.environ)) as proc, anyio.create_task_group() as tg:
+    async with await anyio.open_process(args, env=dict(os.environ)) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         raw = Raw(proc.stdin.send, _socket_lines(proc.stdout))
-        raw._tg = tg
         raw.process = proc
-        tg.start_soon(raw._reader)
-        if initialize:
-            await raw.ok("initialize", {"protocol": "dsh-memory-protocol/v1", "client": {"name": "raw", "version": "0"},
-                                        "capabilities": {"approvals": approvals}})
         try:
-            yield raw
+            async with running(raw, initialize, approvals) as raw:
+                yield raw
         finally:
-            tg.cancel_scope.cancel()
             await proc.stdin.aclose()
             with anyio.move_on_after(5):
                 await proc.wait()
