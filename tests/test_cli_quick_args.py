@@ -75,12 +75,23 @@ def test_what_quick_args_reads_the_parser_reads_the_same(argv: list[str]) -> Non
 
 def test_memoryctl_query_imports_no_argparse(daemon: Any, tmp_path: Path) -> None:
     """A read command in a fresh interpreter: no argparse, gettext or locale (argparse's
-    messages), no parser classes, no importlib."""
+    messages), no parser classes, no importlib, no json or re (leanjson reads its lines)."""
     code = ("import sys\n"
             "from memoryd_client.cli import main\n"
             f"rc = main(['--socket', {str(daemon.socket_path)!r}, '--no-autostart', 'query', 'x'])\n"
-            "lean = ('argparse', 'gettext', 'locale', 'memoryd_client.parsing', 'importlib', 'pathlib')\n"
+            "lean = ('argparse', 'gettext', 'locale', 'memoryd_client.parsing', 'importlib', 'pathlib', 'json', 're')\n"
             "print(rc, [m for m in lean if m in sys.modules], file=sys.stderr)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     assert r.stderr.splitlines()[-1] == "0 []", r.stderr
+
+
+def test_ascii_escapes_are_the_regular_expressions() -> None:
+    """render.visible's ASCII path (str.translate) escapes what the pattern it replaced did."""
+    import re
+
+    from memoryd_client import render
+
+    pattern = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+    text = "".join(chr(c) for c in range(128)) * 2
+    assert render.visible(text) == pattern.sub(lambda m: render._escape_char(m.group()), text).replace("\r", "\\r")

@@ -1,4 +1,5 @@
-"""memoryd.leanjson reads what json.loads reads, the same way, or says it is unsure."""
+"""memoryd_protocol.leanjson reads what json.loads reads and writes what json.dumps writes,
+the same way, or says it is unsure."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memoryd import leanjson
+from memoryd_protocol import leanjson
 
 
 def same(a: Any, b: Any) -> bool:
@@ -102,3 +103,57 @@ def test_a_status_answer_of_memoryd_is_read_here_not_by_json() -> None:
                             "client": {"name": "memoryctl", "version": "0.1.0"}, "approver": False,
                             "openedAt": 1764600000000} for i in range(8)]}}
     assert agrees(msgspec.json.encode(status))
+
+
+def dumped(value: Any) -> bool:
+    """True when leanjson wrote ``value``: then it wrote what json.dumps writes."""
+    try:
+        ours = leanjson.dumps(value)
+    except leanjson.Unsure:
+        return False
+    assert ours == json.dumps(value, ensure_ascii=False, separators=(",", ":")), value
+    return True
+
+
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400)
+@given(plain_values)
+def test_every_plain_value_is_written_as_json_writes_it(value: Any) -> None:
+    assert dumped(value)
+
+
+@given(values | st.dictionaries(st.integers() | st.booleans() | st.none(), st.integers(), max_size=3)
+       | st.lists(st.binary(max_size=3) | st.sets(st.integers(), max_size=2), min_size=1, max_size=2))
+def test_what_leanjson_writes_json_writes_the_same(value: Any) -> None:
+    try:
+        dumped(value)
+    except (TypeError, ValueError):  # json refuses it too (leanjson said Unsure)
+        pass
+
+
+def nested(depth: int) -> Any:
+    value: Any = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value", [1.5, [float("nan")], {1: "a"}, {"a": {True: 1}}, [b"x"], {"s": {1, 2}},
+                                   nested(leanjson.MAX_DEPTH + 2)])
+def test_what_it_does_not_write_it_leaves_to_json(value: Any) -> None:
+    with pytest.raises(leanjson.Unsure):
+        leanjson.dumps(value)
+
+
+def test_a_request_of_memoryctl_is_written_here() -> None:
+    request = {"jsonrpc": "2.0", "id": 2, "method": "memory/query", "params": {
+        "filter": {"text": "tabs \"or\" spaces\t数据库\x01", "track": "user", "limit": 20},
+        "opts": {"sessionId": "memoryctl-42", "agentKey": "", "workspaceKey": "/home/u/proj"}}}
+    assert dumped(request)

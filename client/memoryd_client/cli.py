@@ -8,7 +8,6 @@ lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -815,6 +814,8 @@ def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | N
         line += f" (match: {one_line(match)})"  # which of several -m failed
     print(f"error: {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
+        import json
+
         ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
 
 
@@ -1120,7 +1121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pathlib import Path
 
         path = str(Path(ctx.socket).absolute())
-        ctx.out(json.dumps({"socket": path}) if ctx.json else path)
+        if ctx.json:
+            import json
+
+            path = json.dumps({"socket": path})
+        ctx.out(path)
         return EXIT_OK
     try:
         if args.verb in LEAN_VERBS and not args.json:

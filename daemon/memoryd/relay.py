@@ -14,7 +14,7 @@ Stdlib only, imported without the daemon's stack: a harness spawns one per sessi
 start is measured against ``python -c pass`` (bench ``start``), so what an attach to a
 running daemon imports is kept to ``socket`` and ``select``: paths are plain strings here
 (pathlib, with urllib.parse, cost it a third of ``python -c pass``) and are always those
-``str(Path)`` would give; the probe's answer is read by :mod:`memoryd.leanjson` (json
+``str(Path)`` would give; the probe's answer is read by :mod:`memoryd_protocol.leanjson` (json
 and the ``re`` it imports cost a fifth); the stdin half runs on a ``_thread`` thread
 (threading's import was another few percent). Starting a daemon imports the rest.
 """
@@ -134,8 +134,8 @@ def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
 
 
 def _loads(line: bytes) -> Any:
-    """``json.loads(line)``, importing json only for what :mod:`memoryd.leanjson` leaves."""
-    from .leanjson import Unsure, loads
+    """``json.loads(line)``, importing json only for what :mod:`memoryd_protocol.leanjson` leaves."""
+    from memoryd_protocol.leanjson import Unsure, loads
 
     try:
         return loads(line)

@@ -1,14 +1,18 @@
-"""A strict subset of ``json.loads`` for one small line: the relay's probe answer.
+"""A strict subset of ``json.loads`` and ``json.dumps`` for small lines: the stdio relay's
+probe answer, and memoryctl's read commands' requests and answers.
 
 ``import json`` costs the stdio relay about a fifth of ``python -c pass`` (json's decoder
 and encoder compile regular expressions at import, so ``re`` comes with it), on every
-harness spawn, to read one ``daemon/status`` answer. :func:`loads` reads the JSON that
-answer is made of, exactly as ``json.loads`` reads it (the same values, the last of two
-equal keys winning), and raises :class:`Unsure` for anything else: a long line, one that
-is not UTF-8 starting with ``{``, a ``\\u`` surrogate escape, NaN or Infinity, deep
-nesting, and every malformed line. The caller then asks ``json.loads`` itself, so a
-verdict is never this module's alone. tests/test_leanjson.py compares both on random
-documents and on random text.
+harness spawn, to read one ``daemon/status`` answer; memoryctl's read commands pay it too.
+:func:`loads` reads the JSON those lines are made of exactly as ``json.loads`` reads it
+(the same values, the last of two equal keys winning), and raises :class:`Unsure` for
+anything else: a long line, one that is not UTF-8 starting with ``{``, a ``\\u`` surrogate
+escape, NaN or Infinity, deep nesting, and every malformed line. :func:`dumps` writes what
+``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` writes for strings,
+ints, booleans, None, lists and dicts with string keys, and raises :class:`Unsure` for
+anything else. The caller then asks json itself, so a verdict is never this module's
+alone. tests/test_leanjson.py compares both with json on random documents and text.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the blo
 if TYPE_CHECKING:
     from typing import Any
 
-#: Longer lines go to json: a status answer with a few connections is ~1 KiB, and the
-#: pure-Python reader costs about a microsecond per token.
+#: Longer lines go to json: a status answer with a few connections is ~1 KiB, a query's 20
+#: entries ~7 KiB, and the pure-Python reader costs about a microsecond per token.
 MAX_BYTES = 16384
 MAX_DEPTH = 32
 _WS = " \t\n\r"
@@ -180,3 +184,51 @@ def _number(s: str, i: int) -> tuple[int | float, int]:
             i = k
     text = s[start:i]
     return (float(text) if is_float else int(text)), i
+
+
+#: json's escapes for ensure_ascii=False (json.encoder.ESCAPE_DCT)
+_STRING_ESCAPES = {**{i: f"\\u{i:04x}" for i in range(0x20)}, ord("\\"): "\\\\", ord('"'): '\\"', ord("\b"): "\\b",
+                   ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, or :class:`Unsure`."""
+    out: list[str] = []
+    try:
+        _encode(value, out, 0)
+    except ValueError:  # an int too long for str(): json says so itself
+        raise Unsure from None
+    return "".join(out)
+
+
+def _encode(value: Any, out: list[str], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise Unsure
+    kind = type(value)
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif kind is str:
+        out.append('"' + value.translate(_STRING_ESCAPES) + '"')
+    elif kind is int:
+        out.append(int.__repr__(value))
+    elif kind is dict:
+        out.append("{")
+        for n, (key, item) in enumerate(value.items()):
+            if type(key) is not str:
+                raise Unsure
+            out.append(('"' if n == 0 else ',"') + key.translate(_STRING_ESCAPES) + '":')
+            _encode(item, out, depth + 1)
+        out.append("}")
+    elif kind is list or kind is tuple:
+        out.append("[")
+        for n, item in enumerate(value):
+            if n:
+                out.append(",")
+            _encode(item, out, depth + 1)
+        out.append("]")
+    else:
+        raise Unsure
