@@ -145,7 +145,7 @@ def rss_kb(pid: int, key: str = "VmRSS") -> int:
 
 
 def console(name: str) -> list[str]:
-    """What a user runs: the installed console script (``python -m`` adds runpy)."""
+    """What a user runs: the installed script (``python -m`` adds runpy)."""
     script = BIN / name
     module = {"memoryd": "memoryd", "memoryctl": "memoryd_client"}[name]
     return [str(script)] if script.exists() else [sys.executable, "-m", module]

@@ -17,8 +17,6 @@ raise the protocol's typed exceptions (re-exported here), transport failures a
 
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
     from typing import Any
@@ -80,11 +78,15 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "types":
-        return importlib.import_module("memoryd_protocol.types")
     home = _HOMES.get(name)
-    if home is None:
+    if home is None and name != "types":  # also each `from . import submodule` not yet imported
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # importlib only here: importing it (and warnings, which it imports) cost memoryctl
+    # about a millisecond of its start-up, for names its read commands never ask.
+    import importlib
+
+    if home is None:
+        return importlib.import_module("memoryd_protocol.types")
     value = getattr(importlib.import_module(home, __name__), name)
     globals()[name] = value
     return value

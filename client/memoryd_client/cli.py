@@ -8,12 +8,8 @@ lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
 
 from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
 from memoryd_protocol.paths import default_socket, pathlib_str
@@ -23,13 +19,22 @@ from .quick import Connection, __version__, make_session, query_params
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    import argparse
+    from collections.abc import Callable, Mapping, Sequence
+    from types import SimpleNamespace
+    from typing import Any
 
+    from .parsing import Parser
     from .prompt import Approver
 
+    #: a command line read: by argparse, or by quick_args (a read command's plain one)
+    Args = argparse.Namespace | SimpleNamespace
+
 # This module is memoryctl's front: the command line, the read commands' quick path
-# (run_quick: socket and json, no anyio, no msgspec) and the exit statuses. Every other verb
-# runs in memoryd_client.commands, imported only then (see LEAN_VERBS).
+# (quick_args and run_quick: socket and json, no argparse, no anyio, no msgspec) and the
+# exit statuses. Every other verb runs in memoryd_client.commands, imported only then (see
+# LEAN_VERBS); argparse and the parser classes (memoryd_client.parsing) only when a
+# command line is not a plain read command's.
 
 PROG = "memoryctl"
 EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -43,28 +48,6 @@ class UsageError(Exception):
 
 class _Partial(Exception):
     """A parser built for some verbs only met an error: the whole parser must say it."""
-
-
-class _Parser(argparse.ArgumentParser):
-    #: --socket, whose help names the default socket: filled in only when help is shown,
-    #: since computing it can import tempfile (no $XDG_RUNTIME_DIR), a cost on every run
-    socket_option: argparse.Action | None = None
-
-    def __init__(self, *args: Any, partial: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: built for some verbs only (build_parser(argv)): errors are the whole parser's to print
-        self.partial = partial
-
-    def error(self, message: str) -> NoReturn:
-        if self.partial:
-            raise _Partial(message)
-        sys.stderr.write(f"error: USAGE: {message} (see '{self.prog} --help')\n")
-        raise SystemExit(EXIT_USAGE)
-
-    def format_help(self) -> str:
-        if self.socket_option is not None:
-            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket()})"
-        return super().format_help()
 
 
 _COLUMNS: list[int] = []
@@ -95,32 +78,33 @@ def _columns() -> int:
     return columns
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """The help formatter, told the terminal's width (:func:`_columns`) as argparse would
-    find it itself: argparse makes a formatter for every option it adds, and the first one
-    imported shutil, a tenth of what the read commands' quick path costs otherwise."""
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
-
-
-_FORMATTER = _Formatter
-
-
-
-def _positive_seconds(raw: str) -> float:
+def _seconds(raw: str) -> float | None:
+    """--timeout's value, or None when ``raw`` is not a positive number of seconds."""
     try:
         value = float(raw)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
+        return None
     if not value > 0 or value != value or value == float("inf"):
+        return None
+    return value
+
+
+def _positive_seconds(raw: str) -> float:
+    value = _seconds(raw)
+    if value is None:
+        import argparse
+
+        try:
+            float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
     return value
 
-def _global_options(parser: _Parser, *, suppress: bool) -> None:
+def _global_options(parser: Parser, *, suppress: bool) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
     defaults are suppressed, so an option given before the verb is not reset after it."""
+    import argparse
 
     def d(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
@@ -130,7 +114,7 @@ def _global_options(parser: _Parser, *, suppress: bool) -> None:
         "--socket",
         metavar="PATH",
         default=d(None),
-        help="daemon socket (see _Parser.format_help)",
+        help="daemon socket (see memoryd_client.parsing.Parser.format_help)",
     )
     g.add_argument(
         "--db",
@@ -243,47 +227,14 @@ def _indent(text: str, prefix: str) -> str:
     return "\n".join(prefix + line if line.strip() else line for line in text.split("\n"))
 
 
-class _Verb(_Parser):
-    """A verb's parser, given its options (the global ones, then ``arguments``) when it is
-    first used, to parse or to print help. Seventeen verbs with a dozen options each took
-    most of memoryctl's start-up to build, and a run uses one of them."""
-
-    def __init__(self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-                 global_options: bool = True, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._arguments = arguments
-        self._global_options = global_options
-        self._complete = False
-
-    def complete(self) -> _Verb:
-        """Add the options, once."""
-        if not self._complete:
-            self._complete = True
-            if self._global_options:
-                _global_options(self, suppress=True)
-            if self._arguments is not None:
-                self._arguments(self)
-        return self
-
-    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        self.complete()
-        return super().parse_known_args(*args, **kwargs)
-
-    def format_usage(self) -> str:
-        self.complete()
-        return super().format_usage()
-
-    def format_help(self) -> str:
-        self.complete()
-        return super().format_help()
-
-
 def _verb(sub: _Only, name: str, summary: str, description: str, examples: str = "",
           arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
     if not sub.wants(name):
         return
+    from .parsing import FORMATTER
+
     epilog = "examples:\n" + _indent(cleandoc(examples), "  ") if examples else None
-    sub.add_parser(name, help=summary, description=cleandoc(description), epilog=epilog, formatter_class=_FORMATTER,
+    sub.add_parser(name, help=summary, description=cleandoc(description), epilog=epilog, formatter_class=FORMATTER,
                    arguments=arguments)
 
 
@@ -337,14 +288,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     (:func:`_named_verbs`): building seventeen of them, each with a dozen options, was most of
     memoryctl's start-up. Such a parser raises :class:`_Partial` instead of printing an
     error, since the message may list the verbs (:func:`main` parses again with them all)."""
+    from .parsing import FORMATTER, Parser, Verb
+
     only = None if argv is None else _named_verbs(argv)
     # A verb's parser without the dozen global options when no option follows a verb: the
     # same Namespace (their defaults are suppressed there), a millisecond less.
     globals_on_verbs = only is None or argv is None or _options_after_a_verb(argv)
-    parser = _Parser(
+    parser = Parser(
         partial=only is not None,
         prog=PROG,
-        formatter_class=_FORMATTER,
+        formatter_class=FORMATTER,
         description=cleandoc("""
             Manage memoryd, the local memory daemon (dsh-memory-protocol v1): read, write,
             audit, import and export memory, and approve writes.
@@ -365,7 +318,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--version", action="version", version=f"{PROG} {__version__} ({PROTOCOL})", help="print the version and exit"
     )
     _global_options(parser, suppress=False)
-    sub = _Only(parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_Verb), only,
+    sub = _Only(parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=Verb), only,
                 globals_on_verbs)
 
     def _list_args(p: argparse.ArgumentParser) -> None:
@@ -666,10 +619,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def verbs(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
     """Verb name → its parser (for docs and tests)."""
+    import argparse
+
+    from .parsing import Verb
+
     parser = parser or build_parser()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return {name: p.complete() if isinstance(p, _Verb) else p for name, p in action.choices.items()}
+            return {name: p.complete() if isinstance(p, Verb) else p for name, p in action.choices.items()}
     return {}
 
 
@@ -683,7 +640,7 @@ class Ctx:
     #: the approval handler, set by memoryd_client.commands for the verbs that run there
     approver: Approver
 
-    def __init__(self, args: argparse.Namespace, socket: str, fit: bool = False) -> None:
+    def __init__(self, args: Args, socket: str, fit: bool = False) -> None:
         self.args = args
         self.socket = socket
         self.fit = fit
@@ -770,6 +727,7 @@ _MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
 
 
 def _is_markdown(name: str, raw: str) -> bool:
+    import re
     from pathlib import Path
 
     return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
@@ -838,11 +796,11 @@ def prepare(ctx: Ctx) -> None:
             raise UsageError(f"--{name} must be at least 1")
 
 
-def _workspace(a: argparse.Namespace) -> str:
+def _workspace(a: Args) -> str:
     return os.path.abspath(os.path.expanduser(a.workspace)) if a.workspace else os.getcwd()
 
 
-def _socket(a: argparse.Namespace) -> str:
+def _socket(a: Args) -> str:
     """--socket (``~`` expanded), else the default socket, as ``str(Path)`` has them."""
     return pathlib_str(a.socket) if a.socket else default_socket()
 
@@ -856,6 +814,8 @@ def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | N
         line += f" (match: {one_line(match)})"  # which of several -m failed
     print(f"error: {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
+        import json
+
         ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
 
 
@@ -888,7 +848,7 @@ def _serve_command(ctx: Ctx) -> str:
 # --- what both paths share -----------------------------------------------------------
 
 
-def only_layer(entries: list[Any], a: argparse.Namespace) -> list[Any]:
+def only_layer(entries: list[Any], a: Args) -> list[Any]:
     """``memoryctl list --track/--scope``: the entries of that layer."""
     return [e for e in entries if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)]
 
@@ -973,6 +933,93 @@ def fail(ctx: Ctx, exc: Exception) -> int:
 LEAN_VERBS = frozenset({"list", "query", "status", "budgets"})
 
 
+#: the global options that take a value, by option word: the parser's dest
+_GLOBAL_VALUES = {"--socket": "socket", "--db": "db", "--config": "config", "--timeout": "timeout",
+                  "--workspace": "workspace", "--cwd": "workspace", "--agent": "agent", "--session": "session"}
+#: the global flags, by option word: the parser's dest
+_GLOBAL_FLAGS = {"--no-autostart": "no_autostart", "--json": "json", "-y": "yes", "--yes": "yes",
+                 "--via-approver": "via_approver"}
+#: each lean verb's own options that take a value (their choices; None: an int), its own
+#: flags, and the defaults its parser sets
+_VERB_VALUES: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "list": {"--track": TRACKS, "--scope": SCOPES}, "query": {"--track": TRACKS, "--scope": SCOPES, "--limit": None},
+    "status": {}, "budgets": {}}
+_VERB_FLAGS = {"query": ("--as-session",)}
+_VERB_DEFAULTS: dict[str, dict[str, Any]] = {
+    "list": {"track": None, "scope": None},
+    "query": {"text": None, "track": None, "scope": None, "limit": None, "as_session": False},
+    "status": {}, "budgets": {}}
+
+
+def quick_args(argv: Sequence[str]) -> SimpleNamespace | None:
+    """The Namespace the parser makes of ``argv``, read without argparse when ``argv`` is a
+    plain read command of :data:`LEAN_VERBS` without --json: each word a global option (as
+    spelled in full, with its value as the next word or after ``=``, not starting with
+    ``-``), the verb, the verb's own options after it, and for query at most one TEXT. None
+    for anything else (help, an abbreviation, another verb, an error): the parser reads
+    that. Importing argparse and building a parser (gettext looks for translations on
+    disk for its messages, and parsing compiles regular expressions) was a sixth of
+    ``memoryctl query``'s start-up. tests/test_cli_quick.py compares both on random
+    command lines."""
+    from types import SimpleNamespace
+
+    values: dict[str, Any] = {"socket": None, "db": None, "config": None, "no_autostart": False, "timeout": 30.0,
+                              "json": False, "yes": False, "via_approver": False, "workspace": None, "agent": "",
+                              "session": None}
+    verb: str | None = None
+    words = iter(argv)
+    for word in words:
+        if not word.startswith("-"):
+            if verb is None:
+                if word not in _VERB_DEFAULTS:
+                    return None
+                verb = word
+                values["verb"] = verb
+                values.update(_VERB_DEFAULTS[verb])
+            elif verb == "query" and values["text"] is None:
+                values["text"] = word
+            else:
+                return None
+            continue
+        if word in _GLOBAL_FLAGS:
+            values[_GLOBAL_FLAGS[word]] = True
+            continue
+        if verb is not None and word in _VERB_FLAGS.get(verb, ()):
+            values[word[2:].replace("-", "_")] = True
+            continue
+        name, eq, value = word.partition("=")
+        own = _VERB_VALUES[verb] if verb is not None else {}
+        if name not in _GLOBAL_VALUES and name not in own:
+            return None
+        if not eq:
+            value = next(words, "-")
+        if value.startswith("-") or (eq and not value):
+            return None
+        if name in _GLOBAL_VALUES:
+            dest = _GLOBAL_VALUES[name]
+            if dest == "timeout":
+                seconds = _seconds(value)
+                if seconds is None:
+                    return None
+                values[dest] = seconds
+            else:
+                values[dest] = value
+            continue
+        choices = own[name]
+        if choices is None:
+            try:
+                values[name[2:]] = int(value)
+            except ValueError:
+                return None
+        elif value in choices:
+            values[name[2:]] = value
+        else:
+            return None
+    if verb is None or values["json"]:
+        return None
+    return SimpleNamespace(**values)
+
+
 def _result(conn: Connection, method: str, params: dict[str, Any]) -> Any:
     """``method``'s result, checked against its wire Struct's shape (memoryd_client.shapes);
     one that does not fit is decoded by msgspec itself, as the async client decodes it
@@ -1033,6 +1080,19 @@ def run_quick(ctx: Ctx) -> int:
         return fail(ctx, exc)
 
 
+def _parse_all(words: list[str]) -> argparse.Namespace | int:
+    """``words`` read by argparse, or the exit status when it printed help or an error."""
+    parser = build_parser(words)
+    try:
+        try:
+            return _parse(parser, words)
+        except _Partial:  # the parser with every verb says what is wrong
+            parser = build_parser()
+            return _parse(parser, words)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``parse_args``, except that ``audit explain --db PATH TEXT`` works too: argparse fills
     a verb's optional positionals from the words before the first option only, so a TEXT
@@ -1048,15 +1108,11 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(words)
-    try:
-        try:
-            args = _parse(parser, words)
-        except _Partial:  # the parser with every verb says what is wrong
-            parser = build_parser()
-            args = _parse(parser, words)
-    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    quick = quick_args(words)
+    parsed = _parse_all(words) if quick is None else quick
+    if isinstance(parsed, int):
+        return parsed
+    args: Args = parsed
     if not args.verb:
         build_parser().print_help(sys.stderr)
         return EXIT_USAGE
@@ -1065,7 +1121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pathlib import Path
 
         path = str(Path(ctx.socket).absolute())
-        ctx.out(json.dumps({"socket": path}) if ctx.json else path)
+        if ctx.json:
+            import json
+
+            path = json.dumps({"socket": path})
+        ctx.out(path)
         return EXIT_OK
     try:
         if args.verb in LEAN_VERBS and not args.json:

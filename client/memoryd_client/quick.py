@@ -4,7 +4,9 @@ reads plain JSON, for ``memoryctl``'s read commands.
 ``memoryctl query`` does a few milliseconds of work. Through the async client it first
 imports anyio, asyncio, msgspec and every wire Struct, which made it 13× ``python -c pass``
 (issue 10). So the read commands (:data:`memoryd_client.cli.LEAN_VERBS`) take this path
-instead: ``socket`` and ``json`` only. The async :class:`~memoryd_client.client.Client`
+instead: ``socket`` only, with :mod:`memoryd_protocol.leanjson` for the JSON of short
+lines (``json``, with the ``re`` it imports, was a tenth of ``python -c pass``; it is
+imported for a line leanjson leaves to it). The async :class:`~memoryd_client.client.Client`
 builds its requests with the same functions (:func:`make_session`,
 :func:`initialize_params`, :func:`query_opts`, :func:`query_params`), so both paths send the
 same requests, and both frame lines with :class:`memoryd_protocol.framing.Framer`.
@@ -15,12 +17,12 @@ gives them the Structs' attribute names, so one renderer serves both paths.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Mapping
 
 from memoryd_protocol import __version__ as __version__
+from memoryd_protocol import leanjson
 from memoryd_protocol.framing import OVERSIZE, Framer
 
 from .errors import ConnectFailed, ConnectionClosed, Timeout
@@ -103,6 +105,26 @@ def _from_wire(error: Any) -> ProtocolError:
     return from_wire(error)
 
 
+def _dumps(message: Mapping[str, Any]) -> str:
+    """``json.dumps(message, ensure_ascii=False, separators=(",", ":"))``."""
+    try:
+        return leanjson.dumps(message)
+    except leanjson.Unsure:
+        import json
+
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(line: bytes) -> Any:
+    """``json.loads(line, parse_constant=_no_constant)``."""
+    try:
+        return leanjson.loads(line)
+    except leanjson.Unsure:
+        import json
+
+        return json.loads(line, parse_constant=_no_constant)
+
+
 def _no_constant(name: str) -> Any:
     """NaN and Infinity are not JSON (msgspec refuses the line): the line is unreadable."""
     raise ValueError(f"not JSON: {name}")
@@ -151,7 +173,7 @@ class Connection:
 
     def _send(self, message: Mapping[str, Any]) -> None:
         try:
-            self._sock.sendall(json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+            self._sock.sendall(_dumps(message).encode() + b"\n")
         except OSError as exc:
             raise ConnectionClosed(f"connection to the daemon broke: {exc}") from None
 
@@ -186,7 +208,7 @@ class Connection:
         while True:
             line = self._line(method, deadline)
             try:
-                parsed = json.loads(line, parse_constant=_no_constant)
+                parsed = _loads(line)
             except ValueError:
                 continue
             for msg in parsed if isinstance(parsed, list) else [parsed]:

@@ -7,7 +7,6 @@ interpreted by the terminal (what the human approves is what is stored).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Sequence
 
@@ -30,8 +29,10 @@ def _json(value: Any) -> str:
 
     return msgspec.json.encode(value).decode()
 
-# ASCII controls (newline and tab handled separately) and DEL: the fast path for ASCII text.
-_UNSAFE_ASCII = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# ASCII controls (newline and tab handled separately) and DEL, each to its escape: the fast
+# path for ASCII text (str.translate, not a regular expression: re was a twentieth of the
+# read commands' start-up, and nothing else on their path imports it).
+_UNSAFE_ASCII = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
 # Everything a human cannot see or that re-orders what they see: controls, format
 # characters (bidi overrides, zero-width and Unicode tag characters, which hide text from a
 # person but not from a model), private-use, surrogates, unassigned code points, line and
@@ -63,7 +64,7 @@ def visible(text: str, *, newlines: bool = True) -> str:
     """``text`` safe for a terminal: unsafe characters as ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN``;
     with ``newlines=False`` line breaks and tabs become ``\\n``/``\\t`` too (one table row)."""
     if text.isascii():
-        out = _UNSAFE_ASCII.sub(lambda m: _escape_char(m.group()), text)
+        out = text.translate(_UNSAFE_ASCII)
     else:
         out = "".join(_escape_char(ch) if _unsafe(ch) else ch for ch in text)
     if not newlines:

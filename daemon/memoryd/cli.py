@@ -10,23 +10,28 @@ Three ways to run ``serve``:
 
 Only the daemon paths import the daemon's stack (anyio, sqlite3, jsonrpcserver); the
 relay and ``--detach`` start with the standard library and the config loader. The relay
-does not even build the parser when its command line is a plain one (:func:`quick_args`).
+does not even build the parser when its command line is a plain one (:func:`quick_words`),
+and without a config file it loads no config and makes no Path (:func:`_lean_relay`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-from . import config as config_mod
 from .errors import DaemonError
 
 TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
     from types import SimpleNamespace
     from typing import Any
+
+    from . import config as config_mod
+
+# pathlib and memoryd.config are imported where they are used: the relay's plain start
+# (_lean_relay) needs neither, and pathlib (with urllib.parse) was a third of python -c pass.
 
 #: serve's options that take a value, and the values each allows (None: any). The parser
 #: and :func:`quick_args` both read them.
@@ -64,7 +69,9 @@ def _print_version() -> type[argparse.Action]:
 
 def build_parser() -> argparse.ArgumentParser:
     import argparse
+    from pathlib import Path
 
+    from . import config as config_mod
     from . import units
 
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
@@ -93,16 +100,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: serve's options whose value is a path (the parser makes a Path of it)
+PATH_OPTIONS = ("socket", "db", "config")
+
+
 def quick_args(argv: list[str]) -> SimpleNamespace | None:
+    """:func:`quick_words` as the parser's Namespace has them (paths as Path)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    values = quick_words(argv)
+    if values is None:
+        return None
+    for name in PATH_OPTIONS:
+        if values[name] is not None:
+            values[name] = Path(values[name])
+    return SimpleNamespace(**values)
+
+
+def quick_words(argv: list[str]) -> dict[str, Any] | None:
     """``serve``'s arguments, read without argparse when ``argv`` is a plain ``serve
     --stdio`` command line: each word one of :data:`SERVE_FLAGS`, or an option of
     :data:`SERVE_VALUES` with its value (``--db PATH`` or ``--db=PATH``, a value not
     starting with ``-``, one of its choices). None for anything else (help, an
     abbreviation, an error, another command): the parser reads that. Importing argparse
     and building the parser (its help formatter imports shutil) was a fifth of the relay's
-    start-up, paid on every harness spawn."""
-    from types import SimpleNamespace
-
+    start-up, paid on every harness spawn. Paths stay strings here (:func:`quick_args`
+    makes the parser's Paths of them)."""
     if argv[:1] != ["serve"]:
         return None
     values: dict[str, Any] = {"command": "serve", "stdio": False, "standalone": False, "detach": False,
@@ -120,10 +144,41 @@ def quick_args(argv: list[str]) -> SimpleNamespace | None:
         choices = SERVE_VALUES[name]
         if not value or value.startswith("-") or (choices is not None and value not in choices):
             return None
-        values[name[2:].replace("-", "_")] = value if choices is not None else Path(value)
+        values[name[2:].replace("-", "_")] = value
     if not values["stdio"] or values["standalone"] or values["detach"]:
         return None  # the relay only: the daemon paths have more to check
-    return SimpleNamespace(**values)
+    return values
+
+
+def _lean_relay(values: dict[str, Any]) -> tuple[str, str | None, list[str]] | None:
+    """What :func:`serve_config` and :func:`_forwarded` make of plain relay arguments
+    (:func:`quick_words`), as strings: the socket, the store the relay insists on, the
+    daemon's options. None when a config file would be read (``--config``, or the default
+    one exists or cannot be looked at, or it is not Linux): the Config then decides, as it
+    does for every other command line. tests/test_e2e_relay_lean.py keeps the two equal."""
+    from memoryd_protocol.paths import absolute_str, default_config_str, default_socket
+
+    if values["config"] is not None:
+        return None
+    config_file = default_config_str()
+    if config_file is None:
+        return None
+    try:
+        os.stat(config_file)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # no default config file: Config's defaults, which --socket and --db override
+    except (OSError, ValueError):
+        return None  # Path.exists() decides, as it always did
+    else:
+        return None
+    db = None if values["db"] is None else absolute_str(values["db"])
+    socket_path = default_socket() if values["socket"] is None else absolute_str(values["socket"])
+    forwarded = [] if db is None else ["--db", db]
+    if values["write_policy"] is not None:
+        forwarded += ["--write-policy", values["write_policy"]]
+    if values["log_level"] is not None:
+        forwarded += ["--log-level", values["log_level"]]
+    return socket_path, db, forwarded
 
 
 def _forwarded(args: argparse.Namespace | SimpleNamespace, config_path: Path | None) -> list[str]:
@@ -154,6 +209,8 @@ def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | Non
     """The config file ``serve`` reads (None: none) and the Config it runs with: that
     file, then ``--db``, ``--socket`` and ``--write-policy`` over it. (The in-process test
     tier builds its daemons' Config here too.)"""
+    from . import config as config_mod
+
     config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
     cfg = config_mod.load(config_path)
     if args.db is not None:
@@ -167,7 +224,17 @@ def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | Non
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args: argparse.Namespace | SimpleNamespace | None = quick_args(words)
+    quick = quick_words(words)
+    if quick is not None:
+        lean = _lean_relay(quick)
+        if lean is not None:
+            from . import relay
+
+            try:
+                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2])
+            except KeyboardInterrupt:
+                return 130
+    args: argparse.Namespace | SimpleNamespace | None = quick_args(words) if quick is not None else None
     if args is None:
         parser = build_parser()
         args = parser.parse_args(words)
@@ -188,7 +255,8 @@ def _main(argv: list[str] | None) -> int:
 
         explicit_db = cfg.db_path if (args.db is not None or cfg.db_path_configured) else None
         try:
-            return relay.run(cfg.socket_path, explicit_db, args.write_policy, _forwarded(args, config_path))
+            return relay.run(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
+                             args.write_policy, _forwarded(args, config_path))
         except KeyboardInterrupt:
             return 130
     if args.detach:

@@ -10,25 +10,35 @@ approvals, events, errors and ordering pass through unchanged, byte for byte.
 - The daemon closing first (it stopped or died) gives the harness EOF on stdout and one
   line on stderr, and the relay exits 1.
 
-Stdlib only, imported without the daemon's stack: a harness spawns one per session.
+Stdlib only, imported without the daemon's stack: a harness spawns one per session. Its
+start is measured against ``python -c pass`` (bench ``start``), so what an attach to a
+running daemon imports is kept to ``socket`` and ``select``: paths are plain strings here
+(pathlib, with urllib.parse, cost it a third of ``python -c pass``) and are always those
+``str(Path)`` would give; the probe's answer is read by :mod:`memoryd_protocol.leanjson` (json
+and the ``re`` it imports cost a fifth); the stdin half runs on a ``_thread`` thread
+(threading's import was another few percent). Starting a daemon imports the rest.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
-import json
 import os
 import select
 import socket
-import threading
-from collections.abc import Sequence
-from pathlib import Path
 
 from .errors import DaemonError
-from .rundir import UnsafeDir, check_private_dir, ensure_private_dir
+from .rundir import UnsafeDir, check_private_dir
+
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
+#: The probe, as ``json.dumps`` wrote it (tests/test_e2e_relay_lean.py checks that it still would).
+PROBE = f'{{"jsonrpc": "2.0", "id": "{PROBE_ID}", "method": "daemon/status", "params": {{}}}}\n'.encode()
 PROBE_TIMEOUT_S = 10.0
 #: connect() errors that mean "no daemon there" (anything else, EACCES say, is reported).
 NO_DAEMON = frozenset({errno.ENOENT, errno.ECONNREFUSED})
@@ -38,10 +48,29 @@ class RelayError(DaemonError):
     """Why the relay cannot attach; one line, printed as ``memoryd: <message>``."""
 
 
-def _connect(path: Path) -> socket.socket | None:
+def _parent(path: str) -> str:
+    """``str(Path(path).parent)`` for a ``path`` that is ``str(Path)`` already."""
+    return os.path.dirname(path) or "."
+
+
+def _as_path_str(value: Any) -> str:
+    """``str(Path(value))`` for a value read from JSON: TypeError unless a string, pathlib
+    only when the string is not already in the form a Path prints."""
+    if not isinstance(value, str):
+        raise TypeError(f"not a path: {value!r}")
+    from memoryd_protocol.paths import pathlib_str
+
+    if value.startswith("/"):  # expanduser leaves it be
+        return pathlib_str(value)
+    from pathlib import Path
+
+    return str(Path(value))
+
+
+def _connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.connect(str(path))
+        sock.connect(path)
     except OSError as exc:
         sock.close()
         if exc.errno in NO_DAEMON:
@@ -50,11 +79,11 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
-    """A connection to the daemon on ``socket_path``, started with ``serve_args`` when
-    nothing answers there. Never through a directory another user controls: whoever does
-    could have put their own socket there (:mod:`memoryd.rundir`)."""
-    runtime = socket_path.parent
+def attach(socket_path: str, serve_args: Sequence[str]) -> socket.socket:
+    """A connection to the daemon on ``socket_path`` (as ``str(Path)`` has it), started
+    with ``serve_args`` when nothing answers there. Never through a directory another user
+    controls: whoever does could have put their own socket there (:mod:`memoryd.rundir`)."""
+    runtime = _parent(socket_path)
     try:
         check_private_dir(runtime, missing_ok=True)
     except UnsafeDir as exc:
@@ -63,19 +92,21 @@ def attach(socket_path: Path, serve_args: Sequence[str]) -> socket.socket:
     if sock is not None:
         return sock
     import signal
+    from pathlib import Path
 
     from . import launch  # only when no daemon answers: subprocess and friends cost start-up
+    from .rundir import ensure_private_dir
 
     try:
-        ensure_private_dir(runtime)
+        ensure_private_dir(Path(runtime))
     except UnsafeDir as exc:
         raise RelayError(str(exc)) from None
     except OSError as exc:
         raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror or exc}") from None
-    with launch.start_lock(runtime):
+    with launch.start_lock(Path(runtime)):
         sock = _connect(socket_path)  # another starter may have won the lock first
         if sock is None:
-            log = launch.log_path_for(socket_path)
+            log = launch.log_path_for(Path(socket_path))
             try:
                 # The harness giving up on this session (SIGTERM, SIGINT, SIGHUP) while the
                 # daemon starts stops that daemon too, rather than leave it half-started.
@@ -102,14 +133,26 @@ def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_policy: str | None) -> bytes:
+def _loads(line: bytes) -> Any:
+    """``json.loads(line)``, importing json only for what :mod:`memoryd_protocol.leanjson` leaves."""
+    from memoryd_protocol.leanjson import Unsure, loads
+
+    try:
+        return loads(line)
+    except Unsure:
+        import json
+
+        return json.loads(line)
+
+
+def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None) -> bytes:
     """Ask the daemon what it serves before relaying anything; the reply is ours, not the
-    harness's. Returns any bytes read past that reply (none in practice)."""
-    probe = {"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}
+    harness's. Returns any bytes read past that reply (none in practice). ``db`` is as
+    ``str(Path)`` has it."""
     # Something that accepts but never answers must not hang the harness at spawn.
     sock.settimeout(PROBE_TIMEOUT_S)
     try:
-        sock.sendall(json.dumps(probe).encode() + b"\n")
+        sock.sendall(PROBE)
         line, rest = _read_line(sock)
     except TimeoutError:
         raise RelayError(f"the process on {socket_path} did not answer within {PROBE_TIMEOUT_S:g}s") from None
@@ -118,8 +161,8 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     finally:
         sock.settimeout(None)
     try:
-        status = json.loads(line)["result"]
-        served = Path(status["store"]["path"])
+        status = _loads(line)["result"]
+        served = _as_path_str(status["store"]["path"])
     except (ValueError, KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
     if db is not None and not _same_file(served, db):
@@ -136,7 +179,7 @@ def check_store(sock: socket.socket, socket_path: Path, db: Path | None, write_p
     return rest
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _same_file(a: str, b: str) -> bool:
     """One store by any name: a symlink, a relative path or a hard link to it."""
     try:
         return os.path.samefile(a, b)
@@ -167,7 +210,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
     """Relay until the daemon closes. Returns ``None`` after a clean end (the harness
     closed stdin first, or stopped reading stdout), else the reason the daemon went."""
-    stdin_done = threading.Event()  # the harness ended its input (not: our send failed)
+    stdin_done: list[bool] = []  # made true when the harness ended its input (not: our send failed)
 
     def upstream() -> None:
         try:
@@ -177,7 +220,7 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
                 except OSError:
                     data = b""  # stdin unreadable: as good as closed
                 if not data:
-                    stdin_done.set()
+                    stdin_done.append(True)
                     break
                 sock.sendall(data)
         except OSError:
@@ -188,7 +231,8 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
             except OSError:
                 pass
 
-    threading.Thread(target=upstream, name="memoryd-relay-stdin", daemon=True).start()
+    # A thread of _thread's, as a daemon thread of threading's is: nothing joins it at exit.
+    _thread.start_new_thread(upstream, ())
     try:
         if pending:
             _write_all(out_fd, pending)
@@ -198,7 +242,7 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
             except OSError as exc:
                 return f"lost the connection to the daemon: {exc.strerror or exc}"
             if not data:
-                return None if stdin_done.is_set() else "the daemon closed the connection (it stopped)"
+                return None if stdin_done else "the daemon closed the connection (it stopped)"
             _write_all(out_fd, data)
     except BrokenPipeError:
         return None  # the harness stopped reading: closing our socket ends its session
@@ -226,7 +270,8 @@ def _say(message: str) -> None:
         pass
 
 
-def run(socket_path: Path, db: Path | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
+def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
+    """Relay for the harness; ``socket_path`` and ``db`` as ``str(Path)`` has them."""
     _open_std_fds()
     try:
         sock = attach(socket_path, serve_args)

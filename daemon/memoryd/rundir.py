@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 from .errors import DaemonError
+
+TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# pathlib is not imported here: the relay's check runs on every harness spawn, with the
+# directory's name as a string (pathlib was a third of python -c pass there).
 
 
 class UnsafeDir(DaemonError):
     """The socket directory is not private to this uid; the message is one line."""
 
 
-def check_private_dir(path: Path, *, missing_ok: bool = False) -> None:
+def check_private_dir(path: str | Path, *, missing_ok: bool = False) -> None:
     """Raise :class:`UnsafeDir` unless ``path`` is a directory owned by our effective uid
     with mode 0700 (no group or other bits). A missing directory passes with
     ``missing_ok`` (whoever creates it creates it 0700, then checks again)."""

@@ -7,8 +7,6 @@ every Struct) would cost them most of their start-up.
 
 from __future__ import annotations
 
-import importlib
-
 from ._version import __version__
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
@@ -51,11 +49,15 @@ _FROM_ERRORS = frozenset({
 
 
 def __getattr__(name: str) -> Any:
+    if name not in _SUBMODULES and name not in _FROM_ERRORS:  # also each `from . import x` not yet imported
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # importlib only here: importing it (and warnings, which it imports) cost the stdio
+    # relay and memoryctl about a millisecond of their start-up, for names they never ask.
+    import importlib
+
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    if name in _FROM_ERRORS:
-        return getattr(importlib.import_module(".errors", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(".errors", __name__), name)
 
 
 __all__ = [

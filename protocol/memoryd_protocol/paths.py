@@ -56,6 +56,16 @@ def pathlib_str(path: str) -> str:
     return str(Path(path).expanduser())
 
 
+def absolute_str(path: str) -> str:
+    """``str(Path(path).expanduser().absolute())``, importing pathlib only when ``path`` is
+    not plain (the stdio relay's ``--socket`` and ``--db``)."""
+    if _plain(path):
+        return path
+    from pathlib import Path
+
+    return str(Path(path).expanduser().absolute())
+
+
 def default_socket() -> str:
     """``str(default_socket_path())``, importing pathlib only when that path is not plain."""
     env = os.environ.get("MEMORYD_SOCKET")
@@ -64,18 +74,32 @@ def default_socket() -> str:
     return path if _plain(path) else str(default_socket_path())
 
 
-def _xdg(var: str, fallback: str) -> Path | None:
+def _xdg_str(var: str, fallback: str) -> str | None:
     """The XDG base directory on Linux, as the XDG spec and platformdirs have it (``$VAR``
-    when it is an absolute path, else ``~/<fallback>``), or None elsewhere. Importing platformdirs costs the stdio relay and
-    memoryctl a third of their start-up for what is, on Linux, one environment lookup;
-    tests/test_paths.py keeps the two equal."""
+    when it is an absolute path, else ``~/<fallback>``), joined with ``memoryd``, or None
+    elsewhere. Importing platformdirs costs the stdio relay and memoryctl a third of their
+    start-up for what is, on Linux, one environment lookup; tests/test_paths.py keeps the
+    two equal. A string as os.path.join makes it (not normalized as a Path is)."""
     import sys
-    from pathlib import Path
 
     if not sys.platform.startswith("linux"):
         return None
     value = os.environ.get(var, "")
-    return Path(value if os.path.isabs(value) else os.path.expanduser(f"~/{fallback}")) / APP
+    return os.path.join(value if os.path.isabs(value) else os.path.expanduser(f"~/{fallback}"), APP)
+
+
+def _xdg(var: str, fallback: str) -> Path | None:
+    from pathlib import Path
+
+    base = _xdg_str(var, fallback)
+    return None if base is None else Path(base)
+
+
+def default_config_str() -> str | None:
+    """The default config file's name as a string (it names the file
+    :func:`default_config_path` names, unnormalized), without pathlib; None off Linux."""
+    base = _xdg_str("XDG_CONFIG_HOME", ".config")
+    return None if base is None else os.path.join(base, "config.toml")
 
 
 def default_db_path() -> Path:
@@ -116,5 +140,5 @@ def owner_record_path(db: Path) -> Path:
     return db.with_name(db.name + ".memoryd-owner")
 
 
-__all__ = ["LOG_NAME", "default_config_path", "default_db_path", "default_socket", "default_socket_path",
+__all__ = ["LOG_NAME", "absolute_str", "default_config_path", "default_config_str", "default_db_path", "default_socket", "default_socket_path",
            "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path", "runtime_dir"]
