@@ -124,8 +124,8 @@ def test_every_verb_is_in_the_reference_docs() -> None:
     doc = (ROOT / "docs" / "memoryctl.md").read_text()
     for verb in VERBS:
         assert f"### `memoryctl {verb}`" in doc, verb
-        for action in verbs()[verb]._actions:  # every option of the verb is documented
-            longs = [o for o in action.option_strings if o.startswith("--")]
+        for strings in verbs()[verb].option_strings:  # every option of the verb is documented
+            longs = [o for o in strings if o.startswith("--")]
             if longs and longs[0] != "--help":
                 assert longs[0] in doc, f"{verb} {longs[0]}"
 

@@ -243,14 +243,16 @@ class _Only:
     without ``global_options`` their parsers leave out the global options (no option word
     follows a verb in argv, so none can be given after it)."""
 
-    def __init__(self, sub: Any, names: frozenset[str] | None, global_options: bool) -> None:
-        self.sub, self.names, self.global_options = sub, names, global_options
+    def __init__(self, sub: Any, names: frozenset[str] | None, global_options: bool,
+                 made: dict[str, Any]) -> None:
+        self.sub, self.names, self.global_options, self.made = sub, names, global_options, made
 
     def wants(self, name: str) -> bool:
         return self.names is None or name in self.names
 
     def add_parser(self, name: str, **kwargs: Any) -> None:
-        self.sub.add_parser(name, partial=self.names is not None, global_options=self.global_options, **kwargs)
+        self.made[name] = self.sub.add_parser(name, partial=self.names is not None,
+                                              global_options=self.global_options, **kwargs)
 
 
 def _help_word(word: str) -> bool:
@@ -283,7 +285,7 @@ VERB_NAMES = ("list", "query", "add", "replace", "remove", "consolidate", "budge
               "import", "adapters", "status", "stop", "snapshot", "approve", "socket")
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
     """memoryctl's parser. With ``argv``, only the verbs it can be running get their parser
     (:func:`_named_verbs`): building seventeen of them, each with a dozen options, was most of
     memoryctl's start-up. Such a parser raises :class:`_Partial` instead of printing an
@@ -319,7 +321,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     _global_options(parser, suppress=False)
     sub = _Only(parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=Verb), only,
-                globals_on_verbs)
+                globals_on_verbs, parser.verb_parsers)
 
     def _list_args(p: argparse.ArgumentParser) -> None:
         _layer(p, required=False)
@@ -617,17 +619,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def verbs(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
-    """Verb name → its parser (for docs and tests)."""
-    import argparse
-
+def verbs(parser: Parser | None = None) -> dict[str, Parser]:
+    """Verb name → its parser, with its options added (for docs and tests)."""
     from .parsing import Verb
 
     parser = parser or build_parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return {name: p.complete() if isinstance(p, Verb) else p for name, p in action.choices.items()}
-    return {}
+    return {name: p.complete() if isinstance(p, Verb) else p for name, p in parser.verb_parsers.items()}
 
 
 # --- running ---------------------------------------------------------------------------

@@ -28,9 +28,19 @@ class Parser(argparse.ArgumentParser):
     socket_option: argparse.Action | None = None
 
     def __init__(self, *args: Any, partial: bool = False, **kwargs: Any) -> None:
+        #: every option's strings, in the order added (for docs and tests: argparse keeps
+        #: its own list only in a private attribute). Set first: argparse adds --help.
+        self.option_strings: list[tuple[str, ...]] = []
+        #: the verbs' parsers by name, as build_parser adds them
+        self.verb_parsers: dict[str, Parser] = {}
         super().__init__(*args, **kwargs)
         #: built for some verbs only (build_parser(argv)): errors are the whole parser's to print
         self.partial = partial
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.option_strings.append(tuple(action.option_strings))
+        return action
 
     def error(self, message: str) -> NoReturn:
         if self.partial:
