@@ -93,6 +93,25 @@ async def test_sockets_read_into_one_shared_buffer_and_each_connection_gets_its_
     assert got == payloads
 
 
+async def test_end_chunks_ends_a_waiting_read_at_once_and_reads_nothing_queued_after_it() -> None:
+    proto = StreamProtocol(None, peer=PeerProcess(os.getpid()))
+    chunks = proto.chunks()
+    proto.data_received(b"one\n")
+    assert await anext(chunks) == b"one\n"
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.extend([chunk async for chunk in chunks])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()  # the read waits for bytes
+        proto.end_chunks()
+    assert got == []
+    proto.data_received(b"two\n")  # what arrives afterwards is never read
+    assert [chunk async for chunk in proto.chunks()] == []
+
+
 async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tuple[int, int, int, int],
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     in_r, in_w, _out_r, out_w = pipes

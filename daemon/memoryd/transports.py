@@ -350,6 +350,8 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         #: the writing side is gone (closed, flushed, or aborted)
         self._sent = asyncio.Event()
         self._eof = False
+        #: ``end_chunks``: nothing more is read
+        self._ended = False
         self._paused = False
         self._check_peer = peer is None
         #: no more bytes can go out
@@ -429,16 +431,22 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
+    def end_chunks(self) -> None:
+        """``chunks`` ends at once, as at EOF, whatever is still queued: the daemon's drain
+        reads no further line (``Connection.stop_reading``). Replies still go out."""
+        self._ended = True
+        self._readable.set()
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            while self._chunks:
+        while not self._ended:
+            while self._chunks and not self._ended:
                 chunk = self._chunks.popleft()
                 self._queued -= len(chunk)
                 if self._paused and self._queued <= self.max_buffered // 2 and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
                 yield chunk
-            if self._eof:
+            if self._eof or self._ended:
                 return
             self._readable.clear()
             await self._readable.wait()
