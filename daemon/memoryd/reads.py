@@ -162,7 +162,8 @@ class Reads:
                 return queries.query_page(conn, track=track, scope=scope, text=text, agent_key=agent_key,
                                           workspace_key=workspace_key, limit=limit, boosted=boosted)
             finally:
-                conn.execute("COMMIT")
+                if conn.in_transaction:  # (a store fault may have ended it already)
+                    conn.execute("COMMIT")
 
         hits, total = await self.s.writer.with_recalls(read)
         page = hits[:limit]
