@@ -3,7 +3,6 @@ seeded stores, and real daemons started on READY=1."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -16,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -193,31 +194,50 @@ def start_daemon(tmp: Path, name: str, db: Path, policy: str = "auto", config: s
 # --- a blocking client ----------------------------------------------------------------
 
 
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+
+
 class Line:
-    """A blocking NDJSON client: the least overhead a client can add."""
+    """A blocking NDJSON client, as lean as a real one: msgspec encodes each request and
+    decodes each reply (the stdlib json costs 2-5x as much: about 48 µs against 20 to decode
+    a 20-entry page), and replies are split from one ``recv`` buffer."""
 
     def __init__(self, path: str) -> None:
         self.s = socket.socket(socket.AF_UNIX)
         self.s.connect(path)
-        self.f = self.s.makefile("rb")
+        self._buf = b""
         self.n = 0
+
+    def send(self, message: Any) -> None:
+        self.s.sendall(_enc.encode(message) + b"\n")
+
+    def readline(self) -> bytes:
+        """The next line, without its newline."""
+        buf = self._buf
+        nl = buf.find(b"\n")
+        while nl < 0:
+            chunk = self.s.recv(65536)  # a larger size costs an mmap and munmap per call
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                nl += len(buf)
+            buf += chunk
+        self._buf = buf[nl + 1:]
+        return buf[:nl]
 
     def call(self, method: str, params: Any) -> Any:
         self.n += 1
-        self.s.sendall(json.dumps({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params}).encode()
-                       + b"\n")
+        self.send({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params})
         while True:
-            line = self.f.readline()
-            if not line:
-                raise ConnectionError("the daemon closed the connection")
-            msg = json.loads(line)
+            msg = _dec.decode(self.readline())
             if msg.get("id") == self.n:
                 if "error" in msg:
                     raise RuntimeError(msg["error"])
                 return msg["result"]
 
     def close(self) -> None:
-        self.f.close()
         self.s.close()
 
 

@@ -41,3 +41,18 @@ def test_an_unknown_suite_is_a_usage_error() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown suite nope" in proc.stderr
+
+
+def test_roundtrip_compares_a_base_checkout_with_this_tree(tmp_path: Path) -> None:
+    """``python -m bench.roundtrip --base``: both builds measured, with the floors beside them."""
+    out = tmp_path / "rt.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "bench.roundtrip", "--base", str(ROOT), "--rounds", "1", "--reps", "5",
+                           "--sizes", "50", "--needles", "3 chars,no text", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert set(results["results"]) == {"before", "after"}
+    assert set(results["results"]["after"]["50"]) == {"3 chars", "no text"}
+    assert set(results["floors"]["50"]) == {"echo", "3 chars"}
+    assert "| 50 | 3 chars |" in proc.stdout

@@ -163,3 +163,40 @@ async def test_a_peer_that_leaves_mid_pipeline_gets_every_reply_in_order_and_lea
             audit = await check.ok("audit/list", {"limit": 1000})
     added = [a["text"] for a in sorted(audit, key=lambda a: a["seq"]) if a["action"] == "add"]
     assert added == [f"pipelined {n}" for n in range(120) if n % 3 != 2]
+
+
+# --- reads: a query's statements in one read transaction ------------------------------------
+
+
+async def test_a_query_whose_read_fails_leaves_no_transaction_open_and_the_next_one_sees_new_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query's statements run in one read transaction on the loop's reader. One that fails
+    after it began is answered with an error and ends that transaction, and the store is
+    unchanged; the next query sees a write committed after it (no snapshot is held)."""
+    from e2e_helpers import state
+    from memoryd import queries
+
+    db = tmp_path / "memory.db"
+    real = queries.query_page
+    fail = [True]
+
+    def failing_once(conn: sqlite3.Connection, **kw: object) -> object:
+        result = real(conn, **kw)  # type: ignore[arg-type]
+        if fail:
+            fail.clear()
+            raise sqlite3.OperationalError("disk I/O error")
+        return result
+
+    async with memory_daemon(["--db", str(db), "--write-policy", "auto"]) as d, d.connect() as raw:
+        await add(raw, "before the fault")
+        before = await state(raw)
+        monkeypatch.setattr(queries, "query_page", failing_once)
+        reply = await raw.call("memory/query", {"filter": {"text": "fault"}})
+        assert reply["error"]["code"] == -32603
+        assert not d.daemon.service.loop_reader.in_transaction
+        assert await state(raw) == before
+        await add(raw, "after the fault")
+        got = await raw.ok("memory/query", {"filter": {"text": "fault"}})
+        assert sorted(e["text"] for e in got["entries"]) == ["after the fault", "before the fault"]
+        assert got["total"] == 2
+        assert not d.daemon.service.loop_reader.in_transaction

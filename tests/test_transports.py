@@ -4,6 +4,7 @@ max_buffered_bytes rule on the way out."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -11,11 +12,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
-from memoryd.transports import FileReader, FileWriter, StreamProtocol, stdio_stream
+from memoryd.transports import READ_CHUNK, FileReader, FileWriter, PeerProcess, StreamProtocol, stdio_stream
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +54,62 @@ async def test_pipes_carry_bytes_both_ways_and_replies_outlive_stdins_eof(pipes:
     assert os.read(out_r, 100) == b"reply\n"
     # the parent shares the descriptors: they are left open and blocking, as they came
     assert os.get_blocking(in_r) and os.get_blocking(out_w)
+
+
+async def test_sockets_read_into_one_shared_buffer_and_each_connection_gets_its_own_bytes() -> None:
+    """Sockets take the buffered path (one read buffer per event loop): two connections
+    read at once, one of them a line of several buffers' worth, each gets exactly its bytes."""
+    loop = asyncio.get_running_loop()
+    payloads = [b"a" * (3 * READ_CHUNK + 17) + b"\n" + b"tail", b"".join(b"%d\n" % i for i in range(5000))]
+    protos: list[StreamProtocol] = []
+    senders = []
+    for data in payloads:
+        ours, theirs = socket.socketpair()
+        proto = StreamProtocol(None, peer=PeerProcess(os.getpid()))
+        await loop.connect_accepted_socket(lambda proto=proto: proto, ours)  # type: ignore[misc]
+        protos.append(proto)
+
+        def send(theirs: socket.socket = theirs, data: bytes = data) -> None:
+            with theirs:
+                for at in range(0, len(data), 1000):  # many small writes, interleaved with the other's
+                    theirs.sendall(data[at:at + 1000])
+                theirs.shutdown(socket.SHUT_WR)
+
+        senders.append(threading.Thread(target=send))
+    for t in senders:
+        t.start()
+    got: list[bytes] = [b"", b""]
+
+    async def read(i: int) -> None:
+        got[i] = await read_all(protos[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(2):
+            tg.start_soon(read, i)
+    for t in senders:
+        t.join()
+    for proto in protos:
+        proto.abort()
+    assert got == payloads
+
+
+async def test_end_chunks_ends_a_waiting_read_at_once_and_reads_nothing_queued_after_it() -> None:
+    proto = StreamProtocol(None, peer=PeerProcess(os.getpid()))
+    chunks = proto.chunks()
+    proto.data_received(b"one\n")
+    assert await anext(chunks) == b"one\n"
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.extend([chunk async for chunk in chunks])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()  # the read waits for bytes
+        proto.end_chunks()
+    assert got == []
+    proto.data_received(b"two\n")  # what arrives afterwards is never read
+    assert [chunk async for chunk in proto.chunks()] == []
 
 
 async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tuple[int, int, int, int],

@@ -14,7 +14,7 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,7 +264,8 @@ class Daemon:
         return Connection(sink, self.dispatcher, self.approvals, cfg.max_message_bytes, name,
                           max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s)
 
-    async def _serve_connection(self, conn: Connection, chunks: Any) -> None:
+    async def _serve_connection(self, conn: Connection, chunks: Any, end_chunks: Callable[[], None] | None = None
+                                ) -> None:
         self.connections.add(conn)
         self.service.connections = len(self.connections)
         if self.no_connections.is_set():
@@ -272,7 +273,7 @@ class Daemon:
         if self.reading_stopped:  # accepted just before the listener closed
             conn.stop_reading()
         try:
-            await conn.serve(chunks)
+            await conn.serve(chunks, end_chunks)
         finally:
             self.service.sessions.release(conn)
             self.connections.discard(conn)
@@ -283,7 +284,7 @@ class Daemon:
     async def _serve_socket_client(self, proto: StreamProtocol) -> None:
         try:
             conn = self.new_connection(proto, "socket")
-            await self._serve_connection(conn, proto.chunks())
+            await self._serve_connection(conn, proto.chunks(), proto.end_chunks)
         except Exception:
             # One connection's failure (a bug of ours) must not take the others down.
             log.exception("connection failed")
@@ -440,7 +441,7 @@ class Daemon:
             async with stdio_stream(0, out_fd, self.config.max_buffered_bytes) as proto:
                 conn = self.new_connection(proto, "stdio")
                 try:
-                    await self._serve_connection(conn, proto.chunks())
+                    await self._serve_connection(conn, proto.chunks(), proto.end_chunks)
                 except Exception:
                     log.exception("stdio connection failed")
                 finally:

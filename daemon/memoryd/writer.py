@@ -237,13 +237,19 @@ class Writer:
             if flying and any((f := flying.get(e.id)) is not None and e.last_recalled == f[1] for e in hits):
                 await self._bookkeeping_committed()
                 continue
-            if queued or flying:
+            moved = False
+            for overlay in (flying, queued):
+                if not overlay:
+                    continue
+                pending_of = overlay.get
                 for e in hits:
-                    for overlay in (flying, queued):
-                        pending = overlay.get(e.id)
-                        if pending is not None:
-                            e.recall_count += pending[0]
-                            e.last_recalled = max(e.last_recalled or 0, pending[1])
+                    pending = pending_of(e.id)
+                    if pending is not None:
+                        moved = True
+                        e.recall_count += pending[0]
+                        if e.last_recalled is None or e.last_recalled < pending[1]:
+                            e.last_recalled = pending[1]
+            if moved:
                 hits.sort(key=queries.rank)
             return hits, total
 
@@ -261,13 +267,17 @@ class Writer:
         if not isinstance(shared, _Recalls):
             shared = _Recalls()
             self.defer(shared)
+        bumps, queued = shared.bumps, self._queued
         for e in entries:
             e.recall_count += 1
             e.last_recalled = ts
-            for overlay in (shared.bumps, self._queued):
-                pending = overlay.setdefault(e.id, [0, ts])
-                pending[0] += 1
-                pending[1] = ts
+            for overlay in (bumps, queued):
+                pending = overlay.get(e.id)
+                if pending is None:
+                    overlay[e.id] = [1, ts]
+                else:
+                    pending[0] += 1
+                    pending[1] = ts
         if row is not None:
             shared.rows.append(row)
 
