@@ -35,6 +35,22 @@ def fts_phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
+#: How much of the store file a reading connection maps (SQLite's upper bound, not an
+#: allocation: a 100,000-entry store is about 70 MB).
+READER_MMAP_BYTES = 256 << 20
+
+
+def prepare_reader(conn: sqlite3.Connection) -> None:
+    """A reading connection's settings: the store memory-mapped. Every commit by another
+    connection (a query's recall bookkeeping commits soon after it) empties a connection's
+    page cache, so that the next query would read each page again with a system call and a
+    copy; a mapped page is read in place (pages still in the WAL are read as before).
+    Measured in the daemon, alternating with the unmapped reader on a loaded machine (p50):
+    at 2,000 entries 2.68 → 1.83 ms for a needle in 142 entries, 1.96 → 1.65 ms in 40; at
+    100,000 entries 28.5 → 16.1 ms for one in 2,000, 42.2 → 38.2 ms in 7,667."""
+    conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
+
+
 def entry_count(conn: sqlite3.Connection) -> int:
     """The number of entries, from the counts memoryd keeps (no scan)."""
     (n,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
