@@ -67,14 +67,15 @@ def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return used
 
 
-#: query_page's plans: the scan; the index with the hits sorted, or the rank index walked
-PAGE_PLANS: list[tuple[queries.QueryPlan, bool | None]] = [("scan", None), ("index", False), ("index", True)]
+#: query_page's plans: the scan; the index with each way of reading its page
+PAGE_PLANS: list[tuple[queries.QueryPlan, queries.IndexPage]] = [
+    ("scan", "auto"), ("index", "keys"), ("index", "walk"), ("index", "sorted")]
 
 
 def page(conn: sqlite3.Connection, needle: str, limit: int, plan: queries.QueryPlan,
-         walk: bool | None) -> tuple[list[str], int]:
+         how: queries.IndexPage) -> tuple[list[str], int]:
     got, total = queries.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
-                                    limit=limit, plan=plan, walk=walk)
+                                    limit=limit, plan=plan, page=how)
     return [e.id for e in sorted(got, key=queries.rank)], total
 
 
@@ -101,8 +102,8 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
             if len(needle) >= queries.INDEX_MIN_NEEDLE:
                 assert hits(conn, needle, "index") == scan, needle
             assert hits(conn, needle, "auto") == scan, needle
-            for plan, walk in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
-                assert page(conn, needle, 3, plan, walk) == (scan[:3], len(scan)), (needle, plan, walk)
+            for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
+                assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
 
 
 def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
@@ -221,15 +222,15 @@ def boost(entries: list[Entry], extra: dict[str, int]) -> list[Entry]:
                 min_size=1, max_size=30),
        st.sampled_from([None, "ab", "abc", "zz", "c d", "ABC"]), st.integers(1, 6),
        st.dictionaries(st.integers(0, 29), st.integers(1, 3), max_size=5),
-       st.sampled_from([None, "user", "agent"]), st.sampled_from([*PAGE_PLANS, ("auto", None)]))
+       st.sampled_from([None, "user", "agent"]), st.sampled_from([*PAGE_PLANS, ("auto", "auto")]))
 def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory,
                                         rows: list[tuple[str, int, int, tuple[str, str]]], needle: str | None,
                                         limit: int, queued: dict[int, int], track: str | None,
-                                        plan: tuple[queries.QueryPlan, bool | None]) -> None:
-    """Every plan of query_page (the scan, the index's sorted hits, the index's count with
-    the rank index walked), with queued recalls and a track filter: the page of all hits."""
+                                        plan: tuple[queries.QueryPlan, queries.IndexPage]) -> None:
+    """Every plan of query_page (the scan; the index with each way of reading its page),
+    with queued recalls and a track filter: the page of all hits."""
     if plan[0] == "index" and (needle is None or len(needle) < queries.INDEX_MIN_NEEDLE):
-        plan = ("scan", None)
+        plan = ("scan", "auto")
     path = tmp_path_factory.mktemp("pages") / "m.db"
     with opened(path) as conn:
         def fill(c: sqlite3.Connection) -> None:
@@ -243,7 +244,7 @@ def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory
         every = boost(queries.query(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None),
                       extra)
         got, total = queries.query_page(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None,
-                                        limit=limit, boosted=extra.keys(), plan=plan[0], walk=plan[1])
+                                        limit=limit, boosted=extra.keys(), plan=plan[0], page=plan[1])
         assert total == len(every)
         assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]
 

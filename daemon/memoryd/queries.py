@@ -20,6 +20,11 @@ INDEX_MIN_NEEDLE = 3
 COMMON_SHARE = 0.25
 
 QueryPlan = Literal["auto", "scan", "index"]
+#: How the index plan reads its page: "keys", every hit's rank keys in one statement, then
+#: the page's rows (few candidates); after a count of the hits, "walk", the rank index
+#: walked as the scan plan does (dense hits), or "sorted", the hits' rows sorted (dense
+#: candidates the other filters thinned out); "auto" chooses (``walks``).
+IndexPage = Literal["auto", "keys", "walk", "sorted"]
 
 
 def like_pattern(text: str) -> str:
@@ -139,7 +144,7 @@ def query_page(
     limit: int,
     boosted: Collection[str] = (),
     plan: QueryPlan = "auto",
-    walk: bool | None = None,
+    page: IndexPage = "auto",
 ) -> tuple[list[Entry], int]:
     """What a page of ``limit`` hits can come from, and the number of all hits: the first
     ``limit + len(boosted)`` hits by stored rank, and the hits among ``boosted`` (entries
@@ -148,20 +153,19 @@ def query_page(
     built for these only: a query costs in proportion to its page, not to the store (apart
     from matching itself, which a text without the index plan scans for).
 
-    ``plan`` and ``walk`` force a plan and, for the index plan, its page (the rank index
-    walked, or the hits sorted): for tests, which compare them all; by default the probe's
-    candidates decide (``walks``)."""
+    ``plan`` and ``page`` force a plan and, for the index plan, how its page is read (see
+    IndexPage): for tests, which compare them all. By default the probe decides both."""
     take = limit + len(boosted)
     candidates: int | None = None
     if text and plan == "auto":
         plan, candidates = probe(conn, text, entry_count(conn))
     where, args, plan = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
     if text and plan == "index":
-        if walk is None:
-            walk = candidates is not None and walks(candidates, take, entry_count(conn))
-        if not walk:
-            # Few hits: match once, keeping only what ranks a hit, then build the rows of
-            # the page's candidates.
+        if page == "auto" and (candidates is None or not walks(candidates, take, entry_count(conn))):
+            page = "keys"
+        if page == "keys":
+            # Few candidates: match once, keeping only what ranks a hit, then build the
+            # rows of the page's candidates.
             keys = conn.execute(f"SELECT rowid, id FROM entries NOT INDEXED{where}{RANK_ORDER}", args).fetchall()
             chosen = [k[0] for k in keys[:take]]
             if boosted:
@@ -169,13 +173,20 @@ def query_page(
                 chosen.extend(k[0] for k in keys[take:] if k[1] in lifted)
             rows = _rows_in(conn, "rowid", chosen, "", [])
             return sorted((row_to_entry(r) for r in rows), key=rank), len(keys)
-        # Many hits: counted in C from the candidates' rows, and the page is the scan
-        # plan's (the rank index walked until the page is full, each row's text checked):
-        # with hits this dense, a short walk, where sorting would read every hit's row.
+        # Many candidates: the hits counted in C from the candidates' rows; then, if the
+        # hits are as dense (the other filters may leave few), the page is the scan plan's:
+        # the rank index walked until the page is full, each row's text checked, a short
+        # walk where sorting would read every hit's row. Otherwise the few hits, sorted.
         (total,) = conn.execute(f"SELECT count(*) FROM entries NOT INDEXED{where}", args).fetchone()
-        page_where, page_args, _ = _filters(conn, track, scope, text, agent_key, workspace_key, "scan")
-        rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries INDEXED BY memoryd_entries_rank{page_where}"
-                            f"{RANK_ORDER} LIMIT ?", [*page_args, take]).fetchall()
+        if page == "auto":
+            page = "walk" if walks(int(total), take, entry_count(conn)) else "sorted"
+        if page == "walk":
+            page_where, page_args, _ = _filters(conn, track, scope, text, agent_key, workspace_key, "scan")
+            rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries INDEXED BY memoryd_entries_rank{page_where}"
+                                f"{RANK_ORDER} LIMIT ?", [*page_args, take]).fetchall()
+        else:
+            rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries NOT INDEXED{where}{RANK_ORDER} LIMIT ?",
+                                [*args, take]).fetchall()
         return _with_boosted(conn, [row_to_entry(r) for r in rows], int(total), boosted, where, args)
     if not text and agent_key is None and workspace_key is None:
         # Counted by the kept counts per cell, not by reading the entries.
