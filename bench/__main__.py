@@ -4,10 +4,11 @@ measured in one run.
     python -m bench [--quick] [--only NAME[,NAME]] [--out DIR] [--profile]
 
 Suites (``--only`` takes their names):
-  floors   raw sqlite3 FULL one-row transactions, the in-process scan at each store size,
-           a Unix-socket echo round trip, ``python -c pass``
+  floors   raw sqlite3 FULL one-row transactions, a Unix-socket echo round trip,
+           ``python -c pass``
   query    memory/query round trip p50/p99 at 50, 2,000 and 100,000 entries, for 1-, 2-, 3-
-           and 8-character needles, a CJK needle, a needle in every row, and no text
+           and 8-character needles, a CJK needle, a needle in every row, and no text; each
+           alternating with its floors, the in-process scan (LIKE and instr) at that size
   writes   acked memory/add throughput under policy auto from 1, 4, 16 and 64 clients, and
            under ask with a client that answers its own approval/asked
   start    stdio spawn → initialize answered: through the relay to a running daemon, and

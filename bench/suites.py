@@ -134,23 +134,42 @@ SCAN_SQL = ("SELECT id, track, scope, workspace_key, text, source, created_at, u
             "ORDER BY recall_count DESC, updated_at DESC, id")
 
 
-def scan_floor(db: Path, needle: str | None, n: int, instr: bool = False) -> list[float]:
+class ScanFloor:
     """The in-process scan: queries.query's scan plan SQL (LIKE with ASCII folding), every hit
     fetched, no conversion; or with ``instr`` the ``instr(lower())`` form it replaced."""
-    from memoryd.queries import like_pattern
 
-    conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
-    try:
-        args: tuple[str, ...] = ()
+    def __init__(self, db: Path, needle: str | None, instr: bool = False) -> None:
+        from memoryd.queries import like_pattern
+
+        self.conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+        self.args: tuple[str, ...] = ()
         if needle is None:
-            sql = SCAN_SQL.format(where="")
+            self.sql = SCAN_SQL.format(where="")
         elif instr:
-            sql, args = SCAN_SQL.format(where=" WHERE instr(lower(text), lower(?)) > 0"), (needle,)
+            self.sql, self.args = SCAN_SQL.format(where=" WHERE instr(lower(text), lower(?)) > 0"), (needle,)
         else:
-            sql, args = SCAN_SQL.format(where=" WHERE text LIKE ? ESCAPE '\\'"), (like_pattern(needle),)
-        return timed(lambda: conn.execute(sql, args).fetchall(), n, warmup=min(n, 5))
-    finally:
-        conn.close()
+            self.sql, self.args = SCAN_SQL.format(where=" WHERE text LIKE ? ESCAPE '\\'"), (like_pattern(needle),)
+
+    def __call__(self) -> object:
+        return self.conn.execute(self.sql, self.args).fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def alternating(fns: dict[str, Callable[[], object]], n: int, warmup: int) -> dict[str, list[float]]:
+    """``n`` timed runs of each of ``fns``, taken in turn (one of each, then the next round),
+    so that a machine busier at one moment weighs on all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(n):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t)
+    return out
 
 
 def sqlite_commit_floor(tmp: Path, n: int) -> tuple[float, float]:
@@ -221,39 +240,48 @@ def floors(ctx: Ctx) -> None:
     r["echo"] = summary(echo_floor(ctx.tmp, max(ctx.p.query_reps.values())))
     log("floors: python -c pass")
     r["python_pass"] = summary([python_pass() for _ in range(ctx.p.starts)])
-    scans: dict[str, dict[str, Any]] = {}
-    instr: dict[str, dict[str, Any]] = {}
-    for n in ctx.p.sizes:
-        db = ctx.store(n)
-        log(f"floors: in-process scan at {n}")
-        reps = ctx.p.query_reps[n]
-        scans[str(n)] = {label: summary(scan_floor(db, needle, reps)) for label, needle in NEEDLES.items()}
-        instr[str(n)] = {label: summary(scan_floor(db, needle, reps, instr=True))
-                         for label, needle in NEEDLES.items() if needle is not None}
-    r["scan"] = scans
-    r["scan_instr"] = instr
+    # the in-process scan floors are measured by ``query``, alternating with the daemon's figures
 
 
 # --- queries -------------------------------------------------------------------------
 
 
 def query(ctx: Ctx) -> None:
+    """The round trips, each needle's alternating with its in-process scan floors (LIKE and
+    instr, on the seeded store), which go into ``floors``: the ratios compare figures of the
+    same moments, not of runs minutes apart on a shared machine."""
     out: dict[str, Any] = {}
+    scans: dict[str, dict[str, Any]] = {}
+    instr: dict[str, dict[str, Any]] = {}
     for n in ctx.p.sizes:
+        seed = ctx.store(n)
         db = ctx.copy(n, f"query-{n}")
         with daemon(ctx, f"q{n}", db) as d:
-            log(f"query: {n} entries")
+            log(f"query: {n} entries, each needle beside its in-process scans")
             c = Line(d.sock)
             reps = ctx.p.query_reps[n]
             row: dict[str, Any] = {}
+            scans[str(n)], instr[str(n)] = {}, {}
             for label, needle in NEEDLES.items():
                 params = query_params(needle)
                 total = c.call("memory/query", params)["total"]
+
                 def one(c: Line = c, params: dict[str, Any] = params) -> object:
                     return c.call("memory/query", params)
 
-                s = summary(timed(one, reps, warmup=10))
-                row[label] = {**s, "hits": total}
+                floors_ = [ScanFloor(seed, needle)] + ([ScanFloor(seed, needle, instr=True)] if needle else [])
+                try:
+                    fns: dict[str, Callable[[], object]] = {"daemon": one, "scan": floors_[0]}
+                    if needle is not None:
+                        fns["instr"] = floors_[1]
+                    times = alternating(fns, reps, warmup=min(reps, 5))
+                finally:
+                    for f in floors_:
+                        f.close()
+                row[label] = {**summary(times["daemon"]), "hits": total}
+                scans[str(n)][label] = summary(times["scan"])
+                if "instr" in times:
+                    instr[str(n)][label] = summary(times["instr"])
             if ctx.profiler is not None and n == 2_000:
                 def load(c: Line = c, reps: int = reps) -> None:  # every needle in turn, after the measured runs
                     for _ in range(max(1, reps // 3)):
@@ -264,6 +292,7 @@ def query(ctx: Ctx) -> None:
             c.close()
             out[str(n)] = row
     ctx.results["query"] = out
+    ctx.results.setdefault("floors", {}).update(scan=scans, scan_instr=instr)
 
 
 # --- writes --------------------------------------------------------------------------

@@ -67,6 +67,18 @@ def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return used
 
 
+#: query_page's plans: the scan; the index with each way of reading its page
+PAGE_PLANS: list[tuple[queries.QueryPlan, queries.IndexPage]] = [
+    ("scan", "auto"), ("index", "keys"), ("index", "walk"), ("index", "sorted")]
+
+
+def page(conn: sqlite3.Connection, needle: str, limit: int, plan: queries.QueryPlan,
+         how: queries.IndexPage) -> tuple[list[str], int]:
+    got, total = queries.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
+                                    limit=limit, plan=plan, page=how)
+    return [e.id for e in sorted(got, key=queries.rank)], total
+
+
 def hits(conn: sqlite3.Connection, needle: str, plan: queries.QueryPlan) -> list[str]:
     return [e.id for e in queries.query(conn, track=None, scope=None, text=needle, agent_key=None,
                                       workspace_key=None, plan=plan)]
@@ -90,6 +102,8 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
             if len(needle) >= queries.INDEX_MIN_NEEDLE:
                 assert hits(conn, needle, "index") == scan, needle
             assert hits(conn, needle, "auto") == scan, needle
+            for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
+                assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
 
 
 def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
@@ -203,27 +217,54 @@ def boost(entries: list[Entry], extra: dict[str, int]) -> list[Entry]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["ab", "abc", "x", "Abc d"]), st.integers(0, 3), st.integers(0, 5)),
+@given(st.lists(st.tuples(st.sampled_from(["ab", "abc", "x", "Abc d"]), st.integers(0, 3), st.integers(0, 5),
+                          st.sampled_from([("user", "user-global"), ("agent", "workspace")])),
                 min_size=1, max_size=30),
-       st.sampled_from([None, "ab", "abc", "zz"]), st.integers(1, 6),
-       st.dictionaries(st.integers(0, 29), st.integers(1, 3), max_size=5))
-def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[str, int, int]],
-                                        needle: str | None, limit: int, queued: dict[int, int]) -> None:
+       st.sampled_from([None, "ab", "abc", "zz", "c d", "ABC"]), st.integers(1, 6),
+       st.dictionaries(st.integers(0, 29), st.integers(1, 3), max_size=5),
+       st.sampled_from([None, "user", "agent"]), st.sampled_from([*PAGE_PLANS, ("auto", "auto")]))
+def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory,
+                                        rows: list[tuple[str, int, int, tuple[str, str]]], needle: str | None,
+                                        limit: int, queued: dict[int, int], track: str | None,
+                                        plan: tuple[queries.QueryPlan, queries.IndexPage]) -> None:
+    """Every plan of query_page (the scan; the index with each way of reading its page),
+    with queued recalls and a track filter: the page of all hits."""
+    if plan[0] == "index" and (needle is None or len(needle) < queries.INDEX_MIN_NEEDLE):
+        plan = ("scan", "auto")
     path = tmp_path_factory.mktemp("pages") / "m.db"
     with opened(path) as conn:
         def fill(c: sqlite3.Connection) -> None:
-            for n, (text, recalls, updated) in enumerate(rows):
-                e = entry(n, text)
+            for n, (text, recalls, updated, (t, sc)) in enumerate(rows):
+                e = entry(n, text, t, sc)
                 e.recall_count, e.updated_at = recalls, updated
                 store.insert_entry(c, e)
 
         write(conn, fill)
         extra = {f"e{n:04d}": k for n, k in queued.items() if n < len(rows)}
-        every = boost(queries.query(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None), extra)
-        got, total = queries.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
-                                      limit=limit, boosted=extra.keys())
+        every = boost(queries.query(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None),
+                      extra)
+        got, total = queries.query_page(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None,
+                                        limit=limit, boosted=extra.keys(), plan=plan[0], page=plan[1])
         assert total == len(every)
         assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]
+
+
+def test_the_index_plan_walks_the_rank_index_for_dense_hits_only(tmp_path: Path) -> None:
+    """At 2,000 entries, a needle in 142 of them walks the rank index for a page of 20, one
+    in 20 sorts its hits; and the statements each plan runs read the entries as intended."""
+    assert queries.walks(142, 20, 2_000) and not queries.walks(40, 20, 2_000)
+    assert queries.walks(1_000, 20, 100_000) and not queries.walks(300, 20, 100_000)
+    with opened(tmp_path / "m.db") as conn:
+        where, args, _ = queries._filters(conn, "user", None, "abc", None, None, "index")
+        plans = {sql: [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args)] for sql in (
+            f"SELECT count(*) FROM entries NOT INDEXED{where}",
+            f"SELECT rowid, id FROM entries NOT INDEXED{where}{queries.RANK_ORDER}")}
+        for steps in plans.values():
+            assert steps[0] == "SEARCH entries USING INTEGER PRIMARY KEY (rowid=?)", steps
+        where, args, _ = queries._filters(conn, "user", None, "abc", None, None, "scan")
+        steps = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT 1 FROM entries INDEXED BY "
+                                            f"memoryd_entries_rank{where}{queries.RANK_ORDER} LIMIT ?", [*args, 20])]
+        assert steps == ["SCAN entries USING INDEX memoryd_entries_rank"]
 
 
 # --- memoryd_schema 4: the text index without docsize rows, the ledger's ref index partial ----

@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 
-from . import ledger, store
+from . import ledger, queries, store
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
@@ -186,6 +186,7 @@ def unlock_store(path: Path, fd: int) -> None:
 def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     conn = store.connect(path, busy_timeout_ms)
     conn.execute("PRAGMA query_only = ON")
+    queries.prepare_reader(conn)
     return conn
 
 
