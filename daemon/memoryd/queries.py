@@ -55,7 +55,10 @@ def prepare_reader(conn: sqlite3.Connection) -> None:
     100,000 entries 28.5 → 16.1 ms for one in 2,000, 42.2 → 38.2 ms in 7,667. The price:
     SQLite unmaps the file at such a commit too, and a whole-store scan (a 1- or 2-character
     needle, a common one) faults its pages in again: 19.4 → 23.9 ms for ``q`` at 100,000
-    (in-process, a commit before each query), still a fifth of the scan floor."""
+    (in-process, a commit before each query), still a fifth of the scan floor. And the
+    hazard SQLite documents for mapping: a read error of the disk under a mapped page is a
+    SIGBUS that ends the daemon, not a STORE_UNAVAILABLE answer (writes, on the writer's
+    own unmapped connection, keep their answers; the service restarts it)."""
     conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
 
 
