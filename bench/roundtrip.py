@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import NEEDLES, Line, copy_store, seed_store, summary, timed
-from .suites import echo_floor, query_params, scan_floor
+from .suites import ScanFloor, echo_floor, query_params
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
@@ -115,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                 f.setdefault("echo", []).append(summary(echo_floor(tmp, args.reps))["p50_us"])
                 for label in needles:
                     if NEEDLES[label] is not None:
-                        f.setdefault(label, []).append(
-                            summary(scan_floor(seeds[n], NEEDLES[label], args.reps, instr=True))["p50_us"])
+                        scan = ScanFloor(seeds[n], NEEDLES[label], instr=True)
+                        try:
+                            times = timed(scan, args.reps, warmup=3)
+                        finally:
+                            scan.close()
+                        f.setdefault(label, []).append(summary(times)["p50_us"])
                 for build, base in order:
                     got = measure(tmp, f"{build}-{n}", seeds[n], base, args.reps, needles)
                     for label, row in got.items():
