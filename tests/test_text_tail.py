@@ -94,6 +94,17 @@ def test_a_rowid_reused_below_the_mark_is_indexed_as_written(tmp_path: Path) -> 
         assert_index_holds_the_entries(conn)
 
 
+def test_the_tail_is_full_at_its_threshold_counted_not_guessed_from_rowids(tmp_path: Path) -> None:
+    with opened(tmp_path / "m.db") as conn:
+        t = store.TAIL_MERGE_AT
+        write(conn, lambda c: [store.insert_entry(c, entry(n, f"fact {n}")) for n in range(t - 1)])
+        assert not store.tail_full(conn)
+        write(conn, lambda c: store.insert_entry(c, entry(t, "the last one")))
+        assert store.tail_full(conn)
+        write(conn, lambda c: store.delete_entry(c, "e0003"))  # rowids reach as far; the tail is shorter
+        assert store.text_tail(conn) == t - 1 and not store.tail_full(conn)
+
+
 def test_a_merge_rolled_back_leaves_the_index_and_the_mark_as_they_were(tmp_path: Path) -> None:
     """The mark moves in the merge's own transaction: a crash (or a fault) before its commit
     leaves the tail a tail, in the index nowhere and found by queries still."""

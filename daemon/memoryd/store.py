@@ -424,7 +424,7 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         migrate(conn, version)
         with atomic(conn):
             sync_text_index(conn)
-        if text_tail(conn) >= TAIL_MERGE_AT:  # left by a bulk write, or a daemon killed before its merge
+        if tail_full(conn):  # left by a bulk write, or a daemon killed before its merge
             with atomic(conn):
                 index_tail(conn)
     except sqlite3.Error as exc:
@@ -617,6 +617,16 @@ def text_tail(conn: sqlite3.Connection) -> int:
     """How many entries are above the mark (in no index yet)."""
     (n,) = conn.execute(f"SELECT count(*) FROM entries WHERE rowid > {TEXT_MARK_SQL}").fetchone()
     return int(n)
+
+
+def tail_full(conn: sqlite3.Connection) -> bool:
+    """Whether the tail holds TAIL_MERGE_AT entries or more. While the highest rowid is less
+    than that far above the mark, the tail is shorter (its rowids are distinct and above
+    the mark): one B-tree descent, not a count of the tail, after each commit."""
+    top, mark = conn.execute(f"SELECT max(rowid), {TEXT_MARK_SQL} FROM entries").fetchone()
+    if top is None or mark is None or top - mark < TAIL_MERGE_AT:
+        return False
+    return text_tail(conn) >= TAIL_MERGE_AT
 
 
 def index_tail(conn: sqlite3.Connection) -> int:

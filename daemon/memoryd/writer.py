@@ -139,8 +139,8 @@ class Writer:
         #: of the commit in flight (``with_recalls``)
         self._queued: dict[str, list[int]] = {}
         self._flying: dict[str, list[int]] = {}
-        #: the entries above the text index's mark after the last commit (store.text_tail)
-        self._tail = 0
+        #: the text index's tail was full after the last commit of a write (store.tail_full)
+        self._tail_full = False
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
@@ -322,7 +322,7 @@ class Writer:
                 continue
             batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
             await self._commit(batch)
-            if self._tail >= store.TAIL_MERGE_AT:
+            if self._tail_full:
                 await self._index_tail()
 
     async def _index_tail(self) -> None:
@@ -333,7 +333,7 @@ class Writer:
         next full commit makes it durable. On a failure the tail stays as it is, a query
         still finds it, and the next commit of a write (which counts the tail again) tries
         again."""
-        self._tail = 0
+        self._tail_full = False
         try:
             with anyio.CancelScope(shield=True):
                 await self._owned.run(self._run_index_tail)
@@ -426,8 +426,8 @@ class Writer:
             self.anchor.leave()  # committed or not, the transaction's ledger scope ends with it
         if durable:  # (recall bookkeeping adds no entry)
             try:
-                self._tail = store.text_tail(conn)
-            except sqlite3.Error:  # committed all the same; the next commit counts again
+                self._tail_full = store.tail_full(conn)
+            except sqlite3.Error:  # committed all the same; the next commit looks again
                 log.debug("counting the text index's tail failed", exc_info=True)
         return usage
 
