@@ -20,6 +20,10 @@ the whole transaction back, as it may on FULL, IOERR and BUSY) fails every job o
 whatever each had computed: none of them committed. Either way the next batch starts on a
 clean connection, so writes recover once the fault clears.
 
+After the commit of a write that filled the text index's tail (store.TAIL_MERGE_AT adds
+in no index yet), the writer indexes it in a transaction of its own before the next batch:
+the batch's callers are answered first (``_index_tail``).
+
 The writer owns its thread (owned.py: every transaction runs on that one thread), the
 committed usage, and the bookkeeping nobody awaits: ``defer`` (the ledger's rows, kept
 across a store fault), and the recall overlay of queries (``with_recalls`` /
