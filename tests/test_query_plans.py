@@ -356,3 +356,47 @@ def test_a_store_of_the_reference_gets_the_new_definitions(tmp_path: Path) -> No
     with opened(path) as conn:
         write(conn, lambda c: store.insert_entry(c, entry(9, "fact number 9")))
     assert_schema_4(path, {"3b241101-e2bb-4255-8caf-4136c566a962": "Prefers tabs", "e0009": "fact number 9"})
+
+
+# --- memoryd_schema 6: the rank index ascending, walked backwards -------------------------
+
+#: memoryd_schema 5's rank index, as stores written by it hold it
+RANK_5 = "CREATE INDEX memoryd_entries_rank ON entries (recall_count DESC, updated_at DESC, id)"
+RANK_6 = "CREATE INDEX memoryd_entries_rank ON entries (recall_count, updated_at, id DESC)"
+
+
+def page_plan(conn: sqlite3.Connection) -> list[str]:
+    """The plan of a page without a text (query_page's statement)."""
+    return [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT {store.ENTRY_COLUMNS} FROM entries"
+                                       f"{queries.RANK_ORDER} LIMIT ?", (5,))]
+
+
+def test_a_schema_5_store_gets_the_ascending_rank_index_and_keeps_its_tail(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with opened(path) as conn:
+        rows = [entry(n, f"fact number {n}") for n in range(6)]
+        for n, e in enumerate(rows):
+            e.recall_count, e.updated_at = n % 3, 100 - n
+        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[:4]])
+        write(conn, store.index_tail)
+        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[4:]])  # a tail of 2
+        chain_newest_audit_row(conn)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DROP INDEX memoryd_entries_rank")
+        conn.execute(RANK_5)
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'memoryd_schema'")
+        conn.execute("COMMIT")
+        assert store.trusted(conn)
+    with opened(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == (
+            str(MEMORYD_SCHEMA_VERSION),)
+        assert conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memoryd_entries_rank'").fetchone() == (RANK_6,)
+        assert (store.text_mark(conn), store.text_tail(conn)) == (4, 2)  # the tail stays a tail
+        assert page_plan(conn) == ["SCAN entries USING INDEX memoryd_entries_rank"]  # no temp B-tree
+        expected = [e.id for e in sorted(rows, key=queries.rank)]
+        got, total = queries.query_page(conn, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
+                                        limit=6)
+        assert [e.id for e in got] == expected and total == 6
+        assert [e.id for e in queries.query(conn, track=None, scope=None, text="number", agent_key=None,
+                                            workspace_key=None, plan="index")] == expected
+        assert_index_holds_the_entries(conn)

@@ -115,8 +115,9 @@ MEMORYD_TABLES = (
     # memoryd_schema 3: a trigram index of the entries' text, for query candidates. External
     # content (the text lives once, in entries) and no triggers: dsh-memento's SQLite need
     # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
-    # index in step in its own write jobs, and rebuilds it at start when the entries are not
-    # what it last indexed (FTS_MARK), i.e. after another program wrote them.
+    # index in step in its own write jobs (its adds in a tail, memoryd_schema 5: see
+    # TEXT_MARK_KEY), and rebuilds it at start unless the store is ``trusted``, i.e. after
+    # another program wrote the entries.
     # memoryd_schema 4: columnsize=0, no row per entry in memoryd_fts_docsize (nothing
     # here ranks by length): one B-tree page less per write (see MEMORYD_MIGRATIONS).
     "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
@@ -129,7 +130,11 @@ MEMORYD_TABLES = (
     "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
     # A query's rank order as an index: a page without a text walks it, and stops at the
     # page's end. A plain index: dsh-memento's SQLite keeps it up to date unknowingly.
-    "CREATE INDEX IF NOT EXISTS memoryd_entries_rank ON entries (recall_count DESC, updated_at DESC, id)",
+    # memoryd_schema 6: ascending, walked backwards for ORDER BY recall_count DESC,
+    # updated_at DESC, id (the same order). A new entry (no recalls, the newest updated_at)
+    # lands at the end of the recall_count = 0 run, next to the last add, instead of at its
+    # head in the middle of the B-tree: fewer split and half-full pages per add.
+    "CREATE INDEX IF NOT EXISTS memoryd_entries_rank ON entries (recall_count, updated_at, id DESC)",
 )
 
 #: What a store of memoryd_schema n-1 drops on its way to n, before MEMORYD_TABLES creates
@@ -137,9 +142,11 @@ MEMORYD_TABLES = (
 MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     # memoryd_fts with columnsize=0, memoryd_ledger_ref partial: two B-tree pages less per write
     4: ("DROP TABLE IF EXISTS memoryd_fts", "DROP INDEX IF EXISTS memoryd_ledger_ref"),
-    # memoryd_schema 5: the text index's mark (TEXT_MARK_KEY), which every migration sets
-    # (``migrate``): a store of schema 4 has every entry in the index.
+    # memoryd_schema 5: the text index's mark (TEXT_MARK_KEY), which ``migrate`` sets for a
+    # store from before it: a store of schema 4 has every entry in the index.
     5: (),
+    # memoryd_entries_rank ascending (see MEMORYD_TABLES)
+    6: ("DROP INDEX IF EXISTS memoryd_entries_rank",),
 }
 
 #: memoryd_schema 5: the ``meta`` row of the text index's mark, the highest entries rowid it
@@ -149,6 +156,8 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 #: transaction of its own once it holds TAIL_MERGE_AT entries (``index_tail``), and the mark
 #: moves in that transaction: a crash between the two loses nothing.
 TEXT_MARK_KEY = "memoryd_fts_mark"
+#: The first memoryd_schema with the tail.
+TAIL_SCHEMA = 5
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
 #: The tail the writer indexes at once. Measured on a 2,000-entry store (raw sqlite3, FULL):
@@ -396,16 +405,21 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
                 conn.execute(sql)
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
-        # A mark already there: a memoryd of schema 4 or older wrote this store of schema 5+,
-        # and had no idea of the tail above it (its entries are in no index).
-        if any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps) or (
-                was is not None and text_mark(conn) is not None):
+        # Before the tail (memoryd_schema 5) every entry was indexed as written. A mark in
+        # such a store: a memoryd of schema 4 or older wrote over a store of 5+, and never
+        # indexed the tail it found above the mark.
+        before_tail = was is not None and was < TAIL_SCHEMA
+        rebuild = any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps) or (
+            before_tail and text_mark(conn) is not None)
+        if rebuild:
             # the counts and the ledger may be trusted (sync_text_index would not rebuild)
             conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-        # The index holds every entry now: a store of schema 4 indexed each as written, one
-        # rebuilt just now holds them all, and a store memoryd never opened (an empty index
-        # beside its entries) is not ``trusted``, so sync_text_index rebuilds it next.
-        _save_mark(conn, rebuilt=True)
+        if was is None or before_tail or rebuild:
+            # The index holds every entry now: a store of schema 4 indexed each as written,
+            # one rebuilt just now holds them all, and a store memoryd never opened (an empty
+            # index beside its entries) is not ``trusted``, so sync_text_index rebuilds it
+            # next. (A store of schema 5+ keeps its mark, and its tail.)
+            _save_mark(conn, rebuilt=True)
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('memoryd_schema', ?) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
