@@ -4,8 +4,10 @@ In-process, on a copy of the 2,000-entry store opened with memoryd's own ``store
 (its pragmas: WAL, ``synchronous=FULL``), one transaction per write, built with memoryd's
 own functions, one layer more in each run:
 
-1. the entry: its row, its indexes, its text-index row and the kept counts
-   (``store.insert_entry``);
+1. the entry: its row, its indexes and the kept counts (``store.insert_entry``), and its
+   share of the text index: as the writer does, the transaction that brings the index's
+   tail to ``store.TAIL_MERGE_AT`` entries is followed by one that indexes it
+   (``store.index_tail``, ``synchronous=NORMAL``), timed and counted with the writes;
 2. and its audit row (``store.audit``);
 3. and its chained ledger row, with the head check and move the writer does around each
    transaction (``ledger.Stamp.audit``, ``ledger.Anchor``): what a daemon commits for one add.
@@ -68,6 +70,12 @@ def write_anatomy(src: Path, tmp: Path, n: int) -> dict[str, dict[str, float]]:
                 conn.execute("COMMIT")
                 if depth == 3:
                     anchor.advance(conn)
+                if store.tail_full(conn):
+                    conn.execute("PRAGMA synchronous = NORMAL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    store.index_tail(conn)
+                    conn.execute("COMMIT")
+                    conn.execute("PRAGMA synchronous = FULL")
 
             out[layer] = _run(write, n, functools.partial(wal_pages, db, page_size))
         finally:

@@ -6,6 +6,7 @@ including those of another program (rebuilt at start when the entries moved)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memoryd import queries, store
+from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from memoryd_protocol.text import ascii_fold, utf16_len
 from memoryd_protocol.types import Entry
 
@@ -79,6 +81,19 @@ def page(conn: sqlite3.Connection, needle: str, limit: int, plan: queries.QueryP
     return [e.id for e in sorted(got, key=queries.rank)], total
 
 
+def assert_index_holds_the_entries(conn: sqlite3.Connection) -> None:
+    """Once its tail is indexed, the text index holds exactly the entries' texts (FTS5's
+    integrity-check reads them back from entries): each entry up to the mark once, with its
+    current text, and none of the tail before. Rolled back: the store is left as it was."""
+    conn.execute("SAVEPOINT check_index")
+    try:
+        store.index_tail(conn)
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+    finally:
+        conn.execute("ROLLBACK TO check_index")
+        conn.execute("RELEASE check_index")
+
+
 def hits(conn: sqlite3.Connection, needle: str, plan: queries.QueryPlan) -> list[str]:
     return [e.id for e in queries.query(conn, track=None, scope=None, text=needle, agent_key=None,
                                       workspace_key=None, plan=plan)]
@@ -106,11 +121,63 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
                 assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "replace", "remove", "remove newest", "merge"]),
+                          texts, st.integers(0, 39)), min_size=1, max_size=40),
+       st.lists(texts, min_size=1, max_size=6), st.data())
+def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
+        tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, str, int]], needles: list[str],
+        data: st.DataObject) -> None:
+    """Stores with an index tail: adds, replaces and removes of indexed entries and of tail
+    entries, merges in between, rowids reused below the mark (removing the newest entry
+    and adding again), each write its own transaction or several in one."""
+    path = tmp_path_factory.mktemp("tail") / "m.db"
+    live: dict[str, Entry] = {}
+    serial = itertools.count()
+    with opened(path) as conn:
+        n = 0
+        while n < len(ops):
+            together = data.draw(st.integers(1, 3))  # writes in this transaction
+            conn.execute("BEGIN IMMEDIATE")
+            for op, text, pick in ops[n:n + together]:
+                ids = sorted(live, key=lambda i: conn.execute("SELECT rowid FROM entries WHERE id = ?",
+                                                                 (i,)).fetchone()[0])
+                if op == "merge":
+                    store.index_tail(conn)
+                elif op == "add" or not ids:
+                    e = entry(next(serial), text)
+                    live[e.id] = e
+                    store.insert_entry(conn, e)
+                elif op == "replace":
+                    e = live[ids[pick % len(ids)]]
+                    e.text = text
+                    store.update_entry(conn, e)
+                else:
+                    gone = live.pop(ids[-1] if op == "remove newest" else ids[pick % len(ids)])
+                    store.delete_entry(conn, gone.id)
+            conn.execute("COMMIT")
+            n += together
+        entries = list(live.values())
+        picked = [e.text[:data.draw(st.integers(3, 8))] for e in entries[:4]]
+        for needle in needles + picked:
+            expected = reference(entries, needle)
+            scan = hits(conn, needle, "scan")
+            assert set(scan) == expected, needle
+            if len(needle) >= queries.INDEX_MIN_NEEDLE:
+                assert hits(conn, needle, "index") == scan, needle
+            assert hits(conn, needle, "auto") == scan, needle
+            for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
+                assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
+        assert_index_holds_the_entries(conn)
+
+
 def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
     with opened(tmp_path / "m.db") as conn:
         a, b = entry(1, "Prefers TABS over spaces"), entry(2, "uses 記憶 daily")
         write(conn, lambda c: (store.insert_entry(c, a), store.insert_entry(c, b)))
         assert hits(conn, "tabs", "index") == ["e0001"] and hits(conn, "記憶 d", "index") == ["e0002"]
+        write(conn, store.index_tail)  # in the index now, no longer in its tail
+        assert store.text_tail(conn) == 0
         a.text = "Prefers spaces now"
         write(conn, lambda c: store.update_entry(c, a))
         assert hits(conn, "tabs", "index") == [] and hits(conn, "spaces now", "index") == ["e0001"]
@@ -119,7 +186,7 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
         (n,) = conn.execute("SELECT count(*) FROM memoryd_fts WHERE memoryd_fts MATCH '\"spa\"'").fetchone()
         assert n == 1
         # the index holds exactly the entries' texts (FTS5 reads them back from entries)
-        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+        assert_index_holds_the_entries(conn)
 
 
 def segments(conn: sqlite3.Connection) -> int:
@@ -130,17 +197,22 @@ def segments(conn: sqlite3.Connection) -> int:
 def test_a_transaction_of_many_writes_adds_one_segment_to_the_index(tmp_path: Path) -> None:
     """FTS5 writes what a transaction indexed as one new segment at COMMIT, unless a
     statement savepoint flushes it earlier (an INSERT ... SELECT opens one): a batch of
-    adds must cost the index one segment, not one per add."""
+    adds must cost the index one segment, not one per add. Adds go to the index's tail
+    (no segment), and indexing the tail is one segment however long it is."""
     with opened(tmp_path / "m.db") as conn:
         write(conn, lambda c: store.insert_entry(c, entry(0, "the first entry")))
+        assert segments(conn) == 0
+        write(conn, store.index_tail)
         assert segments(conn) == 1
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"entry number {n}")) for n in range(1, 17)])
+        assert segments(conn) == 1
+        write(conn, store.index_tail)
         assert segments(conn) == 2
         a = entry(3, "entry number 3, edited")
         write(conn, lambda c: (store.update_entry(c, a), store.insert_entry(c, entry(20, "one more"))))
         assert segments(conn) == 3
         assert hits(conn, "number 3, ed", "index") == ["e0003"]
-        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+        assert_index_holds_the_entries(conn)
 
 
 def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path) -> None:
@@ -148,6 +220,9 @@ def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path
         entries = [entry(n, f"common text {n} {'rare' if n == 7 else ''}") for n in range(queries.INDEX_MIN_ENTRIES)]
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
         count = queries.entry_count(conn)
+        # in the index's tail, every entry is a candidate
+        assert queries.choose_plan(conn, "rare", count) == "scan"
+        write(conn, store.index_tail)
         assert queries.choose_plan(conn, "common", count) == "scan"
         assert queries.choose_plan(conn, "rare", count) == "index"
         assert queries.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
@@ -279,14 +354,15 @@ def assert_schema_4(path: Path, texts: dict[str, str]) -> None:
     """The definitions of memoryd_schema 4, an index that holds every entry, and the ledger's
     connection-row lookup on its index."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("4",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == (
+            str(MEMORYD_SCHEMA_VERSION),)
         defs = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE name IN ('memoryd_fts', "
                                  "'memoryd_ledger_ref', 'memoryd_fts_docsize')"))
         assert defs == {"memoryd_fts": "CREATE VIRTUAL TABLE memoryd_fts USING fts5(text, content='entries', "
                                        "content_rowid='rowid', tokenize='trigram', columnsize=0)",
                         "memoryd_ledger_ref": "CREATE INDEX memoryd_ledger_ref ON memoryd_ledger (kind, ref) "
                                               "WHERE ref IS NOT NULL"}
-        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
+        assert_index_holds_the_entries(conn)
         [(_, _, _, plan)] = conn.execute("EXPLAIN QUERY PLAN SELECT 1 FROM memoryd_ledger WHERE kind = 'connection' "
                                          "AND ref = ?", ("r/1",)).fetchall()
         assert "USING COVERING INDEX memoryd_ledger_ref" in plan
@@ -323,3 +399,47 @@ def test_a_store_of_the_reference_gets_the_new_definitions(tmp_path: Path) -> No
     with opened(path) as conn:
         write(conn, lambda c: store.insert_entry(c, entry(9, "fact number 9")))
     assert_schema_4(path, {"3b241101-e2bb-4255-8caf-4136c566a962": "Prefers tabs", "e0009": "fact number 9"})
+
+
+# --- memoryd_schema 6: the rank index ascending, walked backwards -------------------------
+
+#: memoryd_schema 5's rank index, as stores written by it hold it
+RANK_5 = "CREATE INDEX memoryd_entries_rank ON entries (recall_count DESC, updated_at DESC, id)"
+RANK_6 = "CREATE INDEX memoryd_entries_rank ON entries (recall_count, updated_at, id DESC)"
+
+
+def page_plan(conn: sqlite3.Connection) -> list[str]:
+    """The plan of a page without a text (query_page's statement)."""
+    return [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT {store.ENTRY_COLUMNS} FROM entries"
+                                       f"{queries.RANK_ORDER} LIMIT ?", (5,))]
+
+
+def test_a_schema_5_store_gets_the_ascending_rank_index_and_keeps_its_tail(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with opened(path) as conn:
+        rows = [entry(n, f"fact number {n}") for n in range(6)]
+        for n, e in enumerate(rows):
+            e.recall_count, e.updated_at = n % 3, 100 - n
+        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[:4]])
+        write(conn, store.index_tail)
+        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[4:]])  # a tail of 2
+        chain_newest_audit_row(conn)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DROP INDEX memoryd_entries_rank")
+        conn.execute(RANK_5)
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'memoryd_schema'")
+        conn.execute("COMMIT")
+        assert store.trusted(conn)
+    with opened(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == (
+            str(MEMORYD_SCHEMA_VERSION),)
+        assert conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memoryd_entries_rank'").fetchone() == (RANK_6,)
+        assert (store.text_mark(conn), store.text_tail(conn)) == (4, 2)  # the tail stays a tail
+        assert page_plan(conn) == ["SCAN entries USING INDEX memoryd_entries_rank"]  # no temp B-tree
+        expected = [e.id for e in sorted(rows, key=queries.rank)]
+        got, total = queries.query_page(conn, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
+                                        limit=6)
+        assert [e.id for e in got] == expected and total == 6
+        assert [e.id for e in queries.query(conn, track=None, scope=None, text="number", agent_key=None,
+                                            workspace_key=None, plan="index")] == expected
+        assert_index_holds_the_entries(conn)

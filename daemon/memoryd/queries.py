@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from memoryd_protocol.types import Entry
 
-from .store import ENTRY_COLUMNS, row_to_entry
+from .store import ENTRY_COLUMNS, TEXT_MARK_SQL, row_to_entry
 
 #: Below this many entries a query scans: the index would not pay for its extra statement.
 INDEX_MIN_ENTRIES = 256
@@ -62,6 +62,15 @@ def prepare_reader(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
 
 
+#: The index plan's candidates: the index's matches, and every entry of its tail (above its
+#: mark: in no index yet, see store.TEXT_MARK_KEY), a rowid range. One statement, so the
+#: mark and the index are read at one moment (they move in one transaction). A store
+#: without a mark has no tail. SQLite builds the list once and looks each rowid up
+#: (tests/test_query_plans.py checks the plan: no scan of entries).
+INDEX_CANDIDATES = ("rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ? UNION ALL "
+                    f"SELECT rowid FROM entries WHERE rowid > {TEXT_MARK_SQL})")
+
+
 def entry_count(conn: sqlite3.Connection) -> int:
     """The number of entries, from the counts memoryd keeps (no scan)."""
     (n,) = conn.execute("SELECT total(entries) FROM memoryd_usage").fetchone()
@@ -70,19 +79,21 @@ def entry_count(conn: sqlite3.Connection) -> int:
 
 def choose_plan(conn: sqlite3.Connection, text: str, entries: int) -> QueryPlan:
     """Scan or index, per query: the index for needles of 3+ code points in a store big
-    enough, unless the needle is so common that its candidates are a large share of the
-    store (counted up to that share only, so the probe itself stays cheap)."""
+    enough, unless the needle is so common that its candidates (with the index's tail) are a
+    large share of the store (counted up to that share only, so the probe stays cheap)."""
     return probe(conn, text, entries)[0]
 
 
 def probe(conn: sqlite3.Connection, text: str, entries: int) -> tuple[QueryPlan, int]:
-    """``choose_plan``'s plan, and the number of the index's candidates it counted (0 when
-    it chose without counting): what ``query_page`` sizes the index plan's page by."""
+    """``choose_plan``'s plan, and the number of candidates it counted, the tail's with the
+    index's (0 when it chose without counting): what ``query_page`` sizes the index plan's
+    page by."""
     if entries < INDEX_MIN_ENTRIES or len(text) < INDEX_MIN_NEEDLE:
         return "scan", 0
     cap = max(1, int(entries * COMMON_SHARE))
-    (n,) = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memoryd_fts WHERE memoryd_fts MATCH ? LIMIT ?)",
-                        (fts_phrase(text), cap)).fetchone()
+    (n,) = conn.execute("SELECT (SELECT count(*) FROM (SELECT 1 FROM memoryd_fts WHERE memoryd_fts MATCH ?1 "
+                        f"LIMIT ?2)) + (SELECT count(*) FROM (SELECT 1 FROM entries WHERE rowid > {TEXT_MARK_SQL} "
+                        "LIMIT ?2))", (fts_phrase(text), cap)).fetchone()
     return ("scan" if n >= cap else "index"), int(n)
 
 
@@ -95,7 +106,7 @@ def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, tex
         if plan == "auto":
             plan = choose_plan(conn, text, entry_count(conn))
         if plan == "index" and len(text) >= INDEX_MIN_NEEDLE:  # shorter needles hold no trigram
-            where.append("rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ?)")
+            where.append(INDEX_CANDIDATES)
             args.append(fts_phrase(text))
         where.append("text LIKE ? ESCAPE '\\'")
         args.append(like_pattern(text))

@@ -20,6 +20,10 @@ the whole transaction back, as it may on FULL, IOERR and BUSY) fails every job o
 whatever each had computed: none of them committed. Either way the next batch starts on a
 clean connection, so writes recover once the fault clears.
 
+After the commit of a write that filled the text index's tail (store.TAIL_MERGE_AT adds
+in no index yet), the writer indexes it in a transaction of its own before the next batch:
+the batch's callers are answered first (``_index_tail``).
+
 The writer owns its thread (owned.py: every transaction runs on that one thread), the
 committed usage, and the bookkeeping nobody awaits: ``defer`` (the ledger's rows, kept
 across a store fault), and the recall overlay of queries (``with_recalls`` /
@@ -32,6 +36,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -138,6 +143,8 @@ class Writer:
         #: of the commit in flight (``with_recalls``)
         self._queued: dict[str, list[int]] = {}
         self._flying: dict[str, list[int]] = {}
+        #: the text index's tail was full after the last commit of a write (store.tail_full)
+        self._tail_full = False
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
@@ -329,6 +336,39 @@ class Writer:
                 continue
             batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
             await self._commit(batch)
+            if self._tail_full:
+                await self._index_tail()
+
+    async def _index_tail(self) -> None:
+        """Index the text index's tail (store.index_tail) in a transaction of its own, once
+        the batch that grew it is answered: no acknowledged write waits for it, though
+        writes queued meanwhile commit after it. Not durable (``synchronous=NORMAL``): a
+        crash may lose it, and the mark with it (one transaction), so nothing is lost; the
+        next full commit makes it durable. On a failure the tail stays as it is, a query
+        still finds it, and the next commit of a write (which counts the tail again) tries
+        again."""
+        self._tail_full = False
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._owned.run(self._run_index_tail)
+        except Exception as exc:
+            fault = store_fault(exc, self._path)
+            if fault is None:
+                log.exception("indexing the text index's tail failed")
+            else:
+                log.error("indexing the text index's tail failed: %s (%s): %s", fault.code,
+                          fault.details["reason"], exc)
+
+    def _run_index_tail(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")  # left open by a ROLLBACK that failed in an earlier batch
+        if self._full_sync:
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._full_sync = False
+        started = time.perf_counter()
+        with atomic(conn):
+            n = store.index_tail(conn)
+        log.debug("indexed the text index's tail of %d entries in %.1f ms", n, (time.perf_counter() - started) * 1e3)
 
     async def _commit(self, batch: list[_Job[Any]]) -> None:
         durable = any(j.durable for j in batch)
@@ -395,9 +435,15 @@ class Writer:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             self._full_sync = durable
         try:
-            return self._run_batch_in_scope(conn, batch, deferred, lost)
+            usage = self._run_batch_in_scope(conn, batch, deferred, lost)
         finally:
             self.anchor.leave()  # committed or not, the transaction's ledger scope ends with it
+        if durable:  # (recall bookkeeping adds no entry)
+            try:
+                self._tail_full = store.tail_full(conn)
+            except sqlite3.Error:  # committed all the same; the next commit looks again
+                log.debug("counting the text index's tail failed", exc_info=True)
+        return usage
 
     def _run_batch_in_scope(self, conn: sqlite3.Connection, batch: list[_Job[Any]], deferred: list[_Deferred],
                             lost: list[_Deferred]) -> Usage:
