@@ -102,9 +102,7 @@ def seed_store(path: Path, n: int) -> None:
                 id=f"00000000-0000-4000-8000-{i:012d}", track="agent", scope="user-global", workspace_key="",
                 text=fact(i), source="bench", created_at=ts, updated_at=ts, session_id=None, agent_key="",
                 last_recalled=None, recall_count=0, tags=[], version=1))
-        mark = getattr(store, "save_text_index_mark", None)  # where the index has a mark
-        if mark is not None:
-            mark(conn)
+        store.index_tail(conn)  # as the writer would have, 256 entries at a time
         conn.execute("COMMIT")
     finally:
         conn.close()

@@ -148,7 +148,7 @@ class ScanFloor:
         elif instr:
             self.sql, self.args = SCAN_SQL.format(where=" WHERE instr(lower(text), lower(?)) > 0"), (needle,)
         else:
-            self.sql, self.args = SCAN_SQL.format(where=" WHERE text LIKE ? ESCAPE '\\'"), (like_pattern(needle),)
+            self.sql, self.args = SCAN_SQL.format(where=" WHERE text LIKE +? ESCAPE '\\'"), (like_pattern(needle),)
 
     def __call__(self) -> object:
         return self.conn.execute(self.sql, self.args).fetchall()
