@@ -99,6 +99,19 @@ def hits(conn: sqlite3.Connection, needle: str, plan: queries.QueryPlan) -> list
                                       workspace_key=None, plan=plan)]
 
 
+def assert_plans_agree(conn: sqlite3.Connection, entries: list[Entry], needles: list[str]) -> None:
+    """Every plan, and every way of reading an index plan's page, returns exactly the plain
+    scan's hits, and the scan returns exactly what the protocol's rule (``reference``) does."""
+    for needle in needles:
+        scan = hits(conn, needle, "scan")
+        assert set(scan) == reference(entries, needle), needle
+        if len(needle) >= queries.INDEX_MIN_NEEDLE:
+            assert hits(conn, needle, "index") == scan, needle
+        assert hits(conn, needle, "auto") == scan, needle
+        for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
+            assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(texts, min_size=1, max_size=40), st.lists(texts, min_size=1, max_size=8), st.data())
 def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: pytest.TempPathFactory,
@@ -110,15 +123,7 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
         # substrings of stored texts too, so that most needles hit something
         picked = [t[data.draw(st.integers(0, len(t) - 1)):][:data.draw(st.integers(1, 6))] for t in corpus[:4]]
-        for needle in needles + picked:
-            expected = reference(entries, needle)
-            scan = hits(conn, needle, "scan")
-            assert set(scan) == expected, needle
-            if len(needle) >= queries.INDEX_MIN_NEEDLE:
-                assert hits(conn, needle, "index") == scan, needle
-            assert hits(conn, needle, "auto") == scan, needle
-            for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
-                assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
+        assert_plans_agree(conn, entries, needles + picked)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -159,15 +164,7 @@ def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
             n += together
         entries = list(live.values())
         picked = [e.text[:data.draw(st.integers(3, 8))] for e in entries[:4]]
-        for needle in needles + picked:
-            expected = reference(entries, needle)
-            scan = hits(conn, needle, "scan")
-            assert set(scan) == expected, needle
-            if len(needle) >= queries.INDEX_MIN_NEEDLE:
-                assert hits(conn, needle, "index") == scan, needle
-            assert hits(conn, needle, "auto") == scan, needle
-            for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
-                assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
+        assert_plans_agree(conn, entries, needles + picked)
         assert_index_holds_the_entries(conn)
 
 
