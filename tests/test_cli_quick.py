@@ -211,6 +211,22 @@ def test_noise_before_the_answer_is_skipped_on_both_paths(tmp_path: Path, capsys
     assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
 
 
+@pytest.mark.parametrize("line", [
+    b'{"jsonrpc":"2.0","id":2,"result":"\\ud800"}\n',
+    b'{"jsonrpc":"2.0","id":2,"result":{"x":["\\udc00\\ud83d"]}}\n',
+    b'{"jsonrpc":"2.0","id":2,"result":[],"pad":"' + b"x" * 20000 + b'\\uDBFF"}\n',  # long, in any field
+])
+def test_a_line_with_a_lone_surrogate_is_skipped_on_both_paths(tmp_path: Path, line: bytes,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Python's json decodes a lone UTF-16 surrogate's escape, msgspec refuses the line: the
+    async client skips it as unreadable, and so does the quick path (which took it for the
+    answer, and crashed with a traceback re-encoding it), and both print the answer."""
+    result = {"entries": [ENTRY], "total": 1, "truncated": False}
+    with fake_daemon(tmp_path, {"memory/query": result}, before=line) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
+    assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
+
+
 @pytest.mark.parametrize(("init", "code", "error"), [
     ({ERROR: {"code": -32602, "message": "bad protocol", "data": {"code": "INVALID_INPUT", "details": {}}}}, 1,
      "error: INVALID_INPUT: bad protocol\n"),

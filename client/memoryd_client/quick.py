@@ -116,13 +116,33 @@ def _dumps(message: Mapping[str, Any]) -> str:
 
 
 def _loads(line: bytes) -> Any:
-    """``json.loads(line, parse_constant=_no_constant)``."""
+    """``json.loads(line, parse_constant=_no_constant)``, and ValueError for a line with a
+    lone surrogate (which only json reads: leanjson leaves it)."""
     try:
         return leanjson.loads(line)
     except leanjson.Unsure:
         import json
 
-        return json.loads(line, parse_constant=_no_constant)
+        value = json.loads(line, parse_constant=_no_constant)
+        if b"\\u" in line and _lone_surrogate(value):
+            raise ValueError("not JSON: a lone UTF-16 surrogate") from None
+        return value
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a string of ``value`` holds a lone surrogate: json decodes its ``\\u`` escape,
+    msgspec refuses the line, and the async client skips it as unreadable."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
 
 
 def _no_constant(name: str) -> Any:
