@@ -211,6 +211,50 @@ def test_noise_before_the_answer_is_skipped_on_both_paths(tmp_path: Path, capsys
     assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
 
 
+@pytest.mark.parametrize("line", [
+    b'{"jsonrpc":"2.0","id":2,"result":"\\ud800"}\n',
+    b'{"jsonrpc":"2.0","id":2,"result":{"x":["\\udc00\\ud83d"]}}\n',
+    b'{"jsonrpc":"2.0","id":2,"result":[],"pad":"' + b"x" * 20000 + b'\\uDBFF"}\n',  # long, in any field
+])
+def test_a_line_with_a_lone_surrogate_is_skipped_on_both_paths(tmp_path: Path, line: bytes,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Python's json decodes a lone UTF-16 surrogate's escape, msgspec refuses the line: the
+    async client skips it as unreadable, and so does the quick path (which took it for the
+    answer, and crashed with a traceback re-encoding it), and both print the answer."""
+    result = {"entries": [ENTRY], "total": 1, "truncated": False}
+    with fake_daemon(tmp_path, {"memory/query": result}, before=line) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", "query"], capsys)
+    assert quick == slow and quick[0] == 0 and "Prefers tabs" in quick[1]
+
+
+STATUS = {"version": "0", "uptimeS": "UPTIME", "connections": 1, "pendingApprovals": 0, "queueDepth": 0,
+          "store": {"path": "/x/m.db", "schemaVersion": 4}, "pid": 7, "writePolicy": "ask", "socket": None,
+          "config": None, "log": None, "connectionList": []}
+SURROGATE_TEXT = json.dumps({**ENTRY, "text": "RAW"}).encode().replace(b'"RAW"', b'"\xed\xa0\x80"')
+
+
+@pytest.mark.parametrize(("verb", "line"), [
+    (["query"], b'{"jsonrpc":"2.0","id":2,"result":{"entries":[],"total":1e400,"truncated":false}}\n'),
+    (["query"], b'[{"jsonrpc":"2.0","id":2,"result":{"entries":[],"total":-1E999,"truncated":false}}]\n'),
+    (["query"], b'{"jsonrpc":"2.0","id":2,"result":{"entries":[' + SURROGATE_TEXT + b'],"total":1,"truncated":false}}\n'),
+    (["status"], b'{"jsonrpc":"2.0","id":2,"result":' + json.dumps(STATUS).encode().replace(b'"UPTIME"', b"1e400")
+     + b'}\n'),
+    (["status"], b'{"jsonrpc":"2.0","id":2,"result":' + json.dumps(STATUS).encode().replace(b'"UPTIME"', b"1" * 400)
+     + b'}\n'),
+])
+def test_what_json_reads_and_msgspec_does_not_is_the_same_bad_response(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: list[str], line: bytes) -> None:
+    """An answer json reads but msgspec does not (a number out of float's range, which json
+    reads as infinity; a lone surrogate's UTF-8 bytes, which json decodes with
+    surrogatepass): the quick path judged what json made of it (a status with an infinite
+    uptime, an entry it printed), or msgspec's encoding of that (null for infinity); it is
+    the daemon's bytes that msgspec judges, as on the async path."""
+    with fake_daemon(tmp_path, {"memory/query": {"entries": [], "total": 0, "truncated": False},
+                                "daemon/status": STATUS}, before=line) as path:
+        quick, slow = _both(["--socket", str(path), "--no-autostart", *verb], capsys)
+    assert quick == slow and quick[0] == 1 and quick[2].startswith("error: BAD_RESPONSE: "), (quick, slow)
+
+
 @pytest.mark.parametrize(("init", "code", "error"), [
     ({ERROR: {"code": -32602, "message": "bad protocol", "data": {"code": "INVALID_INPUT", "details": {}}}}, 1,
      "error: INVALID_INPUT: bad protocol\n"),

@@ -226,6 +226,25 @@ def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path
         assert hits(conn, "RARE", "auto") == ["e0007"]
 
 
+def test_a_needle_with_a_nul_is_matched_whole_by_every_plan(tmp_path: Path) -> None:
+    """A NUL is a character like any other in a text (JSON's \\u0000), and SQLite's LIKE and
+    FTS5's query parser both stop reading their pattern at it: the pattern ``%\\x00qqq%``
+    was ``%`` (every entry a hit), and the index's phrase an unterminated string (an
+    error). Such a needle is matched whole, by a scan."""
+    with opened(tmp_path / "m.db") as conn:
+        entries = [entry(n, f"fact {n}" + ("\x00 Tabby" if n % 50 == 3 else "")) for n in range(300)]
+        write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
+        write(conn, store.index_tail)
+        for needle in ["\x00qqq", "\x00 TAB", "3\x00 tabby", "\x00"]:
+            expected = sorted(reference(entries, needle))
+            assert sorted(hits(conn, needle, "scan")) == expected, repr(needle)
+            assert sorted(hits(conn, needle, "auto")) == expected, repr(needle)
+            assert sorted(hits(conn, needle, "index")) == expected, repr(needle)
+            for plan, how in PAGE_PLANS:
+                got, total = page(conn, needle, 3, plan, how)
+                assert (got, total) == (hits(conn, needle, "scan")[:3], len(expected)), (repr(needle), plan, how)
+
+
 def test_entries_written_by_another_program_are_indexed_at_the_next_start(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     with opened(path) as conn:

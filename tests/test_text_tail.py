@@ -139,6 +139,34 @@ def test_a_start_keeps_a_short_tail_and_indexes_a_long_one(tmp_path: Path) -> No
         assert_index_holds_the_entries(conn)
 
 
+def test_a_start_whose_merge_fails_opens_with_its_tail_unchanged(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's merge is optional, as the writer's is: a store fault in it (a full disk,
+    say, where a start that writes nothing else opens) leaves the tail as it was, found by
+    queries, and the store opens; the writer indexes it after its next commit."""
+    path = tmp_path / "m.db"
+    with opened(path) as conn:
+        write(conn, lambda c: [store.insert_entry(c, entry(n, f"kept {n}")) for n in range(store.TAIL_MERGE_AT)])
+        chain_newest_audit_row(conn)
+    real = store.index_tail
+
+    def failing(conn: sqlite3.Connection) -> int:
+        real(conn)  # it has written the index rows and the mark: the rollback takes them out
+        fault = sqlite3.OperationalError("database or disk is full")
+        fault.sqlite_errorcode = 13  # SQLITE_FULL
+        raise fault
+
+    monkeypatch.setattr(store, "index_tail", failing)
+    with opened(path) as conn:
+        assert (store.text_mark(conn), store.text_tail(conn), indexed(conn, "kept")) == (0, store.TAIL_MERGE_AT, 0)
+        assert len(hits(conn, "kept", "index")) == store.TAIL_MERGE_AT
+    assert mark_row(path) == ("0",)
+    monkeypatch.setattr(store, "index_tail", real)
+    with opened(path) as conn:
+        assert (store.text_mark(conn), store.text_tail(conn)) == (store.TAIL_MERGE_AT, 0)
+        assert_index_holds_the_entries(conn)
+
+
 def test_a_rebuild_at_start_sets_the_mark(tmp_path: Path) -> None:
     """A store another program wrote (here: an entry added with dsh-memento's SQL beside a
     tail memoryd left) is rebuilt at start; the index then holds every entry."""

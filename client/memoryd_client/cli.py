@@ -1027,11 +1027,9 @@ def _result(conn: Connection, method: str, params: dict[str, Any]) -> Any:
     try:
         return convert(RESULTS[method], raw)
     except Mismatch:
-        import msgspec
-
         from .client import decode_result
 
-        return decode_result(method, msgspec.json.encode(raw))
+        return decode_result(method, conn.answer_result())
 
 
 def _quick(ctx: Ctx, conn: Connection) -> str:

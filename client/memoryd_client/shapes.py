@@ -102,6 +102,19 @@ RESULTS: dict[str, Any] = {
 }
 
 
+_INF = float("inf")
+
+
+def _utf8(value: str) -> bool:
+    """Whether ``value`` is text msgspec decodes: json gives a lone surrogate for its UTF-8
+    bytes (``surrogatepass``), msgspec refuses them."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def convert(kind: Any, value: Any) -> Any:
     """``value`` checked against ``kind``, objects turned into attribute objects; raises
     :class:`Mismatch` where it does not fit."""
@@ -119,14 +132,18 @@ def convert(kind: Any, value: Any) -> Any:
         return out
     tag = kind[0]
     if tag == "str":
-        ok = isinstance(value, str)
+        ok = isinstance(value, str) and (value.isascii() or _utf8(value))
     elif tag == "int":
         ok = isinstance(value, int) and not isinstance(value, bool) and (kind[1] is None or value >= kind[1])
     elif tag == "bool":
         ok = isinstance(value, bool)
     elif tag == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        try:
+            value = float(value) if ok else value
+        except OverflowError:  # an int past float's range
+            raise Mismatch(tag) from None
+        ok = ok and -_INF < value < _INF  # json's reading of 1e400 (msgspec: out of range)
     elif tag == "literal":
         ok = isinstance(value, str) and value in kind[1]
     elif tag == "null":

@@ -35,6 +35,13 @@ def like_pattern(text: str) -> str:
     return f"%{escaped}%"
 
 
+#: LIKE reads its pattern, and FTS5 its query, only up to a NUL (a character of the text
+#: like any other, JSON's ``\\u0000``): ``%\\x00x%`` is ``%``, and the phrase an unterminated
+#: string. A needle with one is matched whole, ``instr(lower(text), lower(?))`` (the same
+#: ASCII-only folding), by a scan: a needle nobody types, on no hot path.
+WHOLE = "\x00"
+
+
 def fts_phrase(text: str) -> str:
     """``text`` as one FTS5 phrase (a substring, for the trigram tokenizer)."""
     return '"' + text.replace('"', '""') + '"'
@@ -88,7 +95,7 @@ def probe(conn: sqlite3.Connection, text: str, entries: int) -> tuple[QueryPlan,
     """``choose_plan``'s plan, and the number of candidates it counted, the tail's with the
     index's (0 when it chose without counting): what ``query_page`` sizes the index plan's
     page by."""
-    if entries < INDEX_MIN_ENTRIES or len(text) < INDEX_MIN_NEEDLE:
+    if entries < INDEX_MIN_ENTRIES or len(text) < INDEX_MIN_NEEDLE or WHOLE in text:
         return "scan", 0
     cap = max(1, int(entries * COMMON_SHARE))
     (n,) = conn.execute("SELECT (SELECT count(*) FROM (SELECT 1 FROM memoryd_fts WHERE memoryd_fts MATCH ?1 "
@@ -105,14 +112,19 @@ def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, tex
     if text:
         if plan == "auto":
             plan = choose_plan(conn, text, entry_count(conn))
-        if plan == "index" and len(text) >= INDEX_MIN_NEEDLE:  # shorter needles hold no trigram
+        # shorter needles hold no trigram; one with a NUL is matched by a scan (WHOLE)
+        if plan == "index" and len(text) >= INDEX_MIN_NEEDLE and WHOLE not in text:
             where.append(INDEX_CANDIDATES)
             args.append(fts_phrase(text))
-        # ``+?``, not ``?``: a bound pattern of LIKE marks the statement to be prepared
-        # again whenever it is bound (for the LIKE optimization, which no index of text
-        # could use here): 10-40 µs a query. The unary plus leaves the value as it is.
-        where.append("text LIKE +? ESCAPE '\\'")
-        args.append(like_pattern(text))
+        if WHOLE in text:
+            where.append("instr(lower(text), lower(?)) > 0")
+            args.append(text)
+        else:
+            # ``+?``, not ``?``: a bound pattern of LIKE marks the statement to be prepared
+            # again whenever it is bound (for the LIKE optimization, which no index of text
+            # could use here): 10-40 µs a query. The unary plus leaves the value as it is.
+            where.append("text LIKE +? ESCAPE '\\'")
+            args.append(like_pattern(text))
     if track is not None:
         where.append("track = ?")
         args.append(track)

@@ -439,8 +439,15 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         with atomic(conn):
             sync_text_index(conn)
         if tail_full(conn):  # left by a bulk write, or a daemon killed before its merge
-            with atomic(conn):
-                index_tail(conn)
+            try:
+                with atomic(conn):
+                    index_tail(conn)
+            except sqlite3.Error as exc:
+                # Optional, as the writer's merge is: queries find the tail where it is, and
+                # the writer indexes it after its next commit. A store that is busy (or full)
+                # right now still opens, as it would with a shorter tail.
+                if fault_reason(exc) is None:
+                    raise
     except sqlite3.Error as exc:
         conn.close()
         raise store_fault(exc, path) or exc from None
