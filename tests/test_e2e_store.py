@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from e2e_helpers import add
 from memoryd.store import MIGRATIONS
+from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -78,17 +79,25 @@ async def test_opens_and_migrates_reference_stores(daemon_factory: Any, tmp_path
     conn.close()
 
 
-def test_refuses_newer_schema_without_touching_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("key", "newer", "message"), [
+    ("schema_version", "5", "store schema version 5 is newer than supported version 4"),
+    ("memoryd_schema", str(MEMORYD_SCHEMA_VERSION + 1),
+     f"store memoryd_schema {MEMORYD_SCHEMA_VERSION + 1} is newer than supported version {MEMORYD_SCHEMA_VERSION}"),
+])
+def test_refuses_newer_schema_without_touching_it(tmp_path: Path, key: str, newer: str, message: str) -> None:
+    """The reference's schema, or memoryd's own tables' (a newer memoryd's index tail would
+    be read as indexed here, and written over)."""
     db = tmp_path / "memory.db"
     make_store(db, 4)
     conn = sqlite3.connect(db)
-    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                 (key, newer))
     conn.commit()
     conn.close()
     before = digest(db)
     r = serve("--socket", str(tmp_path / "s.sock"), "--db", str(db))
     assert r.returncode != 0
-    assert "STORE_UNSUPPORTED_VERSION" in r.stderr and str(db) in r.stderr
+    assert "STORE_UNSUPPORTED_VERSION" in r.stderr and str(db) in r.stderr and message in r.stderr
     assert digest(db) == before
     assert not (tmp_path / "s.sock").exists()
 

@@ -322,6 +322,14 @@ def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
             )
         if version < 1:
             raise StoreCorrupt(f"store schema_version {version} is invalid", details)
+        # memoryd's own tables too: a newer memoryd's store may hold what this one would get
+        # wrong (an index tail it does not know is unindexed), so it is refused, not
+        # written over with this version's number
+        own = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
+        if own is not None and str(own[0]).isdigit() and int(own[0]) > MEMORYD_SCHEMA_VERSION:
+            raise StoreUnsupportedVersion(
+                f"store memoryd_schema {own[0]} is newer than supported version {MEMORYD_SCHEMA_VERSION}", details
+            )
         for table, cols in REQUIRED_COLUMNS[1].items():
             if table not in tables:
                 raise StoreCorrupt(f"store has no {table} table", details)
