@@ -469,7 +469,10 @@ def parse_tags(raw: Any) -> list[str] | None:
 
 
 def dump_tags(tags: Iterable[str]) -> str:
-    return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
+    tags = list(tags)
+    if not tags:
+        return "[]"  # most writes: what json.dumps gives, without its ~4 µs on the writer's thread
+    return json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
 
 
 def row_to_entry(row: Sequence[Any]) -> Entry:
