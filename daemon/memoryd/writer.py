@@ -471,7 +471,7 @@ class Writer:
                             deferred: list[_Deferred], lost: list[_Deferred]) -> Usage:
         usage = dict(self._usage)
         try:
-            with atomic(conn):
+            with atomic(conn), store.Batch(conn) as kept:
                 self.anchor.check(conn)
                 for d in deferred:
                     try:
@@ -483,6 +483,7 @@ class Writer:
                         job.result = job.fn(conn, usage)
                     except Exception:
                         raise _StepFailed() from None
+                kept.flush()
                 full = self._tail_is_full(conn, durable)
         except _StepFailed:
             pass  # rolled back: every step again, each in its own savepoint
@@ -503,11 +504,11 @@ class Writer:
         transaction. A savepoint that SQLite took the transaction with (``lost``) fails the
         batch: none of it is committed."""
         usage = dict(self._usage)
-        with atomic(conn):
+        with atomic(conn), store.Batch(conn) as kept:
             self.anchor.check(conn)
             for d in deferred:
                 step = atomic(conn, "bookkeeping")
-                mark = self.anchor.mark()
+                mark, counts = self.anchor.mark(), kept.save()
                 try:
                     with step:
                         d.fn(conn)
@@ -515,6 +516,7 @@ class Writer:
                     if step.lost:
                         raise
                     self.anchor.undo(mark)  # its ledger rows were rolled back with it
+                    kept.restore(counts)  # and its counts
                     fault = store_fault(exc, self._path)
                     if fault is not None and d.keep:
                         lost.append(d)
@@ -525,7 +527,7 @@ class Writer:
             for job in batch:
                 before = dict(usage)
                 step = atomic(conn, "job")
-                mark = self.anchor.mark()
+                mark, counts = self.anchor.mark(), kept.save()
                 try:
                     with step:
                         job.result = job.fn(conn, usage)
@@ -534,11 +536,13 @@ class Writer:
                     if step.lost:
                         raise
                     self.anchor.undo(mark)  # its ledger rows were rolled back with it
+                    kept.restore(counts)  # and its counts
                     fault = store_fault(exc, self._path)
                     if fault is not None:
                         log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], exc)
                     # Not logged otherwise: submit raises it to the caller, who reports it.
                     job.error = fault if fault is not None else exc
+            kept.flush()
             full = self._tail_is_full(conn, durable)
         self.anchor.advance(conn)  # committed: the head this daemon wrote moves on
         self._tail_full = full
