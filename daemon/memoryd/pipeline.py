@@ -19,7 +19,6 @@ No path computes policy, approval payload, audit outcome or ledger rows on its o
 from __future__ import annotations
 
 import sqlite3
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -83,22 +82,12 @@ class Pipeline:
     run_id: str
     #: set by ``stop_writes`` at shutdown: the gate admits no more writes
     stopping: bool = field(default=False)
-    #: each connection's ``who``, with the (client, process) it was made for: made once per
-    #: connection (and again once ``initialize`` names its client), not for every write
-    #: (a listing and a Struct, about 6 µs of the event loop's time per write)
-    _origins: weakref.WeakKeyDictionary[Peer, tuple[object, object, LedgerConnection]] = field(
-        default_factory=weakref.WeakKeyDictionary, repr=False)
 
     def who(self, peer: Peer) -> LedgerConnection:
-        cached = self._origins.get(peer)
-        if cached is not None and cached[0] is peer.client and cached[1] is peer.peer:
-            return cached[2]
         info = peer.listing(approver=False)
-        origin = LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id,
-                                  transport=info.transport, pid=info.pid, uid=info.uid, exe=info.exe,
-                                  client=info.client, opened_at=info.opened_at)
-        self._origins[peer] = (peer.client, peer.peer, origin)
-        return origin
+        return LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id, transport=info.transport,
+                                pid=info.pid, uid=info.uid, exe=info.exe, client=info.client,
+                                opened_at=info.opened_at)
 
     def stamp(self, peer: Peer, view: SessionView) -> ledger.Stamp:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""

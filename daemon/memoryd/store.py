@@ -472,7 +472,7 @@ def parse_tags(raw: Any) -> list[str] | None:
 def dump_tags(tags: Iterable[str]) -> str:
     tags = list(tags)
     if not tags:
-        return "[]"  # most writes: what json.dumps gives, without its ~4 µs on the writer's thread
+        return "[]"  # most writes: what json.dumps gives (2.4 µs of the writer's thread; this: 0.1)
     return json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -621,7 +621,9 @@ class Batch:
     Outside a batch (start-up, tests, the bench's seeding) each is its statement, as written.
 
     A savepoint rolled back takes its writes' counts back out too (``save``, ``restore``).
-    Measured on the 2,000-entry store, batches of 16 adds: two statements less per add."""
+    Two statements less per add after a batch's first: on the 2,000-entry store, the mark's
+    read 3.4 µs and the upsert 3.0 µs of the writer's thread (0.2 and 0.4 here), each of
+    them one more release and retake of the GIL while the event loop is busy."""
 
     __slots__ = ("_conn", "_counts", "_mark", "_mark_read")
 
