@@ -685,6 +685,39 @@ async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(tmp_
     assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["a", "c", "e", "recalled one"]
 
 
+@pytest.mark.parametrize("fail", [False, True], ids=["all-commit", "one-rolled-back"])
+async def test_a_batch_writes_each_cells_counts_once_and_a_rolled_back_job_takes_its_counts_back(
+        tmp_path: Path, fail: bool) -> None:
+    """The counts memoryd keeps beside the entries (memoryd_usage) are added up per batch
+    and written with one statement per cell before COMMIT, and the text index's mark is read
+    once (store.Batch); a job rolled back to its savepoint takes its counts with it. Either
+    way the counts are those of the entries committed, and a start trusts them."""
+    db = tmp_path / "w.db"
+    statements: list[str] = []
+    conn = store.open_store(db, store.inspect(db), 0)
+    conn.set_trace_callback(statements.append)
+    writer = Writer(conn, {}, db)
+    try:
+        jobs = [add_job("a", 1), add_job("bb", 2)] + ([fails_after_its_rows(False)] if fail else []) + [add_job("ccc", 3)]
+        statements.clear()
+        results = await run_batch(writer, jobs)
+        assert [r for r in results if isinstance(r, str)] == ["a", "bb", "ccc"]
+    finally:
+        await writer.aclose()
+    upserts = [s for s in statements if s.startswith("INSERT INTO memoryd_usage")]
+    marks = [s for s in statements if "memoryd_fts_mark" in s and s.startswith("SELECT (SELECT")]
+    # one upsert and one mark read per transaction: the batch's, and once a job failed the
+    # batch's run again with savepoints (the first transaction rolled back before its end)
+    assert (len(upserts), len(marks)) == ((1, 2) if fail else (1, 1))
+    assert rows(db, "SELECT track, scope, entries, used FROM memoryd_usage WHERE entries != 0") == [
+        (*CELL, 3, 6)]
+    check = sqlite3.connect(db)
+    try:
+        assert store.trusted(check)
+    finally:
+        check.close()
+
+
 async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overlay(tmp_path: Path) -> None:
     """The recalled row of a query fails (a bug): that query-run's recall step is undone
     (its counters and rows, one step), the jobs and the other bookkeeping of the batch

@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -484,7 +485,10 @@ def parse_tags(raw: Any) -> list[str] | None:
 
 
 def dump_tags(tags: Iterable[str]) -> str:
-    return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
+    tags = list(tags)
+    if not tags:
+        return "[]"  # most writes: what json.dumps gives (2.4 µs of the writer's thread; this: 0.1)
+    return json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
 
 
 def row_to_entry(row: Sequence[Any]) -> Entry:
@@ -624,10 +628,65 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 # --- writes (inside the writer's transaction) --------------------------------------------
 
 
+class Batch:
+    """A transaction of the writer's batch, on its thread (``with Batch(conn):``), so that
+    what its writes keep beside the entries costs one statement per batch, not one per
+    write: the counts (``_count``) are added up here and written once per cell by
+    ``flush``, before COMMIT, and the text index's mark (``text_mark``) is read once.
+    Outside a batch (start-up, tests, the bench's seeding) each is its statement, as written.
+
+    A savepoint rolled back takes its writes' counts back out too (``save``, ``restore``).
+    Two statements less per add after a batch's first: on the 2,000-entry store, the mark's
+    read 3.4 µs and the upsert 3.0 µs of the writer's thread (0.2 and 0.4 here), each of
+    them one more release and retake of the GIL while the event loop is busy."""
+
+    __slots__ = ("_conn", "_counts", "_mark", "_mark_read")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._counts: dict[tuple[str, str], tuple[int, int]] = {}
+        self._mark: int | None = None
+        self._mark_read = False
+
+    def __enter__(self) -> Batch:
+        _batch.current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _batch.current = None
+
+    def save(self) -> dict[tuple[str, str], tuple[int, int]]:
+        return dict(self._counts)
+
+    def restore(self, saved: dict[tuple[str, str], tuple[int, int]]) -> None:
+        self._counts = dict(saved)
+
+    def flush(self) -> None:
+        """Write the counts added up so far (one upsert per cell), in the transaction."""
+        counts = [(t, s, n, u) for (t, s), (n, u) in self._counts.items() if n or u]
+        self._counts = {}
+        if counts:
+            self._conn.executemany(_COUNT_SQL, counts)
+
+
+_batch = threading.local()
+
+
+def _in_batch(conn: sqlite3.Connection) -> Batch | None:
+    b: Batch | None = getattr(_batch, "current", None)
+    return b if b is not None and b._conn is conn else None
+
+
 def text_mark(conn: sqlite3.Connection) -> int | None:
     """The text index's mark (TEXT_MARK_KEY); None in a store without one."""
+    b = _in_batch(conn)
+    if b is not None and b._mark_read:
+        return b._mark
     row = conn.execute(f"SELECT {TEXT_MARK_SQL}").fetchone()
-    return None if row[0] is None else int(row[0])
+    mark = None if row[0] is None else int(row[0])
+    if b is not None:
+        b._mark, b._mark_read = mark, True
+    return mark
 
 
 def _save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
@@ -640,6 +699,9 @@ def _save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
     if mark is None or top > mark or (rebuilt and top != mark):
         conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
                      "excluded.value", (TEXT_MARK_KEY, str(top)))
+        b = _in_batch(conn)
+        if b is not None:
+            b._mark_read = False
 
 
 def text_tail(conn: sqlite3.Connection) -> int:
@@ -704,10 +766,18 @@ def _index(conn: sqlite3.Connection, rowid: int, e: Entry, mark: int | None) -> 
     _count(conn, e.track, e.scope, 1, utf16_len(e.text))
 
 
+_COUNT_SQL = ("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?) "
+              "ON CONFLICT (track, scope) DO UPDATE SET entries = entries + excluded.entries, "
+              "used = used + excluded.used")
+
+
 def _count(conn: sqlite3.Connection, track: str, scope: str, entries: int, used: int) -> None:
-    conn.execute("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT (track, scope) DO UPDATE SET entries = entries + excluded.entries, "
-                 "used = used + excluded.used", (track, scope, entries, used))
+    b = _in_batch(conn)
+    if b is None:
+        conn.execute(_COUNT_SQL, (track, scope, entries, used))
+        return
+    n, u = b._counts.get((track, scope), (0, 0))
+    b._counts[(track, scope)] = (n + entries, u + used)
 
 
 def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
