@@ -157,18 +157,27 @@ class ScanFloor:
         self.conn.close()
 
 
+#: Timed runs of one function in a row, in ``alternating``.
+BLOCK = 5
+
+
 def alternating(fns: dict[str, Callable[[], object]], n: int, warmup: int) -> dict[str, list[float]]:
-    """``n`` timed runs of each of ``fns``, taken in turn (one of each, then the next round),
-    so that a machine busier at one moment weighs on all of them alike."""
+    """``n`` timed runs of each of ``fns``, taken in turn, a block of ``BLOCK`` runs of one
+    and then of the next, so that a machine busier at one moment weighs on all of them
+    alike. Each block starts with one untimed run: a figure is of a warm path, as back to
+    back runs measure it, not of one that another's run just left cold (a 100,000-row
+    scan floor between two daemon round trips made each of them cost twice its time)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(n):
+    while len(next(iter(out.values()))) < n:
         for k, fn in fns.items():
-            t = time.perf_counter()
             fn()
-            out[k].append(time.perf_counter() - t)
+            for _ in range(min(BLOCK, n - len(out[k]))):
+                t = time.perf_counter()
+                fn()
+                out[k].append(time.perf_counter() - t)
     return out
 
 
