@@ -542,6 +542,13 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     except sqlite3.Error as exc:
         print(f"memoryd: cannot open store {cfg.db_path}: {exc}", file=sys.stderr)
         return 1
+    # What was made to start (modules, the config, the store's caches) lives as long as
+    # the process: out of the collector's sight, so that its collections, which a burst of
+    # requests sets off, walk only what requests made. Measured with bench.roundtrip at
+    # 2,000 entries, alternating: the loop's CPU per query 5-17% less, p50 3-20% less.
+    import gc
+
+    gc.freeze()
     try:
         await daemon.run(stdio=stdio)
     except BaseException:
