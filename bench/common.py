@@ -253,3 +253,34 @@ def env_info() -> dict[str, Any]:
     return {"python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "cores": os.cpu_count(),
             "platform": platform.platform(), "loadavg_at_start": [round(x, 2) for x in load],
             "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())}
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Per thread of ``pid``: its name and its seconds on a CPU (``schedstat``: nanoseconds,
+    where ``stat`` counts 10 ms ticks)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            out[int(tid)] = (name, int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return out
+
+
+def start_build(tmp: Path, name: str, seed: Path, base: Path | None) -> tuple[subprocess.Popen[bytes], str]:
+    """A daemon (policy ``auto``, budgets out of the way) on a copy of ``seed``, importing
+    the checkout ``base``'s ``protocol/`` and ``daemon/`` instead of this tree's when given:
+    one build of a before/after comparison (``bench.roundtrip``, ``bench.writecpu``). The
+    process, started on its READY=1, and its socket."""
+    from memoryd.launch import spawn_ready
+
+    db = copy_store(seed, tmp / f"{name}.db")
+    sock = str(tmp / f"{name}.sock")
+    cfg = tmp / f"{name}.toml"
+    cfg.write_text("max_connections = 4096\n[budgets.agent]\nworkspace = 10000000\nuser_global = 10000000\n")
+    env = None
+    if base is not None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(base / p) for p in ("protocol", "daemon")))
+    args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", "auto", "--log-level", "warning"]
+    return spawn_ready(args, log=tmp / f"{name}.log", env=env), sock

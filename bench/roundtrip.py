@@ -19,56 +19,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .common import NEEDLES, Line, copy_store, seed_store, summary, timed
+from .common import NEEDLES, Line, seed_store, start_build, summary, thread_cpu, timed
 from .suites import ScanFloor, echo_floor, query_params
 
 
-def _thread_cpu(pid: int) -> dict[int, float]:
-    """Seconds on a CPU per thread of ``pid`` (``schedstat``: nanoseconds, where ``stat``
-    counts 10 ms ticks)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-        except OSError:
-            continue
-    return out
-
-
-def _start(tmp: Path, name: str, seed: Path, base: Path | None) -> tuple[subprocess.Popen[bytes], str]:
-    from memoryd.launch import spawn_ready
-
-    db = copy_store(seed, tmp / f"{name}.db")
-    sock = str(tmp / f"{name}.sock")
-    cfg = tmp / f"{name}.toml"
-    cfg.write_text("max_connections = 4096\n[budgets.agent]\nworkspace = 10000000\nuser_global = 10000000\n")
-    env = None
-    if base is not None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(base / p) for p in ("protocol", "daemon")))
-    args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", "auto", "--log-level", "warning"]
-    return spawn_ready(args, log=tmp / f"{name}.log", env=env), sock
-
-
 def measure(tmp: Path, name: str, seed: Path, base: Path | None, reps: int, needles: list[str]) -> dict[str, Any]:
-    proc, sock = _start(tmp, name, seed, base)
+    proc, sock = start_build(tmp, name, seed, base)
     try:
         c = Line(sock)
         out: dict[str, Any] = {}
         for label in needles:
             params = query_params(NEEDLES[label])
             timed(lambda params=params: c.call("memory/query", params), 20)  # type: ignore[misc]
-            before, client0 = _thread_cpu(proc.pid), time.process_time()
+            before, client0 = {tid: cpu for tid, (_, cpu) in thread_cpu(proc.pid).items()}, time.process_time()
             s = summary(timed(lambda params=params: c.call("memory/query", params), reps))  # type: ignore[misc]
-            after, client = _thread_cpu(proc.pid), time.process_time() - client0
+            after, client = {tid: cpu for tid, (_, cpu) in thread_cpu(proc.pid).items()}, time.process_time() - client0
             loop = after.get(proc.pid, 0.0) - before.get(proc.pid, 0.0)
             others = sum(v - before.get(t, 0.0) for t, v in after.items() if t != proc.pid)
             out[label] = {"p50_us": s["p50_us"], "p99_us": s["p99_us"], "mean_us": s["mean_us"],

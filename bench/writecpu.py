@@ -20,45 +20,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from .common import copy_store, seed_store
+from .common import seed_store, start_build, thread_cpu
 from .suites import _write_load
 
 
-def _threads(pid: int) -> dict[int, tuple[str, float]]:
-    """Per thread of ``pid``: its name and its seconds on a CPU (schedstat: nanoseconds)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            out[int(tid)] = (name, int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9)
-        except OSError:
-            continue
-    return out
-
-
 def measure(tmp: Path, name: str, seed: Path, base: Path | None, clients: int, writes: int) -> dict[str, float]:
-    from memoryd.launch import spawn_ready
-
-    db = copy_store(seed, tmp / f"{name}.db")
-    sock = str(tmp / f"{name}.sock")
-    cfg = tmp / f"{name}.toml"
-    cfg.write_text("max_connections = 4096\n[budgets.agent]\nworkspace = 10000000\nuser_global = 10000000\n")
-    env = None
-    if base is not None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(base / p) for p in ("protocol", "daemon")))
-    args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", "auto", "--log-level", "warning"]
-    proc = spawn_ready(args, log=tmp / f"{name}.log", env=env)
+    proc, sock = start_build(tmp, name, seed, base)
     try:
         asyncio.run(_write_load(sock, clients, max(clients, 40), False))  # warm up
-        before = _threads(proc.pid)
+        before = thread_cpu(proc.pid)
         done, elapsed = asyncio.run(_write_load(sock, clients, writes, False))
-        after = _threads(proc.pid)
+        after = thread_cpu(proc.pid)
         spent = {tid: (cpu - before.get(tid, (tname, 0.0))[1]) / done * 1e6 for tid, (tname, cpu) in after.items()}
         loop = spent.pop(proc.pid)
         # Python 3.11 gives its threads no OS name: the writer's is the busiest but the loop's.
