@@ -139,6 +139,20 @@ def test_a_start_keeps_a_short_tail_and_indexes_a_long_one(tmp_path: Path) -> No
         assert_index_holds_the_entries(conn)
 
 
+def failing_merge(message: str, code: int) -> Any:
+    """``store.index_tail`` that fails with a store fault (``code``: SQLite's result code)
+    after it has written the index rows and the mark: the rollback must take them out."""
+    real = store.index_tail
+
+    def failing(conn: sqlite3.Connection) -> int:
+        real(conn)
+        fault = sqlite3.OperationalError(message)
+        fault.sqlite_errorcode = code
+        raise fault
+
+    return failing
+
+
 def test_a_start_whose_merge_fails_opens_with_its_tail_unchanged(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The start's merge is optional, as the writer's is: a store fault in it (a full disk,
@@ -149,14 +163,7 @@ def test_a_start_whose_merge_fails_opens_with_its_tail_unchanged(tmp_path: Path,
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"kept {n}")) for n in range(store.TAIL_MERGE_AT)])
         chain_newest_audit_row(conn)
     real = store.index_tail
-
-    def failing(conn: sqlite3.Connection) -> int:
-        real(conn)  # it has written the index rows and the mark: the rollback takes them out
-        fault = sqlite3.OperationalError("database or disk is full")
-        fault.sqlite_errorcode = 13  # SQLITE_FULL
-        raise fault
-
-    monkeypatch.setattr(store, "index_tail", failing)
+    monkeypatch.setattr(store, "index_tail", failing_merge("database or disk is full", 13))  # SQLITE_FULL
     with opened(path) as conn:
         assert (store.text_mark(conn), store.text_tail(conn), indexed(conn, "kept")) == (0, store.TAIL_MERGE_AT, 0)
         assert len(hits(conn, "kept", "index")) == store.TAIL_MERGE_AT
@@ -289,14 +296,8 @@ async def test_a_failed_merge_leaves_the_store_as_it_was_and_writes_go_on(
     path = tmp_path / "m.db"
     real = store.index_tail
 
-    def failing(conn: sqlite3.Connection) -> int:
-        real(conn)  # it has written the index rows and the mark: the rollback takes them out
-        fault = sqlite3.OperationalError("disk I/O error")
-        fault.sqlite_errorcode = 10  # SQLITE_IOERR
-        raise fault
-
     async def body(w: writer.Writer) -> None:
-        monkeypatch.setattr(store, "index_tail", failing)
+        monkeypatch.setattr(store, "index_tail", failing_merge("disk I/O error", 10))  # SQLITE_IOERR
         with caplog.at_level(logging.ERROR, "memoryd.writer"):
             await w.submit(lambda c, u: [add_job(n, f"fact {n}")(c, u) for n in range(store.TAIL_MERGE_AT)])
             # (not durable: a batch of bookkeeping adds no entry, and no merge follows it)
