@@ -186,11 +186,12 @@ def query_page(
     IndexPage): for tests, which compare them all. By default the probe decides both."""
     take = limit
     candidates: int | None = None
+    stored = entry_count(conn) if text else 0  # read once: the probe and both walk choices use it
     if text and plan == "auto":
-        plan, candidates = probe(conn, text, entry_count(conn))
+        plan, candidates = probe(conn, text, stored)
     where, args, plan = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
     if text and plan == "index":
-        if page == "auto" and (candidates is None or not walks(candidates, take, entry_count(conn))):
+        if page == "auto" and (candidates is None or not walks(candidates, take, stored)):
             page = "keys"
         if page == "keys":
             # Few candidates: match once, keeping only what ranks a hit, then build the
@@ -208,7 +209,7 @@ def query_page(
         # walk where sorting would read every hit's row. Otherwise the few hits, sorted.
         (total,) = conn.execute(f"SELECT count(*) FROM entries NOT INDEXED{where}", args).fetchone()
         if page == "auto":
-            page = "walk" if walks(int(total), take, entry_count(conn)) else "sorted"
+            page = "walk" if walks(int(total), take, stored) else "sorted"
         if page == "walk":
             page_where, page_args, _ = _filters(conn, track, scope, text, agent_key, workspace_key, "scan")
             rows = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries INDEXED BY memoryd_entries_rank{page_where}"
