@@ -680,10 +680,13 @@ def test_runner_fails_the_block_that_fails(sb: Sandbox, doc: str, error: str) ->
 
 def test_clean_up_stops_what_a_block_left_running() -> None:
     with sandbox() as box:
-        # HUP ignored from the start: the terminal's hangup when bash exits must not end it
-        (block,) = _blocks("```sh runnable\ntrap '' HUP\ntail -f /dev/null > /dev/null 2>&1 &\n```")
+        # HUP ignored from the start: the terminal's hangup when bash exits must not end it.
+        # The stray is a fork of bash that runs no program (a builtin read on a FIFO nobody
+        # writes): a forked program is found by its environment only once its exec is done.
+        (block,) = _blocks("```sh runnable\ntrap '' HUP\nmkfifo \"$HOME/never\"\n"
+                           "( exec 3<>\"$HOME/never\"; read -r -u 3 _ ) > /dev/null 2>&1 &\n```")
         run_block(box, block, 0)
-        (stray,) = processes_of(box.home)  # bash's fork, or already tail
+        (stray,) = processes_of(box.home)
         problems = clean_up(box)
         assert len(problems) == 1 and problems[0].startswith(f"left running: pid {stray}: ")
         assert processes_of(box.home) == {}
