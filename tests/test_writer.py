@@ -8,6 +8,7 @@ letting go of everything when a later step fails.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from memoryd import adapter_registry, ledger, queries, store
+from memoryd import writer as writer_module
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
 from memoryd.atomic import atomic
@@ -134,23 +136,101 @@ async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Pat
         "SAVEPOINT job", "COMMIT"]
 
 
-async def test_every_job_runs_on_the_one_owner_thread(tmp_path: Path) -> None:
-    seen: list[int] = []
+def traced(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+    """Every statement ``conn`` runs from now on, with the thread that ran it."""
+    seen: list[tuple[str, int]] = []
+    conn.set_trace_callback(lambda sql: seen.append((sql, threading.get_ident())))
+    return seen
 
-    def where(conn: sqlite3.Connection, usage: Usage) -> None:
+
+def where(seen: list[int]) -> Callable[[sqlite3.Connection, Usage], None]:
+    def job(conn: sqlite3.Connection, usage: Usage) -> None:
         seen.append(threading.get_ident())
 
-    async with running(tmp_path / "w.db") as writer:
-        for _ in range(3):  # one after the other: three batches
-            await writer.submit(where)
-        async with anyio.create_task_group() as tg:  # and a batch of several
-            for _ in range(3):
-                tg.start_soon(writer.submit, where)
-        thread = writer.thread
-    assert len(seen) == 6
-    assert set(seen) == {thread.ident} and thread.ident != threading.get_ident()
+    return job
+
+
+async def test_a_batch_runs_on_the_event_loop_and_commits_on_the_owner_thread(tmp_path: Path) -> None:
+    """A batch's statements run on the event loop's thread, without waiting for the write
+    lock there; its COMMIT alone (the WAL's write and fsync) on the writer's own thread."""
+    db, conn, writer = fresh(tmp_path)
+    statements = traced(conn)
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        for _ in range(2):  # one after the other: two batches
+            await writer.submit(where(seen))
+            await writer.submit(put("a" if not seen[1:] else "b"))
+        writer.close()
+    thread = writer.thread
+    await writer.aclose()
+    assert seen == [loop_thread] * 2 and thread.ident != loop_thread
     assert thread.name == "memoryd-writer"
     assert not thread.is_alive()  # aclose ended it
+    one = [("PRAGMA busy_timeout = 0", loop_thread), ("BEGIN IMMEDIATE", loop_thread),
+           ("PRAGMA busy_timeout = 0", loop_thread)]  # the store's own timeout: 0 in these tests
+    batches = [statements[i:i + 3] for i, (sql, _) in enumerate(statements) if sql == "PRAGMA busy_timeout = 0"
+               and statements[i + 1][0] == "BEGIN IMMEDIATE"]
+    assert batches == [one] * 4
+    assert [t for sql, t in statements if sql == "COMMIT"] == [thread.ident] * 4
+    assert {t for sql, t in statements if sql.startswith("INSERT INTO meta")} == {loop_thread}
+    assert rows(db) == [("t:a", "x"), ("t:b", "x")]
+
+
+async def test_a_heavy_job_or_a_large_bookkeeping_runs_its_batch_on_the_owner_thread(tmp_path: Path) -> None:
+    """A heavy job (a seed's batch), or more than LOOP_STEPS steps in one batch, would hold
+    the event loop: that batch runs wholly on the writer's thread."""
+    loop_thread = threading.get_ident()
+    async with running(tmp_path / "w.db") as writer:
+        seen: list[int] = []
+        await writer.submit(where(seen), heavy=True)
+        await writer.submit(where(seen))
+        thread = writer.thread.ident
+        assert seen == [thread, loop_thread]
+        for steps, on in ((writer_module.LOOP_STEPS, loop_thread), (writer_module.LOOP_STEPS + 1, thread)):
+            seen.clear()
+            for _ in range(steps - 1):  # and the flush's own job
+                writer.defer(lambda conn: seen.append(threading.get_ident()))
+            await writer.settled()
+            assert seen == [on] * (steps - 1)
+
+
+async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_never_on_the_loop(
+        tmp_path: Path) -> None:
+    """Another process holds the write lock: the batch's BEGIN on the event loop gives up at
+    once, and the writer's thread waits for the lock (the store's busy timeout), while the
+    event loop serves everything else; the write commits once the lock is released."""
+    db = tmp_path / "w.db"
+    conn = store.open_store(db, store.inspect(db), 60_000)
+    writer = Writer(conn, {}, db)
+    statements: list[tuple[str, int]] = []
+    waiting = threading.Event()
+
+    def begun(sql: str) -> None:
+        statements.append((sql, threading.get_ident()))
+        if sql == "BEGIN IMMEDIATE" and threading.get_ident() == writer.thread.ident:
+            waiting.set()  # its busy handler is about to wait
+
+    conn.set_trace_callback(begun)
+    seen: list[int] = []
+    loop_thread = threading.get_ident()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            with write_lock(db):
+                tg.start_soon(writer.submit, where(seen))
+                await anyio.to_thread.run_sync(waiting.wait)
+                assert seen == []  # the event loop runs (this test does), the write waits
+            await writer.idle()
+            writer.close()
+    finally:
+        await writer.aclose()
+    assert seen == [writer.thread.ident]
+    on_thread = [sql for sql, t in statements if t == writer.thread.ident]
+    assert [sql for sql, t in statements if t == loop_thread] == [
+        "PRAGMA busy_timeout = 0", "BEGIN IMMEDIATE", "PRAGMA busy_timeout = 60000"]
+    assert on_thread[0] == "BEGIN IMMEDIATE" and on_thread[-2:] == ["COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
 
 
 async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(tmp_path: Path) -> None:
@@ -160,7 +240,7 @@ async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(tmp_path:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
-            await writer.submit(lambda conn, usage: seen.append(threading.get_ident()))
+            await writer.submit(where(seen), heavy=True)
             writer.close()
     finally:
         await writer.aclose()
@@ -373,7 +453,8 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(tmp_p
             writer.record_recalls([e for e in first if e.id == a], 1000)
             async with anyio.create_task_group() as tg:
                 # the recalls' step runs first in this batch, then the job holds the commit back
-                tg.start_soon(writer.submit, lambda conn, usage: release.wait())
+                # heavy: on the writer's thread (a job on the event loop would block it)
+                tg.start_soon(functools.partial(writer.submit, lambda conn, usage: release.wait(), heavy=True))
                 await anyio.wait_all_tasks_blocked()
                 hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
                 assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
@@ -750,15 +831,23 @@ async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overl
     assert report.ok, report.problems
 
 
-async def cancelled_mid_job(writer: Writer, fails: bool) -> list[BaseException]:
-    """Submit a job, cancel its caller while the job runs on the writer's thread, then let
-    the job end (failing, or committed); what ``on_error`` got."""
+async def cancelled_mid_job(writer: Writer, fails: bool, heavy: bool) -> list[BaseException]:
+    """Submit a job, cancel its caller while the job's batch is in flight, then let it end
+    (failing, or committed); what ``on_error`` got. ``heavy``: the job runs on the writer's
+    thread and is held there until the caller is cancelled; otherwise it runs on the event
+    loop and cancels its caller itself, which is then cancelled during the COMMIT on the
+    thread (or, for a failing job, during the batch's run again with savepoints there)."""
     started, release = threading.Event(), threading.Event()
+    loop_thread = threading.get_ident()
 
     def job(conn: sqlite3.Connection, usage: Usage) -> str:
-        started.set()
-        release.wait()
-        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}",))
+        if heavy:
+            started.set()
+            release.wait()
+        elif threading.get_ident() == loop_thread:
+            scope.cancel()
+            release.set()
+        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}{heavy}",))
         if fails:
             raise BudgetExceeded("memory budget exceeded", {})
         return "done"
@@ -768,16 +857,17 @@ async def cancelled_mid_job(writer: Writer, fails: bool) -> list[BaseException]:
 
     async def caller() -> None:
         try:
-            await writer.submit(job, on_error=reported.append)
+            await writer.submit(job, on_error=reported.append, heavy=heavy)
         finally:
             ended.append(release.is_set() and writer.depth == 0)
 
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
             tg.start_soon(caller)
-            await anyio.to_thread.run_sync(started.wait)
-            scope.cancel()
-            release.set()
+            if heavy:
+                await anyio.to_thread.run_sync(started.wait)
+                scope.cancel()
+                release.set()
     assert scope.cancelled_caught and ended == [True]
     return reported
 
@@ -790,6 +880,7 @@ async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failur
     left waiting."""
     db = tmp_path / "w.db"
     async with running(db) as writer:
-        assert [type(e) for e in await cancelled_mid_job(writer, True)] == [BudgetExceeded]
-        assert await cancelled_mid_job(writer, False) == []
-    assert rows(db) == [("t:False", "x")]
+        for heavy in (True, False):
+            assert [type(e) for e in await cancelled_mid_job(writer, True, heavy)] == [BudgetExceeded]
+            assert await cancelled_mid_job(writer, False, heavy) == []
+    assert rows(db) == [("t:FalseFalse", "x"), ("t:FalseTrue", "x")]

@@ -48,11 +48,7 @@ class Atomic:
             if not self._outer:
                 conn.execute(f"RELEASE {self._name}")
                 return
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                self._rollback("after a failed commit")
-                raise
+            commit(conn)
             return
         if self._outer:
             self._rollback(f"after {type(exc).__name__}")
@@ -70,13 +66,30 @@ class Atomic:
             self._rollback("after a failed rollback to a savepoint")
 
     def _rollback(self, why: str) -> None:
-        if not self._conn.in_transaction:
-            return
-        try:
-            self._conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:
-            # left open: the writer's next batch rolls it back before it begins
-            log.error("rollback %s failed: %s", why, exc)
+        rollback(self._conn, why)
+
+
+def rollback(conn: sqlite3.Connection, why: str) -> None:
+    """Roll back the transaction in progress, if any; a failed ROLLBACK is logged, not
+    raised (the error that made it needed is the one to report)."""
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        # left open: the writer's next batch rolls it back before it begins
+        log.error("rollback %s failed: %s", why, exc)
+
+
+def commit(conn: sqlite3.Connection) -> None:
+    """COMMIT the transaction in progress; on failure roll it back and raise the COMMIT's
+    error. (Also for a transaction begun elsewhere: the writer's batch, whose statements
+    run on the event loop and whose COMMIT runs on the writer's thread.)"""
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn, "after a failed commit")
+        raise
 
 
 def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> Atomic:

@@ -1,8 +1,9 @@
 """A sqlite3 connection and the one plain thread that uses it.
 
 Every call handed to an :class:`Owned` runs on its thread, one at a time, in the order
-handed over: a whole transaction (the writer's group commit, a consistent read of the
-ledger) is one hop, and no statement of it ever runs on another thread. The result goes
+handed over: a whole transaction (a consistent read of the ledger, a large batch of the
+writer's) is one hop; the writer's usual batch hands over only its COMMIT, its statements
+having run on the event loop (writer.py, ``conn``), never while a call runs here. The result goes
 back to the event loop with ``loop.call_soon_threadsafe``, which does not wait for the loop:
 anyio's ``from_thread.run_sync`` would hold the owner thread until the loop had run the
 callback, so the next transaction (the writer's next batch) could not begin meanwhile.
@@ -61,6 +62,14 @@ class Owned:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection itself, for a caller that uses it on its own thread while no
+        call of this one runs (the writer's batch: its statements on the event loop, its
+        COMMIT here)."""
+        assert self._conn is not None
+        return self._conn
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:

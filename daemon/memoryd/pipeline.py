@@ -122,7 +122,7 @@ class Pipeline:
             self.writer.defer(failed, keep=True)
 
         try:
-            result = await self.writer.submit(job, on_error=failed_row)
+            result = await self.writer.submit(job, on_error=failed_row, heavy=plan.entries is not None)
         except WriterClosed as exc:  # refused before it was queued: no on_error
             failed_row(exc)
             raise
