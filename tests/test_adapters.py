@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -672,3 +673,54 @@ def test_installed_adapter_clashing_with_a_builtin_is_refused(install_dist: Any)
     message = str(info.value)
     assert "'my-hermes'" in message and "memoryd_test_clash_adapter:NotesAdapter" in message
     assert "already registered by the built-in adapter" in message
+
+
+# --- the plain look before importlib.metadata -------------------------------------------------
+
+
+def dist_info(site: Path, name: str, entry_points: str | None) -> None:
+    dist = site / name
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.partition('-')[0]}\nVersion: 0.1.0\n")
+    if entry_points is not None:
+        (dist / "entry_points.txt").write_text(entry_points)
+
+
+def test_the_plain_look_finds_a_distribution_that_names_the_group(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    dist_info(site, "plain-1.0.dist-info", None)
+    dist_info(site, "scripts-1.0.dist-info", "[console_scripts]\nx = plain:main\n")
+    dist_info(site, "old-1.0.egg-info", "[pytest11]\nx = old\n")
+    (site / "lonely-1.0.egg-info").write_text("Metadata-Version: 1.0\n")  # an egg-info that is a file
+    missing = str(tmp_path / "missing")
+    assert registry_mod.may_register([str(site), missing]) is False
+    for name in ("notes-0.1.dist-info", "Notes-0.1.EGG-INFO"):
+        other = tmp_path / name / "site"
+        dist_info(other, name, "[memoryd.adapters]\nnotes = notes:NotesAdapter\n")
+        assert registry_mod.may_register([str(site), str(other)]) is True
+
+
+def test_the_plain_look_says_yes_to_what_it_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "site.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
+    egg = tmp_path / "thing-1.0-py3.11.egg"
+    egg.mkdir()
+    assert registry_mod.may_register([str(archive)]) is True
+    assert registry_mod.may_register([str(egg)]) is True
+
+    class Finder:
+        def find_spec(self, *args: Any) -> None:
+            return None
+
+        def find_distributions(self, *args: Any) -> list[Any]:
+            return []
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder()])
+    assert registry_mod.may_register([]) is True
+
+
+def test_a_start_without_third_party_adapters_does_not_import_importlib_metadata() -> None:
+    code = ("import sys; from memoryd.adapter_registry import load_adapters; registry = load_adapters(); "
+            "assert 'importlib.metadata' not in sys.modules, 'imported'; print(len(registry))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, str(len(BUILTIN_IDS)), "")
