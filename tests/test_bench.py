@@ -56,3 +56,25 @@ def test_roundtrip_compares_a_base_checkout_with_this_tree(tmp_path: Path) -> No
     assert set(results["results"]["after"]["50"]) == {"3 chars", "no text"}
     assert set(results["floors"]["50"]) == {"echo", "3 chars"}
     assert "| 50 | 3 chars |" in proc.stdout
+
+
+def test_every_explained_miss_names_a_target_and_a_miss_is_listed_with_it() -> None:
+    """bench/report.py's WHY_NOT keys are the starts of real target names (a renamed target
+    cannot leave its explanation behind), and RESULTS.md lists each miss with its why."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import report
+    finally:
+        sys.path.remove(str(ROOT))
+    results = {"floors": {"sqlite_full_commits_per_s": 1000.0},
+               "writes": {"auto/16": {"per_s": 2000.0}, "auto/1": {"per_s": 100.0}},
+               "start": {"standalone": {"p50_us": 300_000.0}}, "peer": {"start": {"p50_us": 300_000.0}}}
+    names = [what for what, _, _ in report.targets(results)]
+    assert all(any(name.startswith(key) for name in names) for key in report.WHY_NOT)
+    table = "\n".join(report.target_lines(results))
+    one_client = next(n for n in names if n.startswith("acked writes, 1 client(s) ≥ 0.4×"))
+    standalone = next(n for n in names if n.startswith("--standalone start"))
+    assert f"- **{one_client}**: {report.WHY_NOT[one_client]}" in table
+    assert f"- **{standalone}**: {report.WHY_NOT[standalone]}" in table
+    sixteen = next(n for n in names if n.startswith("acked writes, 16 client(s) ≥ 1.0×"))
+    assert f"| {sixteen} | 2.00× | yes |" in table and f"- **{sixteen}**" not in table
