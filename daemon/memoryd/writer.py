@@ -59,10 +59,11 @@ Usage = dict[tuple[str, str], int]
 JobFn = Callable[[sqlite3.Connection, Usage], T]
 MAX_GROUP = 256
 FLUSH_DELAY_S = 0.05
-#: A batch of at most this many steps (jobs, and deferred rows and recall counters), none of
-#: them heavy, runs its statements on the event loop's thread and only its COMMIT on the
-#: writer's (``_stage``); a larger one runs wholly on the writer's thread, so that it holds
-#: the event loop for a few milliseconds at most (a step is 20-60 µs there).
+#: A batch with an acknowledged write and at most this many steps (jobs, and deferred rows
+#: and recall counters), none of them heavy, runs its statements on the event loop's thread
+#: and only its COMMIT on the writer's (``_stage``); a larger one runs wholly on the
+#: writer's thread, so that it holds the event loop for a few milliseconds at most (a step
+#: is 20-60 µs there), as does a flush of bookkeeping alone.
 LOOP_STEPS = 256
 
 
@@ -406,7 +407,7 @@ class Writer:
             self._flying, self._queued = self._queued, {}
         try:
             with anyio.CancelScope(shield=True):
-                staged = self._stage(batch, durable, deferred) if self._fits_loop(batch, deferred) else False
+                staged = self._stage(batch, durable, deferred) if self._fits_loop(batch, durable, deferred) else False
                 if isinstance(staged, tuple):
                     await self._commit_staged(*staged)
                 else:
@@ -469,7 +470,12 @@ class Writer:
     # lock is held by another process (the thread waits for it, the loop never), a step
     # failed (it runs again, each step in its own savepoint), or the batch is large.
 
-    def _fits_loop(self, batch: list[_Job[Any]], deferred: list[_Deferred]) -> bool:
+    def _fits_loop(self, batch: list[_Job[Any]], durable: bool, deferred: list[_Deferred]) -> bool:
+        if not durable:
+            # Bookkeeping alone (a flush of recalls): nobody waits for it, and on the event
+            # loop its rows (two a query) would hold back the queries arriving meanwhile,
+            # which made the p99 of queries at 2,000 entries 4.3× their p50 instead of 3×.
+            return False
         steps = len(batch)
         for d in deferred:
             steps += len(d.fn) if isinstance(d.fn, _Recalls) else 1
