@@ -178,10 +178,9 @@ async def test_a_batch_runs_on_the_event_loop_and_commits_on_the_owner_thread(tm
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
 
 
-async def test_a_heavy_job_a_large_batch_or_bookkeeping_alone_runs_on_the_owner_thread(tmp_path: Path) -> None:
+async def test_a_heavy_job_or_a_large_batch_runs_on_the_owner_thread(tmp_path: Path) -> None:
     """A heavy job (a seed's batch), or more than LOOP_STEPS steps in one batch, would hold
-    the event loop: that batch runs wholly on the writer's thread; so does a flush of
-    bookkeeping alone, which nobody waits for."""
+    the event loop: that batch runs wholly on the writer's thread."""
     loop_thread = threading.get_ident()
     async with running(tmp_path / "w.db") as writer:
         seen: list[int] = []
@@ -195,10 +194,47 @@ async def test_a_heavy_job_a_large_batch_or_bookkeeping_alone_runs_on_the_owner_
                 writer.defer(lambda conn: seen.append(threading.get_ident()))
             await writer.submit(where(seen))
             assert seen == [on] * steps
-        seen.clear()
-        writer.defer(lambda conn: seen.append(threading.get_ident()))
-        await writer.settled()
-        assert seen == [thread]
+
+
+async def test_a_flush_of_bookkeeping_alone_lets_the_event_loop_turn_between_its_slices(tmp_path: Path) -> None:
+    """Nobody waits for a flush of bookkeeping alone: it runs on the event loop, and what
+    became ready meanwhile (a query) runs after each SLICE_STEPS of its steps, not after
+    all of them; recall counters count as one step per BUMPS_PER_STEP entries. It commits
+    as one transaction all the same."""
+    slice_, per_step = writer_module.SLICE_STEPS, writer_module.BUMPS_PER_STEP
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        events: list[Any] = []
+        ready = anyio.Event()
+
+        def step(n: int) -> Callable[[sqlite3.Connection], None]:
+            def run(conn: sqlite3.Connection) -> None:
+                if n == 0:
+                    ready.set()  # the query's turn comes once this slice is done
+                events.append((n, threading.get_ident()))
+                conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{n:03}",))
+
+            return run
+
+        async def query() -> None:
+            await ready.wait()
+            events.append("query")
+
+        for n in range(2 * slice_ + 1):
+            writer.defer(step(n))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(query)
+            await anyio.wait_all_tasks_blocked()
+            await writer.settled()
+        loop_thread = threading.get_ident()
+        assert events == [*((n, loop_thread) for n in range(slice_)), "query",
+                          *((n, loop_thread) for n in range(slice_, 2 * slice_ + 1))]
+        assert len(rows(db)) == 2 * slice_ + 1
+
+        recalls = writer_module._Recalls()
+        recalls.bumps = {f"e{n}": [1, 1000] for n in range(2 * per_step + 1)}
+        recalls.rows = [step(100), step(101)]
+        assert len(list(recalls.parts())) == 3 + 2
 
 
 async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_never_on_the_loop(
