@@ -120,13 +120,14 @@ def quick_args(argv: list[str]) -> SimpleNamespace | None:
 
 def quick_words(argv: list[str]) -> dict[str, Any] | None:
     """``serve``'s arguments, read without argparse when ``argv`` is a plain ``serve
-    --stdio`` command line: each word one of :data:`SERVE_FLAGS`, or an option of
+    --stdio`` (or ``serve --stdio --standalone``) command line: each word one of
+    :data:`SERVE_FLAGS`, or an option of
     :data:`SERVE_VALUES` with its value (``--db PATH`` or ``--db=PATH``, a value not
     starting with ``-``, one of its choices). None for anything else (help, an
     abbreviation, an error, another command): the parser reads that. Importing argparse
     and building the parser (its help formatter imports shutil) was a fifth of the relay's
-    start-up, paid on every harness spawn. Paths stay strings here (:func:`quick_args`
-    makes the parser's Paths of them)."""
+    start-up, paid on every harness spawn, and about 35 ms of a standalone one. Paths stay
+    strings here (:func:`quick_args` makes the parser's Paths of them)."""
     if argv[:1] != ["serve"]:
         return None
     values: dict[str, Any] = {"command": "serve", "stdio": False, "standalone": False, "detach": False,
@@ -145,8 +146,10 @@ def quick_words(argv: list[str]) -> dict[str, Any] | None:
         if not value or value.startswith("-") or (choices is not None and value not in choices):
             return None
         values[name[2:].replace("-", "_")] = value
-    if not values["stdio"] or values["standalone"] or values["detach"]:
-        return None  # the relay only: the daemon paths have more to check
+    if not values["stdio"] or values["detach"]:
+        return None  # the parser refuses --detach with --stdio, and serves the socket
+    if values["standalone"] and values["socket"] is not None:
+        return None  # which the parser refuses
     return values
 
 
@@ -225,7 +228,7 @@ def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | Non
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     quick = quick_words(words)
-    if quick is not None:
+    if quick is not None and not quick["standalone"]:
         lean = _lean_relay(quick)
         if lean is not None:
             from . import relay
