@@ -218,16 +218,18 @@ def test_the_relay_does_not_import_the_daemon_stack(daemon_factory: Any) -> None
 
 
 def test_a_plain_standalone_start_builds_no_parser_and_reads_no_distributions(tmp_path: Path) -> None:
-    """``serve --stdio --standalone --db D``: read without argparse, and with no third-party
+    """``serve --stdio --standalone --db D``: read without argparse; with no third-party
     adapter installed, importlib.metadata never imported (adapter_registry.may_register);
-    the daemon serves its store on stdio all the same."""
+    without $XDG_RUNTIME_DIR, no tempfile for a default socket it does not serve. The daemon
+    serves its store on stdio all the same."""
     argv = ["serve", "--stdio", "--standalone", "--db", str(tmp_path / "m.db"), "--log-level", "warning"]
     code = ("import sys, memoryd.cli as c\n"
             f"rc = c.main({argv!r})\n"
-            "heavy = ('argparse', 'importlib.metadata', 'email', 'zipfile', 'memoryd.units')\n"
+            "heavy = ('argparse', 'importlib.metadata', 'email', 'zipfile', 'memoryd.units', 'tempfile')\n"
             "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "MEMORYD_SOCKET")}
     r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30,
-                       env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "no-config")})
+                       env={**env, "XDG_CONFIG_HOME": str(tmp_path / "no-config")})
     assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
     assert json.loads(r.stdout) == {"jsonrpc": "2.0", "id": 1, "result": []}
 

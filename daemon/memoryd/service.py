@@ -99,9 +99,11 @@ class Service:
         #: the live connections, for ``daemon/status`` (the Daemon's own set)
         self.live: Collection[Connection] = ()
         #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
-        #: on shutdown. The Daemon sets None when it serves no socket of its own (stdio, or
-        #: a listener inherited from systemd socket activation).
-        self.socket_path: Path | None = config.socket_path
+        #: on shutdown, set by the Daemon once bound. None while it serves no socket of its
+        #: own (stdio, or a listener inherited from systemd socket activation). Not the
+        #: config's default here: computing it without $XDG_RUNTIME_DIR imports tempfile
+        #: (with shutil, bz2, lzma, random), which a standalone stdio start never needs.
+        self.socket_path: Path | None = None
         #: every write goes through it (pipeline.py)
         self.pipeline = Pipeline(config, writer, approvals, uuid.uuid4().hex[:12])
 
