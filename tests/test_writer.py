@@ -884,3 +884,75 @@ async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failur
             assert [type(e) for e in await cancelled_mid_job(writer, True, heavy)] == [BudgetExceeded]
             assert await cancelled_mid_job(writer, False, heavy) == []
     assert rows(db) == [("t:FalseFalse", "x"), ("t:FalseTrue", "x")]
+
+
+# --- a batch staged on the event loop whose COMMIT fails on the writer's thread -------------
+
+
+def committed(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row another connection sees committed, table by table."""
+    tables = ("entries", "audit", "memoryd_ledger", "meta", "memoryd_usage")
+    return {t: rows(db, f"SELECT * FROM {t} ORDER BY rowid") for t in tables}
+
+
+async def test_a_failed_commit_of_a_batch_staged_on_the_loop_fails_every_job_and_keeps_its_rows(
+        tmp_path: Path) -> None:
+    """No step fails on the event loop; the COMMIT on the writer's thread does (a full file
+    system: the pages reach the WAL at COMMIT). Every job fails with STORE_UNAVAILABLE full
+    and its on_error runs; nothing is committed, and neither the usage nor the ledger's head
+    (the Anchor) moves; the connection is left with no transaction, its busy timeout and no
+    ledger or batch scope on the loop's thread. Once space is back, the kept ledger row
+    commits once, and the connection row the failed batch had written is written again."""
+    from test_store_faults import fill, tmpfs
+
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        db = mnt / "w.db"
+        store.open_store(db, store.inspect(db), 0).close()
+        writer = await Writer.open(db, store.inspect(db), 250)
+        conn = writer._owned.conn
+        statements = traced(conn)
+        loop_thread = threading.get_ident()
+        head, usage, before = writer.anchor.head, dict(writer.usage), committed(db)
+        done: list[str] = []
+        reported: list[BaseException] = []
+        results: list[Any] = [None] * 3
+        try:
+            writer.defer(lambda c: ledger.failed(c, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
+                         lambda: done.append("kept"), keep=True)
+            filler = fill(mnt)
+
+            async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+                try:
+                    results[n] = await writer.submit(fn, on_error=reported.append)
+                except StoreUnavailable as exc:
+                    results[n] = exc
+
+            async with anyio.create_task_group() as tg:
+                async with anyio.create_task_group() as callers:
+                    for n, fn in enumerate([add_job("a" * 30_000, 1), audited(1), put("k")]):
+                        callers.start_soon(one, n, fn)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(writer.run)
+                assert [r.details for r in results] == [{"reason": "full", "path": str(db)}] * 3
+                assert [type(e) for e in reported] == [StoreUnavailable] * 3
+                began = [t for sql, t in statements if sql == "BEGIN IMMEDIATE"]
+                assert began == [loop_thread] and [t for sql, t in statements if sql == "COMMIT"] == [
+                    writer.thread.ident]
+                assert committed(db) == before
+                assert writer.usage == usage and writer.anchor.head == head and done == []
+                assert not conn.in_transaction
+                assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 250
+                assert getattr(ledger._scope, "anchor", None) is None
+                assert getattr(store._batch, "current", None) is None
+                filler.unlink()
+                assert await writer.submit(audited(1)) == 1
+                await writer.settled()
+                writer.close()
+        finally:
+            await writer.aclose()
+        assert done == ["kept"]
+        assert [(kind, ref) for _, kind, ref in chain(db)] == [
+            ("start", None), ("failed", None), ("connection", "run-1/1"), ("audit", None)]
+        audit, _, report = ledger_state(db, writer.anchor.head)
+        assert audit == [("add", "fact 1")]
+        assert report.ok, report.problems
