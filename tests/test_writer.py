@@ -296,6 +296,44 @@ async def test_a_failing_job_raises_to_its_caller_and_the_writer_logs_nothing(
     assert [r for r in caplog.records if r.name.startswith("memoryd")] == []
 
 
+class Escapes(BaseException):
+    """What a job's bug may raise that ``except Exception`` lets through (SystemExit, say)."""
+
+
+@pytest.mark.parametrize("heavy", [False, True], ids=["on-the-loop", "on-the-thread"])
+async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(tmp_path: Path, heavy: bool) -> None:
+    """Nothing of the batch committed: every caller is answered that the commit failed (and
+    every on_error runs), none with the result its job had computed; the error ends ``run``."""
+    db, _, writer = fresh(tmp_path)
+    reported: list[BaseException] = []
+    results: list[Any] = [None, None]
+
+    def escapes(conn: sqlite3.Connection, usage: Usage) -> None:
+        raise Escapes()
+
+    async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+        try:
+            results[n] = await writer.submit(fn, heavy=heavy, on_error=reported.append)
+        except RuntimeError as exc:
+            results[n] = exc
+
+    async def run() -> None:
+        with pytest.raises(Escapes):
+            await writer.run()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0, put("a"))
+            tg.start_soon(one, 1, escapes)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(run)
+    finally:
+        await writer.aclose()
+    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2
+    assert [str(e) for e in reported] == ["commit failed"] * 2
+    assert rows(db) == []
+
+
 async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Nobody awaits deferred bookkeeping: the writer is the one that reports it."""

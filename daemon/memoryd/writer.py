@@ -412,9 +412,11 @@ class Writer:
                 else:
                     self._usage = await self._owned.run(
                         lambda c: self._run_batch(c, batch, durable, deferred, lost, tried=staged))
-        except Exception as exc:
+        except BaseException as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
-            # (a result, or an error judged against rows that are gone now).
+            # (a result, or an error judged against rows that are gone now). Also on what
+            # ``except Exception`` lets through (a job's SystemExit, say), which then ends
+            # ``run``: answered with its result, a caller would think its write committed.
             fault = store_fault(exc, self._path)
             if fault is None:
                 log.exception("group commit of %d job(s) failed", len(batch))
@@ -424,6 +426,8 @@ class Writer:
             for j in batch:
                 j.error = fault if fault is not None else RuntimeError("commit failed")
             lost = [d for d in deferred if d.keep]
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self.depth -= len(batch)
             if not self.depth:
