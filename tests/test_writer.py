@@ -303,18 +303,28 @@ class Escapes(BaseException):
 @pytest.mark.parametrize("heavy", [False, True], ids=["on-the-loop", "on-the-thread"])
 async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(tmp_path: Path, heavy: bool) -> None:
     """Nothing of the batch committed: every caller is answered that the commit failed (and
-    every on_error runs), none with the result its job had computed; the error ends ``run``."""
+    every on_error runs), none with the result its job had computed; the error ends ``run``.
+    A job queued behind the batch fails too, every later one is refused (WriterClosed), and
+    ``settled`` returns though on_error queued bookkeeping: nothing would ever run them."""
     db, _, writer = fresh(tmp_path)
     reported: list[BaseException] = []
-    results: list[Any] = [None, None]
+    results: list[Any] = [None, None, None]
+    queued = threading.Event()
 
     def escapes(conn: sqlite3.Connection, usage: Usage) -> None:
+        if heavy:  # on the writer's thread: until the next job is queued
+            queued.wait()
         raise Escapes()
+
+    def failed_row(exc: BaseException) -> None:  # as the pipeline's on_error: a kept ledger row
+        reported.append(exc)
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "INTERNAL_ERROR", "the commit failed", None),
+                     keep=True)
 
     async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
         try:
-            results[n] = await writer.submit(fn, heavy=heavy, on_error=reported.append)
-        except RuntimeError as exc:
+            results[n] = await writer.submit(fn, heavy=heavy, on_error=failed_row)
+        except (RuntimeError, WriterClosed) as exc:
             results[n] = exc
 
     async def run() -> None:
@@ -327,11 +337,23 @@ async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
             tg.start_soon(one, 1, escapes)
             await anyio.wait_all_tasks_blocked()
             tg.start_soon(run)
+            if heavy:  # the batch of both is held on the writer's thread: the next job waits behind it
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(one, 2, put("c"))
+                await anyio.wait_all_tasks_blocked()
+                assert writer.depth == 3
+                queued.set()
+        if not heavy:  # the batch failed on the event loop at once: run has ended
+            await one(2, put("c"))
+        await writer.settled()
+        with pytest.raises(WriterClosed):
+            await writer.submit(put("d"))
     finally:
         await writer.aclose()
-    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2
-    assert [str(e) for e in reported] == ["commit failed"] * 2
-    assert rows(db) == []
+    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2 + [
+        (RuntimeError, "commit failed") if heavy else (WriterClosed, "the store is closing")]
+    assert [str(e) for e in reported] == ["commit failed"] * (3 if heavy else 2)  # refused: the caller's to report
+    assert rows(db) == [] and rows(db, "SELECT kind FROM memoryd_ledger") == []
 
 
 async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
