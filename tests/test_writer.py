@@ -337,6 +337,66 @@ async def test_a_failing_job_raises_to_its_caller_and_the_writer_logs_nothing(
     assert [r for r in caplog.records if r.name.startswith("memoryd")] == []
 
 
+class Escapes(BaseException):
+    """What a job's bug may raise that ``except Exception`` lets through (SystemExit, say)."""
+
+
+@pytest.mark.parametrize("heavy", [False, True], ids=["on-the-loop", "on-the-thread"])
+async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(tmp_path: Path, heavy: bool) -> None:
+    """Nothing of the batch committed: every caller is answered that the commit failed (and
+    every on_error runs), none with the result its job had computed; the error ends ``run``.
+    A job queued behind the batch fails too, every later one is refused (WriterClosed), and
+    ``settled`` returns though on_error queued bookkeeping: nothing would ever run them."""
+    db, _, writer = fresh(tmp_path)
+    reported: list[BaseException] = []
+    results: list[Any] = [None, None, None]
+    queued = threading.Event()
+
+    def escapes(conn: sqlite3.Connection, usage: Usage) -> None:
+        if heavy:  # on the writer's thread: until the next job is queued
+            queued.wait()
+        raise Escapes()
+
+    def failed_row(exc: BaseException) -> None:  # as the pipeline's on_error: a kept ledger row
+        reported.append(exc)
+        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "INTERNAL_ERROR", "the commit failed", None),
+                     keep=True)
+
+    async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+        try:
+            results[n] = await writer.submit(fn, heavy=heavy, on_error=failed_row)
+        except (RuntimeError, WriterClosed) as exc:
+            results[n] = exc
+
+    async def run() -> None:
+        with pytest.raises(Escapes):
+            await writer.run()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0, put("a"))
+            tg.start_soon(one, 1, escapes)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(run)
+            if heavy:  # the batch of both is held on the writer's thread: the next job waits behind it
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(one, 2, put("c"))
+                await anyio.wait_all_tasks_blocked()
+                assert writer.depth == 3
+                queued.set()
+        if not heavy:  # the batch failed on the event loop at once: run has ended
+            await one(2, put("c"))
+        await writer.settled()
+        with pytest.raises(WriterClosed):
+            await writer.submit(put("d"))
+    finally:
+        await writer.aclose()
+    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2 + [
+        (RuntimeError, "commit failed") if heavy else (WriterClosed, "the store is closing")]
+    assert [str(e) for e in reported] == ["commit failed"] * (3 if heavy else 2)  # refused: the caller's to report
+    assert rows(db) == [] and rows(db, "SELECT kind FROM memoryd_ledger") == []
+
+
 async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Nobody awaits deferred bookkeeping: the writer is the one that reports it."""
@@ -925,3 +985,75 @@ async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failur
             assert [type(e) for e in await cancelled_mid_job(writer, True, heavy)] == [BudgetExceeded]
             assert await cancelled_mid_job(writer, False, heavy) == []
     assert rows(db) == [("t:FalseFalse", "x"), ("t:FalseTrue", "x")]
+
+
+# --- a batch staged on the event loop whose COMMIT fails on the writer's thread -------------
+
+
+def committed(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row another connection sees committed, table by table."""
+    tables = ("entries", "audit", "memoryd_ledger", "meta", "memoryd_usage")
+    return {t: rows(db, f"SELECT * FROM {t} ORDER BY rowid") for t in tables}
+
+
+async def test_a_failed_commit_of_a_batch_staged_on_the_loop_fails_every_job_and_keeps_its_rows(
+        tmp_path: Path) -> None:
+    """No step fails on the event loop; the COMMIT on the writer's thread does (a full file
+    system: the pages reach the WAL at COMMIT). Every job fails with STORE_UNAVAILABLE full
+    and its on_error runs; nothing is committed, and neither the usage nor the ledger's head
+    (the Anchor) moves; the connection is left with no transaction, its busy timeout and no
+    ledger or batch scope on the loop's thread. Once space is back, the kept ledger row
+    commits once, and the connection row the failed batch had written is written again."""
+    from test_store_faults import fill, tmpfs
+
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        db = mnt / "w.db"
+        store.open_store(db, store.inspect(db), 0).close()
+        writer = await Writer.open(db, store.inspect(db), 250)
+        conn = writer._owned.conn
+        statements = traced(conn)
+        loop_thread = threading.get_ident()
+        head, usage, before = writer.anchor.head, dict(writer.usage), committed(db)
+        done: list[str] = []
+        reported: list[BaseException] = []
+        results: list[Any] = [None] * 3
+        try:
+            writer.defer(lambda c: ledger.failed(c, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
+                         lambda: done.append("kept"), keep=True)
+            filler = fill(mnt)
+
+            async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+                try:
+                    results[n] = await writer.submit(fn, on_error=reported.append)
+                except StoreUnavailable as exc:
+                    results[n] = exc
+
+            async with anyio.create_task_group() as tg:
+                async with anyio.create_task_group() as callers:
+                    for n, fn in enumerate([add_job("a" * 30_000, 1), audited(1), put("k")]):
+                        callers.start_soon(one, n, fn)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(writer.run)
+                assert [r.details for r in results] == [{"reason": "full", "path": str(db)}] * 3
+                assert [type(e) for e in reported] == [StoreUnavailable] * 3
+                began = [t for sql, t in statements if sql == "BEGIN IMMEDIATE"]
+                assert began == [loop_thread] and [t for sql, t in statements if sql == "COMMIT"] == [
+                    writer.thread.ident]
+                assert committed(db) == before
+                assert writer.usage == usage and writer.anchor.head == head and done == []
+                assert not conn.in_transaction
+                assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 250
+                assert getattr(ledger._scope, "anchor", None) is None
+                assert getattr(store._batch, "current", None) is None
+                filler.unlink()
+                assert await writer.submit(audited(1)) == 1
+                await writer.settled()
+                writer.close()
+        finally:
+            await writer.aclose()
+        assert done == ["kept"]
+        assert [(kind, ref) for _, kind, ref in chain(db)] == [
+            ("start", None), ("failed", None), ("connection", "run-1/1"), ("audit", None)]
+        audit, _, report = ledger_state(db, writer.anchor.head)
+        assert audit == [("add", "fact 1")]
+        assert report.ok, report.problems

@@ -372,6 +372,24 @@ class Writer:
         self._wake.set()
 
     async def run(self) -> None:
+        try:
+            await self._serve()
+        except BaseException:
+            # Ended by what no batch contains (``_commit`` raises it again), or cancelled:
+            # no job will run any more. Later ones are refused and queued ones fail, whose
+            # callers (and ``settled``'s flush) would otherwise wait for them forever.
+            self._closed = True
+            queued = list(self._queue)
+            self._queue.clear()
+            self.depth -= len(queued)
+            if not self.depth:
+                self._idle.set()
+            for j in queued:
+                j.error = RuntimeError("commit failed")
+                self._end(j)
+            raise
+
+    async def _serve(self) -> None:
         queue = self._queue
         while True:
             if not queue:
@@ -432,9 +450,11 @@ class Writer:
                 else:
                     self._usage = await self._owned.run(
                         lambda c: self._run_batch(c, batch, durable, deferred, lost, tried=staged))
-        except Exception as exc:
+        except BaseException as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
-            # (a result, or an error judged against rows that are gone now).
+            # (a result, or an error judged against rows that are gone now). Also on what
+            # ``except Exception`` lets through (a job's SystemExit, say), which then ends
+            # ``run``: answered with its result, a caller would think its write committed.
             fault = store_fault(exc, self._path)
             if fault is None:
                 log.exception("group commit of %d job(s) failed", len(batch))
@@ -444,6 +464,8 @@ class Writer:
             for j in batch:
                 j.error = fault if fault is not None else RuntimeError("commit failed")
             lost = [d for d in deferred if d.keep]
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self.depth -= len(batch)
             if not self.depth:
@@ -456,16 +478,21 @@ class Writer:
             self._flying = {}
             self._bookkeeping_idle.set()
             for j in batch:
-                if j.error is not None and j.on_error is not None:
-                    try:
-                        j.on_error(j.error)
-                    except Exception:  # a bug of ours: it must not leave a caller waiting
-                        log.exception("on_error of a failed job failed")
-                j.ended = True
-                if not j.done.done():
-                    j.done.set_result(None)
-                if j.end_waiter is not None and not j.end_waiter.done():
-                    j.end_waiter.set_result(None)
+                self._end(j)
+
+    @staticmethod
+    def _end(j: _Job[Any]) -> None:
+        """The job has committed or failed (``error``): its on_error, then its caller."""
+        if j.error is not None and j.on_error is not None:
+            try:
+                j.on_error(j.error)
+            except Exception:  # a bug of ours: it must not leave a caller waiting
+                log.exception("on_error of a failed job failed")
+        j.ended = True
+        if not j.done.done():
+            j.done.set_result(None)
+        if j.end_waiter is not None and not j.end_waiter.done():
+            j.end_waiter.set_result(None)
 
     def _keep(self, lost: list[_Deferred]) -> None:
         """Put kept rows that a fault lost back at the head of the queue, oldest first."""
