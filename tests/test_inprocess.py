@@ -64,3 +64,40 @@ async def test_a_thread_daemon_serves_its_socket_and_stops_cleanly(tmp_path: Pat
     conn = sqlite3.connect(d.db_path)
     assert conn.execute("SELECT text FROM entries").fetchall() == [("over the socket",)]
     conn.close()
+
+
+async def test_a_write_of_many_entries_runs_on_the_writers_thread_a_small_one_on_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed (or consolidate) of more than HEAVY_ROWS entries is a heavy job: its batch runs
+    on the writer's own thread, not the event loop; a seed of HEAVY_ROWS and an add on the
+    event loop (writer.LOOP_STEPS)."""
+    import threading
+
+    from e2e_helpers import entry_input, write_ctx
+    from memoryd import store
+    from memoryd.writer import HEAVY_ROWS
+
+    inserted: list[tuple[str, int]] = []
+    opened = store.open_store
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = opened(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: inserted.append((sql, threading.get_ident()))
+                                if sql.startswith("INSERT INTO entries") else None)
+        return conn
+
+    monkeypatch.setattr(store, "open_store", traced)
+    loop_thread = threading.get_ident()
+    async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
+        threads = []
+        for n in (HEAVY_ROWS, HEAVY_ROWS + 1):
+            inserted.clear()
+            inputs = [entry_input(f"fact {n}-{k}") for k in range(n)]
+            await raw.ok("memory/seed", {"inputs": inputs, "write": write_ctx()})
+            assert len(inserted) == n
+            threads.append({t for _, t in inserted})
+        inserted.clear()
+        await add(raw, "one more")
+        threads.append({t for _, t in inserted})
+    assert threads[0] == threads[2] == {loop_thread}
+    assert len(threads[1]) == 1 and threads[1] != {loop_thread}

@@ -1,8 +1,9 @@
 """Writing the ledger: every audit row with its chained ``memoryd_ledger`` row, and the
 approval, connection and failure rows beside them (memoryd_protocol.ledger has the format).
 
-Synchronous, like store.py: each function runs on the writer's thread inside the
-transaction the writer opened, so an audit row and its ledger row commit or vanish together.
+Synchronous, like store.py: each function runs inside the transaction the writer opened
+(on the event loop's thread or the writer's own, writer.py), so an audit row and its
+ledger row commit or vanish together.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Anchor:
     was for the daemon's life, so a later write does not chain the forgery in.
 
     Between ``check`` and ``advance`` (or ``leave``) it is also the writer's transaction
-    scope on its thread: ``check`` reads the store's newest row once, and every row
+    scope on the thread running it: ``check`` reads the store's newest row once, and every row
     ``append`` adds chains on from it in memory (two statements less per audited write:
     the head read, and the connection-row check of a connection whose row this daemon
     has written). A savepoint rolled back takes its rows out of the scope too (``mark``,

@@ -34,7 +34,7 @@ from . import ledger, store
 from .approvals import Approvals, Peer
 from .config import Config
 from .context import RequestContext
-from .writer import Usage, Writer, WriterClosed
+from .writer import HEAVY_ROWS, Usage, Writer, WriterClosed
 
 R = TypeVar("R")
 Cell = tuple[str, str]
@@ -71,6 +71,9 @@ class WritePlan(Generic[R]):
     lands: tuple[str, str, list[str]] | None = None
     #: a seed's batch, every entry shown to the approver
     entries: Sequence[Entry] | None = None
+    #: the entries the write adds or removes: one beyond HEAVY_ROWS makes the writer run
+    #: its batch on its own thread, not the event loop (writer.LOOP_STEPS)
+    rows: int = 1
 
 
 @dataclass
@@ -122,7 +125,7 @@ class Pipeline:
             self.writer.defer(failed, keep=True)
 
         try:
-            result = await self.writer.submit(job, on_error=failed_row, heavy=plan.entries is not None)
+            result = await self.writer.submit(job, on_error=failed_row, heavy=plan.rows > HEAVY_ROWS)
         except WriterClosed as exc:  # refused before it was queued: no on_error
             failed_row(exc)
             raise

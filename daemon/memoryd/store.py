@@ -1,6 +1,7 @@
 """The SQLite store: layout, opening (validate → migrate → WAL), and the SQL of every
-operation. Synchronous on purpose: each function runs on the thread that owns its
-connection (the writer's or the reader's), inside a transaction the caller opened.
+operation. Synchronous on purpose: each function runs on the thread its caller uses the
+connection on (the writer's statements on the event loop, its large batches and COMMITs on
+its own thread; the readers'), inside a transaction the caller opened.
 
 The layout is dsh-memento's ``memory.db`` schema v4, so either program can open the file.
 memoryd's own table (``memoryd_snapshots``) is versioned by ``meta.memoryd_schema``; the
@@ -629,7 +630,7 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 
 
 class Batch:
-    """A transaction of the writer's batch, on its thread (``with Batch(conn):``), so that
+    """A transaction of the writer's batch, on the thread running it (``with Batch(conn):``), so that
     what its writes keep beside the entries costs one statement per batch, not one per
     write: the counts (``_count``) are added up here and written once per cell by
     ``flush``, before COMMIT, and the text index's mark (``text_mark``) is read once.

@@ -72,6 +72,9 @@ LOOP_STEPS = 256
 #: flush and of the queries hands the GIL back and forth; wholly on the event loop, the
 #: queries wait for all of it.
 SLICE_STEPS = 16
+#: A write that adds or removes more entries than this (a seed, a large consolidate) is a
+#: heavy job (``submit``): its own rows could hold the event loop past a few milliseconds.
+HEAVY_ROWS = 16
 BUMPS_PER_STEP = 32
 
 

@@ -226,7 +226,7 @@ class Writes:
             deltas={cell: utf16_len(text) - sum(utf16_len(t.text) for t in targets)}, commit=commit,
             events=lambda r: [*(("memory/removed", MemoryRemoved(entry=x)) for x in r.removed),
                               ("memory/added", MemoryAdded(entry=r.entry))],
-            lands=(wk, ak, tags)))
+            lands=(wk, ak, tags), rows=len(targets) + 1))
 
     def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None,
                   *, restricted: bool = True) -> list[Entry]:
@@ -271,7 +271,7 @@ class Writes:
             action="seed", track="batch", scope="batch", text=text, source=source,
             layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
             commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
-            count=len(planned), entries=planned))
+            count=len(planned), entries=planned, rows=len(planned)))
 
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write)
