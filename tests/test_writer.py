@@ -727,6 +727,63 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
     assert writer.anchor.lost
 
 
+
+async def test_a_sliced_flush_keeps_its_ledger_scope_while_another_stores_writer_commits(tmp_path: Path) -> None:
+    """Two stores' writers on one event loop (two daemons embedded in one process): while
+    one's flush of bookkeeping alone lets the loop turn between its slices, the other's
+    batch begins and ends its own transaction's scopes on the same thread. The flush's
+    rows chain on in its own scope all the same, so its Anchor ends at its store's real
+    newest row, and a deleted tail of those rows is reported."""
+    dbs = [tmp_path / "a.db", tmp_path / "b.db"]
+    for db in dbs:
+        store.open_store(db, store.inspect(db), 0).close()
+    a = await Writer.open(dbs[0], store.inspect(dbs[0]), 0)
+    b = await Writer.open(dbs[1], store.inspect(dbs[1]), 0)
+    steps = 4 * writer_module.SLICE_STEPS
+    b_done: list[int] = []
+    b_before_last: list[bool] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+
+            def b_job(conn: sqlite3.Connection, usage: Usage) -> int:
+                b_done.append(audited(1)(conn, usage))
+                return 1
+
+            async def b_writes() -> None:
+                await b.submit(b_job)
+
+            def row(n: int) -> Callable[[sqlite3.Connection], None]:
+                def run(conn: sqlite3.Connection) -> None:
+                    if n == 0:
+                        tg.start_soon(b_writes)  # its batch runs while this flush's loop turns
+                    if n == steps - 1:
+                        b_before_last.append(bool(b_done))
+                    ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", f"kept {n}", None)
+
+                return run
+
+            for n in range(steps):
+                a.defer(row(n), keep=True)
+            await a.settled()
+            a.close()
+            b.close()
+        head = a.anchor.head
+    finally:
+        await a.aclose()
+        await b.aclose()
+    assert b_before_last == [True]  # the other store's batch ran during the flush's slices
+    assert chain(dbs[0]) == [(1, "start", None), *((n, "failed", None) for n in range(2, steps + 2))]
+    assert chain(dbs[1]) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
+    assert head is not None and head[0] == steps + 1
+    with contextlib.closing(sqlite3.connect(dbs[0])) as other, other:
+        other.execute("DELETE FROM memoryd_ledger WHERE n = ?", (steps + 1,))  # a same-uid forgery
+    with contextlib.closing(sqlite3.connect(dbs[0])) as conn:
+        report = consistent(conn, lambda fetch: read_report(fetch, head))
+    assert not report.ok
+
+
 def fails_after_its_rows(fault: bool) -> Callable[[sqlite3.Connection, Usage], None]:
     """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
     fault SQLite confines to the statement (SQLITE_READONLY)."""

@@ -533,12 +533,16 @@ class Writer:
                         d.fn(conn)
                 else:
                     # Nobody waits for it: the event loop turns between its slices. (The
-                    # transaction's scopes, ledger._scope and store._batch, stay set on this
-                    # thread meanwhile; both are this connection's alone, and nothing else
-                    # writes on it until the batch ends.)
+                    # transaction's scopes, ledger._scope and store._batch, are one of each
+                    # per thread: another writer on this event loop, a second store's, may
+                    # set and end its own meanwhile. The ledger's is set again after each
+                    # turn, or the rows after it would not move this Anchor; a batch scope
+                    # lost only writes a count as it comes, and bookkeeping counts none.
+                    # Nothing else writes on this connection until the batch ends.)
                     for n, step in enumerate(part for d in deferred for part in _parts(d.fn)):
                         if n and n % SLICE_STEPS == 0:
                             await asyncio.sleep(0)
+                            self.anchor.resume()
                         step(conn)
                 for job in batch:
                     job.result = job.fn(conn, usage)
