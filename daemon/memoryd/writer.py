@@ -64,7 +64,8 @@ FLUSH_DELAY_S = 0.05
 #: and recall counters), none of them heavy, runs its statements on the event loop's thread
 #: and only its COMMIT on the writer's (``_stage``); a larger one runs wholly on the
 #: writer's thread, so that it holds the event loop for a few milliseconds at most (a step
-#: is 20-60 µs there), as does a flush of bookkeeping alone.
+#: is 20-60 µs there). A flush of bookkeeping alone runs on the event loop whatever its
+#: size, in slices (SLICE_STEPS).
 LOOP_STEPS = 256
 #: A flush of bookkeeping alone runs on the event loop too, but lets it turn after every
 #: SLICE_STEPS of its steps: the queries that arrive meanwhile are served first, not after
