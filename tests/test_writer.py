@@ -787,6 +787,144 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
     assert writer.anchor.lost
 
 
+
+async def test_a_sliced_flush_keeps_its_ledger_scope_while_another_stores_writer_commits(tmp_path: Path) -> None:
+    """Two stores' writers on one event loop (two daemons embedded in one process): while
+    one's flush of bookkeeping alone lets the loop turn between its slices, the other's
+    batch begins and ends its own transaction's scopes on the same thread. The flush's
+    rows chain on in its own scope all the same, so its Anchor ends at its store's real
+    newest row, and a deleted tail of those rows is reported."""
+    dbs = [tmp_path / "a.db", tmp_path / "b.db"]
+    for db in dbs:
+        store.open_store(db, store.inspect(db), 0).close()
+    a = await Writer.open(dbs[0], store.inspect(dbs[0]), 0)
+    b = await Writer.open(dbs[1], store.inspect(dbs[1]), 0)
+    steps = 4 * writer_module.SLICE_STEPS
+    b_done: list[int] = []
+    b_before_last: list[bool] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+
+            def b_job(conn: sqlite3.Connection, usage: Usage) -> int:
+                b_done.append(audited(1)(conn, usage))
+                return 1
+
+            async def b_writes() -> None:
+                await b.submit(b_job)
+
+            def row(n: int) -> Callable[[sqlite3.Connection], None]:
+                def run(conn: sqlite3.Connection) -> None:
+                    if n == 0:
+                        tg.start_soon(b_writes)  # its batch runs while this flush's loop turns
+                    if n == steps - 1:
+                        b_before_last.append(bool(b_done))
+                    ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", f"kept {n}", None)
+
+                return run
+
+            for n in range(steps):
+                a.defer(row(n), keep=True)
+            await a.settled()
+            a.close()
+            b.close()
+        head = a.anchor.head
+    finally:
+        await a.aclose()
+        await b.aclose()
+    assert b_before_last == [True]  # the other store's batch ran during the flush's slices
+    assert chain(dbs[0]) == [(1, "start", None), *((n, "failed", None) for n in range(2, steps + 2))]
+    assert chain(dbs[1]) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
+    assert head is not None and head[0] == steps + 1
+    with contextlib.closing(sqlite3.connect(dbs[0])) as other, other:
+        other.execute("DELETE FROM memoryd_ledger WHERE n = ?", (steps + 1,))  # a same-uid forgery
+    with contextlib.closing(sqlite3.connect(dbs[0])) as conn:
+        report = consistent(conn, lambda fetch: read_report(fetch, head))
+    assert not report.ok
+
+
+
+async def test_queries_a_write_and_a_fault_during_a_sliced_flush(tmp_path: Path) -> None:
+    """While a flush of bookkeeping alone (a query's recalls and row, then kept ledger
+    rows) lets the event loop turn: queries count each recall once, theirs queued for the
+    next commit; a write submitted meanwhile commits after the flush, its row after theirs;
+    a store fault in a later slice rolls the flush back and the writer's thread runs it
+    again. Every row is written once, in order, and every recall counted once after."""
+    db = tmp_path / "w.db"
+    await seed_one(db)
+    writer = await Writer.open(db, store.inspect(db), 0)
+    slice_, steps = writer_module.SLICE_STEPS, 3 * writer_module.SLICE_STEPS
+    loop_thread = threading.get_ident()
+    reader = store.connect(db, 0)
+    seen: list[int] = []
+    wrote: list[str] = []
+    faulted: list[int] = []
+    done: list[int] = []
+
+    def read(boosted: Any) -> tuple[list[Any], int]:
+        return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
+                                  limit=50, boosted=boosted)
+
+    def recalled(text: str, ts: int) -> Callable[[sqlite3.Connection], None]:
+        return lambda conn: STAMP.audit(conn, "recalled", track=None, scope=None, entry_id=None, text=text,
+                                        source=None, ts=ts)
+
+    async def query(k: int) -> None:
+        hits, _ = await writer.with_recalls(read)
+        seen.append(hits[0].recall_count)
+        writer.record_recalls(hits, 2000 + k, recalled(f"s{k}", 2000 + k))
+
+    async def write() -> None:
+        wrote.append(await writer.submit(add_job("w", 1)))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+
+            def row(n: int) -> Callable[[sqlite3.Connection], None]:
+                def run(conn: sqlite3.Connection) -> None:
+                    if threading.get_ident() == loop_thread:  # not once the thread runs it again
+                        if n % 8 == 0:
+                            tg.start_soon(query, n)
+                        if n == 4:
+                            tg.start_soon(write)
+                    if n == slice_ + 3 and not faulted:  # SQLITE_READONLY, once
+                        faulted.append(n)
+                        conn.execute("PRAGMA query_only = ON")
+                        try:
+                            conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
+                        finally:
+                            conn.execute("PRAGMA query_only = OFF")
+                    ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", f"kept {n}", None)
+
+                return run
+
+            hits, _ = await writer.with_recalls(read)
+            writer.record_recalls(hits, 1000, recalled("q", 1000))
+            for n in range(steps):
+                writer.defer(row(n), functools.partial(done.append, n), keep=True)
+            await writer.settled()
+            await writer.idle()
+            await writer.settled()
+            hits, _ = await writer.with_recalls(read)
+            after = [(e.text, e.recall_count) for e in hits]
+            writer.close()
+        head = writer.anchor.head
+    finally:
+        reader.close()
+        await writer.aclose()
+    assert faulted == [slice_ + 3]
+    assert seen == [1, 2, 3] and wrote == ["w"]
+    assert dict(after)["recalled one"] == 4
+    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE text = 'recalled one'") == [(4, 2016)]
+    assert sorted(done) == list(range(steps))
+    audit, kinds, report = ledger_state(db, head)
+    assert audit == [("recalled", "q"), ("recalled", "s0"), ("recalled", "s8"), ("recalled", "s16"), ("add", "w")]
+    assert kinds == ["start", "audit", *["failed"] * steps, "audit", "audit", "audit", "audit"]
+    assert report.ok, report.problems
+
+
 def fails_after_its_rows(fault: bool) -> Callable[[sqlite3.Connection, Usage], None]:
     """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
     fault SQLite confines to the statement (SQLITE_READONLY)."""

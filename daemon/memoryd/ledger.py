@@ -168,6 +168,13 @@ class Anchor:
             log.error("ledger row %d, the last this daemon wrote, is %s outside memoryd; audit/verify reports it", n,
                       "missing: deleted" if row is None else "changed")
 
+    def resume(self) -> None:
+        """Make the scope this thread's again, once the event loop has turned inside the
+        transaction (the writer's sliced flush): meanwhile another writer on this thread
+        (a second store in the same event loop) may have begun and ended its own."""
+        if self._conn is not None:
+            _scope.anchor = self
+
     def mark(self) -> tuple[tuple[int, str] | None, set[str]]:
         """Before a savepoint: what ``undo`` puts back when it is rolled back."""
         return self._tip, set(self._written)

@@ -64,7 +64,8 @@ FLUSH_DELAY_S = 0.05
 #: and recall counters), none of them heavy, runs its statements on the event loop's thread
 #: and only its COMMIT on the writer's (``_stage``); a larger one runs wholly on the
 #: writer's thread, so that it holds the event loop for a few milliseconds at most (a step
-#: is 20-60 µs there), as does a flush of bookkeeping alone.
+#: is 20-60 µs there). A flush of bookkeeping alone runs on the event loop whatever its
+#: size, in slices (SLICE_STEPS).
 LOOP_STEPS = 256
 #: A flush of bookkeeping alone runs on the event loop too, but lets it turn after every
 #: SLICE_STEPS of its steps: the queries that arrive meanwhile are served first, not after
@@ -563,12 +564,16 @@ class Writer:
                         d.fn(conn)
                 else:
                     # Nobody waits for it: the event loop turns between its slices. (The
-                    # transaction's scopes, ledger._scope and store._batch, stay set on this
-                    # thread meanwhile; both are this connection's alone, and nothing else
-                    # writes on it until the batch ends.)
+                    # transaction's scopes, ledger._scope and store._batch, are one of each
+                    # per thread: another writer on this event loop, a second store's, may
+                    # set and end its own meanwhile. The ledger's is set again after each
+                    # turn, or the rows after it would not move this Anchor; a batch scope
+                    # lost only writes a count as it comes, and bookkeeping counts none.
+                    # Nothing else writes on this connection until the batch ends.)
                     for n, step in enumerate(part for d in deferred for part in _parts(d.fn)):
                         if n and n % SLICE_STEPS == 0:
                             await asyncio.sleep(0)
+                            self.anchor.resume()
                         step(conn)
                 for job in batch:
                     job.result = job.fn(conn, usage)
