@@ -51,8 +51,10 @@ WHY_NOT: dict[str, str] = {
         "keep."),
     "query at 2,000: p99 ≤ 3× p50": (
         "The slowest queries are those that arrive while the recall bookkeeping of the queries before "
-        "them commits (a flush at most every 50 ms, FLUSH_DELAY_S in writer.py); the p99 moves with "
-        "the machine's other load between runs (bench/results/PER-QUERY.md)."),
+        "them commits (a flush at most every 50 ms, FLUSH_DELAY_S in writer.py, run on the event loop "
+        "in slices), and those the machine's other load holds up: the same run's tail at 50 entries, "
+        "where neither the text index nor a large page plays a part, shows how much of it is the "
+        "machine's (bench/results/SPLIT-COMMIT.md and PER-QUERY.md)."),
     "--standalone start ≤ 0.75× server-memory's start": (
         "A standalone start is Python imports for most of its time: asyncio (which imports ssl and "
         "concurrent.futures), sqlite3, msgspec, anyio and the daemon's own modules; opening a new "
