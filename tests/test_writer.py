@@ -848,9 +848,10 @@ async def test_a_sliced_flush_keeps_its_ledger_scope_while_another_stores_writer
 async def test_queries_a_write_and_a_fault_during_a_sliced_flush(tmp_path: Path) -> None:
     """While a flush of bookkeeping alone (a query's recalls and row, then kept ledger
     rows) lets the event loop turn: queries count each recall once, theirs queued for the
-    next commit; a write submitted meanwhile commits after the flush, its row after theirs;
+    next commit; a write submitted meanwhile commits after the flush;
     a store fault in a later slice rolls the flush back and the writer's thread runs it
-    again. Every row is written once, in order, and every recall counted once after."""
+    again. Every row is written once, the flush's in order, and every recall counted once
+    after."""
     db = tmp_path / "w.db"
     await seed_one(db)
     writer = await Writer.open(db, store.inspect(db), 0)
@@ -920,7 +921,11 @@ async def test_queries_a_write_and_a_fault_during_a_sliced_flush(tmp_path: Path)
     assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE text = 'recalled one'") == [(4, 2016)]
     assert sorted(done) == list(range(steps))
     audit, kinds, report = ledger_state(db, head)
-    assert audit == [("recalled", "q"), ("recalled", "s0"), ("recalled", "s8"), ("recalled", "s16"), ("add", "w")]
+    # The flush's own recall first; then, in the commit after it, the write and the recalls
+    # of the queries during the flush: a query may still be waiting for the flush's rerun on
+    # the thread when the write's batch begins, so their order is not fixed.
+    assert audit[0] == ("recalled", "q")
+    assert sorted(audit[1:]) == [("add", "w"), ("recalled", "s0"), ("recalled", "s16"), ("recalled", "s8")]
     assert kinds == ["start", "audit", *["failed"] * steps, "audit", "audit", "audit", "audit"]
     assert report.ok, report.problems
 
