@@ -539,10 +539,10 @@ class Writer:
                      ) -> tuple[Usage, bool] | bool:
         """On the event loop: BEGIN IMMEDIATE, the deferred bookkeeping (in slices when it
         is all the batch has, SLICE_STEPS), then every job, without savepoints, leaving the
-        transaction open for ``_commit_staged``: the usage
-        it commits, and whether it fills the text index's tail. Otherwise the thread runs
-        the batch, and nothing of it is left: False when the write lock is held elsewhere,
-        True when a step failed here (``_run_batch``'s ``tried``)."""
+        transaction open for ``_commit_staged``: the usage it commits, and whether it fills
+        the text index's tail. Otherwise the thread runs the batch, and nothing of it is
+        left: False when the write lock is held elsewhere, True when a step failed here
+        (``_run_batch``'s ``tried``)."""
         conn = self._owned.conn
         self._prepare(conn, durable)
         # Never wait for the write lock here: that would hold the event loop.
