@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from memoryd_client import cli
+from memoryd_protocol import approval_text
 
 pytestmark = pytest.mark.inprocess
 
@@ -94,4 +95,4 @@ def test_ascii_escapes_are_the_regular_expressions() -> None:
 
     pattern = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
     text = "".join(chr(c) for c in range(128)) * 2
-    assert render.visible(text) == pattern.sub(lambda m: render._escape_char(m.group()), text).replace("\r", "\\r")
+    assert render.visible(text) == pattern.sub(lambda m: approval_text._escape_char(m.group()), text).replace("\r", "\\r")

@@ -17,6 +17,7 @@ from memoryd.app import method_handlers
 from memoryd.approvals import Approvals
 from memoryd.config import Config
 from memoryd.context import RequestContext
+from memoryd.mcp_host import McpFront
 from memoryd.service import Service
 from memoryd_protocol.errors import EntryNotFound, InvalidInput, StoreUnavailable, WriteDenied
 from memoryd_protocol.methods import METHODS
@@ -297,7 +298,7 @@ def test_bind_handlers_wants_exactly_one_handler_per_method_of_the_table() -> No
 
 def test_the_daemon_binds_a_handler_to_every_method() -> None:
     service = Service(Config(), None, None, Approvals(), None, None)  # type: ignore[arg-type]
-    handlers = method_handlers(service, {})
+    handlers = method_handlers(service, {}, McpFront(service))
     assert list(handlers) == list(METHODS)
     assert handlers["memory/add"].__qualname__ == "Writes.add"  # type: ignore[attr-defined]
     assert handlers["daemon/status"] == service.status

@@ -48,6 +48,7 @@ WIRE_METHODS = [
     "proposals/dismiss",
     "approval/decided",
     "approval/subscribe",
+    "mcp/attach",
     "daemon/status",
     "audit/verify",
     "audit/explain",

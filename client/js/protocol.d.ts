@@ -41,6 +41,7 @@ export type MethodName =
   | 'proposals/dismiss'
   | 'approval/decided'
   | 'approval/subscribe'
+  | 'mcp/attach'
   | 'daemon/status'
   | 'audit/verify'
   | 'audit/explain';

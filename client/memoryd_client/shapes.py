@@ -80,7 +80,7 @@ STORE_INFO = _required("StoreInfo", ("path", "path", STR), ("schema_version", "s
 CLIENT_INFO = Shape("ClientInfo", [("name", "name", _null(STR), False), ("version", "version", _null(STR), False)])
 CONNECTION_INFO = _required(
     "ConnectionInfo",
-    ("id", "id", INT), ("transport", "transport", _literal("socket", "stdio")), ("pid", "pid", _null(INT)),
+    ("id", "id", INT), ("transport", "transport", _literal("socket", "stdio", "mcp")), ("pid", "pid", _null(INT)),
     ("uid", "uid", _null(INT)), ("exe", "exe", _null(STR)), ("client", "client", _null(CLIENT_INFO)),
     ("approver", "approver", BOOL), ("opened_at", "openedAt", INT),
 )

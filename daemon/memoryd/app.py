@@ -31,6 +31,7 @@ from .approvals import Approvals
 from .config import Config
 from .connection import Connection, Sink
 from .context import Handler
+from .mcp_host import McpFront
 from .owned import Owned
 from .proposals import Proposals
 from .reads import Reads
@@ -190,13 +191,13 @@ def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
-def method_handlers(service: Service, adapters: dict[str, Any]) -> dict[str, Handler]:
+def method_handlers(service: Service, adapters: dict[str, Any], mcp: McpFront) -> dict[str, Handler]:
     """Every method's handler, in the methods table's order: the daemon does not start
     unless each method of the table has exactly one (rpc.bind_handlers)."""
     writes = Writes(service)
     return bind_handlers(service.handlers(), Reads(service).handlers(), writes.handlers(),
                          Snapshots(service).handlers(), Proposals(service, writes).handlers(),
-                         Transfer(service, writes, adapters).handlers())
+                         Transfer(service, writes, adapters).handlers(), mcp.handlers())
 
 
 @dataclass
@@ -255,8 +256,10 @@ class Daemon:
             resources.callback(loop_reader.close)
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, reader, approvals, loop_reader, scanner)
+            mcp = McpFront(service)
             handlers = {name: service.sessions.binding(h)
-                        for name, h in method_handlers(service, adapters).items()}
+                        for name, h in method_handlers(service, adapters, mcp).items()}
+            mcp.methods = handlers  # an MCP tool call is served by the same handlers
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
 

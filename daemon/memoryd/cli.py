@@ -44,6 +44,8 @@ SERVE_VALUES: dict[str, tuple[str, ...] | None] = {
 }
 #: serve's flags
 SERVE_FLAGS = ("--stdio", "--standalone", "--detach")
+#: ``memoryd mcp``'s options: the relay's, and the session's workspace and agent
+MCP_VALUES: dict[str, tuple[str, ...] | None] = {**SERVE_VALUES, "--cwd": None, "--agent": None}
 
 
 def _print_version() -> type[argparse.Action]:
@@ -96,6 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--write-policy", choices=SERVE_VALUES["--write-policy"], help="override the config's write_policy")
     serve.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
                        help="stderr log level (default: $MEMORYD_LOG_LEVEL, else info)")
+    mcp = sub.add_parser(
+        "mcp", help="an MCP server on stdio, into the shared daemon (for Claude Code, Codex, Cursor, ...)",
+        description="Serve MCP (the Model Context Protocol) on stdin/stdout for an agent host: a relay into the "
+        "daemon that serves the configured store, which it starts when none runs. Each process is one memory "
+        "session; its writes pass the daemon's budgets, approval gate and ledger.")
+    mcp.add_argument("--socket", type=Path, help="the daemon's Unix socket (default: $MEMORYD_SOCKET, else "
+                     "$XDG_RUNTIME_DIR/memoryd/memoryd.sock)")
+    mcp.add_argument("--db", type=Path, help="the store the daemon must serve (refused when it serves another)")
+    mcp.add_argument("--config", type=Path,
+                     help=f"TOML config file (default: {config_mod.DEFAULT_CONFIG_HINT} if it exists)")
+    mcp.add_argument("--write-policy", choices=SERVE_VALUES["--write-policy"],
+                     help="refuse to attach unless the daemon runs this write policy")
+    mcp.add_argument("--cwd", type=Path, help="the session's workspace (default: the current directory, where "
+                     "hosts start MCP servers)")
+    mcp.add_argument("--agent", help="the session's agent layer (default: the MCP host's clientInfo name, "
+                     "normalized: claude-code, codex, ...)")
+    mcp.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
+                     help="log level of a daemon started on this session's behalf")
     units.add_parser(sub)
     return parser
 
@@ -112,8 +132,8 @@ def quick_args(argv: list[str]) -> SimpleNamespace | None:
     values = quick_words(argv)
     if values is None:
         return None
-    for name in PATH_OPTIONS:
-        if values[name] is not None:
+    for name in (*PATH_OPTIONS, "cwd"):
+        if values.get(name) is not None:
             values[name] = Path(values[name])
     return SimpleNamespace(**values)
 
@@ -128,21 +148,25 @@ def quick_words(argv: list[str]) -> dict[str, Any] | None:
     and building the parser (its help formatter imports shutil) was a fifth of the relay's
     start-up, paid on every harness spawn, and about 35 ms of a standalone one. Paths stay
     strings here (:func:`quick_args` makes the parser's Paths of them)."""
-    if argv[:1] != ["serve"]:
+    if argv[:1] not in (["serve"], ["mcp"]):
         return None
-    values: dict[str, Any] = {"command": "serve", "stdio": False, "standalone": False, "detach": False,
+    mcp = argv[0] == "mcp"
+    options, flags = (MCP_VALUES, ()) if mcp else (SERVE_VALUES, SERVE_FLAGS)
+    values: dict[str, Any] = {"command": argv[0], "stdio": mcp, "standalone": False, "detach": False,
                               "socket": None, "db": None, "config": None, "write_policy": None, "log_level": None}
+    if mcp:
+        values.update(cwd=None, agent=None)
     words = iter(argv[1:])
     for word in words:
-        if word in SERVE_FLAGS:
+        if word in flags:
             values[word[2:]] = True
             continue
         name, eq, value = word.partition("=")
-        if name not in SERVE_VALUES:
+        if name not in options:
             return None
         if not eq:
             value = next(words, "")
-        choices = SERVE_VALUES[name]
+        choices = options[name]
         if not value or value.startswith("-") or (choices is not None and value not in choices):
             return None
         values[name[2:].replace("-", "_")] = value
@@ -234,7 +258,7 @@ def _main(argv: list[str] | None) -> int:
             from . import relay
 
             try:
-                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2])
+                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2], _mcp_session(quick))
             except KeyboardInterrupt:
                 return 130
     args: argparse.Namespace | SimpleNamespace | None = quick_args(words) if quick is not None else None
@@ -245,6 +269,8 @@ def _main(argv: list[str] | None) -> int:
             from . import units
 
             return units.run(args)
+        if args.command == "mcp":
+            args.stdio, args.standalone, args.detach = True, False, False
         if args.standalone and not args.stdio:
             parser.error("--standalone needs --stdio")
         if args.standalone and args.socket is not None:
@@ -259,7 +285,8 @@ def _main(argv: list[str] | None) -> int:
         explicit_db = cfg.db_path if (args.db is not None or cfg.db_path_configured) else None
         try:
             return relay.run(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
-                             args.write_policy, _forwarded(args, config_path))
+                             args.write_policy, _forwarded(args, config_path),
+                             _mcp_session(vars(args)) if args.command == "mcp" else None)
         except KeyboardInterrupt:
             return 130
     if args.detach:
@@ -269,6 +296,22 @@ def _main(argv: list[str] | None) -> int:
 
     level = args.log_level or os.environ.get("MEMORYD_LOG_LEVEL", "info")
     return serve(cfg, stdio=args.stdio, log_level=level)
+
+
+def _mcp_session(values: dict[str, Any]) -> tuple[str, str | None] | None:
+    """``memoryd mcp``'s workspace (``--cwd``, else the working directory, where hosts start
+    their MCP servers) and agent (``--agent``, else None: the host's name decides)."""
+    if values["command"] != "mcp":
+        return None
+    from memoryd_protocol.paths import absolute_str
+
+    cwd = values["cwd"]
+    if cwd is not None:
+        return absolute_str(str(cwd)), values["agent"]
+    try:
+        return os.getcwd(), values["agent"]
+    except OSError as exc:
+        raise DaemonError(f"cannot read the working directory ({exc.strerror}); give --cwd") from None
 
 
 def _detach(socket_path: Path, serve_args: list[str]) -> int:

@@ -43,6 +43,9 @@ DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
 #: ``approvers``: who may subscribe as an approver (``approval/subscribe``).
 APPROVERS = ("interactive", "any")
+#: ``mcp_approvals``: how a ``memoryd mcp`` session's writes are asked: of the human through
+#: the MCP host's elicitation dialog, or always of subscribed approvers (``memoryctl approve``).
+MCP_APPROVALS = ("elicitation", "approvers")
 
 
 class ConfigError(DaemonError, ValueError):
@@ -77,6 +80,7 @@ class Config:
         #: who may subscribe as an approver: "interactive" (a process with a controlling
         #: terminal) or "any"
         self.approvers: str = "interactive"
+        self.mcp_approvals: str = "elicitation"
         # Resource caps (issue #8): what one client can make the daemon hold.
         self.max_connections: int = DEFAULT_MAX_CONNECTIONS
         self.max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS
@@ -202,6 +206,10 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             if value not in APPROVERS:
                 raise ConfigError(f"config: approvers must be interactive or any, got {value!r}")
             cfg.approvers = value
+        elif key == "mcp_approvals":
+            if value not in MCP_APPROVALS:
+                raise ConfigError(f"config: mcp_approvals must be elicitation or approvers, got {value!r}")
+            cfg.mcp_approvals = value
         elif key == "max_connections":
             cfg.max_connections = _int(key, value, 1, 65536)
         elif key == "max_batch_calls":

@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -92,6 +92,9 @@ class Connection:
         self._max_buffered = max_buffered
         #: half_line_timeout_s: how long an incomplete line may be held
         self._half_line_s = half_line_s
+        #: set by ``mcp/attach``: once its reply is out, the rest of the connection's bytes
+        #: go to this (the MCP front-end), with the lines already framed and the framer
+        self.handoff: Callable[[list[bytes], Framer, AsyncIterator[bytes]], Awaitable[None]] | None = None
 
     def post_line(self, data: bytes, *, hold: bool = False) -> bool:
         """Queue one line for the peer, never waiting (each line is queued whole, so lines
@@ -144,7 +147,8 @@ class Connection:
     def listing(self, *, approver: bool) -> ConnectionInfo:
         """This connection as ``daemon/status`` lists it (``approver``: it is subscribed)."""
         p = self.peer
-        return ConnectionInfo(id=self.id, transport="stdio" if self.name == "stdio" else "socket",
+        transport = self.name if self.name in ("stdio", "mcp") else "socket"
+        return ConnectionInfo(id=self.id, transport=transport,  # type: ignore[arg-type]
                               pid=p.pid if p else None, uid=p.uid if p else None, exe=p.exe if p else None,
                               client=self.client, approver=approver, opened_at=self.opened_at)
 
@@ -212,7 +216,8 @@ class Connection:
                         got = framer.end() if chunk is None else framer.feed(chunk)
                         if not framer.partial:
                             half_line_left = self._half_line_s
-                        for line in got:
+                        handed = False
+                        for i, line in enumerate(got):
                             if line is OVERSIZE:
                                 await self.send_line(OVERSIZE_LINE)
                                 continue
@@ -223,6 +228,12 @@ class Connection:
                                 if not prev.is_set():
                                     await prev.wait()
                                 await self._serve_one(message)
+                                if self.handoff is not None:
+                                    # mcp/attach was answered: from here on the bytes are MCP
+                                    handoff, self.handoff = self.handoff, None
+                                    await handoff(got[i + 1:], framer, source)
+                                    handed = True
+                                    break
                                 continue
                             while inflight and (len(inflight) >= MAX_INFLIGHT
                                                 or held + len(line) > self._max_buffered):
@@ -240,7 +251,7 @@ class Connection:
                             held += len(line)
                             while inflight and inflight[0][0].is_set():
                                 held -= inflight.popleft()[1]
-                        if chunk is None:
+                        if handed or chunk is None:
                             break
                 except OSError as exc:
                     log.debug("connection %d read failed: %s", self.id, exc)

@@ -270,13 +270,74 @@ def _say(message: str) -> None:
         pass
 
 
-def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str]) -> int:
-    """Relay for the harness; ``socket_path`` and ``db`` as ``str(Path)`` has them."""
+MCP_ATTACH_ID = "memoryd-mcp-attach"
+
+
+def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
+    """The ``mcp/attach`` request ``memoryd mcp`` sends once the store is checked."""
+    from memoryd_protocol.leanjson import Unsure, dumps
+
+    params: dict[str, Any] = {"cwd": cwd} if agent is None else {"cwd": cwd, "agent": agent}
+    request = {"jsonrpc": "2.0", "id": MCP_ATTACH_ID, "method": "mcp/attach", "params": params}
+    try:
+        text = dumps(request)
+    except Unsure:
+        import json
+
+        text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        raise RelayError("the workspace path or agent name is not valid UTF-8; give --cwd and --agent "
+                         "in UTF-8") from None
+
+
+def switch_to_mcp(sock: socket.socket, socket_path: str, attach_line: bytes, pending: bytes) -> bytes:
+    """Send ``mcp/attach`` and read its answer (the daemon imports the MCP SDK on its first
+    MCP session, which can take a second). Returns the bytes read past the answer: MCP."""
+    sock.settimeout(PROBE_TIMEOUT_S)
+    try:
+        sock.sendall(attach_line)
+        buf = pending
+        while b"\n" not in buf:
+            data = sock.recv(CHUNK)
+            if not data:
+                raise RelayError(f"the daemon on {socket_path} closed the connection before taking the MCP session")
+            buf += data
+    except TimeoutError:
+        raise RelayError(f"the daemon on {socket_path} did not take the MCP session within "
+                         f"{PROBE_TIMEOUT_S:g}s") from None
+    except OSError as exc:
+        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
+    finally:
+        sock.settimeout(None)
+    line, _, rest = buf.partition(b"\n")
+    try:
+        answer = _loads(line)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or "result" not in answer:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if not isinstance(message, str):
+            message = "it does not answer as a memoryd with MCP support does"
+        raise RelayError(f"the daemon on {socket_path} refused the MCP session: {message}")
+    return rest
+
+
+def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str],
+        mcp: tuple[str, str | None] | None = None) -> int:
+    """Relay for the harness; ``socket_path`` and ``db`` as ``str(Path)`` has them. With
+    ``mcp`` (the workspace and the agent, ``memoryd mcp``), the connection is switched to
+    MCP before the first byte is relayed."""
     _open_std_fds()
     try:
+        line = None if mcp is None else mcp_attach_line(*mcp)
         sock = attach(socket_path, serve_args)
         try:
             rest = check_store(sock, socket_path, db, write_policy)
+            if line is not None:
+                rest = switch_to_mcp(sock, socket_path, line, rest)
         except BaseException:
             sock.close()
             raise
@@ -295,4 +356,4 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
     return 0
 
 
-__all__ = ["RelayError", "attach", "check_store", "pump", "run"]
+__all__ = ["RelayError", "attach", "check_store", "mcp_attach_line", "pump", "run", "switch_to_mcp"]

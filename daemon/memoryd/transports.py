@@ -140,8 +140,11 @@ refusals = RefusalLog()
 
 
 def _is_stdio_relay(argv: list[str]) -> bool:
-    """``memoryd serve --stdio`` without ``--standalone`` (console script or ``-m memoryd``)."""
+    """``memoryd serve --stdio`` without ``--standalone``, or ``memoryd mcp`` (console script
+    or ``-m memoryd``)."""
     is_memoryd = any(os.path.basename(a) == "memoryd" for a in argv[:3]) or "memoryd" in argv[1:3]
+    if is_memoryd and "mcp" in argv[1:4]:
+        return True
     return is_memoryd and "serve" in argv and "--stdio" in argv and "--standalone" not in argv
 
 

@@ -25,6 +25,7 @@ import msgspec
 
 from . import types as t
 from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES
+from .mcp_wire import McpAttachParams, McpAttachResult
 
 #: read: answers from the store and changes no entry or proposal (recall counters, a
 #: session's first frozen snapshot and their audit rows are bookkeeping);
@@ -50,6 +51,9 @@ class Method:
     #: its params carry ``write.agent``; without one it fails WRITE_REQUIRES_AGENT
     #: before any other check of its params
     needs_agent: bool = False
+    #: the clients offer it (False: ``mcp/attach``, after which the connection speaks MCP,
+    #: not this protocol; ``memoryd mcp`` sends it)
+    in_clients: bool = True
 
 
 def _gated(name: str, params: type[msgspec.Struct], result: Any, summary: str, errors: tuple[str, ...]) -> Method:
@@ -147,6 +151,12 @@ _ROWS: Final = (
         "Make this connection an approver: approvals of connections that declared "
         "capabilities.approvals false are asked here.",
         ("INVALID_INPUT",),
+    ),
+    Method(
+        "mcp/attach", McpAttachParams, McpAttachResult, "lifecycle",
+        "Turn this connection into an MCP session (memoryd mcp's relay): every later line is MCP, "
+        "served by the daemon's MCP front-end as the memory session of this workspace and agent.",
+        ("INVALID_INPUT",), in_clients=False,
     ),
     Method("daemon/status", t.EmptyParams, t.DaemonStatus, "lifecycle",
            "Daemon health: version, uptime, connections, pending approvals, queue, store.", ()),

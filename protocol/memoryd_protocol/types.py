@@ -365,7 +365,8 @@ class ConnectionInfo(_Out):
     (``pid``, ``uid``, ``exe``) beside what the peer claims (``client``)."""
 
     id: int
-    transport: Literal["socket", "stdio"]
+    #: "mcp": a ``memoryd mcp`` session (an MCP host behind the relay)
+    transport: Literal["socket", "stdio", "mcp"]
     pid: int | None
     uid: int | None
     exe: str | None
@@ -505,6 +506,9 @@ class ApprovalOrigin(_Out, omit_defaults=True):
     version: str | None = None
     pid: int | None = None
     exe: str | None = None
+    #: "mcp": the write came through ``memoryd mcp``; ``name``/``version`` are then the MCP
+    #: host's ``clientInfo`` (its claim)
+    front_end: Literal["mcp"] | None = None
 
 
 class ApprovalAsked(_Out, omit_defaults=True):

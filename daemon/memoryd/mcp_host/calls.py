@@ -1,0 +1,139 @@
+"""A tool call as the daemon serves it: the model's arguments, the session's context, the
+method handler of the methods table, and the result as MCP carries it.
+
+The arguments are decoded with the wire's own types (strict: an unknown field or a wrong
+type is ``INVALID_INPUT``, as on the socket); the session supplies what a model must not
+choose: the write context, the query's session options, the proposal's session. A failure
+is a tool result with ``isError`` and ``{code, message, details}``, so a model can branch
+on the code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import mcp_types as types
+import msgspec
+from memoryd_protocol import types as t
+from memoryd_protocol.errors import InvalidInput, ProtocolError
+from memoryd_protocol.mcp_tools import McpTool, structured
+from memoryd_protocol.text import normalize_workspace_key
+from memoryd_protocol.validation import SessionView
+
+from ..context import Handler, RequestContext
+from .peer import McpPeer
+
+log = logging.getLogger("memoryd.mcp")
+
+
+def error_result(exc: ProtocolError) -> types.CallToolResult:
+    content = {"code": exc.code, "message": exc.message, "details": exc.details}
+    return types.CallToolResult(content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
+                                structured_content=content, is_error=True)
+
+
+def _short(entry_id: str) -> str:
+    return entry_id[:8]
+
+
+def _entry_line(e: t.Entry) -> str:
+    tags = f" [{', '.join(e.tags)}]" if e.tags else ""
+    return f"- {_short(e.id)} {e.track}/{e.scope}{tags}: {e.text}"
+
+
+def _usage(u: t.BudgetRow) -> str:
+    return f"{u.track}/{u.scope} {u.used}/{u.limit}"
+
+
+def _text(tool: McpTool, result: Any) -> str:
+    """The short text beside ``structuredContent``, for hosts that show text only."""
+    if isinstance(result, t.QueryResult):
+        head = f"{len(result.entries)} of {result.total} matching entries" + (" (more: narrow the query)"
+                                                                              if result.truncated else "")
+        return "\n".join([head, *(_entry_line(e) for e in result.entries)])
+    if tool.name == "memory_list":
+        return "\n".join([f"{len(result)} visible entries", *(_entry_line(e) for e in result)])
+    if tool.name == "memory_budgets":
+        return "budgets (used/limit, characters): " + ", ".join(_usage(r) for r in result)
+    if tool.name == "memory_propose":
+        if result is None:
+            return "no proposal made: this session already has a pending proposal of this kind"
+        return f"proposal {_short(result.id)} is pending: the user reviews it with `memoryctl proposals`"
+    if isinstance(result, t.ConsolidateResult):
+        return (f"consolidated {len(result.removed)} entries into {_short(result.entry.id)} "
+                f"({_usage(result.usage)})")
+    verb = {"memory_add": "added", "memory_replace": "replaced", "memory_remove": "removed"}[tool.name]
+    return f"{verb} {_short(result.entry.id)} in {result.entry.track}/{result.entry.scope} ({_usage(result.usage)})"
+
+
+class McpCalls:
+    def __init__(self, methods: Mapping[str, Handler], peer: McpPeer, session_id: str, cwd: str) -> None:
+        self.methods = methods
+        self.peer = peer
+        self.session_id = session_id
+        self.cwd = cwd
+        #: fixed by the first request that names the host (McpSession._identify)
+        self.agent: str | None = None
+        self.view = SessionView(session_id, normalize_workspace_key(cwd), "")
+        self._build: dict[str, Callable[[Any], Any]] = {}
+
+    def fix_agent(self, agent: str) -> None:
+        from memoryd_protocol.text import normalize_agent_key
+
+        if self.agent is None:
+            self.agent = agent
+            self.view = SessionView(self.session_id, self.view.workspace_key, normalize_agent_key(agent))
+
+    def header(self) -> t.Header:
+        return t.Header(cwd=self.cwd, agent_preset=self.agent)
+
+    def _session(self) -> t.Session:
+        return t.Session(id=self.session_id, header=self.header())
+
+    def _write(self) -> t.Write:
+        return t.Write(agent=t.Agent(session=self._session()))
+
+    def params(self, tool: McpTool, arguments: Mapping[str, Any] | None) -> Any:
+        """The method's params for these arguments; INVALID_INPUT when they do not fit."""
+        try:
+            args: Any = msgspec.convert(arguments if arguments is not None else {}, tool.arguments)
+        except msgspec.ValidationError as exc:
+            where = str(exc).rpartition(" - at `$")[2].rstrip("`").lstrip(".") or None
+            raise InvalidInput(f"invalid arguments: {exc}", where) from None
+        if tool.method == "memory/query":
+            opts = t.QueryOpts(session_id=self.session_id, agent_key=self.view.agent_key,
+                               workspace_key=self.view.workspace_key)
+            return t.QueryParams(filter=args, opts=opts)
+        if tool.method == "proposals/create":
+            return t.ProposalCreateParams(input=args, session=self._session())
+        if tool.argument == "input":
+            return tool.row.params(input=args, write=self._write())
+        return t.EmptyParams()
+
+    async def call(self, tool: McpTool, params: Any, key: int) -> types.CallToolResult:
+        """Serve the call with the method's handler, as a request of this session's
+        connection whose id is ``key`` (approvals find the call by it)."""
+        try:
+            result = await self.methods[tool.method](RequestContext(self.peer, key), params)
+        except ProtocolError as exc:
+            return error_result(exc)
+        except Exception:
+            log.exception("mcp: %s failed", tool.name)
+            return error_result(ProtocolError("internal error: the daemon's log says more"))
+        if tool.name == "memory_list":
+            result = self._visible(result)
+        return types.CallToolResult(content=[types.TextContent(text=_text(tool, result))],
+                                    structured_content=structured(tool, result))
+
+    def _visible(self, entries: list[t.Entry]) -> list[t.Entry]:
+        v = self.view
+        return [e for e in entries if v.sees(e.scope, e.workspace_key, e.agent_key)]
+
+    async def visible(self) -> list[t.Entry]:
+        return self._visible(await self.methods["memory/list"](RequestContext(self.peer), t.EmptyParams()))
+
+    async def budgets(self) -> list[t.BudgetRow]:
+        rows: list[t.BudgetRow] = await self.methods["memory/budgets"](RequestContext(self.peer), t.EmptyParams())
+        return rows

@@ -1,0 +1,263 @@
+"""The text a human approves: the approval request, and the escaping that keeps what a
+terminal (or an MCP host's dialog) shows equal to what is stored.
+
+Memory text comes from models and other tools, so everything shown goes through
+:func:`visible`: control characters and bidi overrides are shown as escapes, never
+interpreted. ``memoryctl``'s prompt and the daemon's MCP elicitation both show
+:func:`approval_request`, so a human approves the same text on either. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .constants import GRID
+
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from typing import Any
+
+    from . import types as T
+
+# msgspec, shutil and unicodedata (for text that is not ASCII) are imported where they are
+# used: memoryctl's read commands render their tables without them.
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as compact JSON, as msgspec writes it."""
+    import msgspec
+
+    return msgspec.json.encode(value).decode()
+
+# ASCII controls (newline and tab handled separately) and DEL, each to its escape: the fast
+# path for ASCII text (str.translate, not a regular expression: re was a twentieth of the
+# read commands' start-up, and nothing else on their path imports it).
+_UNSAFE_ASCII = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
+# Everything a human cannot see or that re-orders what they see: controls, format
+# characters (bidi overrides, zero-width and Unicode tag characters, which hide text from a
+# person but not from a model), private-use, surrogates, unassigned code points, line and
+# paragraph separators, and every space other than U+0020.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers render as blanks
+
+
+def _unsafe(ch: str) -> bool:
+    if ch in "\n\t":
+        return False
+    import unicodedata
+
+    cat = unicodedata.category(ch)
+    if cat in _UNSAFE_CATEGORIES or (cat == "Zs" and ch != " ") or ch in _FILLERS:
+        return True
+    code = ord(ch)
+    return 0xFE00 <= code <= 0xFE0F or 0xE0100 <= code <= 0xE01EF  # variation selectors
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def visible(text: str, *, newlines: bool = True) -> str:
+    """``text`` safe for a terminal: unsafe characters as ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN``;
+    with ``newlines=False`` line breaks and tabs become ``\\n``/``\\t`` too (one table row)."""
+    if text.isascii():
+        out = text.translate(_UNSAFE_ASCII)
+    else:
+        out = "".join(_escape_char(ch) if _unsafe(ch) else ch for ch in text)
+    if not newlines:
+        out = out.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    else:
+        out = out.replace("\r", "\\r")
+    return out
+
+
+def one_line(text: str) -> str:
+    return visible(text, newlines=False)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = False) -> str:
+    """Columns padded to their widest cell; the last column is never padded and, with
+    ``fit`` (stdout is a terminal), cut to the terminal width."""
+    rows = [[one_line(str(c)) for c in r] for r in rows]
+    if not rows:
+        return ""
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, cell in enumerate(r[:-1]):
+            widths[i] = max(widths[i], len(cell))
+    width = 0
+    if fit:
+        import shutil
+
+        width = shutil.get_terminal_size((100, 24)).columns
+
+    def line(cells: Sequence[str]) -> str:
+        head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
+        out = f"{head}  {cells[-1]}" if head else cells[-1]
+        if width and len(out) > width:
+            out = out[: max(width - 1, 0)] + "…"
+        return out.rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+
+#: A seed/import approval lists this many entries, then says how many it leaves out.
+SHOWN_ENTRIES = 20
+#: Every line that does not fit is continued under this gutter: text after ``| `` is data.
+GUTTER = "  | "
+
+
+def _cells(ch: str) -> int:
+    """Terminal cells ``ch`` may take, never fewer than it takes: wide and ambiguous-width
+    characters count 2, a tab (only ever shown inside a gutter) its widest 8."""
+    if ch == "\t":
+        return 8
+    if ch.isascii():
+        return 1
+    import unicodedata
+
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F", "A") else 1
+
+
+def _fit(line: str, width: int) -> list[str]:
+    """``line`` cut so that no piece wraps on a terminal ``width`` cells wide; every piece
+    after the first goes under the gutter (a soft wrap cannot start a line of its own)."""
+    limit = max(width - 1, len(GUTTER) + 16)
+    if line.isascii() and "\t" not in line and len(line) <= limit:
+        return [line]
+    pieces: list[str] = []
+    current, used = "", 0
+    for ch in line:
+        n = _cells(ch)
+        if used + n > limit:
+            pieces.append(current)
+            current, used = GUTTER, len(GUTTER)
+        current += ch
+        used += n
+    pieces.append(current)
+    return pieces
+
+
+def gutter_lines(text: str) -> list[str]:
+    """A multi-line text, every line under the gutter. :func:`visible` leaves ``\n`` as the
+    only line break (``\r``, ``\v``, ``\f``, ``\x85``, ``\u2028``, ``\u2029`` become
+    escapes), so no line of the text can pass for a line of the prompt."""
+    return [GUTTER + line for line in visible(text).split("\n")]
+
+
+def key_text(value: str, empty: str) -> str:
+    return one_line(value) if value else empty
+
+
+def tags_text(tags: Sequence[str]) -> str:
+    if not tags:
+        return "-"
+    if any("," in t for t in tags):
+        return one_line(compact_json(list(tags)))
+    return ", ".join(one_line(t) for t in tags)
+
+
+def quoted(value: str, empty: str) -> str:
+    """A key inside a one-line entry header: quoted, so it cannot run into the next field."""
+    return one_line(compact_json(value)) if value else empty
+
+
+def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
+    if origin is None:
+        return ["  client:  (unknown)"]
+    if origin.name is None and origin.version is None:
+        client = "(did not name itself)"
+    else:
+        client = " ".join(one_line(x) for x in (origin.name or "(no name)", origin.version) if x is not None)
+    lines = [f"  client:  {client}"]
+    if origin.pid is not None:
+        exe = f" ({one_line(origin.exe)})" if origin.exe is not None else ""
+        lines.append(f"  process: pid {origin.pid}{exe}")
+    return lines
+
+
+def _summary(entries: Sequence[T.ApprovalEntry]) -> list[str]:
+    """Count and size (UTF-16 units, as budgets count) per track/scope/workspaceKey/agentKey."""
+    from .text import utf16_len
+
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
+    for e in entries:
+        g = groups.setdefault((e.track, e.scope, e.workspace_key, e.agent_key), [0, 0])
+        g[0] += 1
+        g[1] += utf16_len(e.text)
+    order: dict[tuple[str, str], int] = {cell: n for n, cell in enumerate(GRID)}
+    rows = []
+    for track, scope, wk, ak in sorted(groups, key=lambda k: (order.get((k[0], k[1]), len(order)), k)):
+        count, chars = groups[(track, scope, wk, ak)]
+        rows.append([f"{track}/{scope}", key_text(wk, "-"), key_text(ak, "(shared)"), str(count), str(chars)])
+    total = sum(g[1] for g in groups.values())
+    layers = "layer" if len(groups) == 1 else "layers"
+    grid = table(["LAYER", "WORKSPACE", "AGENT", "ENTRIES", "CHARS"], rows)
+    how_many = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    return [f"  summary: {how_many}, {total} chars, in {len(groups)} {layers}",
+            *(f"    {line}" for line in grid.split("\n"))]
+
+
+def _entry_lines(entries: Sequence[T.ApprovalEntry], shown: int) -> list[str]:
+    head = f"  entries (first {shown} of {len(entries)}):" if len(entries) > shown else "  entries:"
+    lines = [head]
+    for n, e in enumerate(entries[:shown], 1):
+        lines.append(f"  [{n}] {e.track}/{e.scope}  workspace {quoted(e.workspace_key, '-')}  "
+                     f"agent {quoted(e.agent_key, '(shared)')}  tags {tags_text(e.tags)}")
+        lines += gutter_lines(e.text)
+    rest = len(entries) - shown
+    if rest > 0:
+        lines.append(f"  … and {rest} more {'entry' if rest == 1 else 'entries'} (not shown)")
+    return lines
+
+
+def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES) -> str:
+    """The approval as the human sees it before answering: what the write does, where it
+    lands, who asked, and the complete change. A seed/import shows a summary per layer and
+    its first ``shown`` entries, then the count of the rest. With ``width`` (the terminal's
+    columns) long lines are cut and continued under the gutter instead of wrapping."""
+    lines = [
+        "memoryd asks to approve a write:",
+        f"  action:  {one_line(asked.action)}" + (f" ({asked.count} entries)" if asked.count is not None else ""),
+        f"  layer:   {one_line(asked.track)}/{one_line(asked.scope)}",
+    ]
+    if asked.workspace_key is not None:
+        lines.append(f"           workspace: {key_text(asked.workspace_key, '(none: every workspace)')}")
+    if asked.agent_key is not None:
+        lines.append(f"           agent:     {key_text(asked.agent_key, '(shared: every agent)')}")
+    if asked.tags is not None:
+        lines.append(f"           tags:      {tags_text(asked.tags)}")
+    lines += [
+        f"  source:  {one_line(asked.source)}",
+        f"  session: {one_line(asked.session_id or '-')}",
+        *_origin_lines(asked.origin),
+        f"  id:      {one_line(asked.id)}",
+    ]
+    if asked.entries is not None:
+        lines += _summary(asked.entries)
+        lines += _entry_lines(asked.entries, shown)
+    else:
+        lines.append("  payload:")
+        lines += gutter_lines(asked.text)
+    if width is not None and width > 0:
+        lines = [piece for line in lines for piece in _fit(line, width)]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "GUTTER",
+    "SHOWN_ENTRIES",
+    "approval_request",
+    "compact_json",
+    "gutter_lines",
+    "key_text",
+    "one_line",
+    "quoted",
+    "table",
+    "tags_text",
+    "visible",
+]
