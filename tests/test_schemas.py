@@ -49,6 +49,7 @@ WIRE_METHODS = [
     "approval/decided",
     "approval/subscribe",
     "daemon/status",
+    "memory/watch",
     "audit/verify",
     "audit/explain",
 ]

@@ -42,6 +42,7 @@ export type MethodName =
   | 'approval/decided'
   | 'approval/subscribe'
   | 'daemon/status'
+  | 'memory/watch'
   | 'audit/verify'
   | 'audit/explain';
 

@@ -50,6 +50,7 @@ export const METHODS = Object.freeze({
   "approval/decided": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "approval/subscribe": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "daemon/status": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
+  "memory/watch": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/verify": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
   "audit/explain": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
 });

@@ -36,6 +36,7 @@ from .proposals import Proposals
 from .reads import Reads
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
+from .sessions import UNBOUND_METHODS
 from .snapshots import Snapshots
 from .transfer import Transfer
 from .transports import StreamProtocol, bind_unix, inherited_listener, sd_notify, stdio_stream
@@ -255,7 +256,7 @@ class Daemon:
             resources.callback(loop_reader.close)
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, reader, approvals, loop_reader, scanner)
-            handlers = {name: service.sessions.binding(h)
+            handlers = {name: h if name in UNBOUND_METHODS else service.sessions.binding(h)
                         for name, h in method_handlers(service, adapters).items()}
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
@@ -277,6 +278,7 @@ class Daemon:
             await conn.serve(chunks, end_chunks)
         finally:
             self.service.sessions.release(conn)
+            self.service.watchers.drop(conn)
             self.connections.discard(conn)
             self.service.connections = len(self.connections)
             if not self.connections:

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from . import types as t
-from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES
+from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES, MAX_WATCHED_SESSIONS
 
 #: read: answers from the store and changes no entry or proposal (recall counters, a
 #: session's first frozen snapshot and their audit rows are bookkeeping);
@@ -150,6 +150,15 @@ _ROWS: Final = (
     ),
     Method("daemon/status", t.EmptyParams, t.DaemonStatus, "lifecycle",
            "Daemon health: version, uptime, connections, pending approvals, queue, store.", ()),
+    # lifecycle, not read: it reads no entry, it changes what this connection is sent
+    # (as approval/subscribe does), for as long as the connection lives
+    Method(
+        "memory/watch", t.WatchParams, t.Empty, "lifecycle",
+        "Send this connection memory/added, memory/updated and memory/removed for every committed "
+        "write, by any connection, of an entry the session can see (the query visibility rules); "
+        f"at most {MAX_WATCHED_SESSIONS} sessions per connection, until it closes.",
+        ("INVALID_INPUT",),
+    ),
     Method(
         "audit/verify", t.EmptyParams, t.LedgerReport, "read",
         "Check the ledger: its hash chain, that every audit row since the chain's start is in it "
