@@ -148,6 +148,15 @@ class Raw:
                     raise ConnectionError("closed")
                 await self._note_event.wait()
 
+    async def notifications_from(self, start: int, count: int) -> list[dict[str, Any]]:
+        """The ``count`` notifications received from index ``start`` on, once they are here."""
+        with anyio.fail_after(TIMEOUT):
+            while len(self.notifications) < start + count:
+                if self.closed.is_set():
+                    raise ConnectionError("closed")
+                await self._note_event.wait()
+        return self.notifications[start:start + count]
+
     async def batch_reply(self) -> list[dict[str, Any]]:
         """The newest batch response received (waiting for one), for batches sent with send_line."""
         with anyio.fail_after(TIMEOUT):

@@ -14,6 +14,7 @@ NEVER_PARKED_BEFORE = {
     "initialize", "memory/query", "memory/budgets", "memory/list", "audit/list", "audit/verify", "audit/explain",
     "memory/snapshot", "memory/export", "adapters/list", "proposals/create", "proposals/list", "proposals/dismiss",
     "approval/decided", "approval/subscribe", "daemon/status",
+    "memory/watch",  # added after the table: it never waits, so it is served inline too
 }
 
 

@@ -48,10 +48,11 @@ WIRE_METHODS = [
     "proposals/dismiss",
     "approval/decided",
     "approval/subscribe",
-    "mcp/attach",
     "daemon/status",
+    "memory/watch",
     "audit/verify",
     "audit/explain",
+    "mcp/attach",
 ]
 #: wire-v1.md §7 plus the JSON-RPC-level codes.
 WIRE_ERRORS = {

@@ -455,17 +455,22 @@ export interface ApprovalResolved {
   outcome: ApprovalOutcome;
 }
 
+/** The entry events carry the writing session's id (`write.agent.session.id`); absent when the write named none. */
 export interface MemoryAdded {
   entry: Entry;
+  sessionId?: string;
 }
 
+/** Watchers get it when their session sees the previous entry or the new one. */
 export interface MemoryUpdated {
   previous: Entry;
   entry: Entry;
+  sessionId?: string;
 }
 
 export interface MemoryRemoved {
   entry: Entry;
+  sessionId?: string;
 }
 
 export interface MemoryRecalled {
@@ -852,6 +857,12 @@ export declare class Client extends EventEmitter {
   proposalsDismiss(id: string, call?: CallOptions): Promise<Proposal>;
   approvalDecided(id: string, outcome: ApprovalOutcome | ApprovalDecision, call?: CallOptions): Promise<Empty>;
   approvalSubscribe(call?: CallOptions): Promise<Empty>;
+  /**
+   * `memory/watch` → `{}`: this connection also gets `memory/added`, `memory/updated` and
+   * `memory/removed` for other connections' writes of entries `session` (default: the
+   * connection's) sees; listen with `on('memory/added', …)`. At most 16 sessions per connection.
+   */
+  watch(session?: Session, call?: CallOptions): Promise<Empty>;
   status(call?: CallOptions): Promise<DaemonStatus>;
 
   /** Rejects pending calls (CONNECTION_CLOSED), then shuts the transport down. spawn(): resolves to the exit info. */

@@ -420,6 +420,16 @@ export class Client extends EventEmitter {
     return this.call('approval/subscribe', {}, call);
   }
 
+  /**
+   * `memory/watch` → `{}`: from now on this connection also gets `memory/added`,
+   * `memory/updated` and `memory/removed` for other connections' writes of the entries
+   * `session` (default: the connection's) sees, each with the writer's `sessionId`. They
+   * arrive as every event does: `on('memory/added', …)`, `notification`, `onEvent`.
+   */
+  watch(session = this.session, call) {
+    return this.call('memory/watch', { session }, call);
+  }
+
   /** `daemon/status` → `{version, uptimeS, connections, pendingApprovals, queueDepth, store, …, connectionList}`. */
   status(call) {
     return this.call('daemon/status', {}, call);

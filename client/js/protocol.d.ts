@@ -41,10 +41,11 @@ export type MethodName =
   | 'proposals/dismiss'
   | 'approval/decided'
   | 'approval/subscribe'
-  | 'mcp/attach'
   | 'daemon/status'
+  | 'memory/watch'
   | 'audit/verify'
-  | 'audit/explain';
+  | 'audit/explain'
+  | 'mcp/attach';
 
 export interface MethodInfo {
   readonly kind: 'read' | 'write' | 'lifecycle';

@@ -49,8 +49,9 @@ export const METHODS = Object.freeze({
   "proposals/dismiss": Object.freeze({ kind: "write", parks: false, needsAgent: false }),
   "approval/decided": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "approval/subscribe": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
-  "mcp/attach": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "daemon/status": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
+  "memory/watch": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/verify": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
   "audit/explain": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
+  "mcp/attach": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
 });

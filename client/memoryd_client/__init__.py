@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .client import (
         DECIDED,
         EVENT_METHODS,
+        WATCH_EVENTS,
         WRITE_METHODS,
         ApprovalCall,
         Client,
@@ -66,8 +67,8 @@ if TYPE_CHECKING:
 #: import this package but not the async client (anyio, msgspec, every wire Struct), which
 #: would cost them most of their start-up.
 _HOMES = {
-    **dict.fromkeys(("DECIDED", "EVENT_METHODS", "WRITE_METHODS", "ApprovalCall", "Client", "Decided", "Decision",
-                     "Event", "EventStream", "connect", "plain"), ".client"),
+    **dict.fromkeys(("DECIDED", "EVENT_METHODS", "WATCH_EVENTS", "WRITE_METHODS", "ApprovalCall", "Client", "Decided",
+                     "Decision", "Event", "EventStream", "connect", "plain"), ".client"),
     **dict.fromkeys(("AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BadResponse", "BudgetExceeded",
                      "ClientError", "ConnectFailed", "ConnectionClosed", "EntryNotFound", "InvalidInput",
                      "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnavailable",
@@ -95,6 +96,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DECIDED",
     "EVENT_METHODS",
+    "WATCH_EVENTS",
     "WRITE_METHODS",
     "AdapterNotFound",
     "AdapterPayload",

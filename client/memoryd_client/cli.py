@@ -282,7 +282,7 @@ def _options_after_a_verb(argv: Sequence[str]) -> bool:
 
 #: Every verb, in the order --help lists them (test_cli_quick checks it against build_parser()).
 VERB_NAMES = ("list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit", "proposals", "export",
-              "import", "adapters", "status", "stop", "snapshot", "approve", "socket")
+              "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket")
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:
@@ -604,6 +604,18 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
               Ctrl-C or end of input.""",
         "memoryctl approve\nmemoryctl approve --reject   # deny everything, e.g. while away",
         arguments=_approve_args,
+    )
+
+    _verb(
+        sub,
+        "watch",
+        "print changes to the entries a session sees, as they happen",
+        """Print one line per change (added, updated, removed) that any client commits to an
+              entry this session (--session, --workspace/--cwd, --agent) sees, with the
+              writing session's id; --json prints each event as one JSON object per line.
+              Runs until Ctrl-C or SIGTERM (exit 0, quietly), or until the daemon goes away
+              (exit 3).""",
+        "memoryctl watch\nmemoryctl watch --cwd ~/proj --agent coder --json",
     )
 
     _verb(
@@ -1135,6 +1147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.verb == "approve":
             print("", file=sys.stderr)
+            return EXIT_OK
+        if args.verb == "watch":  # Ctrl-C before the watch began: as quiet as after
             return EXIT_OK
         _error(None, "INTERRUPTED", "interrupted")
         return EXIT_INTERRUPTED

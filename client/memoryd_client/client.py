@@ -63,6 +63,8 @@ EVENT_BUFFER: Final = 10_000
 WRITE_METHODS: Final = frozenset(name for name, m in METHODS.items() if m.parks)
 #: Every notification the daemon sends (wire-v1.md §5, §6).
 EVENT_METHODS: Final = frozenset(T.NOTIFICATIONS)
+#: The events :meth:`Client.watch` subscribes to, for ``c.events(*WATCH_EVENTS)``.
+WATCH_EVENTS: Final = ("memory/added", "memory/updated", "memory/removed")
 
 JSON: TypeAlias = Any
 #: A session: ``{"id": ..., "header": {"cwd": ..., "agentPreset": ...}}``, a ``types.Session``,
@@ -793,6 +795,14 @@ class Client:
         if language is not None:
             params["language"] = language
         return await self.call("memory/snapshot", params)  # type: ignore[no-any-return]
+
+    async def watch(self, session: SessionLike | None = None) -> T.Empty:
+        """``memory/watch``: from now on this connection also gets ``memory/added``,
+        ``memory/updated`` and ``memory/removed`` for other connections' writes of entries
+        ``session`` (default: the connection's) sees, each with the writer's ``session_id``.
+        Receive them as any event: :meth:`on` or :meth:`events` (:data:`WATCH_EVENTS`)."""
+        params = {"session": _session(session) if session is not None else self.session}
+        return await self.call("memory/watch", params)  # type: ignore[no-any-return]
 
     async def export(self, adapter: str | None = None) -> Any:
         """The ``memory-export-v1`` envelope (a dict), or the adapter's document."""

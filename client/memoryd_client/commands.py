@@ -48,6 +48,7 @@ from .cli import (
 from .client import DECIDED, Client, connect, make_session
 from .errors import ClientError, ConnectFailed, ConnectionClosed, Timeout
 from .prompt import Approver
+from .watching import cmd_watch
 
 
 class StopFailed(ClientError):
@@ -404,6 +405,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "stop": cmd_stop,
     "snapshot": cmd_snapshot,
     "approve": cmd_approve,
+    "watch": cmd_watch,
 }
 
 

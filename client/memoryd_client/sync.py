@@ -177,6 +177,10 @@ class SyncClient:
     def snapshot(self, session: SessionLike | None = None, language: str | None = None) -> T.SnapshotResult:
         return self._run(self._client.snapshot, session, language)  # type: ignore[no-any-return]
 
+    def watch(self, session: SessionLike | None = None) -> T.Empty:
+        """``memory/watch``; receive the events with :meth:`on` or :meth:`events`."""
+        return self._run(self._client.watch, session)  # type: ignore[no-any-return]
+
     def export(self, adapter: str | None = None) -> Any:
         return self._run(self._client.export, adapter)
 

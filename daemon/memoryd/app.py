@@ -37,6 +37,7 @@ from .proposals import Proposals
 from .reads import Reads
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
+from .sessions import UNBOUND_METHODS
 from .snapshots import Snapshots
 from .transfer import Transfer
 from .transports import StreamProtocol, bind_unix, inherited_listener, sd_notify, stdio_stream
@@ -257,7 +258,7 @@ class Daemon:
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, reader, approvals, loop_reader, scanner)
             mcp = McpFront(service)
-            handlers = {name: service.sessions.binding(h)
+            handlers = {name: h if name in UNBOUND_METHODS else service.sessions.binding(h)
                         for name, h in method_handlers(service, adapters, mcp).items()}
             mcp.methods = handlers  # an MCP tool call is served by the same handlers
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
@@ -280,6 +281,7 @@ class Daemon:
             await conn.serve(chunks, end_chunks)
         finally:
             self.service.sessions.release(conn)
+            self.service.watchers.drop(conn)
             self.connections.discard(conn)
             self.service.connections = len(self.connections)
             if not self.connections:

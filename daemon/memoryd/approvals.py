@@ -55,7 +55,10 @@ class Peer(Protocol):
         when nothing is known)."""
         ...
 
-    async def notify(self, method: str, params: object) -> None: ...
+    async def notify(self, method: str, params: object) -> None:
+        """Queue a notification for the peer; never waits for the peer to read it (approvals
+        and watchers.py call it on other requests' paths)."""
+        ...
 
 
 def same_process(a: Peer, b: Peer) -> bool:

@@ -11,7 +11,8 @@ which takes it through the same steps, in order:
 5. commit (group commit: acknowledged only once durable);
 6. the ledger: the approval's decision is written in the same transaction as the write's
    rows; a write that then fails leaves a ``failed`` row instead;
-7. events, to the connection that wrote.
+7. events, each with the writing session's id: to the connection that wrote, then to
+   every other watcher whose session sees the entry (watchers.py).
 
 No path computes policy, approval payload, audit outcome or ledger rows on its own.
 """
@@ -27,13 +28,14 @@ import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import ALLOWED_ONCE
 from memoryd_protocol.errors import ProtocolError, StoreUnavailable, WriteDenied
-from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, LedgerConnection
+from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, EntryEvent, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
 from . import ledger, store
 from .approvals import Approvals, Peer
 from .config import Config
 from .context import RequestContext
+from .watchers import Watchers
 from .writer import HEAVY_ROWS, Usage, Writer, WriterClosed
 
 R = TypeVar("R")
@@ -63,8 +65,8 @@ class WritePlan(Generic[R]):
     #: the writer job proper: re-resolve targets by id, write rows (through ``stamp``);
     #: ``usage`` already counts this write's deltas (for the result's budget rows)
     commit: Callable[[sqlite3.Connection, ledger.Stamp, Usage], R]
-    #: the notifications the writing connection gets for the committed result
-    events: Callable[[R], list[tuple[str, Any]]]
+    #: the notifications the committed result sends (the writer's, and its watchers')
+    events: Callable[[R], list[tuple[str, EntryEvent]]]
     entry_id: str | None = None
     count: int | None = None
     #: (workspaceKey, agentKey, tags) of the entry as the write leaves it
@@ -83,6 +85,8 @@ class Pipeline:
     approvals: Approvals
     #: this daemon run's id: connection refs in the ledger are ``<run>/<connection id>``
     run_id: str
+    #: who else hears of committed writes (memory/watch)
+    watchers: Watchers = field(default_factory=Watchers)
     #: set by ``stop_writes`` at shutdown: the gate admits no more writes
     stopping: bool = field(default=False)
 
@@ -129,8 +133,11 @@ class Pipeline:
         except WriterClosed as exc:  # refused before it was queued: no on_error
             failed_row(exc)
             raise
-        for method, params in plan.events(result):
-            await ctx.notify(method, params)
+        events = plan.events(result)
+        for method, event in events:
+            event.session_id = view.session_id
+            await ctx.notify(method, event)
+        await self.watchers.broadcast(ctx.peer, events)
         return result
 
     async def _gate(self, ctx: RequestContext, view: SessionView, plan: WritePlan[Any],

@@ -28,6 +28,7 @@ from memoryd_protocol.constants import (
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
 from memoryd_protocol.text import (
     check_storable,
+    js_trim,
 )
 from memoryd_protocol.types import (
     ApprovalDecidedParams,
@@ -39,11 +40,13 @@ from memoryd_protocol.types import (
     InitializeResult,
     ServerInfo,
     StoreInfo,
+    WatchParams,
 )
 from memoryd_protocol.validation import (
     SessionView,
     Target,
     resolve_one,
+    session_view,
 )
 
 from . import __version__, store
@@ -53,6 +56,7 @@ from .context import Handler, RequestContext
 from .owned import Owned
 from .pipeline import Pipeline
 from .sessions import Sessions
+from .watchers import Watchers
 from .writer import Usage, Writer
 
 if TYPE_CHECKING:
@@ -104,8 +108,11 @@ class Service:
         #: config's default here: computing it without $XDG_RUNTIME_DIR imports tempfile
         #: (with shutil, bz2, lzma, random), which a standalone stdio start never needs.
         self.socket_path: Path | None = None
+        #: the peers told of other connections' writes (memory/watch); an in-process
+        #: front-end registers its own peers here too
+        self.watchers = Watchers()
         #: every write goes through it (pipeline.py)
-        self.pipeline = Pipeline(config, writer, approvals, uuid.uuid4().hex[:12])
+        self.pipeline = Pipeline(config, writer, approvals, uuid.uuid4().hex[:12], watchers=self.watchers)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -210,10 +217,18 @@ class Service:
         self.approvals.subscribe(peer)
         return Empty()
 
+    async def watch(self, ctx: RequestContext, p: WatchParams) -> Empty:
+        view = session_view(p.session)
+        if view.session_id is not None and not js_trim(view.session_id):
+            raise InvalidInput("session.id is required", "session.id")
+        self.watchers.watch(ctx.peer, view)
+        return Empty()
+
     def handlers(self) -> dict[str, Handler]:
         return {
             "initialize": self.initialize,
             "approval/decided": self.approval_decided,
             "approval/subscribe": self.approval_subscribe,
             "daemon/status": self.status,
+            "memory/watch": self.watch,
         }

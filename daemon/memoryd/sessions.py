@@ -20,6 +20,11 @@ from memoryd_protocol.errors import InvalidInput
 from .approvals import Peer
 from .context import Handler, RequestContext
 
+#: Methods that name a session without binding it: watching a session is not acting as it,
+#: so a watcher (memoryctl watch, say) must not keep the session's own harness from taking
+#: its first snapshot.
+UNBOUND_METHODS = frozenset({"memory/watch"})
+
 #: Session ids one connection binds at most; the ids it names beyond that stay unbound
 #: (its writes still work), so a connection cannot grow this table without bound.
 MAX_BOUND_PER_CONNECTION = 1024

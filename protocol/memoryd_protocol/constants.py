@@ -66,6 +66,9 @@ AUDIT_DEFAULT_LIMIT: Final = 100
 AUDIT_HARD_CAP: Final = 10000
 PROPOSAL_MAX_TEXT: Final = 2000
 PROPOSAL_MAX_PENDING: Final = 8
+#: Sessions one connection may watch (memory/watch); all watchers together are bounded by
+#: max_connections, since a watch lives and dies with its connection.
+MAX_WATCHED_SESSIONS: Final = 16
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 300.0
 # Daemon resource caps (config keys of the same names, lower-case).

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from . import types as t
-from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES
+from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES, MAX_WATCHED_SESSIONS
 from .mcp_wire import McpAttachParams, McpAttachResult
 
 #: read: answers from the store and changes no entry or proposal (recall counters, a
@@ -152,14 +152,17 @@ _ROWS: Final = (
         "capabilities.approvals false are asked here.",
         ("INVALID_INPUT",),
     ),
-    Method(
-        "mcp/attach", McpAttachParams, McpAttachResult, "lifecycle",
-        "Turn this connection into an MCP session (memoryd mcp's relay): every later line is MCP, "
-        "served by the daemon's MCP front-end as the memory session of this workspace and agent.",
-        ("INVALID_INPUT",), in_clients=False,
-    ),
     Method("daemon/status", t.EmptyParams, t.DaemonStatus, "lifecycle",
            "Daemon health: version, uptime, connections, pending approvals, queue, store.", ()),
+    # lifecycle, not read: it reads no entry, it changes what this connection is sent
+    # (as approval/subscribe does), for as long as the connection lives
+    Method(
+        "memory/watch", t.WatchParams, t.Empty, "lifecycle",
+        "Send this connection memory/added, memory/updated and memory/removed for every committed "
+        "write, by any connection, of an entry the session can see (the query visibility rules); "
+        f"at most {MAX_WATCHED_SESSIONS} sessions per connection, until it closes.",
+        ("INVALID_INPUT",),
+    ),
     Method(
         "audit/verify", t.EmptyParams, t.LedgerReport, "read",
         "Check the ledger: its hash chain, that every audit row since the chain's start is in it "
@@ -173,6 +176,12 @@ _ROWS: Final = (
         "and how, and the sessions whose frozen snapshot showed it. target: an entry id, or a text "
         "that exactly one entry contains.",
         ("INVALID_INPUT",),
+    ),
+    Method(
+        "mcp/attach", McpAttachParams, McpAttachResult, "lifecycle",
+        "Turn this connection into an MCP session (memoryd mcp's relay): every later line is MCP, "
+        "served by the daemon's MCP front-end as the memory session of this workspace and agent.",
+        ("INVALID_INPUT",), in_clients=False,
     ),
 )
 

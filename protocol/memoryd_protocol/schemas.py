@@ -247,6 +247,12 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
                      "description": "Session-visibility filter: shared layer plus this agent's entries."},
         "workspaceKey": {"maxLength": MAX_KEY_UNITS, "description": "Session-visibility filter for workspace entries."},
     },
+    "MemoryAdded": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
+                                                 "when the write named none."}},
+    "MemoryUpdated": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
+                                                   "when the write named none."}},
+    "MemoryRemoved": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
+                                                   "when the write named none."}},
     "MemoryRecalled": {
         "matches": {"minimum": 0, "description": "The number of hits: the query's total, not only the returned page."},
     },
@@ -735,9 +741,15 @@ NOTIFICATION_DOCS: Final[dict[str, str]] = {
         "An approval this connection was asked was resolved without its decision (another approver "
         "decided first, it timed out, the issuing connection went away): close the prompt."
     ),
-    "memory/added": "A committed add/seed/import/consolidate/proposal entry (sent to the writing connection).",
-    "memory/updated": "A committed replace: {previous, entry}.",
-    "memory/removed": "A committed remove (and each consolidated target).",
+    "memory/added": (
+        "A committed add/seed/import/consolidate/proposal entry, with the writing session's sessionId (sent to "
+        "the writing connection, and to every connection watching a session that sees the entry: memory/watch)."
+    ),
+    "memory/updated": (
+        "A committed replace: {previous, entry, sessionId}; watchers get it when their session sees the "
+        "previous entry or the new one."
+    ),
+    "memory/removed": "A committed remove (and each consolidated target), with the writing session's sessionId.",
     "memory/recalled": "A query with opts.sessionId ran: {query, matches, sessionId}; matches is the hit count.",
     "memory/snapshot": "The first snapshot of a session was rendered: {sessionId, text}.",
 }

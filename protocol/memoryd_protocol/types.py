@@ -235,6 +235,11 @@ class SnapshotParams(_Env):
     language: Literal["en", "zh"] | None = None
 
 
+class WatchParams(_Env):
+    #: the session whose visible entries the connection is told about (snapshot's shape)
+    session: Session
+
+
 class ExportParams(_Env):
     adapter: str | None = None
 
@@ -537,17 +542,29 @@ class ApprovalResolved(_Out):
     outcome: str
 
 
-class MemoryAdded(_Out):
+# The entry events carry the writing session's id (``write.agent.session.id``): an
+# entry's own ``sessionId`` is its last writer's, which for a removal is not the remover.
+# Absent when the write named no session.
+
+
+class MemoryAdded(_Out, omit_defaults=True):
     entry: Entry
+    session_id: str | None = None
 
 
-class MemoryUpdated(_Out):
+class MemoryUpdated(_Out, omit_defaults=True):
     previous: Entry
     entry: Entry
+    session_id: str | None = None
 
 
-class MemoryRemoved(_Out):
+class MemoryRemoved(_Out, omit_defaults=True):
     entry: Entry
+    session_id: str | None = None
+
+
+#: What a committed write tells the writing connection and the watchers.
+EntryEvent = MemoryAdded | MemoryUpdated | MemoryRemoved
 
 
 class MemoryRecalled(_Out):

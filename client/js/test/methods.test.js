@@ -317,4 +317,33 @@ describe('daemon methods (policy auto)', () => {
     assert.equal(err2.code, 'WRITE_REQUIRES_AGENT');
     assert.equal(err2.rpcCode, -32010);
   });
+  test('watch: another connection\'s writes of visible entries, with the writer\'s sessionId', async () => {
+    const watcher = await open({ session: makeSession('w-1') });
+    const writer = await open({ session: makeSession('s-2') });
+    assert.deepEqual(await watcher.watch(), {});
+    const seen = [];
+    let wake;
+    const enough = new Promise((resolve) => { wake = resolve; });
+    for (const m of ['memory/added', 'memory/updated', 'memory/removed']) {
+      watcher.on(m, (p) => {
+        seen.push([m, p.entry.text, p.sessionId]);
+        if (seen.length === 4) wake();
+      });
+    }
+    // another workspace's entry: not for this watcher (the sentinel after it shows it never came)
+    await writer.add({ ...AW, text: 'elsewhere' }, { session: makeSession('s-3', { cwd: '/tmp/mdjs-other' }) });
+    await writer.add({ ...UG, text: 'prefers tabs' });
+    await writer.replace({ ...UG, match: 'tabs', text: 'prefers spaces' });
+    await writer.remove({ ...UG, match: 'spaces' });
+    await writer.add({ ...AW, text: 'sentinel' });
+    await enough;
+    assert.deepEqual(seen, [
+      ['memory/added', 'prefers tabs', 's-2'],
+      ['memory/updated', 'prefers spaces', 's-2'],
+      ['memory/removed', 'prefers spaces', 's-2'],
+      ['memory/added', 'sentinel', 's-2'],
+    ]);
+    const err = await watcher.watch({ header: { cwd: '/tmp' } }).catch((e) => e);
+    assert.equal(err.code, 'INVALID_INPUT');
+  });
 });
