@@ -66,7 +66,7 @@ _HABITS = (
     "with BUDGET_EXCEEDED and nothing is truncated, so make room with memory_consolidate or "
     "memory_replace. Keep one fact per entry; replace or consolidate rather than add a near-duplicate."
 )
-_MATCH = ("The target is named by `match`, a substring that occurs in exactly one visible entry of that "
+_MATCH = ("The target is named by `match`, a unique substring: it occurs in exactly one visible entry of that "
           "track and scope (AMBIGUOUS_MATCH lists the candidates: use a longer match or the entry's `id`).")
 _GATED = "Every write waits for the user's approval inside memoryd; WRITE_DENIED means they (or the policy) said no."
 

@@ -140,7 +140,7 @@ class McpSession:
                 if client is not None:
                     self.peer.name_client(client)
                 agent = self._agent_arg if self._agent_arg is not None else host_agent(client.name if client else None)
-                self.calls.fix_agent(agent if agent is not None else "mcp")
+                self._fix_agent(agent if agent is not None else "mcp")
                 log.debug("mcp session %s: workspace %r, agent %r, host %r", self.calls.session_id,
                           self.calls.cwd, self.calls.agent, client and client.name)
         if ctx.method in ("initialize", "server/discover"):
@@ -148,6 +148,12 @@ class McpSession:
             self.init_options.instructions = text
             self.server.instructions = text
         return await call_next(ctx)
+
+    def _fix_agent(self, agent: str) -> None:
+        """The session's identity is complete: from now on it hears of every change, by
+        anyone, of an entry it sees (its resources' updates)."""
+        self.calls.fix_agent(agent)
+        self.service.watchers.watch(self.peer, self.calls.view)
 
     @staticmethod
     def _client_of(ctx: ServerRequestContext[Any, Any]) -> ClientInfo | None:
@@ -169,7 +175,7 @@ class McpSession:
         async with self._snapshot_lock:
             if self._snapshot is None:
                 if self.calls.agent is None:
-                    self.calls.fix_agent(self._agent_arg if self._agent_arg is not None else "mcp")
+                    self._fix_agent(self._agent_arg if self._agent_arg is not None else "mcp")
                 params = SnapshotParams(session=Session(id=self.calls.session_id, header=self.calls.header()))
                 result = await self.calls.methods["memory/snapshot"](RequestContext(self.peer), params)
                 self._snapshot = result.text
@@ -393,6 +399,7 @@ class McpSession:
 
     def _end(self) -> None:
         self.peer.gone = True
+        self.service.watchers.drop(self.peer)
         # Writes waiting for this host's answer are denied "unavailable", as for a closed
         # connection.
         self.service.approvals.connection_closed(self.peer)

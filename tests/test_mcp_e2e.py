@@ -1,0 +1,250 @@
+"""``memoryd mcp`` with the official MCP SDK's own client, in both eras: every tool,
+resource and the prompt; approvals through the host's elicitation, declined, cancelled, or
+asked of ``memoryctl approve``-style approvers; live resource updates; and every error
+path leaving the store as it was. The relay is a real child process; the daemon's stack
+runs in the test's event loop, serving a real socket."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from e2e_helpers import state
+from mcp_support import HOST, HOST_AGENT, PROJ, Host, mcp_client, mcp_daemon
+from memoryd_protocol import mcp_tools
+from rawclient import socket_client, write_ctx
+
+pytestmark = pytest.mark.anyio
+
+ERAS = ["legacy", "2026-07-28"]
+WS = {"track": "user", "scope": "workspace"}
+
+
+def structured(r: types.CallToolResult) -> Any:
+    assert r.structured_content is not None, r
+    return r.structured_content
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_the_tools_are_the_methods_table_s(tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, mcp_client(d, mode) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert list(tools) == [t.name for t in mcp_tools.TOOLS] == [
+            "memory_query", "memory_budgets", "memory_add", "memory_replace", "memory_remove",
+            "memory_consolidate", "memory_propose", "memory_list"]
+        for spec in mcp_tools.TOOLS:
+            tool = tools[spec.name]
+            assert tool.input_schema == mcp_tools.input_schema(spec)
+            assert tool.output_schema == mcp_tools.output_schema(spec)
+            a = tool.annotations
+            assert a is not None and a.open_world_hint is False
+            assert a.read_only_hint is (spec.name in ("memory_query", "memory_budgets", "memory_list"))
+            assert bool(a.destructive_hint) is (spec.name in ("memory_remove", "memory_consolidate"))
+        assert "BUDGET_EXCEEDED" in tools["memory_add"].description
+        assert "unique" in tools["memory_replace"].description and "consolidate" in tools["memory_add"].description
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_every_tool_resource_and_the_prompt(tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, mcp_client(d, mode) as c:
+        added = structured(await c.call_tool("memory_add", {**WS, "text": "Prefers tabs", "tags": ["style"]}))
+        entry = added["entry"]
+        assert (entry["workspaceKey"], entry["agentKey"], entry["text"]) == (PROJ, HOST_AGENT, "Prefers tabs")
+        assert added["usage"] == {**WS, "used": 12, "limit": 2000}
+        shared = structured(await c.call_tool("memory_add", {"track": "agent", "scope": "user-global",
+                                                             "text": "Build with make", "agentKey": ""}))
+        assert shared["entry"]["agentKey"] == ""
+        q = await c.call_tool("memory_query", {"text": "TABS"})
+        assert not q.is_error and [e["text"] for e in structured(q)["entries"]] == ["Prefers tabs"]
+        assert "Prefers tabs" in q.content[0].text  # a text-only host sees the entries too
+        r = structured(await c.call_tool("memory_replace", {**WS, "match": "tabs", "text": "Prefers spaces"}))
+        assert (r["previous"]["text"], r["entry"]["text"], r["entry"]["version"]) == ("Prefers tabs", "Prefers spaces", 2)
+        await c.call_tool("memory_add", {**WS, "text": "Uses pytest"})
+        merged = structured(await c.call_tool("memory_consolidate", {**WS, "matches": ["spaces", "pytest"],
+                                                                     "text": "Spaces; pytest"}))
+        assert [e["text"] for e in merged["removed"]] == ["Prefers spaces", "Uses pytest"]
+        listed = structured(await c.call_tool("memory_list", {}))["entries"]
+        assert [e["text"] for e in listed] == ["Build with make", "Spaces; pytest"]
+        budgets = structured(await c.call_tool("memory_budgets", {}))["budgets"]
+        assert [(b["track"], b["scope"], b["used"]) for b in budgets] == [
+            ("user", "user-global", 0), ("user", "workspace", 14), ("agent", "user-global", 15), ("agent", "workspace", 0)]
+        proposal = structured(await c.call_tool("memory_propose", {"kind": "style", **WS, "text": "Likes dark mode"}))
+        assert proposal["proposal"]["status"] == "pending"
+        again = structured(await c.call_tool("memory_propose", {"kind": "style", **WS, "text": "Likes light mode"}))
+        assert again == {"proposal": None}
+        removed = structured(await c.call_tool("memory_remove", {"track": "agent", "scope": "user-global",
+                                                                 "match": "make"}))
+        assert removed["entry"]["text"] == "Build with make"
+
+        resources = {str(r.uri): r for r in (await c.list_resources()).resources}
+        assert list(resources) == ["memory://snapshot", "memory://budgets", "memory://entries"]
+        entries = json.loads((await c.read_resource("memory://entries")).contents[0].text)  # type: ignore[union-attr]
+        assert [e["text"] for e in entries] == ["Spaces; pytest"]
+        budgets_doc = json.loads((await c.read_resource("memory://budgets")).contents[0].text)  # type: ignore[union-attr]
+        assert budgets_doc == structured(await c.call_tool("memory_budgets", {}))["budgets"]
+        prompts = (await c.list_prompts()).prompts
+        assert [p.name for p in prompts] == ["memory-snapshot"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_the_snapshot_is_the_instructions_the_resource_and_the_prompt_taken_once(
+        tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw:
+        await raw.ok("memory/add", {"input": {**WS, "text": "Prefers tabs"}, "write": write_ctx("s-0", PROJ, HOST_AGENT)})
+        async with mcp_client(d, mode) as c:
+            await c.call_tool("memory_add", {**WS, "text": "Added after the start"})
+            text = (await c.read_resource("memory://snapshot")).contents[0].text  # type: ignore[union-attr]
+            prompt = (await c.get_prompt("memory-snapshot")).messages[0].content
+            assert c.instructions == text == prompt.text  # type: ignore[union-attr]
+            assert "Prefers tabs" in text and "Added after the start" not in text
+        rows = [a for a in await raw.ok("audit/list", {"limit": 100}) if a["action"] == "snapshot"]
+        assert len(rows) == 1
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_write_is_approved_through_the_host_s_elicitation(tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    host = Host("accept")
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d, mcp_client(d, mode, host=host) as c:
+        r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs\nand short lines", "tags": ["style"]})
+        assert not r.is_error, r
+        [message] = host.asked
+        for shown in ("action:  add", "layer:   user/workspace", f"workspace: {PROJ}", f"agent:     {HOST_AGENT}",
+                      "tags:      style", "  | Prefers tabs", "  | and short lines", "client:  Claude Code 2.1.0"):
+            assert shown in message, (shown, message)
+        async with d.connect() as raw:
+            life = await raw.ok("audit/explain", {"target": structured(r)["entry"]["id"]})
+        decided = [ev for ev in life["events"] if ev.get("decision")]
+        [event] = decided
+        decision = event["decision"]
+        assert decision["by"] == {"kind": "human", "name": "mcp-elicitation"}  # the host's claim
+        by = decision["decidedBy"]  # what the daemon knows of the deciding connection
+        assert (by["transport"], by["client"]) == ("mcp", {"name": HOST.name, "version": HOST.version})
+        assert by["pid"] is not None and by["exe"] is not None
+
+
+@pytest.mark.parametrize("mode", ERAS)
+@pytest.mark.parametrize(("action", "outcome"), [("decline", "rejected"), ("cancel", "cancelled")])
+async def test_a_declined_or_cancelled_write_is_denied_with_its_row_and_changes_nothing(
+        tmp_path: Path, sock_dir: Path, mode: str, action: str, outcome: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d, d.connect() as raw:
+        before = await state(raw)
+        async with mcp_client(d, mode, host=Host(action)) as c:
+            r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
+        assert r.is_error and structured(r) == {"code": "WRITE_DENIED", "message": f"write denied: {outcome}",
+                                                "details": {"outcome": outcome}}
+        assert (await state(raw))[:2] == before[:2]
+        rows = [a for a in await raw.ok("audit/list", {}) if a["action"] != "snapshot"]
+        assert [(a["action"], a["outcome"]) for a in rows] == [("add-denied", f"{outcome} (via approval, writePolicy ask)")]
+
+
+APPROVERS = 'approvers = "any"\n'
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_host_without_elicitation_has_its_writes_asked_of_the_approvers(
+        tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask", config=APPROVERS) as d, \
+            socket_client(d.daemon.config.socket_path, foreign=True) as approver:
+        asked: list[dict[str, Any]] = []
+
+        async def approve(params: dict[str, Any]) -> str:
+            asked.append(params)
+            return "allowed-once"
+
+        approver.on_approval = approve
+        await approver.ok("approval/subscribe", {})
+        async with mcp_client(d, mode) as c:
+            r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
+        assert not r.is_error, r
+        [params] = asked
+        origin = params["origin"]
+        assert (origin["name"], origin["version"], origin["frontEnd"]) == (HOST.name, HOST.version, "mcp")
+        assert "requestId" not in params
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_with_neither_elicitation_nor_an_approver_the_write_is_unavailable(
+        tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d, d.connect() as raw:
+        before = await state(raw)
+        async with mcp_client(d, mode) as c:
+            r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
+        assert structured(r)["details"] == {"outcome": "unavailable"}
+        assert (await state(raw))[:2] == before[:2]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_mcp_approvals_approvers_never_asks_the_host(tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    config = APPROVERS + 'mcp_approvals = "approvers"\n'
+    host = Host("accept")
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask", config=config) as d, \
+            socket_client(d.daemon.config.socket_path, foreign=True) as approver:
+        seen = anyio.Event()
+
+        async def reject(params: dict[str, Any]) -> str:
+            seen.set()
+            return "rejected"
+
+        approver.on_approval = reject
+        await approver.ok("approval/subscribe", {})
+        async with mcp_client(d, mode, host=host) as c:
+            r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
+        assert seen.is_set() and host.asked == []
+        assert structured(r)["details"] == {"outcome": "rejected"}
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_another_connection_s_change_updates_the_session_s_resources(
+        tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    updates: list[str] = []
+    got = anyio.Event()
+
+    async def on_message(msg: Any) -> None:
+        if isinstance(msg, types.ResourceUpdatedNotification):
+            updates.append(str(msg.params.uri))
+            got.set()
+
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw, \
+            mcp_client(d, mode, on_message=on_message) as c:
+        other = write_ctx("s-9", PROJ, HOST_AGENT)
+        if mode == "legacy":
+            await c.subscribe_resource("memory://entries")
+            await raw.ok("memory/add", {"input": {**WS, "text": "From another session"}, "write": other})
+            with anyio.fail_after(30):
+                await got.wait()
+            assert updates[0] == "memory://entries"
+        else:
+            async with c.listen(resource_subscriptions=["memory://entries"]) as sub:
+                await raw.ok("memory/add", {"input": {**WS, "text": "From another session"}, "write": other})
+                with anyio.fail_after(30):
+                    event = await anext(aiter(sub))
+            assert getattr(event, "uri", None) == "memory://entries"
+        entries = json.loads((await c.read_resource("memory://entries")).contents[0].text)  # type: ignore[union-attr]
+        assert [e["text"] for e in entries] == ["From another session"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_bad_arguments_are_invalid_input_and_change_nothing(tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw, mcp_client(d, mode) as c:
+        await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
+        await c.call_tool("memory_add", {**WS, "text": "Prefers tabs too"})
+        before = await state(raw)
+        cases: list[tuple[str, dict[str, Any], str]] = [
+            ("memory_add", {**WS, "text": 5}, "INVALID_INPUT"),
+            ("memory_add", {**WS, "text": "x", "tag": ["typo"]}, "INVALID_INPUT"),
+            ("memory_add", {"track": "nope", "scope": "workspace", "text": "x"}, "INVALID_INPUT"),
+            ("memory_add", {**WS, "text": "x" * 2001}, "BUDGET_EXCEEDED"),
+            ("memory_replace", {**WS, "match": "Prefers", "text": "y"}, "AMBIGUOUS_MATCH"),
+            ("memory_remove", {**WS, "match": "nowhere"}, "ENTRY_NOT_FOUND"),
+            ("memory_query", {"limit": "ten"}, "INVALID_INPUT"),
+            ("memory_list", {"extra": 1}, "INVALID_INPUT"),
+        ]
+        for name, arguments, code in cases:
+            r = await c.call_tool(name, arguments)
+            assert r.is_error and structured(r)["code"] == code, (name, arguments, r)
+            assert r.content[0].text.startswith(f"{code}: ")  # type: ignore[union-attr]
+        assert await state(raw) == before
