@@ -85,6 +85,8 @@ class Lines:
     def __init__(self, proc: Any) -> None:
         self.proc = proc
         self._buf = b""
+        #: replies read while waiting for another one, by id
+        self._replies: dict[Any, dict[str, Any]] = {}
 
     async def send(self, *messages: Any) -> None:
         data = b"".join((m if isinstance(m, bytes) else json.dumps(m).encode()) + b"\n" for m in messages)
@@ -99,11 +101,13 @@ class Lines:
         return json.loads(line)  # type: ignore[no-any-return]
 
     async def reply(self, id_: Any) -> dict[str, Any]:
-        """The response to request ``id_`` (notifications and other replies before it skipped)."""
-        while True:
+        """The response to request ``id_``: replies to other requests are kept for their
+        own ``reply``, notifications and requests before it are skipped."""
+        while id_ not in self._replies:
             msg = await self.line()
-            if msg.get("id") == id_ and ("result" in msg or "error" in msg):
-                return msg
+            if "result" in msg or "error" in msg:
+                self._replies[msg.get("id")] = msg
+        return self._replies.pop(id_)
 
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -73,6 +73,20 @@ _OVERSIZE = (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Inva
              b'the message is longer than max_message_bytes"}}')
 
 
+def _refusal(line: bytes) -> bytes:
+    """The error for a line that is no JSON-RPC message: a parse error, or an invalid
+    request answered with its id when a request's id can be read (JSON-RPC 2.0 §5)."""
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return _PARSE_ERROR
+    id_ = obj.get("id") if isinstance(obj, dict) and "method" in obj else None
+    if isinstance(id_, bool) or not isinstance(id_, str | int):
+        return _INVALID
+    return msgspec.json.encode({"jsonrpc": "2.0", "id": id_, "error": {
+        "code": types.INVALID_REQUEST, "message": "Invalid request: not a JSON-RPC 2.0 request"}})
+
+
 def host_agent(name: str | None) -> str | None:
     """The agent layer a host's ``clientInfo.name`` gives: lower case, words joined by
     ``-``, without a trailing ``mcp-client``/``mcp`` (``Claude Code`` → ``claude-code``,
@@ -427,12 +441,7 @@ class McpSession:
         try:
             message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except ValueError:
-            try:
-                msgspec.json.decode(line)
-            except msgspec.DecodeError:
-                await self.conn.send_line(_PARSE_ERROR)
-            else:
-                await self.conn.send_line(_INVALID)
+            await self.conn.send_line(_refusal(line))
             return
         if isinstance(message, types.JSONRPCRequest):
             while self._inflight >= MAX_INFLIGHT:

@@ -1,0 +1,179 @@
+"""A hostile or broken MCP host against ``memoryd mcp``: malformed lines, a flood of calls
+in flight, elicitation answers for the wrong request or replayed, a host that closes or
+never answers mid-approval, and ``mcp/attach`` where it does not belong. Each gets a clean
+error and the store keeps exactly what was acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from e2e_helpers import state
+from mcp import MCPError
+from mcp_support import INITIALIZED, PROJ, Host, call, mcp_client, mcp_daemon, raw_mcp
+from memoryd.mcp_host.session import MAX_INFLIGHT, host_agent
+
+pytestmark = pytest.mark.anyio
+
+WS = {"track": "user", "scope": "workspace"}
+ELICITING = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {"form": {}}},
+                        "clientInfo": {"name": "raw-host", "version": "1"}}}
+
+
+def test_a_host_s_name_gives_its_agent_layer() -> None:
+    assert host_agent("claude-code") == "claude-code"
+    assert host_agent("Claude Code") == "claude-code"
+    assert host_agent("codex-mcp-client") == "codex"
+    assert host_agent("gemini-cli-mcp-client") == "gemini-cli"
+    assert host_agent("Visual Studio Code") == "visual-studio-code"
+    assert host_agent("cursor-vscode") == "cursor-vscode"
+    assert host_agent("  ") is None and host_agent("") is None and host_agent(None) is None
+    assert host_agent("x" * 500) == "x" * 64
+
+
+async def test_malformed_lines_get_their_errors_and_the_session_goes_on(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, raw_mcp(d) as host:
+        await host.send(b"{not json", b'{"hello": "world"}', b"[1, 2]", b'"just a string"')
+        replies = [await host.line() for _ in range(4)]
+        assert [r["error"]["code"] for r in replies] == [-32700, -32600, -32600, -32600]
+        assert all(r["id"] is None for r in replies)
+        await host.send({"jsonrpc": "2.0", "id": 7, "method": "no/such"},
+                        {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "nope"}},
+                        {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": "not an object"},
+                        call(10, "memory_budgets", {}))
+        assert (await host.reply(7))["error"]["code"] == -32601
+        assert (await host.reply(8))["error"]["code"] == -32602
+        assert (await host.reply(9))["error"]["code"] == -32600
+        assert (await host.reply(10))["result"]["isError"] is False
+
+
+async def test_ten_thousand_calls_in_flight_are_all_answered_with_a_bounded_daemon(
+        tmp_path: Path, sock_dir: Path) -> None:
+    n = 10_000
+    async with mcp_daemon(tmp_path, sock_dir) as d, raw_mcp(d) as host:
+        baseline = len(asyncio.all_tasks())
+        most = 0
+        answered: set[int] = set()
+
+        async def flood() -> None:
+            for start in range(1, n + 1, 500):
+                await host.send(*(call(i, "memory_query", {"text": "x"}) for i in range(start, min(start + 500, n + 1))))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flood)
+            while len(answered) < n:
+                reply = await host.line()
+                assert reply["result"]["isError"] is False, reply
+                assert reply["id"] not in answered
+                answered.add(reply["id"])
+                most = max(most, len(asyncio.all_tasks()) - baseline)
+        assert answered == set(range(1, n + 1))
+        # the session reads no further request while MAX_INFLIGHT wait for their reply
+        assert most <= MAX_INFLIGHT + 32, most
+
+
+async def test_a_host_that_closes_mid_approval_is_denied_unavailable(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d:
+        async with d.connect() as raw:
+            before = await state(raw)
+        async with raw_mcp(d, initialize=False) as host:
+            await host.send(ELICITING, INITIALIZED)
+            await host.reply(0)
+            await host.send(call(1, "memory_add", {**WS, "text": "Prefers tabs"}))
+            ask = await host.line()
+            assert ask["method"] == "elicitation/create" and "Prefers tabs" in ask["params"]["message"]
+        # The host's end closed: once its connection is gone, so is the write it asked.
+        with anyio.fail_after(30):
+            await d.daemon.no_connections.wait()
+        async with d.connect() as raw:
+            assert (await state(raw))[:2] == before[:2]
+            [denied] = [a for a in await raw.ok("audit/list", {}) if a["action"] == "add-denied"]
+        assert denied["outcome"].startswith("unavailable")
+
+
+async def test_an_answer_to_another_request_id_approves_nothing(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d, d.connect() as raw, \
+            raw_mcp(d, initialize=False) as host:
+        before = await state(raw)
+        await host.send(ELICITING, INITIALIZED)
+        await host.reply(0)
+        await host.send(call(1, "memory_add", {**WS, "text": "Prefers tabs"}))
+        ask = await host.line()
+        wrong = {"jsonrpc": "2.0", "id": f"{ask['id']}-other" if isinstance(ask["id"], str) else ask["id"] + 1000,
+                 "result": {"action": "accept", "content": {}}}
+        await host.send(wrong, call(2, "memory_budgets", {}))
+        await host.reply(2)  # the session went on; the wrong answer decided nothing
+        assert (await state(raw))[:2] == before[:2]
+        await host.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "decline"}})
+        result = (await host.reply(1))["result"]
+        assert result["isError"] and result["structuredContent"]["details"] == {"outcome": "rejected"}
+        assert (await state(raw))[:2] == before[:2]
+
+
+async def test_an_unanswered_elicitation_times_out_cancelled(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask", config="approval_timeout_s = 0.5\n") as d, \
+            raw_mcp(d, initialize=False) as host:
+        await host.send(ELICITING, INITIALIZED)
+        await host.reply(0)
+        await host.send(call(1, "memory_add", {**WS, "text": "Prefers tabs"}))
+        assert (await host.line())["method"] == "elicitation/create"
+        result = (await host.reply(1))["result"]
+        assert result["structuredContent"]["details"] == {"outcome": "cancelled"}
+
+
+async def test_a_2026_answer_is_bound_to_its_call_and_used_once(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, policy="ask") as d, d.connect() as raw, \
+            mcp_client(d, "2026-07-28", host=Host("accept")) as c:
+        s = c.session
+        args = {**WS, "text": "Prefers tabs"}
+        asked = await s.call_tool("memory_add", args, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult)
+        [request] = asked.input_requests.values()
+        assert "Prefers tabs" in request.params.message  # type: ignore[union-attr]
+        yes = {"approval": types.ElicitResult(action="accept", content={})}
+        before = await state(raw)
+        # the sealed state does not answer another write, nor survives tampering
+        with pytest.raises(MCPError):
+            await s.call_tool("memory_add", {**WS, "text": "Something else"}, input_responses=yes,
+                              request_state=asked.request_state, allow_input_required=True)
+        with pytest.raises(MCPError):
+            await s.call_tool("memory_add", args, input_responses=yes,
+                              request_state=(asked.request_state or "")[:-4] + "AAAA", allow_input_required=True)
+        assert (await state(raw))[:2] == before[:2]
+        done = await s.call_tool("memory_add", args, input_responses=yes, request_state=asked.request_state,
+                                 allow_input_required=True)
+        assert isinstance(done, types.CallToolResult) and not done.is_error
+        again = await s.call_tool("memory_add", args, input_responses=yes, request_state=asked.request_state,
+                                  allow_input_required=True)
+        assert isinstance(again, types.CallToolResult) and again.is_error
+        assert again.structured_content["code"] == "INVALID_INPUT"  # type: ignore[index]
+        entries = await raw.ok("memory/list", {})
+        assert [e["text"] for e in entries] == ["Prefers tabs"]
+
+
+async def test_mcp_attach_is_refused_where_it_does_not_belong(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw:
+        err = await raw.fail("mcp/attach", {"cwd": PROJ})  # this connection has initialized
+        assert err.code == "INVALID_INPUT" and "before initialize" in err.error["message"]
+    async with mcp_daemon(tmp_path / "b", sock_dir) as d, d.connect(initialize=False) as raw:
+        err = await raw.fail("mcp/attach", {"cwd": "relative/path"})
+        assert err.code == "INVALID_INPUT" and err.details == {"field": "cwd"}
+        err = await raw.fail("mcp/attach", {"cwd": PROJ, "agent": 5})
+        assert err.code == "INVALID_INPUT"
+        assert (await raw.ok("daemon/status", {}))["connections"] == 1
+
+
+async def test_a_store_mismatch_is_refused_before_anything_is_relayed(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d:
+        cfg = d.daemon.config
+        command = [sys.executable, "-m", "memoryd", "mcp", "--socket", str(cfg.socket_path), "--db", str(tmp_path / "other.db")]
+        result = await anyio.run_process(command, check=False, input=b"")
+        assert result.returncode == 1 and result.stdout == b""
+        assert result.stderr.decode() == (
+            f"memoryd: the daemon on {cfg.socket_path} serves the store {cfg.db_path}, not {tmp_path / 'other.db'}; "
+            f"give --socket of the daemon that serves {tmp_path / 'other.db'}, or drop --db to use {cfg.db_path}\n")
