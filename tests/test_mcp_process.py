@@ -4,16 +4,18 @@ session arrives."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp_support import HOST, PROJ
+from mcp_support import HOST, INITIALIZE, PROJ
 from processes import peer_pid
 
 pytestmark = pytest.mark.anyio
@@ -55,3 +57,43 @@ async def test_the_sdk_is_imported_by_the_first_mcp_session_only(daemon: Any) ->
             r = await c.call_tool("memory_add", {"track": "user", "scope": "workspace", "text": "Prefers tabs"})
             assert isinstance(r, types.CallToolResult) and not r.is_error
     assert _maps_pydantic(pid)
+
+
+def _relay_env(tmp_path: Path, sock_dir: Path) -> dict[str, str]:
+    """A host's trimmed environment: a runtime dir where no daemon listens, the data dir of
+    the store a daemon already serves on another socket."""
+    runtime = sock_dir / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k not in ("MEMORYD_SOCKET", "XDG_CONFIG_HOME")}
+    return {**env, "XDG_RUNTIME_DIR": str(runtime), "XDG_DATA_HOME": str(tmp_path / "data"),
+            "HOME": str(tmp_path)}
+
+
+BUDGETS = b'{"jsonrpc":"2.0","id":1,"method":"memory/budgets"}\n'
+
+
+async def test_a_relay_on_the_default_socket_finds_the_daemon_that_owns_the_store(
+        tmp_path: Path, sock_dir: Path, daemon_factory: Any) -> None:
+    db = tmp_path / "data" / "memoryd" / "memory.db"
+    db.parent.mkdir(parents=True)
+    daemon_factory(db=db)
+    env = _relay_env(tmp_path, sock_dir)
+    for command in (["mcp"], ["serve", "--stdio"]):
+        line = json.dumps({**INITIALIZE, "id": 1}).encode() + b"\n" if command == ["mcp"] else BUDGETS
+        result = await anyio.run_process([sys.executable, "-m", "memoryd", *command], input=line, env=env)
+        assert b'"id":1' in result.stdout and b'"result"' in result.stdout, result.stderr
+    assert not (sock_dir / "rt" / "memoryd" / "memoryd.sock").exists()  # no second daemon
+
+
+async def test_a_chosen_socket_is_never_swapped_for_the_owner_s(
+        tmp_path: Path, sock_dir: Path, daemon_factory: Any) -> None:
+    db = tmp_path / "data" / "memoryd" / "memory.db"
+    db.parent.mkdir(parents=True)
+    d = daemon_factory(db=db)
+    env = _relay_env(tmp_path, sock_dir)
+    chosen = sock_dir / "chosen.sock"
+    result = await anyio.run_process([sys.executable, "-m", "memoryd", "serve", "--stdio", "--socket", str(chosen)],
+                                     input=BUDGETS, env=env, check=False)
+    assert result.returncode == 1 and result.stdout == b""
+    assert f"STORE_LOCKED: store {db} is owned by memoryd pid {d.proc.pid}, serving {d.socket_path}" in (
+        result.stderr.decode())

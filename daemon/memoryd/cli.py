@@ -258,7 +258,8 @@ def _main(argv: list[str] | None) -> int:
             from . import relay
 
             try:
-                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2], _mcp_session(quick))
+                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2], _mcp_session(quick),
+                                 default_socket=quick["socket"] is None and not os.environ.get("MEMORYD_SOCKET"))
             except KeyboardInterrupt:
                 return 130
     args: argparse.Namespace | SimpleNamespace | None = quick_args(words) if quick is not None else None
@@ -286,7 +287,9 @@ def _main(argv: list[str] | None) -> int:
         try:
             return relay.run(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
                              args.write_policy, _forwarded(args, config_path),
-                             _mcp_session(vars(args)) if args.command == "mcp" else None)
+                             _mcp_session(vars(args)) if args.command == "mcp" else None,
+                             default_socket=args.socket is None and not cfg.socket_configured
+                             and not os.environ.get("MEMORYD_SOCKET"))
         except KeyboardInterrupt:
             return 130
     if args.detach:

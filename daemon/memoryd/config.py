@@ -89,6 +89,8 @@ class Config:
         self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
+        #: the config file set ``socket_path`` (a relay then never looks for another socket)
+        self.socket_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
         self.config_path: Path | None = None
 
@@ -182,6 +184,7 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             cfg.db_path_configured = True
         elif key == "socket_path":
             cfg.socket_path = _path(key, value)
+            cfg.socket_configured = True
         elif key == "write_policy":
             cfg.write_policy = _policy(key, value)
         elif key == "approval_timeout_s":

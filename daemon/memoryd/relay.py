@@ -79,10 +79,35 @@ def _connect(path: str) -> socket.socket | None:
     return sock
 
 
-def attach(socket_path: str, serve_args: Sequence[str]) -> socket.socket:
+def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
+    """The daemon that already owns ``store``, by the socket its owner record names (next
+    to the store), when that socket is in a private directory and answers."""
+    from pathlib import Path
+
+    from memoryd_protocol.paths import owner_record_path
+
+    try:
+        recorded = _loads(owner_record_path(Path(store)).read_bytes().strip()).get("socket")
+        if not isinstance(recorded, str) or not recorded.startswith("/"):
+            return None
+        check_private_dir(_parent(recorded))
+    except (OSError, ValueError, AttributeError, UnsafeDir):
+        return None
+    sock = _connect(recorded)
+    return None if sock is None else (sock, recorded)
+
+
+def attach(socket_path: str, serve_args: Sequence[str], store: str | None = None) -> tuple[socket.socket, str]:
     """A connection to the daemon on ``socket_path`` (as ``str(Path)`` has it), started
-    with ``serve_args`` when nothing answers there. Never through a directory another user
-    controls: whoever does could have put their own socket there (:mod:`memoryd.rundir`)."""
+    with ``serve_args`` when nothing answers there, and the socket it is on. Never through
+    a directory another user controls: whoever does could have put their own socket there
+    (:mod:`memoryd.rundir`).
+
+    ``store`` (given when the socket is the default one, not chosen): before starting a
+    daemon, one that already owns that store on another socket is used. A host that starts
+    its MCP servers with a trimmed environment (no ``XDG_RUNTIME_DIR`` or ``TMPDIR``)
+    computes another default socket than the shell that started the daemon; starting a
+    second daemon there would only fail with STORE_LOCKED."""
     runtime = _parent(socket_path)
     try:
         check_private_dir(runtime, missing_ok=True)
@@ -90,7 +115,11 @@ def attach(socket_path: str, serve_args: Sequence[str]) -> socket.socket:
         raise RelayError(str(exc)) from None
     sock = _connect(socket_path)
     if sock is not None:
-        return sock
+        return sock, socket_path
+    if store is not None:
+        found = _owner_socket(store)
+        if found is not None:
+            return found
     import signal
     from pathlib import Path
 
@@ -118,7 +147,7 @@ def attach(socket_path: str, serve_args: Sequence[str]) -> socket.socket:
             sock = _connect(socket_path)
     if sock is None:
         raise RelayError(f"the daemon started on {socket_path} does not accept connections")
-    return sock
+    return sock, socket_path
 
 
 def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -326,14 +355,20 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, attach_line: bytes, pen
 
 
 def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str],
-        mcp: tuple[str, str | None] | None = None) -> int:
+        mcp: tuple[str, str | None] | None = None, *, default_socket: bool = False) -> int:
     """Relay for the harness; ``socket_path`` and ``db`` as ``str(Path)`` has them. With
     ``mcp`` (the workspace and the agent, ``memoryd mcp``), the connection is switched to
-    MCP before the first byte is relayed."""
+    MCP before the first byte is relayed. ``default_socket``: nobody chose the socket, so
+    the daemon that owns the store may be found by its owner record (:func:`attach`)."""
     _open_std_fds()
     try:
         line = None if mcp is None else mcp_attach_line(*mcp)
-        sock = attach(socket_path, serve_args)
+        store = None
+        if default_socket:
+            from memoryd_protocol.paths import default_db_path
+
+            store = db if db is not None else str(default_db_path())
+        sock, socket_path = attach(socket_path, serve_args, store)
         try:
             rest = check_store(sock, socket_path, db, write_policy)
             if line is not None:

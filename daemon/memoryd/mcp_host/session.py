@@ -428,7 +428,14 @@ class McpSession:
                     for line in framer.end() if chunk is None else framer.feed(chunk):
                         await self._take(send, line)
                     if chunk is None:
-                        return
+                        break
+                # EOF (the host closed its end, or the daemon stops reading): what was read
+                # is answered before the server loop ends, as on the socket; writes still
+                # waiting for this host's answer are denied first.
+                self._end()
+                while self._inflight:
+                    self._room.clear()
+                    await self._room.wait()
         except OSError as exc:
             log.debug("mcp session %s: read failed: %s", self.calls.session_id, exc)
         finally:
