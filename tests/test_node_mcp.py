@@ -24,6 +24,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +91,37 @@ def mcp_clients() -> Path:
     return home
 
 
+@pytest.fixture
+def run_dir(mcp_clients: Path) -> Iterator[Path]:
+    """A fresh directory inside the install, holding a copy of the Node tests (ES modules
+    resolve their imports from where the file is, so they run from under node_modules' parent)."""
+    d = Path(tempfile.mkdtemp(prefix="run-", dir=mcp_clients))
+    try:
+        for f in HERE.glob("*.test.js"):
+            shutil.copy2(f, d / f.name)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def memoryd_command() -> list[str]:
     """``memoryd`` as a host's MCP config names it: the script the venv installed."""
     script = Path(sys.executable).parent / "memoryd"
     return [str(script)] if script.exists() else [sys.executable, "-m", "memoryd"]
+
+
+def test_the_official_typescript_client(daemon_factory: Any, run_dir: Path) -> None:
+    auto = daemon_factory(name="auto")
+    ask = daemon_factory(policy="ask", name="ask")
+    env = dict(os.environ, MEMORYD_MCP_COMMAND=json.dumps(memoryd_command()),
+               MEMORYD_MCP_AUTO=json.dumps({"socket": str(auto.socket_path), "db": str(auto.db_path)}),
+               MEMORYD_MCP_ASK=json.dumps({"socket": str(ask.socket_path), "db": str(ask.db_path)}))
+    tests = sorted(p.name for p in run_dir.glob("*.test.js"))
+    r = subprocess.run([_tool("node"), "--test", *tests], cwd=run_dir, env=env, capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    out = r.stdout[-8000:] + r.stderr[-3000:]
+    assert r.returncode == 0, out
+    assert "# pass 8\n" in r.stdout and "# fail 0\n" in r.stdout, out
 
 
 @pytest.mark.parametrize("era", ["legacy", "modern"])
