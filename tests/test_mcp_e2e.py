@@ -14,7 +14,7 @@ import anyio
 import mcp_types as types
 import pytest
 from e2e_helpers import state
-from mcp_support import HOST, HOST_AGENT, PROJ, Host, mcp_client, mcp_daemon
+from mcp_support import HOST, HOST_AGENT, PROJ, Host, call, mcp_client, mcp_daemon, raw_mcp
 from memoryd_protocol import mcp_tools
 from rawclient import socket_client, write_ctx
 
@@ -101,6 +101,31 @@ async def test_the_snapshot_is_the_instructions_the_resource_and_the_prompt_take
             prompt = (await c.get_prompt("memory-snapshot")).messages[0].content
             assert c.instructions == text == prompt.text  # type: ignore[union-attr]
             assert "Prefers tabs" in text and "Added after the start" not in text
+        rows = [a for a in await raw.ok("audit/list", {"limit": 100}) if a["action"] == "snapshot"]
+        assert len(rows) == 1
+
+
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientInfo": {"name": HOST.name, "version": HOST.version},
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+async def test_a_session_without_a_handshake_takes_its_snapshot_at_its_first_request(
+        tmp_path: Path, sock_dir: Path) -> None:
+    """A 2026-07-28 host may discover on another process and send this one no
+    ``server/discover`` (the TypeScript SDK's stdio client probes on a short-lived sibling):
+    the session still starts at its first request, not at its first read of the snapshot."""
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw:
+        await raw.ok("memory/add", {"input": {**WS, "text": "Prefers tabs"}, "write": write_ctx("s-0", PROJ, HOST_AGENT)})
+        async with raw_mcp(d, initialize=False) as lines:
+            add = call(1, "memory_add", {**WS, "text": "Added after the start"})
+            add["params"]["_meta"] = MODERN_META
+            await lines.send(add)
+            assert (await lines.reply(1))["result"]["isError"] is False
+            await lines.send({"jsonrpc": "2.0", "id": 2, "method": "prompts/get",
+                              "params": {"name": "memory-snapshot", "_meta": MODERN_META}})
+            text = (await lines.reply(2))["result"]["messages"][0]["content"]["text"]
+        assert "Prefers tabs" in text and "Added after the start" not in text
         rows = [a for a in await raw.ok("audit/list", {"limit": 100}) if a["action"] == "snapshot"]
         assert len(rows) == 1
 

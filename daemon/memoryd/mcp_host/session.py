@@ -11,7 +11,7 @@ Where a request's work runs:
   that does not read beyond the connection's output cap.
 
 The server's ``instructions``, the resource ``memory://snapshot`` and the prompt
-``memory-snapshot`` are the session's frozen snapshot, taken once, when first served.
+``memory-snapshot`` are the session's frozen snapshot, taken once, at its first request.
 """
 
 from __future__ import annotations
@@ -147,7 +147,9 @@ class McpSession:
 
     async def _identify(self, ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
         """The session's agent layer is fixed by the first request that names the host;
-        the snapshot is taken when the instructions are first served."""
+        the snapshot is taken at the session's start: its handshake, else its first request.
+        (A 2026-07-28 host may discover on another process and send this one none: the
+        TypeScript SDK's stdio client probes ``server/discover`` on a short-lived sibling.)"""
         if self.calls.agent is None:
             client = self._client_of(ctx)
             if client is not None or ctx.method != "initialize":
@@ -161,6 +163,8 @@ class McpSession:
             text = await self._instructions()
             self.init_options.instructions = text
             self.server.instructions = text
+        elif self._snapshot is None:
+            await self._instructions()
         return await call_next(ctx)
 
     def _fix_agent(self, agent: str) -> None:
