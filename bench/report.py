@@ -134,12 +134,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     v = None if empty is None or full is None else (full - empty) / 1000
     ratio_target(f"daemon start on a {_get(st, 'ready_big_entries') or 100_000:,}-entry store ≤ 100 ms beyond an empty "
                  "one", v, v is not None and v <= 100, "+{:.0f} ms")
-    return out
+    from .mcp_report import targets as mcp_targets
+
+    return out + mcp_targets(r)
 
 
 def target_lines(r: dict[str, Any]) -> list[str]:
     """The targets' table, then each target this run missed with why (``WHY_NOT``)."""
-    lines = ["## Targets (issue 10)", "", "| target | measured | met |", "| --- | --- | --- |"]
+    lines = ["## Targets (issue 10, and the MCP front-end's)", "", "| target | measured | met |", "| --- | --- | --- |"]
     missed = []
     for what, val, ok in targets(r):
         lines.append(f"| {what} | {val} | {'–' if ok is None else ('yes' if ok else '**no**')} |")
@@ -251,6 +253,10 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| server-memory peak (VmHWM, over its runs) | {_mb(peer['peak_rss_kb'])} |")
         lines.append("")
 
+    from .mcp_report import markdown as mcp_markdown
+
+    lines += mcp_markdown(r)
+
     if floors:
         lines += ["## Floors", "", "| floor | value |", "| --- | --- |"]
         if fl is not None:
@@ -288,7 +294,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.8]})
     w = r.get("writes") or {}
     auto = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("auto/"))
     ask = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("ask/"))
@@ -302,8 +308,12 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     pw = _get(r, "peer", "writes", "per_s")
     if pw:
         a.plot([1], [pw], "x", markersize=10, color="red", label="server-memory (1 stdio client)")
+    from .mcp_report import plot as mcp_plot
+
+    mcp_plot(r, a, b, c)
+    mcp_sessions = [int(k.split("/")[1]) for k in _get(r, "mcp", "writes") or {} if k.startswith("auto/")]
     a.set_xscale("log", base=2)
-    ticks = sorted({c for c, _ in auto + ask} | {1})
+    ticks = sorted({c for c, _ in auto + ask} | {1} | set(mcp_sessions))
     a.set_xticks(ticks, [str(c) for c in ticks])
     a.set_ylim(bottom=0)
     a.set_xlabel("concurrent clients")
@@ -327,7 +337,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     b.set_yscale("log")
     b.set_xlabel("entries in the store")
     b.set_ylabel("p50 round trip, ms")
-    b.set_title("memory/query (solid) · in-process scan (dotted) · server-memory (x, dashed)")
+    b.set_title("memory/query (solid) · in-process scan (dotted) · server-memory (x, dashed) · memoryd mcp (◇)")
     b.title.set_fontsize(9)
     b.legend(fontsize=8)
     fig.tight_layout()
