@@ -18,6 +18,11 @@ Suites (``--only`` takes their names):
   peer     @modelcontextprotocol/server-memory (npm-installed into a temp dir, MCP over
            stdio): the same facts, needles and writes, its start and peak RSS; skipped
            with a message when npm is unavailable or the install fails
+  mcp      ``memoryd mcp`` beside server-memory, both driven with raw MCP lines: spawn →
+           tools/list answered (and with the SDK's client), memory_query at 2,000 entries
+           vs search_nodes, acked memory_add from 1 and 16 sessions vs create_entities,
+           and the daemon's RSS idle and with 10 MCP sessions; memoryd's figures alone
+           when server-memory cannot be installed
 
 Writes results.json, RESULTS.md (medians and ratios) and results.png (matplotlib, the
 ``bench`` extra; skipped with a message without it) into ``--out`` (default bench/results/).
@@ -39,7 +44,7 @@ from typing import Any
 from . import suites
 from .common import ROOT, env_info
 
-SUITES = ("floors", "query", "writes", "start", "cli", "rss", "peer")
+SUITES = ("floors", "query", "writes", "start", "cli", "rss", "peer", "mcp")
 
 
 def run_suite(name: str, ctx: suites.Ctx) -> None:
@@ -47,6 +52,10 @@ def run_suite(name: str, ctx: suites.Ctx) -> None:
         from .peer import peer
 
         peer(ctx)
+    elif name == "mcp":
+        from .mcp import mcp
+
+        mcp(ctx)
     else:
         getattr(suites, name)(ctx)
 

@@ -28,6 +28,10 @@ def install(tmp: Path) -> tuple[Path | None, str]:
     if npm is None or node is None:
         return None, "npm or node is not on PATH"
     where = tmp / "peer"
+    pkg = where / "node_modules" / "@modelcontextprotocol" / "server-memory"
+    if (pkg / "package.json").exists():  # installed by another suite of this run
+        meta = json.loads((pkg / "package.json").read_text())
+        return pkg / meta["bin"]["mcp-server-memory"], str(meta["version"])
     where.mkdir(exist_ok=True)
     (where / "package.json").write_text('{"name": "memoryd-bench-peer", "private": true}\n')
     try:
@@ -36,7 +40,6 @@ def install(tmp: Path) -> tuple[Path | None, str]:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         err = getattr(exc, "stderr", b"") or b""
         return None, f"npm install {PACKAGE} failed: {err.decode(errors='replace').strip()[-300:] or exc}"
-    pkg = where / "node_modules" / "@modelcontextprotocol" / "server-memory"
     meta = json.loads((pkg / "package.json").read_text())
     return pkg / meta["bin"]["mcp-server-memory"], str(meta["version"])
 

@@ -55,6 +55,37 @@ WHY_NOT: dict[str, str] = {
         "in slices), and those the machine's other load holds up: the same run's tail at 50 entries, "
         "where neither the text index nor a large page plays a part, shows how much of it is the "
         "machine's (bench/results/SPLIT-COMMIT.md and PER-QUERY.md)."),
+    "acked writes, 1 client(s) ≥ 4× server-memory": (
+        "One sequential client waits for one synchronous=FULL commit per write, and server-memory "
+        "does not fsync at all: on a disk whose FULL commit floor is low (416 commits/s in the run of "
+        "2026-12-01 23:22, 1,934 in the run before it) the client is at the floor (0.93× in that run) "
+        "and the ratio is the disk's, not the daemon's."),
+    "MCP spawn → tools/list answered (memoryd mcp, raw lines) ≤ 2× python -c pass": (
+        "The relay process alone (memoryd serve --stdio, spawn → initialize) is 1.55× python -c pass in "
+        "the same run; the rest is the daemon's work per session before tools/list is answered: "
+        "McpSession.__init__ builds the 8 tools' JSON schemas anew for every session (struct_schemas, "
+        "about a third of the GIL holder's samples), the initialize takes the session's frozen "
+        "snapshot (every entry read and rendered, then one synchronous=FULL commit of it and its audit "
+        "row: another third at 2,000 entries, a 114 KB initialize reply), and the SDK's pydantic "
+        "validation and dumps of each message (bench/results/MCP.md)."),
+    "MCP memory_query at 2,000 ≥ 5× faster than server-memory's search_nodes": (
+        "Each tools/call costs about 0.7 ms more than the same memory/query over the socket (the MCP − "
+        "socket column): the daemon's CPU per call is about 0.73 ms through the SDK against 0.09 ms on "
+        "the socket (py-spy --gil), mostly the SDK's dispatch (OpenTelemetry middleware, "
+        "RequestStateBoundary, pydantic validation of the request, model_dump and model_dump_json of "
+        "the result). server-memory answers the selective needles in about 2.6 ms, so the worst "
+        "needle's ratio is the SDK's fixed cost; 5× needs a round trip of about 0.5 ms "
+        "(bench/results/MCP.md)."),
+    "MCP memory_add, 1 session(s) ≥ 10× server-memory's create_entities": (
+        "A sequential session waits for one synchronous=FULL commit per add, and server-memory does "
+        "not fsync: the same run's socket client is bound by the same disk floor, and the MCP path "
+        "adds the SDK's per-call CPU (about 0.6 ms) and the relay's two extra hops on top of it "
+        "(bench/results/MCP.md)."),
+    "MCP memory_add, 16 session(s) ≥ 10× server-memory's create_entities": (
+        "With 16 sessions the commits are shared, so the event loop's CPU per add bounds the rate: "
+        "575 µs per MCP add against 165 µs per socket add in the same run, the difference the SDK's "
+        "dispatch and pydantic (as for queries), on a 2-core machine where the 16 relays and the "
+        "measuring process compete for the same cores (bench/results/MCP.md)."),
     "--standalone start ≤ 0.75× server-memory's start": (
         "A standalone start is Python imports for most of its time: asyncio (which imports ssl and "
         "concurrent.futures), sqlite3, msgspec, anyio and the daemon's own modules; opening a new "
@@ -134,12 +165,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     v = None if empty is None or full is None else (full - empty) / 1000
     ratio_target(f"daemon start on a {_get(st, 'ready_big_entries') or 100_000:,}-entry store ≤ 100 ms beyond an empty "
                  "one", v, v is not None and v <= 100, "+{:.0f} ms")
-    return out
+    from .mcp_report import targets as mcp_targets
+
+    return out + mcp_targets(r)
 
 
 def target_lines(r: dict[str, Any]) -> list[str]:
     """The targets' table, then each target this run missed with why (``WHY_NOT``)."""
-    lines = ["## Targets (issue 10)", "", "| target | measured | met |", "| --- | --- | --- |"]
+    lines = ["## Targets (issue 10, and the MCP front-end's)", "", "| target | measured | met |", "| --- | --- | --- |"]
     missed = []
     for what, val, ok in targets(r):
         lines.append(f"| {what} | {val} | {'–' if ok is None else ('yes' if ok else '**no**')} |")
@@ -251,6 +284,10 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| server-memory peak (VmHWM, over its runs) | {_mb(peer['peak_rss_kb'])} |")
         lines.append("")
 
+    from .mcp_report import markdown as mcp_markdown
+
+    lines += mcp_markdown(r)
+
     if floors:
         lines += ["## Floors", "", "| floor | value |", "| --- | --- |"]
         if fl is not None:
@@ -288,7 +325,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.8]})
     w = r.get("writes") or {}
     auto = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("auto/"))
     ask = sorted((int(k.split("/")[1]), v["per_s"]) for k, v in w.items() if k.startswith("ask/"))
@@ -302,8 +339,12 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     pw = _get(r, "peer", "writes", "per_s")
     if pw:
         a.plot([1], [pw], "x", markersize=10, color="red", label="server-memory (1 stdio client)")
+    from .mcp_report import plot as mcp_plot
+
+    mcp_plot(r, a, b, c)
+    mcp_sessions = [int(k.split("/")[1]) for k in _get(r, "mcp", "writes") or {} if k.startswith("auto/")]
     a.set_xscale("log", base=2)
-    ticks = sorted({c for c, _ in auto + ask} | {1})
+    ticks = sorted({c for c, _ in auto + ask} | {1} | set(mcp_sessions))
     a.set_xticks(ticks, [str(c) for c in ticks])
     a.set_ylim(bottom=0)
     a.set_xlabel("concurrent clients")
@@ -327,7 +368,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     b.set_yscale("log")
     b.set_xlabel("entries in the store")
     b.set_ylabel("p50 round trip, ms")
-    b.set_title("memory/query (solid) · in-process scan (dotted) · server-memory (x, dashed)")
+    b.set_title("memory/query (solid) · in-process scan (dotted) · server-memory (x, dashed) · memoryd mcp (◇)")
     b.title.set_fontsize(9)
     b.legend(fontsize=8)
     fig.tight_layout()

@@ -78,3 +78,65 @@ def test_every_explained_miss_names_a_target_and_a_miss_is_listed_with_it() -> N
     assert f"- **{standalone}**: {report.WHY_NOT[standalone]}" in table
     sixteen = next(n for n in names if n.startswith("acked writes, 16 client(s) ≥ 1.0×"))
     assert f"| {sixteen} | 2.00× | yes |" in table and f"- **{sixteen}**" not in table
+
+
+def test_mcp_rss_measures_a_real_daemon_with_ten_sessions(tmp_path: Path) -> None:
+    """bench.mcp's RSS part on a real daemon and real ``memoryd mcp`` processes: the SDK is
+    not mapped before the first MCP session, and 10 sessions are attached when measured.
+    (The whole suite needs server-memory from npm: it runs in ``python -m bench``.)"""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import mcp
+        from bench.common import start_daemon
+    finally:
+        sys.path.remove(str(ROOT))
+    d = start_daemon(tmp_path, "d", tmp_path / "m.db")
+    try:
+        out: dict[str, object] = {}
+        mcp.rss(None, out, d)  # type: ignore[arg-type]
+        s = mcp.Stdio(*mcp.memoryd_cmd(d))
+        s.open()
+        assert s.tools == 8
+        assert s.tool("memory_add", {"track": "agent", "scope": "workspace", "text": "the bench wrote it"})["entry"]
+        assert s.tool("memory_query", mcp.mcp_query_args("bench"))["total"] == 1
+        s.close()
+    finally:
+        d.stop()
+    r = out["rss"]
+    assert isinstance(r, dict)
+    assert r["sdk_mapped_idle"] is False and r["sdk_mapped_after"] is True
+    assert r["sessions"] == 10 and r["connections"] == 11  # the sessions and the status call's own
+    assert r["with_sessions_kb"] > r["idle_kb"] > 0
+
+
+def test_the_mcp_targets_are_reported_and_a_miss_is_listed_with_why() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import report
+    finally:
+        sys.path.remove(str(ROOT))
+    ms = {"p50_us": 1000.0, "p99_us": 2000.0}
+    results = {"mcp": {
+        "peer_version": "1",
+        "rss": {"idle_kb": 30_000, "sdk_mapped_idle": False, "first_session_s": 0.5, "after_first_session_kb": 80_000,
+                "sessions": 10, "connections": 11, "with_sessions_kb": 90_000, "peak_kb": 90_000},
+        "start": {"2000": {"raw": {"p50_us": 30_000.0, "p99_us": 31_000.0}, "sdk": ms,
+                           "python_pass": {"p50_us": 10_000.0}, "first_session_s": 0.5, "tools": 8},
+                  "peer": {"raw": {"p50_us": 200_000.0, "p99_us": 210_000.0}, "sdk": ms}},
+        "query": {"entries": 2000, "limit": 20, "needles": {
+            label: {"mcp": {**ms, "hits": 1}, "socket": ms, "peer": {"p50_us": 10_000.0, "hits": 1}}
+            for label in ("1 char", "2 chars", "3 chars", "8 chars", "CJK", "every row", "no text")}},
+        "writes": {"store_starts_at": 2000, "auto/1": {"per_s": 500.0, "daemon_cpu_us_per_write": 1.0},
+                   "auto/16": {"per_s": 2000.0, "daemon_cpu_us_per_write": 1.0}, "peer": {"per_s": 100.0}}}}
+    got = {what: (val, ok) for what, val, ok in report.targets(results) if "MCP" in what}
+    spawn = next(w for w in got if w.startswith("MCP spawn → tools/list answered (memoryd mcp"))
+    assert got[spawn] == ("3.00×", False)
+    assert got["MCP memory_query at 2,000 ≥ 5× faster than server-memory's search_nodes (worst needle)"] == \
+        ("10.00×", True)
+    assert got["MCP memory_add, 1 session(s) ≥ 10× server-memory's create_entities"] == ("5.00×", False)
+    assert got["daemon RSS with 10 MCP sessions ≤ 120 MB"] == ("87.9 MB", True)
+    table = "\n".join(report.target_lines(results))
+    assert f"- **{spawn}**: {report.why_not(spawn)}" in table
+    md = report.markdown(results)
+    assert "## MCP: `memoryd mcp` beside server-memory" in md
+    assert "| `memoryd mcp`, 2,000-entry store, raw lines | 30.00 ms |" in md
