@@ -273,3 +273,57 @@ async def test_bad_arguments_are_invalid_input_and_change_nothing(tmp_path: Path
             assert r.is_error and structured(r)["code"] == code, (name, arguments, r)
             assert r.content[0].text.startswith(f"{code}: ")  # type: ignore[union-attr]
         assert await state(raw) == before
+
+
+ODD_ROWS = [
+    {"id": "3b241101-e2bb-1255-8caf-4136c566a962"},  # a UUID v1
+    {"id": "3B241101-E2BB-4255-8CAF-4136C566A963"},
+    {"id": "mem_0001"},
+    {"tags": json.dumps(["x" * 40])},
+    {"tags": json.dumps([f"t{i}" for i in range(20)])},
+    {"tags": json.dumps(["a", "a"])},
+    {"source": ""},
+    {"version": 0},
+    {"recall_count": -1},
+]
+
+
+def odd_store(db: Path, *, track: str = "user") -> None:
+    """A dsh-memento store (schema 4) whose rows the daemon opens, but which no memoryd input
+    could have made."""
+    import sqlite3
+
+    from memoryd.store import MIGRATIONS
+
+    conn = sqlite3.connect(db)
+    for step in range(1, 5):
+        for sql in MIGRATIONS[step]:
+            conn.execute(sql)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+    for n, odd in enumerate(ODD_ROWS):
+        row = {"id": f"3b241101-e2bb-4255-8caf-4136c566a{n:03d}", "track": track, "scope": "user-global",
+               "workspace_key": "", "text": f"odd {n}", "source": "dsh-memento", "created_at": 1, "updated_at": 2,
+               "session_id": "s-0", **odd}
+        conn.execute(f"INSERT INTO entries ({','.join(row)}) VALUES ({','.join('?' * len(row))})", list(row.values()))
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_results_of_rows_no_input_could_make_still_fit_the_output_schemas(
+        tmp_path: Path, sock_dir: Path, mode: str) -> None:
+    odd_store(tmp_path / "m.db")
+    async with mcp_daemon(tmp_path, sock_dir) as d, mcp_client(d, mode) as c:
+        listed = await c.call_tool("memory_list", {})  # the SDK client checks the output schema
+        assert [e["text"] for e in structured(listed)["entries"]] == [f"odd {n}" for n in range(len(ODD_ROWS))]
+        found = await c.call_tool("memory_query", {"text": "odd"})
+        assert structured(found)["total"] == len(ODD_ROWS)
+        removed = await c.call_tool("memory_remove", {"track": "user", "scope": "user-global", "match": "odd 2"})
+        assert structured(removed)["entry"]["id"] == "mem_0001"
+
+
+async def test_a_row_the_snapshot_cannot_render_leaves_the_session_usable(tmp_path: Path, sock_dir: Path) -> None:
+    odd_store(tmp_path / "m.db", track="other")
+    async with mcp_daemon(tmp_path, sock_dir) as d, mcp_client(d, "legacy") as c:
+        assert c.instructions is None
+        assert not (await c.call_tool("memory_budgets", {})).is_error

@@ -6,6 +6,7 @@ error and the store keeps exactly what was acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import mcp_types as types
 import pytest
 from e2e_helpers import state
 from mcp import MCPError
-from mcp_support import INITIALIZED, PROJ, Host, call, mcp_client, mcp_daemon, raw_mcp
-from memoryd.mcp_host.session import MAX_INFLIGHT, host_agent
+from mcp_support import INITIALIZE, INITIALIZED, PROJ, Host, call, mcp_client, mcp_command, mcp_daemon, raw_mcp
+from memoryd.mcp_host.session import host_agent
+from memoryd.mcp_host.wire import MAX_INFLIGHT
+from rawclient import write_ctx
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +180,69 @@ async def test_a_store_mismatch_is_refused_before_anything_is_relayed(tmp_path: 
         assert result.stderr.decode() == (
             f"memoryd: the daemon on {cfg.socket_path} serves the store {cfg.db_path}, not {tmp_path / 'other.db'}; "
             f"give --socket of the daemon that serves {tmp_path / 'other.db'}, or drop --db to use {cfg.db_path}\n")
+
+
+async def test_cancelled_calls_free_their_slots_and_a_closed_host_ends_its_session(
+        tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d:
+        async with raw_mcp(d) as host:
+            flood = []
+            for i in range(1, MAX_INFLIGHT + 45):
+                flood += [call(i, "memory_budgets", {}),
+                          {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": i}}]
+            await host.send(*flood, {"jsonrpc": "2.0", "id": "ping", "method": "ping"})
+            assert (await host.reply("ping"))["result"] == {}
+        with anyio.fail_after(30):
+            await d.daemon.no_connections.wait()
+
+
+async def test_a_host_that_stops_reading_is_dropped_at_the_output_cap(tmp_path: Path, sock_dir: Path) -> None:
+    config = "max_buffered_bytes = 65536\n[budgets.user]\nuser_global = 200000\n"
+    async with mcp_daemon(tmp_path, sock_dir, config=config) as d:
+        async with d.connect() as raw:
+            await raw.ok("memory/seed", {"inputs": [{"track": "user", "scope": "user-global", "text": f"fact {i} " * 12}
+                                                    for i in range(400)], "write": write_ctx("s-0")})
+        async with await anyio.open_process(mcp_command(d)) as proc:
+            await proc.stdin.send(json.dumps(INITIALIZE).encode() + b"\n" + json.dumps(INITIALIZED).encode() + b"\n"
+                                  + b"".join(json.dumps(call(i, "memory_list", {})).encode() + b"\n"
+                                             for i in range(1, 200)))
+            # Nothing is read: the relay's stdout fills, then its socket, then the daemon's
+            # buffer for it, and the daemon lets go of the connection.
+            with anyio.fail_after(60):
+                await d.daemon.no_connections.wait()
+            proc.kill()
+
+
+async def test_a_half_line_held_too_long_closes_the_session(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir, config="half_line_timeout_s = 0.5\n") as d, raw_mcp(d) as host:
+        await host.proc.stdin.send(b'{"jsonrpc":"2.0","id":9,"method":"ping"' + b" " * 1000)  # no newline
+        line = await host.line()
+        assert line["error"]["code"] == -32600 and "incomplete" in line["error"]["message"]
+        with anyio.fail_after(30):
+            await d.daemon.no_connections.wait()
+
+
+async def test_what_was_sent_before_eof_is_answered(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw:
+        async with await anyio.open_process(mcp_command(d)) as proc:
+            calls = [call(i, "memory_add", {**WS, "text": f"fact {i}"}) for i in range(1, 6)]
+            await proc.stdin.send(b"".join(json.dumps(m).encode() + b"\n" for m in
+                                           [INITIALIZE, INITIALIZED, *calls, {"jsonrpc": "2.0", "id": 6,
+                                                                               "method": "tools/list"}]))
+            await proc.stdin.aclose()
+            out = b""
+            with anyio.fail_after(30):
+                async for chunk in proc.stdout:
+                    out += chunk
+        replies = {m["id"]: m for m in map(json.loads, out.splitlines())}
+        assert sorted(replies) == [0, 1, 2, 3, 4, 5, 6]
+        assert all(replies[i]["result"]["isError"] is False for i in range(1, 6))
+        assert len(replies[6]["result"]["tools"]) == 8
+        assert len(await raw.ok("memory/list", {})) == 5
+
+
+async def test_mcp_attach_after_memory_watch_is_refused(tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect(initialize=False) as raw:
+        await raw.ok("memory/watch", {"session": {"id": "w-1"}})
+        err = await raw.fail("mcp/attach", {"cwd": PROJ})
+        assert err.code == "INVALID_INPUT" and "memory/watch" in err.error["message"]

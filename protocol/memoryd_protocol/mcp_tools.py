@@ -131,17 +131,36 @@ def _result_type(tool: McpTool) -> Any:
     return tool.row.result
 
 
-def output_schema(tool: McpTool) -> JSON:
-    """The schema of ``structuredContent``: the method's result, wrapped when it is a list
-    or may be null."""
-    if tool.wrap is None:
-        return _standalone(_result_type(tool))
+#: What an input must satisfy, not what a stored entry always does: a store dsh-memento
+#: wrote (or an older version) may hold ids, tags or counters outside them, and a host's
+#: SDK refuses a result that breaks its output schema.
+_INPUT_RULES: Final = frozenset({"pattern", "format", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
+                                 "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "if", "then",
+                                 "else", "allOf", "not"})
 
+
+def _shapes(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_shapes(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _shapes(v) for k, v in node.items() if k not in _INPUT_RULES and k not in ("properties", "$defs")}
+    for names in ("properties", "$defs"):  # maps of names to schemas: every name kept
+        if names in node:
+            out[names] = {name: _shapes(schema) for name, schema in node[names].items()}
+    return out
+
+
+def output_schema(tool: McpTool) -> JSON:
+    """The schema of ``structuredContent``: the method's result (wrapped when it is a list
+    or may be null), its shapes and names without the rules its inputs obey."""
+    if tool.wrap is None:
+        return _shapes(_standalone(_result_type(tool)))  # type: ignore[no-any-return]
     [inner], named = struct_schemas([_result_type(tool)], "#/$defs/")
     schema: JSON = {"type": "object", "properties": {tool.wrap: inner}, "required": [tool.wrap]}
     if named:
         schema["$defs"] = named
-    return schema
+    return _shapes(schema)  # type: ignore[no-any-return]
 
 
 def structured(tool: McpTool, result: Any) -> JSON:

@@ -63,6 +63,8 @@ class McpFront:
         if conn in self.service.approvals.approvers or any(
                 p_.origin is conn for p_ in self.service.approvals.pending.values()):
             raise InvalidInput("mcp/attach must come before this connection approves or writes")
+        if self.service.watchers.sessions(conn):
+            raise InvalidInput("mcp/attach must come before memory/watch: its events would land on the MCP stream")
         if not os.path.isabs(p.cwd) or "\0" in p.cwd:
             raise InvalidInput("cwd must be an absolute path", "cwd")
         module = await self._session_module()

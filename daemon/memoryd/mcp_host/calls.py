@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import mcp_types as types
 import msgspec
 from memoryd_protocol import types as t
 from memoryd_protocol.errors import InvalidInput, ProtocolError
@@ -28,10 +27,21 @@ from .peer import McpPeer
 log = logging.getLogger("memoryd.mcp")
 
 
-def error_result(exc: ProtocolError) -> types.CallToolResult:
-    content = {"code": exc.code, "message": exc.message, "details": exc.details}
-    return types.CallToolResult(content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
-                                structured_content=content, is_error=True)
+#: A ``tools/call`` result in its wire form. Handlers return it as a dict, not as the SDK's
+#: ``CallToolResult``: the SDK validates and dumps a handler's result for the negotiated
+#: era either way, and a model would be dumped once more before that.
+ToolResult = dict[str, Any]
+
+
+def tool_result(text: str, structured: Any, *, error: bool = False) -> ToolResult:
+    # resultType: 2026-07-28's (the 2025-11-25 surface drops it)
+    return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": error,
+            "resultType": "complete"}
+
+
+def error_result(exc: ProtocolError) -> ToolResult:
+    return tool_result(f"{exc.code}: {exc.message}", {"code": exc.code, "message": exc.message,
+                                                      "details": exc.details}, error=True)
 
 
 def _short(entry_id: str) -> str:
@@ -112,7 +122,7 @@ class McpCalls:
             return tool.row.params(input=args, write=self._write())
         return t.EmptyParams()
 
-    async def call(self, tool: McpTool, params: Any, key: int) -> types.CallToolResult:
+    async def call(self, tool: McpTool, params: Any, key: int) -> ToolResult:
         """Serve the call with the method's handler, as a request of this session's
         connection whose id is ``key`` (approvals find the call by it)."""
         try:
@@ -124,8 +134,7 @@ class McpCalls:
             return error_result(ProtocolError("internal error: the daemon's log says more"))
         if tool.name == "memory_list":
             result = self._visible(result)
-        return types.CallToolResult(content=[types.TextContent(text=_text(tool, result))],
-                                    structured_content=structured(tool, result))
+        return tool_result(_text(tool, result), structured(tool, result))
 
     def _visible(self, entries: list[t.Entry]) -> list[t.Entry]:
         v = self.view

@@ -21,7 +21,7 @@ import itertools
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import mcp_types as types
@@ -30,12 +30,11 @@ from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from memoryd_protocol.approval_text import approval_request
 from memoryd_protocol.errors import InvalidInput, ProtocolError
-from memoryd_protocol.framing import OVERSIZE, Framer
-from memoryd_protocol.mcp_tools import BY_NAME, TOOLS, McpTool
+from memoryd_protocol.framing import Framer
+from memoryd_protocol.mcp_tools import BY_NAME, TOOLS, McpTool, input_schema, output_schema
 from memoryd_protocol.mcp_wire import McpAttachParams
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ClientInfo, Session, SnapshotParams
 
@@ -43,13 +42,16 @@ from .. import __version__
 from ..connection import Connection
 from ..context import RequestContext
 from . import McpFront
-from .calls import McpCalls, error_result
+from .calls import McpCalls, ToolResult, error_result
 from .peer import Call, McpPeer
+from .wire import MAX_INFLIGHT, Wire
 
 log = logging.getLogger("memoryd.mcp")
+# The SDK warns of each refused requestState or overflowing listen stream: a hostile host
+# could fill the log with them. Below debug level, only its errors are kept.
+if not logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
+    logging.getLogger("mcp").setLevel(logging.ERROR)
 
-#: Requests of one session read and not yet answered; the session stops reading beyond it.
-MAX_INFLIGHT = 256
 #: Resource-update streams (subscriptions/listen) one session may hold open.
 MAX_LISTENS = 8
 
@@ -66,26 +68,6 @@ APPROVE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 BY_ELICITATION = ApprovalBy(kind="human", name="mcp-elicitation")
 ELICITATION_FAILED = ApprovalBy(kind="policy", name="memoryd mcp: the host's elicitation failed")
 OUTCOMES = {"accept": "allowed-once", "decline": "rejected"}
-
-_PARSE_ERROR = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}'
-_INVALID = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: not a JSON-RPC 2.0 message"}}'
-_OVERSIZE = (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: '
-             b'the message is longer than max_message_bytes"}}')
-
-
-def _refusal(line: bytes) -> bytes:
-    """The error for a line that is no JSON-RPC message: a parse error, or an invalid
-    request answered with its id when a request's id can be read (JSON-RPC 2.0 §5)."""
-    try:
-        obj = msgspec.json.decode(line)
-    except msgspec.DecodeError:
-        return _PARSE_ERROR
-    id_ = obj.get("id") if isinstance(obj, dict) and "method" in obj else None
-    if isinstance(id_, bool) or not isinstance(id_, str | int):
-        return _INVALID
-    return msgspec.json.encode({"jsonrpc": "2.0", "id": id_, "error": {
-        "code": types.INVALID_REQUEST, "message": "Invalid request: not a JSON-RPC 2.0 request"}})
-
 
 def host_agent(name: str | None) -> str | None:
     """The agent layer a host's ``clientInfo.name`` gives: lower case, words joined by
@@ -104,6 +86,21 @@ def _declares_elicitation(ctx: ServerRequestContext[Any, Any]) -> bool:
     return e is not None and (e.form is not None or e.url is None)
 
 
+def _tool(t: McpTool) -> types.Tool:
+    return types.Tool(
+        name=t.name, title=t.title, description=t.description, input_schema=input_schema(t),
+        output_schema=output_schema(t),
+        annotations=types.ToolAnnotations(title=t.title, read_only_hint=t.read_only,
+                                          destructive_hint=t.destructive if not t.read_only else None,
+                                          idempotent_hint=t.read_only or None, open_world_hint=False))
+
+
+#: ``tools/list``'s result: the same for every session, so made once, when the daemon
+#: imports this module for its first MCP session (on a thread).
+_TOOLS_LISTED: Final = types.ListToolsResult(tools=[_tool(t) for t in TOOLS]).model_dump(
+    by_alias=True, mode="json", exclude_none=True)
+
+
 class McpSession:
     def __init__(self, front: McpFront, conn: Connection, session_id: str, p: McpAttachParams) -> None:
         self.service = front.service
@@ -116,7 +113,7 @@ class McpSession:
         #: daemon work of this session not finished yet (awaited, never cancelled, at the end)
         self._tasks: set[asyncio.Task[Any]] = set()
         #: 2026-07-28: writes waiting for the host's retry with the answer, by approval id
-        self._parked: dict[str, asyncio.Task[types.CallToolResult]] = {}
+        self._parked: dict[str, asyncio.Task[ToolResult]] = {}
         #: 2025-11-25: elicitations in flight, by approval id
         self._elicitations: dict[str, asyncio.Task[None]] = {}
         self._snapshot: str | None = None
@@ -129,19 +126,23 @@ class McpSession:
         self._room = asyncio.Event()
         self.server: Server[Any] = Server(
             "memoryd", version=__version__, title="memoryd: bounded, approval-gated, audited memory",
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
             on_list_resources=self._list_resources, on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe, on_unsubscribe_resource=self._unsubscribe,
             on_subscriptions_listen=ListenHandler(self._bus, max_subscriptions=MAX_LISTENS, max_buffered_events=64),
             on_list_prompts=self._list_prompts, on_get_prompt=self._get_prompt,
         )
+        # Results in wire form (calls.ToolResult): the handler's own types are the SDK's.
+        self.server.add_request_handler("tools/list", types.PaginatedRequestParams, self._list_tools)
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        # memoryd sends no telemetry: the SDK's default middleware (an OpenTelemetry span
+        # per message) goes, and ours alone wraps each request.
+        self.server.middleware.clear()
         self.server.middleware.append(self._identify)
         # The 2026-07-28 retry's requestState is sealed to this session, the tool and its
         # arguments; the write it answers is looked up by it, once (``_answered``).
         security = RequestStateSecurity.ephemeral(ttl=config.approval_timeout_s + 60)
         self.server.middleware.append(RequestStateBoundary(security, default_audience=f"memoryd/{session_id}"))
         self.init_options = self.server.create_initialization_options(NotificationOptions())
-        self._tools = [self._tool(t) for t in TOOLS]
 
     # --- identity and the frozen snapshot ----------------------------------------------
 
@@ -204,26 +205,17 @@ class McpSession:
             return await self.snapshot()
         except ProtocolError as exc:
             log.warning("mcp session %s: no snapshot for the instructions: %s", self.calls.session_id, exc.code)
-            return None
+        except Exception:  # a store row the renderer cannot show: the session still serves
+            log.exception("mcp session %s: no snapshot for the instructions", self.calls.session_id)
+        return None
 
     # --- tools ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _tool(t: McpTool) -> types.Tool:
-        from memoryd_protocol.mcp_tools import input_schema, output_schema
-
-        return types.Tool(
-            name=t.name, title=t.title, description=t.description, input_schema=input_schema(t),
-            output_schema=output_schema(t),
-            annotations=types.ToolAnnotations(title=t.title, read_only_hint=t.read_only,
-                                              destructive_hint=t.destructive if not t.read_only else None,
-                                              idempotent_hint=t.read_only or None, open_world_hint=False))
-
-    async def _list_tools(self, ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self._tools)
+    async def _list_tools(self, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:
+        return _TOOLS_LISTED
 
     async def _call_tool(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-                         ) -> types.CallToolResult | types.InputRequiredResult:
+                         ) -> ToolResult | types.InputRequiredResult:
         tool = BY_NAME.get(params.name)
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name[:64]!r}; tools/list names memoryd's tools")
@@ -237,8 +229,11 @@ class McpSession:
             return error_result(exc)
         call = Call(ctx, ctx.protocol_version in MODERN_PROTOCOL_VERSIONS)
         key = next(self._keys)
+        try:
+            task = self._start(self.calls.call(tool, wire, key))
+        except ProtocolError as exc:
+            return error_result(exc)
         self.peer.calls[key] = call
-        task = self._start(self.calls.call(tool, wire, key))
         try:
             if call.modern:
                 asked = asyncio.ensure_future(call.was_asked.wait())
@@ -254,6 +249,12 @@ class McpSession:
             self.peer.calls.pop(key, None)
 
     def _start(self, work: Any) -> asyncio.Task[Any]:
+        if len(self._tasks) >= MAX_INFLIGHT:
+            # A host that cancels its calls leaves their work running here (a write is never
+            # cut short): bounded all the same.
+            work.close()
+            raise InvalidInput(f"this session already has {MAX_INFLIGHT} calls in the daemon; wait for "
+                               "their results")
         task: asyncio.Task[Any] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -266,7 +267,11 @@ class McpSession:
             call.asked = asked
             call.was_asked.set()
         else:
-            self._elicitations[asked.id] = self._start(self._elicit(call, asked))
+            # not _start: the elicitations of a session are bounded by max_pending_approvals
+            task = asyncio.ensure_future(self._elicit(call, asked))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            self._elicitations[asked.id] = task
 
     def _resolved(self, approval_id: str) -> None:
         """Decided elsewhere (a timeout, shutdown): the host's dialog is withdrawn."""
@@ -289,7 +294,7 @@ class McpSession:
         finally:
             self._elicitations.pop(asked.id, None)
 
-    def _ask_on_retry(self, asked: ApprovalAsked, task: asyncio.Task[types.CallToolResult]
+    def _ask_on_retry(self, asked: ApprovalAsked, task: asyncio.Task[ToolResult]
                       ) -> types.InputRequiredResult:
         """2026-07-28: the question goes back as an input-required result; the write stays
         parked in the gate until the host retries with the answer (or the approval times out)."""
@@ -299,7 +304,7 @@ class McpSession:
         return types.InputRequiredResult(input_requests={"approval": types.ElicitRequest(params=form)},
                                          request_state=asked.id)
 
-    async def _answered(self, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _answered(self, params: types.CallToolRequestParams) -> ToolResult:
         """The retry: its requestState (sealed by RequestStateBoundary to this tool and
         these arguments) names the parked write; each answers it once."""
         approval_id = params.request_state or ""
@@ -397,17 +402,12 @@ class McpSession:
     # --- the connection ------------------------------------------------------------------
 
     async def run(self, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:
-        read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](64)
+        wire = Wire(self.conn, self.calls.session_id, self.service.config.half_line_timeout_s, self._end)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._notify_changes)
-                tg.start_soon(self._read, read_send, lines, framer, source)
-                writer = anyio.Event()
-                tg.start_soon(self._write, write_recv, writer)
-                async with write_send:
-                    await self.server.run(read_recv, write_send, self.init_options)
-                await writer.wait()
+                await wire.serve(lines, framer, source,
+                                 lambda recv, send: self.server.run(recv, send, self.init_options))
                 tg.cancel_scope.cancel()
         finally:
             self._end()
@@ -416,62 +416,11 @@ class McpSession:
                     await asyncio.wait(set(self._tasks))
 
     def _end(self) -> None:
+        """The host is gone (or the daemon stops reading it): writes waiting for its answer
+        are denied "unavailable", as for a closed connection, and its watch ends."""
         self.peer.gone = True
         self.service.watchers.drop(self.peer)
-        # Writes waiting for this host's answer are denied "unavailable", as for a closed
-        # connection.
         self.service.approvals.connection_closed(self.peer)
-
-    async def _read(self, send: Any, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:
-        try:
-            async with send:
-                for line in lines:
-                    await self._take(send, line)
-                while True:
-                    chunk = await anext(source, None)
-                    for line in framer.end() if chunk is None else framer.feed(chunk):
-                        await self._take(send, line)
-                    if chunk is None:
-                        break
-                # EOF (the host closed its end, or the daemon stops reading): what was read
-                # is answered before the server loop ends, as on the socket; writes still
-                # waiting for this host's answer are denied first.
-                self._end()
-                while self._inflight:
-                    self._room.clear()
-                    await self._room.wait()
-        except OSError as exc:
-            log.debug("mcp session %s: read failed: %s", self.calls.session_id, exc)
-        finally:
-            self._end()
-
-    async def _take(self, send: Any, line: bytes) -> None:
-        if line is OVERSIZE:
-            await self.conn.send_line(_OVERSIZE)
-            return
-        try:
-            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except ValueError:
-            await self.conn.send_line(_refusal(line))
-            return
-        if isinstance(message, types.JSONRPCRequest):
-            while self._inflight >= MAX_INFLIGHT:
-                self._room.clear()
-                await self._room.wait()
-            self._inflight += 1
-        await send.send(SessionMessage(message))
-
-    async def _write(self, recv: Any, done: anyio.Event) -> None:
-        try:
-            async with recv:
-                async for item in recv:
-                    message = item.message
-                    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id is not None:
-                        self._inflight = max(self._inflight - 1, 0)
-                        self._room.set()
-                    await self.conn.send_line(message.model_dump_json(by_alias=True, exclude_unset=True).encode())
-        finally:
-            done.set()
 
 
 async def serve(front: McpFront, conn: Connection, session_id: str, p: McpAttachParams, lines: list[bytes],

@@ -1,0 +1,162 @@
+"""An MCP session's connection as the SDK's message streams, with the daemon's caps.
+
+Lines are framed as on the socket (``max_message_bytes``, ``half_line_timeout_s``), each
+parsed into the SDK's ``SessionMessage``; a line that is no JSON-RPC message is answered
+here. Replies go out without waiting: a host that stops reading is dropped once more than
+``max_buffered_bytes`` wait for it (the transport's rule for every connection), so its
+unsent results never pile up in the daemon.
+
+At most ``MAX_INFLIGHT`` requests of a session are read and not yet answered (or cancelled
+by the host): beyond that no further line is read. At EOF, what was read is answered
+before the streams close, as on the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+import msgspec
+from mcp.shared.message import SessionMessage
+from memoryd_protocol.framing import OVERSIZE, Framer
+
+from ..connection import Connection
+from ..rpc import HALF_LINE_LINE
+
+log = logging.getLogger("memoryd.mcp")
+
+#: Requests of one session read and not yet answered; the session stops reading beyond it.
+MAX_INFLIGHT = 256
+#: How long a session that read EOF waits for the SDK to answer what it read.
+EOF_ANSWER_S = 10.0
+
+_PARSE_ERROR = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}'
+_INVALID = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: not a JSON-RPC 2.0 message"}}'
+_OVERSIZE = (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: '
+             b'the message is longer than max_message_bytes"}}')
+
+#: The SDK's server loop over the two streams: (what it reads, where it writes).
+Serve = Callable[[Any, Any], Awaitable[None]]
+
+
+def refusal(line: bytes) -> bytes:
+    """The error for a line that is no JSON-RPC message: a parse error, or an invalid
+    request answered with its id when a request's id can be read (JSON-RPC 2.0 §5)."""
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return _PARSE_ERROR
+    id_ = obj.get("id") if isinstance(obj, dict) and "method" in obj else None
+    if isinstance(id_, bool) or not isinstance(id_, str | int):
+        return _INVALID
+    return msgspec.json.encode({"jsonrpc": "2.0", "id": id_, "error": {
+        "code": types.INVALID_REQUEST, "message": "Invalid request: not a JSON-RPC 2.0 request"}})
+
+
+class Wire:
+    def __init__(self, conn: Connection, session_id: str, half_line_s: float, on_eof: Callable[[], None]) -> None:
+        self.conn = conn
+        self._session_id = session_id
+        self._half_line_s = half_line_s
+        #: called once the host's input ended, before what was read is answered
+        self._on_eof = on_eof
+        #: request id → how many requests with that id are read and neither answered nor
+        #: cancelled (a host may reuse an id; each reply or cancel settles one)
+        self._open: dict[Any, int] = {}
+        self._count = 0
+        self._room = asyncio.Event()
+
+    async def serve(self, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes], serve: Serve) -> None:
+        read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](64)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read, read_send, lines, framer, source)
+            written = anyio.Event()
+            tg.start_soon(self._write, write_recv, written)
+            async with write_send:
+                await serve(read_recv, write_send)
+            await written.wait()
+            tg.cancel_scope.cancel()
+
+    def _settle(self, request_id: Any) -> None:
+        n = self._open.get(request_id)
+        if not n:
+            return
+        if n == 1:
+            del self._open[request_id]
+        else:
+            self._open[request_id] = n - 1
+        self._count -= 1
+        self._room.set()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._room.clear()
+            await self._room.wait()
+
+    async def _read(self, send: Any, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:
+        try:
+            async with send:
+                for line in lines:
+                    await self._take(send, line)
+                left = self._half_line_s
+                while True:
+                    if framer.partial:
+                        started = anyio.current_time()
+                        with anyio.move_on_after(left) as scope:
+                            chunk = await anext(source, None)
+                        if scope.cancelled_caught:
+                            log.info("mcp session %s: an incomplete line waited more than %g s; closing",
+                                     self._session_id, self._half_line_s)
+                            self.conn.post_line(HALF_LINE_LINE)
+                            break
+                        left -= anyio.current_time() - started
+                    else:
+                        chunk = await anext(source, None)
+                    for line in framer.end() if chunk is None else framer.feed(chunk):
+                        await self._take(send, line)
+                    if not framer.partial:
+                        left = self._half_line_s
+                    if chunk is None:
+                        break
+                self._on_eof()
+                with anyio.move_on_after(EOF_ANSWER_S):
+                    await self._until(lambda: self._count == 0)
+        except OSError as exc:
+            log.debug("mcp session %s: read failed: %s", self._session_id, exc)
+        finally:
+            self._on_eof()
+
+    async def _take(self, send: Any, line: bytes) -> None:
+        if line is OVERSIZE:
+            self.conn.post_line(_OVERSIZE)
+            return
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except ValueError:
+            self.conn.post_line(refusal(line))
+            return
+        if isinstance(message, types.JSONRPCRequest):
+            await self._until(lambda: self._count < MAX_INFLIGHT)
+            self._open[message.id] = self._open.get(message.id, 0) + 1
+            self._count += 1
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            # The SDK sends no reply to a request its host cancelled: settled here.
+            params = message.params or {}
+            self._settle(params.get("requestId"))
+        await send.send(SessionMessage(message))
+
+    async def _write(self, recv: Any, done: anyio.Event) -> None:
+        try:
+            async with recv:
+                async for item in recv:
+                    message = item.message
+                    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+                        self._settle(message.id)
+                    self.conn.post_line(message.model_dump_json(by_alias=True, exclude_unset=True).encode())
+        finally:
+            done.set()
