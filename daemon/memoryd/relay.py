@@ -191,8 +191,18 @@ def check_store(sock: socket.socket, socket_path: str, db: str | None, write_pol
         sock.settimeout(None)
     try:
         status = _loads(line)["result"]
-        served = _as_path_str(status["store"]["path"])
     except (ValueError, KeyError, TypeError):
+        raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
+    check_served(status, socket_path, db, write_policy)
+    return rest
+
+
+def check_served(status: Any, socket_path: str, db: str | None, write_policy: str | None) -> None:
+    """Refuse a daemon that serves another store than ``db``, or another write policy:
+    ``status`` is a ``daemon/status`` (or ``mcp/attach``) result."""
+    try:
+        served = _as_path_str(status["store"]["path"])
+    except (KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
     if db is not None and not _same_file(served, db):
         raise RelayError(
@@ -205,7 +215,6 @@ def check_store(sock: socket.socket, socket_path: str, db: str | None, write_pol
             f"the daemon on {socket_path} runs write policy {served_policy!r}, not {write_policy!r}; "
             "the policy is the daemon's (its --write-policy or config), not the relay's"
         )
-    return rest
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -321,13 +330,17 @@ def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
                          "in UTF-8") from None
 
 
-def switch_to_mcp(sock: socket.socket, socket_path: str, attach_line: bytes, pending: bytes) -> bytes:
-    """Send ``mcp/attach`` and read its answer (the daemon imports the MCP SDK on its first
-    MCP session, which can take a second). Returns the bytes read past the answer: MCP."""
+def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None,
+                  attach_line: bytes) -> bytes:
+    """Send ``mcp/attach`` and check its answer, which says what the daemon serves as
+    ``daemon/status`` does: one round trip, where ``serve --stdio`` probes first. (The
+    daemon imports the MCP SDK on its first MCP session, which can take a second.) When the
+    check refuses, the connection closes before a byte of the host's is relayed. Returns
+    the bytes read past the answer: MCP."""
     sock.settimeout(PROBE_TIMEOUT_S)
     try:
         sock.sendall(attach_line)
-        buf = pending
+        buf = b""
         while b"\n" not in buf:
             data = sock.recv(CHUNK)
             if not data:
@@ -351,6 +364,7 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, attach_line: bytes, pen
         if not isinstance(message, str):
             message = "it does not answer as a memoryd with MCP support does"
         raise RelayError(f"the daemon on {socket_path} refused the MCP session: {message}")
+    check_served(answer["result"], socket_path, db, write_policy)
     return rest
 
 
@@ -370,9 +384,10 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
             store = db if db is not None else str(default_db_path())
         sock, socket_path = attach(socket_path, serve_args, store)
         try:
-            rest = check_store(sock, socket_path, db, write_policy)
-            if line is not None:
-                rest = switch_to_mcp(sock, socket_path, line, rest)
+            if line is None:
+                rest = check_store(sock, socket_path, db, write_policy)
+            else:
+                rest = switch_to_mcp(sock, socket_path, db, write_policy, line)
         except BaseException:
             sock.close()
             raise
@@ -391,4 +406,4 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
     return 0
 
 
-__all__ = ["RelayError", "attach", "check_store", "mcp_attach_line", "pump", "run", "switch_to_mcp"]
+__all__ = ["RelayError", "attach", "check_served", "check_store", "mcp_attach_line", "pump", "run", "switch_to_mcp"]

@@ -133,8 +133,9 @@ def _result_type(tool: McpTool) -> Any:
 
 #: What an input must satisfy, not what a stored entry always does: a store dsh-memento
 #: wrote (or an older version) may hold ids, tags or counters outside them, and a host's
-#: SDK refuses a result that breaks its output schema.
-_INPUT_RULES: Final = frozenset({"pattern", "format", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
+#: SDK refuses a result that breaks its output schema. The prose goes too: the input
+#: schemas carry it, and every session's tools/list is that much shorter.
+_INPUT_RULES: Final = frozenset({"description", "$comment", "title", "pattern", "format", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
                                  "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "if", "then",
                                  "else", "allOf", "not"})
 

@@ -8,11 +8,12 @@ front-end inside the daemon. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
 from .constants import MAX_AGENT_KEY_UNITS
+from .types import StoreInfo
 
 #: A workspace path longer than this is refused (a path the kernel accepts is at most 4 KiB).
 MAX_CWD_BYTES = 4096
@@ -28,6 +29,9 @@ class McpAttachParams(Struct, rename="camel", forbid_unknown_fields=True, kw_onl
 class McpAttachResult(Struct, rename="camel", kw_only=True):
     #: the memory session this MCP connection is, fresh for each attach
     session_id: str
+    #: what the daemon serves, as ``daemon/status`` says it: the relay checks them
+    store: StoreInfo
+    write_policy: Literal["ask", "auto", "off"]
 
 
 __all__ = ["MAX_CWD_BYTES", "McpAttachParams", "McpAttachResult"]

@@ -19,9 +19,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import anyio
+from memoryd_protocol.constants import STORE_SCHEMA_VERSION
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.framing import Framer
 from memoryd_protocol.mcp_wire import McpAttachParams, McpAttachResult
+from memoryd_protocol.types import StoreInfo
 
 from ..context import Handler, RequestContext
 
@@ -72,7 +74,9 @@ class McpFront:
         log.debug("connection %d is MCP session %s (workspace %r, agent %r)", conn.id, session_id, p.cwd, p.agent)
         conn.name = "mcp"
         conn.handoff = partial(self._serve, module, conn, session_id, p)
-        return McpAttachResult(session_id=session_id)
+        config = self.service.config
+        return McpAttachResult(session_id=session_id, write_policy=config.write_policy,  # type: ignore[arg-type]
+                               store=StoreInfo(path=str(config.db_path), schema_version=STORE_SCHEMA_VERSION))
 
     async def _serve(self, module: ModuleType, conn: object, session_id: str, p: McpAttachParams,
                      lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:

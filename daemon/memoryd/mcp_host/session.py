@@ -17,6 +17,7 @@ The server's ``instructions``, the resource ``memory://snapshot`` and the prompt
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import re
@@ -101,6 +102,13 @@ _TOOLS_LISTED: Final = types.ListToolsResult(tools=[_tool(t) for t in TOOLS]).mo
     by_alias=True, mode="json", exclude_none=True)
 
 
+@functools.cache
+def _security(ttl: float) -> RequestStateSecurity:
+    """One key per daemon (and approval timeout): each session's tokens name its own
+    audience, so one session's requestState never opens another's."""
+    return RequestStateSecurity.ephemeral(ttl=ttl)
+
+
 class McpSession:
     def __init__(self, front: McpFront, conn: Connection, session_id: str, p: McpAttachParams) -> None:
         self.service = front.service
@@ -140,8 +148,8 @@ class McpSession:
         self.server.middleware.append(self._identify)
         # The 2026-07-28 retry's requestState is sealed to this session, the tool and its
         # arguments; the write it answers is looked up by it, once (``_answered``).
-        security = RequestStateSecurity.ephemeral(ttl=config.approval_timeout_s + 60)
-        self.server.middleware.append(RequestStateBoundary(security, default_audience=f"memoryd/{session_id}"))
+        self.server.middleware.append(RequestStateBoundary(_security(config.approval_timeout_s + 60),
+                                                           default_audience=f"memoryd/{session_id}"))
         self.init_options = self.server.create_initialization_options(NotificationOptions())
 
     # --- identity and the frozen snapshot ----------------------------------------------
