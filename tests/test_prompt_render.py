@@ -67,6 +67,12 @@ def test_shared_layer_no_tags_and_partial_origin() -> None:
     assert "workspace:" not in old and "agent:" not in old and "tags:" not in old
 
 
+def test_a_write_through_memoryd_mcp_names_the_host_as_an_mcp_host() -> None:
+    origin = T.ApprovalOrigin(name="Claude Code", version="2.1.0", pid=99, exe="/usr/bin/node", front_end="mcp")
+    assert "  client:  Claude Code 2.1.0 (an MCP host, through memoryd mcp)\n  process: pid 99 (/usr/bin/node)\n" \
+        in approval_request(asked(origin=origin))
+
+
 def test_seed_of_300_shows_a_summary_per_layer_then_20_entries_and_the_count_of_the_rest() -> None:
     entries = [entry(f"fact {n}") for n in range(100)]
     entries += [entry(f"lesson {n}", "agent", "workspace", "/home/u/proj", "coder", ["ci"]) for n in range(150)]

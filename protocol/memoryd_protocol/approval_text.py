@@ -173,6 +173,8 @@ def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
         client = "(did not name itself)"
     else:
         client = " ".join(one_line(x) for x in (origin.name or "(no name)", origin.version) if x is not None)
+    if origin.front_end == "mcp":
+        client += " (an MCP host, through memoryd mcp)"
     lines = [f"  client:  {client}"]
     if origin.pid is not None:
         exe = f" ({one_line(origin.exe)})" if origin.exe is not None else ""
