@@ -61,31 +61,31 @@ WHY_NOT: dict[str, str] = {
         "2026-12-01 23:22, 1,934 in the run before it) the client is at the floor (0.93× in that run) "
         "and the ratio is the disk's, not the daemon's."),
     "MCP spawn → tools/list answered (memoryd mcp, raw lines) ≤ 2× python -c pass": (
-        "The relay process alone (memoryd serve --stdio, spawn → initialize) is 1.55× python -c pass in "
-        "the same run; the rest is the daemon's work per session before tools/list is answered: "
-        "McpSession.__init__ builds the 8 tools' JSON schemas anew for every session (struct_schemas, "
-        "about a third of the GIL holder's samples), the initialize takes the session's frozen "
-        "snapshot (every entry read and rendered, then one synchronous=FULL commit of it and its audit "
-        "row: another third at 2,000 entries, a 114 KB initialize reply), and the SDK's pydantic "
-        "validation and dumps of each message (bench/results/MCP.md)."),
+        "The relay process alone (serve --stdio, spawn → initialize) takes most of the budget (1.55-1.76× "
+        "python -c pass). On the daemon's side a session costs, measured over a direct socket: attach "
+        "0.2 ms, initialize 1.5 ms at 50 entries (0.8 ms of it the frozen snapshot's synchronous=FULL "
+        "commit with its audit row) and 8 ms at 2,000 (every visible entry rendered into a 114 KB "
+        "snapshot, stored, hashed into the ledger and sent as the instructions), tools/list 0.8 ms "
+        "(the SDK's dispatch). At 50 entries the whole is about 2.1× python -c pass; the snapshot is "
+        "the protocol's and is never deferred past its commit (bench/results/MCP.md)."),
     "MCP memory_query at 2,000 ≥ 5× faster than server-memory's search_nodes": (
-        "Each tools/call costs about 0.7 ms more than the same memory/query over the socket (the MCP − "
-        "socket column): the daemon's CPU per call is about 0.73 ms through the SDK against 0.09 ms on "
-        "the socket (py-spy --gil), mostly the SDK's dispatch (OpenTelemetry middleware, "
-        "RequestStateBoundary, pydantic validation of the request, model_dump and model_dump_json of "
-        "the result). server-memory answers the selective needles in about 2.6 ms, so the worst "
-        "needle's ratio is the SDK's fixed cost; 5× needs a round trip of about 0.5 ms "
-        "(bench/results/MCP.md)."),
+        "server-memory answers the selective needles in 2.3-2.7 ms, so 5× means a round trip under "
+        "0.5 ms. An MCP memory_query is the session's query: its visibility filter and its audited "
+        "recall (a 'recalled' ledger row and recall counters, which the next read waits for), which "
+        "the socket column's plain query does not do; over the socket the same session query takes "
+        "about 0.66 ms against 0.55 ms for the plain one. The SDK then adds about 0.15 ms per call "
+        "(its dispatch: a task, middleware, pydantic validation and dumps) and about 0.15 ms more for "
+        "a 20-entry result. server-memory records no recall (bench/results/MCP.md)."),
     "MCP memory_add, 1 session(s) ≥ 10× server-memory's create_entities": (
-        "A sequential session waits for one synchronous=FULL commit per add, and server-memory does "
-        "not fsync: the same run's socket client is bound by the same disk floor, and the MCP path "
-        "adds the SDK's per-call CPU (about 0.6 ms) and the relay's two extra hops on top of it "
-        "(bench/results/MCP.md)."),
+        "A sequential session waits for one synchronous=FULL commit per acknowledged add, and "
+        "server-memory does not fsync: 10× is above what the same run's socket client reaches at one "
+        "client (1,381 adds/s, 8.2× server-memory), before the SDK's per-call cost and the relay's "
+        "hops (bench/results/MCP.md)."),
     "MCP memory_add, 16 session(s) ≥ 10× server-memory's create_entities": (
         "With 16 sessions the commits are shared, so the event loop's CPU per add bounds the rate: "
-        "575 µs per MCP add against 165 µs per socket add in the same run, the difference the SDK's "
-        "dispatch and pydantic (as for queries), on a 2-core machine where the 16 relays and the "
-        "measuring process compete for the same cores (bench/results/MCP.md)."),
+        "about 455 µs per MCP add against about 165 µs per socket add, the difference the SDK's "
+        "dispatch and pydantic, on a 2-core machine where the 16 relays and the measuring process "
+        "compete for the same cores (bench/results/MCP.md)."),
     "--standalone start ≤ 0.75× server-memory's start": (
         "A standalone start is Python imports for most of its time: asyncio (which imports ssl and "
         "concurrent.futures), sqlite3, msgspec, anyio and the daemon's own modules; opening a new "

@@ -48,10 +48,12 @@ from .peer import Call, McpPeer
 from .wire import MAX_INFLIGHT, Wire
 
 log = logging.getLogger("memoryd.mcp")
-# The SDK warns of each refused requestState or overflowing listen stream: a hostile host
-# could fill the log with them. Below debug level, only its errors are kept.
+# The SDK logs what a host sent (a refused requestState, an overflowing listen stream, a
+# result that failed its own checks, with the body): a hostile host could flood the log, and
+# memory text stays out of it above debug level. Below debug, the SDK's log is off; every
+# failure still reaches the host as an MCP error.
 if not logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
-    logging.getLogger("mcp").setLevel(logging.ERROR)
+    logging.getLogger("mcp").setLevel(logging.CRITICAL + 1)
 
 #: Resource-update streams (subscriptions/listen) one session may hold open.
 MAX_LISTENS = 8
@@ -213,8 +215,10 @@ class McpSession:
             return await self.snapshot()
         except ProtocolError as exc:
             log.warning("mcp session %s: no snapshot for the instructions: %s", self.calls.session_id, exc.code)
-        except Exception:  # a store row the renderer cannot show: the session still serves
-            log.exception("mcp session %s: no snapshot for the instructions", self.calls.session_id)
+        except Exception as exc:  # a store row the renderer cannot show: the session still serves
+            log.warning("mcp session %s: no snapshot for the instructions: %s (the debug log has the trace)",
+                        self.calls.session_id, type(exc).__name__)
+            log.debug("the snapshot failed", exc_info=True)
         return None
 
     # --- tools ---------------------------------------------------------------------------
