@@ -8,7 +8,6 @@ from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.snapshot import render, visible_proposals
 from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
-    Entry,
     MemorySnapshot,
     Proposal,
     SnapshotParams,
@@ -40,11 +39,11 @@ class Snapshots:
         self.s.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
         language = p.language or self.s.config.language
 
-        def gather(c: sqlite3.Connection) -> tuple[list[Entry], list[Proposal]]:
-            return store.list_entries(c), store.proposals(c, "pending")
+        def gather(c: sqlite3.Connection) -> tuple[list[tuple[str, str, str, str, str]], list[Proposal]]:
+            return store.layer_texts(c), store.proposals(c, "pending")
 
         entries, pending = await self.s.read(gather)
-        visible = [(e.track, e.scope, e.text) for e in entries if view.sees(e.scope, e.workspace_key, e.agent_key)]
+        visible = [(track, scope, text) for track, scope, wk, ak, text in entries if view.sees(scope, wk, ak)]
         # every pending proposal this session sees (not only its own), as the reference lists them
         shown = [(x.id, x.track, x.scope, x.text)
                  for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]

@@ -546,6 +546,13 @@ def list_entries(conn: sqlite3.Connection) -> list[Entry]:
     return [row_to_entry(r) for r in conn.execute(LIST_ENTRIES_SQL).fetchall()]
 
 
+def layer_texts(conn: sqlite3.Connection) -> list[tuple[str, str, str, str, str]]:
+    """``(track, scope, workspace_key, agent_key, text)`` of every entry in creation order:
+    what a snapshot renders from, without making an Entry of each row."""
+    return conn.execute("SELECT track, scope, workspace_key, agent_key, text FROM entries "
+                        "ORDER BY created_at, rowid").fetchall()
+
+
 def get_entry(conn: sqlite3.Connection, entry_id: str) -> Entry | None:
     row = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,)).fetchone()
     return row_to_entry(row) if row else None
