@@ -284,3 +284,17 @@ def start_build(tmp: Path, name: str, seed: Path, base: Path | None) -> tuple[su
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(base / p) for p in ("protocol", "daemon")))
     args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", "auto", "--log-level", "warning"]
     return spawn_ready(args, log=tmp / f"{name}.log", env=env), sock
+
+
+def close_child(proc: subprocess.Popen[bytes]) -> None:
+    """End a stdio server child as a host does: close its input, wait (kill it after 10 s),
+    close its output."""
+    assert proc.stdin and proc.stdout
+    proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.stdout.close()

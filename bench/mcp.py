@@ -36,7 +36,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from .common import NEEDLES, Daemon, Line, console, python_pass, rss_kb, summary
+from .common import NEEDLES, Daemon, Line, close_child, console, python_pass, rss_kb, summary
 from .peer import install, write_graph
 from .suites import BLOCK, Ctx, daemon, log, query_params, write_rate
 
@@ -121,18 +121,8 @@ class Stdio:
                 return result["structuredContent"]
 
     def close(self) -> None:
-        if self.proc is None:
-            return
-        assert self.proc.stdin
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        finally:
-            assert self.proc.stdout
-            self.proc.stdout.close()
+        if self.proc is not None:
+            close_child(self.proc)
 
 
 def spawn_list(cmd: tuple[list[str], dict[str, str] | None]) -> float:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import NEEDLES, fact, python_pass, rss_kb, summary, timed
+from .common import NEEDLES, close_child, fact, python_pass, rss_kb, summary, timed
 from .suites import Ctx, log
 
 PACKAGE = "@modelcontextprotocol/server-memory"
@@ -97,13 +97,7 @@ class Mcp:
         return rss_kb(self.proc.pid, "VmHWM")
 
     def close(self) -> None:
-        assert self.proc.stdin
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        close_child(self.proc)
 
 
 def peer(ctx: Ctx) -> None:
