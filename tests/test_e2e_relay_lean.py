@@ -141,3 +141,21 @@ def test_the_lean_relay_imports_no_pathlib_json_re_or_threading(daemon_factory: 
     r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30, env=env)
     assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
     assert json.loads(r.stdout)["id"] == 1
+
+
+def test_memoryd_mcp_imports_neither_the_sdk_nor_what_the_relay_is_lean_of(daemon_factory: Any, tmp_path: Path) -> None:
+    """The process an MCP host spawns is the relay: the SDK (and pydantic) is the daemon's."""
+    d: Daemon = daemon_factory()
+    argv = ["mcp", "--socket", str(d.socket_path), "--db", str(d.db_path), "--cwd", "/home/u/proj"]
+    code = ("import sys, memoryd.cli as c\n"
+            f"rc = c.main({argv!r})\n"
+            "lean = ('mcp', 'mcp_types', 'pydantic', 'pathlib', 'json', 're', 'threading', 'memoryd.config',\n"
+            "        'memoryd.launch', 'argparse', 'typing', 'anyio', 'msgspec', 'sqlite3')\n"
+            "print(rc, [m for m in lean if m in sys.modules], file=sys.stderr)\n")
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "none")}
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(initialize).encode() + b"\n",
+                       capture_output=True, timeout=60, env=env)
+    assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
+    assert json.loads(r.stdout)["result"]["serverInfo"]["name"] == "memoryd"
