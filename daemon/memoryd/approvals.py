@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -21,44 +21,15 @@ from memoryd_protocol.payloads import normalize_outcome
 from memoryd_protocol.types import (
     ApprovalAsked,
     ApprovalBy,
-    ApprovalOrigin,
     ApprovalResolved,
-    ClientInfo,
-    ConnectionInfo,
 )
 
-from .transports import PeerProcess
+from .context import Peer
 
 if TYPE_CHECKING:
     from .context import RequestContext
 
 log = logging.getLogger("memoryd.approvals")
-
-
-class Peer(Protocol):
-    """What approvals need of a connection."""
-
-    id: int
-    can_approve: bool
-    gone: bool
-    #: the process on the other end (None when the kernel could not say)
-    peer: PeerProcess | None
-    #: ``initialize``'s ``client``, as the peer names itself
-    client: ClientInfo | None
-
-    def listing(self, *, approver: bool) -> ConnectionInfo:
-        """The connection as ``daemon/status`` lists it (and the ledger records it)."""
-        ...
-
-    def describe(self) -> ApprovalOrigin | None:
-        """Who is on the other end: the ``origin`` of the approvals this peer asks (None
-        when nothing is known)."""
-        ...
-
-    async def notify(self, method: str, params: object) -> None:
-        """Queue a notification for the peer; never waits for the peer to read it (approvals
-        and watchers.py call it on other requests' paths)."""
-        ...
 
 
 def same_process(a: Peer, b: Peer) -> bool:

@@ -9,10 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .approvals import Peer
+from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
+
+from .transports import PeerProcess
+
+
+class Peer(Protocol):
+    """What approvals need of a connection."""
+
+    id: int
+    can_approve: bool
+    gone: bool
+    #: the process on the other end (None when the kernel could not say)
+    peer: PeerProcess | None
+    #: ``initialize``'s ``client``, as the peer names itself
+    client: ClientInfo | None
+
+    def listing(self, *, approver: bool) -> ConnectionInfo:
+        """The connection as ``daemon/status`` lists it (and the ledger records it)."""
+        ...
+
+    def describe(self) -> ApprovalOrigin | None:
+        """Who is on the other end: the ``origin`` of the approvals this peer asks (None
+        when nothing is known)."""
+        ...
+
+    async def notify(self, method: str, params: object) -> None:
+        """Queue a notification for the peer; never waits for the peer to read it (approvals
+        and watchers.py call it on other requests' paths)."""
+        ...
 
 
 @dataclass(slots=True, eq=False)

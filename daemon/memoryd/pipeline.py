@@ -32,9 +32,9 @@ from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, EntryEve
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
 from . import ledger, store
-from .approvals import Approvals, Peer
+from .approvals import Approvals
 from .config import Config
-from .context import RequestContext
+from .context import Peer, RequestContext
 from .watchers import Watchers
 from .writer import HEAVY_ROWS, Usage, Writer, WriterClosed
 

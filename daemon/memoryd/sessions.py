@@ -17,8 +17,7 @@ from typing import Any
 
 from memoryd_protocol.errors import InvalidInput
 
-from .approvals import Peer
-from .context import Handler, RequestContext
+from .context import Handler, Peer, RequestContext
 
 #: Methods that name a session without binding it: watching a session is not acting as it,
 #: so a watcher (memoryctl watch, say) must not keep the session's own harness from taking

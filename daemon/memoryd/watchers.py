@@ -1,6 +1,6 @@
 """Watchers: peers told about the committed writes of entries their sessions can see.
 
-A watcher is any :class:`~memoryd.approvals.Peer`: a socket or stdio connection that sent
+A watcher is any :class:`~memoryd.context.Peer`: a socket or stdio connection that sent
 ``memory/watch``, or an in-process front-end's own peer object. The registry's API, one
 instance per daemon (``Service.watchers``):
 
@@ -31,7 +31,7 @@ from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.types import EntryEvent, MemoryUpdated
 from memoryd_protocol.validation import SessionView
 
-from .approvals import Peer
+from .context import Peer
 
 
 def _seen(views: Sequence[SessionView], event: EntryEvent) -> bool:

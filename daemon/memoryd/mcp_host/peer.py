@@ -1,4 +1,4 @@
-"""An MCP session as the daemon's approvals and events see it: a :class:`~memoryd.approvals.Peer`.
+"""An MCP session as the daemon's approvals and events see it: a :class:`~memoryd.context.Peer`.
 
 The gate sends ``approval/asked`` to the connection that wrote, when that connection can
 approve. For an MCP session "can approve" means that the host declared elicitation and
