@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -246,3 +247,49 @@ async def test_mcp_attach_after_memory_watch_is_refused(tmp_path: Path, sock_dir
         await raw.ok("memory/watch", {"session": {"id": "w-1"}})
         err = await raw.fail("mcp/attach", {"cwd": PROJ})
         assert err.code == "INVALID_INPUT" and "memory/watch" in err.error["message"]
+
+
+async def test_cancels_with_odd_ids_neither_break_the_session_nor_leak_its_slots(
+        tmp_path: Path, sock_dir: Path) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, raw_mcp(d) as host:
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+        await host.send({**cancel, "params": {"requestId": [1]}}, {**cancel, "params": {"requestId": {"a": 1}}},
+                        {**cancel, "params": "nope"}, {"jsonrpc": "2.0", "id": "p1", "method": "ping"})
+        assert (await host.reply("p1"))["result"] == {}
+        # the SDK takes "7" and 7 for one id: a request sent as "7" and cancelled as 7
+        flood = []
+        for i in range(1, MAX_INFLIGHT + 45):
+            flood += [call(str(i), "memory_budgets", {}), {**cancel, "params": {"requestId": i}}]  # type: ignore[arg-type]
+        await host.send(*flood, {"jsonrpc": "2.0", "id": "p2", "method": "ping"})
+        assert (await host.reply("p2"))["result"] == {}
+
+
+@pytest.mark.parametrize("bad_id", [None, 1.5, True])
+async def test_a_request_with_an_id_no_request_may_have_is_refused(tmp_path: Path, sock_dir: Path, bad_id: Any) -> None:
+    async with mcp_daemon(tmp_path, sock_dir) as d, d.connect() as raw, raw_mcp(d) as host:
+        before = await state(raw)
+        await host.send({"jsonrpc": "2.0", "id": bad_id, "method": "tools/call",
+                         "params": {"name": "memory_add", "arguments": {**WS, "text": "x"}}})
+        line = await host.line()
+        assert (line["id"], line["error"]["code"]) == (None, -32600)
+        assert await state(raw) == before
+
+
+def test_the_sdk_s_log_lines_keep_their_level_and_lose_what_they_carry() -> None:
+    import logging
+
+    from memoryd.mcp_host.session import _Withheld
+
+    try:
+        raise ValueError("Prefers tabs")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("mcp.server.runner", logging.ERROR, __file__, 1, "handler for %r returned %s",
+                               ("tools/call", "Prefers tabs"), exc_info)
+    assert _Withheld().filter(record)
+    assert record.getMessage() == "handler for '…' returned … (ValueError; memoryd's debug log has the details)"
+    assert record.exc_info is None
+    quiet = logging.LogRecord("mcp.shared", logging.INFO, __file__, 1, "got %s", ("Prefers tabs",), None)
+    assert not _Withheld().filter(quiet)

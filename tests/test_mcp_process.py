@@ -97,3 +97,37 @@ async def test_a_chosen_socket_is_never_swapped_for_the_owner_s(
     assert result.returncode == 1 and result.stdout == b""
     assert f"STORE_LOCKED: store {db} is owned by memoryd pid {d.proc.pid}, serving {d.socket_path}" in (
         result.stderr.decode())
+
+
+def _record(db: Path, socket: Path, pid: int) -> None:
+    db.with_name(db.name + ".memoryd-owner").write_text(json.dumps({"pid": pid, "socket": str(socket)}) + "\n")
+
+
+async def test_an_owner_record_is_followed_only_to_the_daemon_of_that_store(
+        tmp_path: Path, sock_dir: Path, daemon_factory: Any) -> None:
+    default_db = tmp_path / "data" / "memoryd" / "memory.db"
+    default_db.parent.mkdir(parents=True)
+    other = daemon_factory(db=tmp_path / "other.db", name="other")
+    env = _relay_env(tmp_path, sock_dir)
+    # a record next to the default store naming a live daemon that serves another store
+    _record(default_db, other.socket_path, other.proc.pid)
+    result = await anyio.run_process([sys.executable, "-m", "memoryd", "serve", "--stdio"], input=BUDGETS, env=env,
+                                     check=False)
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode() == (
+        f"memoryd: the daemon on {other.socket_path} serves the store {other.db_path}, not {default_db}; "
+        f"give --socket of the daemon that serves {default_db}, or drop --db to use {other.db_path}\n")
+
+
+async def test_a_stale_owner_record_is_not_followed(tmp_path: Path, sock_dir: Path, daemon_factory: Any) -> None:
+    default_db = tmp_path / "data" / "memoryd" / "memory.db"
+    default_db.parent.mkdir(parents=True)
+    other = daemon_factory(db=default_db.with_name("elsewhere.db"), name="other")
+    env = _relay_env(tmp_path, sock_dir)
+    dead = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    _record(default_db, other.socket_path, int(dead.stdout))  # left by a daemon that is gone
+    result = await anyio.run_process([sys.executable, "-m", "memoryd", "serve", "--stdio"], input=BUDGETS, env=env)
+    assert b'"result"' in result.stdout, result.stderr
+    # the relay started a daemon of its own, for the default store, on the default socket
+    own = sock_dir / "rt" / "memoryd" / "memoryd.sock"
+    assert own.exists() and peer_pid(own) not in (None, other.proc.pid)

@@ -87,9 +87,11 @@ def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     from memoryd_protocol.paths import owner_record_path
 
     try:
-        recorded = _loads(owner_record_path(Path(store)).read_bytes().strip()).get("socket")
-        if not isinstance(recorded, str) or not recorded.startswith("/"):
+        record = _loads(owner_record_path(Path(store)).read_bytes().strip())
+        recorded, pid = record.get("socket"), record.get("pid")
+        if not isinstance(recorded, str) or not recorded.startswith("/") or not isinstance(pid, int) or pid <= 0:
             return None
+        os.kill(pid, 0)  # a record left by a daemon that is gone means nothing
         check_private_dir(_parent(recorded))
     except (OSError, ValueError, AttributeError, UnsafeDir):
         return None
@@ -97,17 +99,18 @@ def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     return None if sock is None else (sock, recorded)
 
 
-def attach(socket_path: str, serve_args: Sequence[str], store: str | None = None) -> tuple[socket.socket, str]:
+def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *,
+           follow_owner: bool = False) -> tuple[socket.socket, str, str | None]:
     """A connection to the daemon on ``socket_path`` (as ``str(Path)`` has it), started
-    with ``serve_args`` when nothing answers there, and the socket it is on. Never through
-    a directory another user controls: whoever does could have put their own socket there
-    (:mod:`memoryd.rundir`).
+    with ``serve_args`` when nothing answers there; the socket it is on; and, when it was
+    found by a store's owner record, that store. Never through a directory another user
+    controls: whoever does could have put their own socket there (:mod:`memoryd.rundir`).
 
-    ``store`` (given when the socket is the default one, not chosen): before starting a
-    daemon, one that already owns that store on another socket is used. A host that starts
-    its MCP servers with a trimmed environment (no ``XDG_RUNTIME_DIR`` or ``TMPDIR``)
-    computes another default socket than the shell that started the daemon; starting a
-    second daemon there would only fail with STORE_LOCKED."""
+    ``follow_owner`` (the socket is the default one, not chosen): before starting a daemon,
+    one that already owns the store (``db``, else the default one) on another socket is
+    used. A host that starts its MCP servers with a trimmed environment (no
+    ``XDG_RUNTIME_DIR`` or ``TMPDIR``) computes another default socket than the shell that
+    started the daemon; starting a second daemon there would only fail with STORE_LOCKED."""
     runtime = _parent(socket_path)
     try:
         check_private_dir(runtime, missing_ok=True)
@@ -115,11 +118,14 @@ def attach(socket_path: str, serve_args: Sequence[str], store: str | None = None
         raise RelayError(str(exc)) from None
     sock = _connect(socket_path)
     if sock is not None:
-        return sock, socket_path
-    if store is not None:
+        return sock, socket_path, None
+    if follow_owner:
+        from memoryd_protocol.paths import default_db_path
+
+        store = db if db is not None else str(default_db_path())
         found = _owner_socket(store)
         if found is not None:
-            return found
+            return found[0], found[1], store
     import signal
     from pathlib import Path
 
@@ -147,7 +153,7 @@ def attach(socket_path: str, serve_args: Sequence[str], store: str | None = None
             sock = _connect(socket_path)
     if sock is None:
         raise RelayError(f"the daemon started on {socket_path} does not accept connections")
-    return sock, socket_path
+    return sock, socket_path, None
 
 
 def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -377,12 +383,10 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
     _open_std_fds()
     try:
         line = None if mcp is None else mcp_attach_line(*mcp)
-        store = None
-        if default_socket:
-            from memoryd_protocol.paths import default_db_path
-
-            store = db if db is not None else str(default_db_path())
-        sock, socket_path = attach(socket_path, serve_args, store)
+        sock, attached, owned = attach(socket_path, serve_args, db, follow_owner=default_socket)
+        if owned is not None:
+            # found by the store's owner record: the daemon there must serve that store
+            socket_path, db = attached, owned
         try:
             if line is None:
                 rest = check_store(sock, socket_path, db, write_policy)

@@ -48,12 +48,32 @@ from .peer import Call, McpPeer
 from .wire import MAX_INFLIGHT, Wire
 
 log = logging.getLogger("memoryd.mcp")
-# The SDK logs what a host sent (a refused requestState, an overflowing listen stream, a
-# result that failed its own checks, with the body): a hostile host could flood the log, and
-# memory text stays out of it above debug level. Below debug, the SDK's log is off; every
-# failure still reaches the host as an MCP error.
-if not logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
-    logging.getLogger("mcp").setLevel(logging.CRITICAL + 1)
+
+
+class _Withheld(logging.Filter):
+    """The SDK's log lines, without what they carry: its messages can hold what a host sent
+    (a result's body, memory text), which stays out of the log above debug level. An
+    operator still sees each warning and error, and the exception's type; below warning the
+    SDK's lines are kept only when memoryd logs at debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
+            return True
+        if record.levelno < logging.WARNING:
+            return False
+        text = str(record.msg)
+        if record.args:
+            try:
+                text = text % tuple("…" for _ in (record.args if isinstance(record.args, tuple) else (0,)))
+            except (TypeError, ValueError):
+                pass
+        if record.exc_info and record.exc_info[0] is not None:
+            text += f" ({record.exc_info[0].__name__}; memoryd's debug log has the details)"
+        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
+        return True
+
+
+logging.getLogger("mcp").addFilter(_Withheld())
 
 #: Resource-update streams (subscriptions/listen) one session may hold open.
 MAX_LISTENS = 8
@@ -279,11 +299,9 @@ class McpSession:
             call.asked = asked
             call.was_asked.set()
         else:
-            # not _start: the elicitations of a session are bounded by max_pending_approvals
-            task = asyncio.ensure_future(self._elicit(call, asked))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            self._elicitations[asked.id] = task
+            # not _start's: the elicitations of a session are bounded by max_pending_approvals,
+            # and count against no call's place
+            self._elicitations[asked.id] = asyncio.ensure_future(self._elicit(call, asked))
 
     def _resolved(self, approval_id: str) -> None:
         """Decided elsewhere (a timeout, shutdown): the host's dialog is withdrawn."""
@@ -423,9 +441,10 @@ class McpSession:
                 tg.cancel_scope.cancel()
         finally:
             self._end()
-            if self._tasks:
+            left = {*self._tasks, *self._elicitations.values()}
+            if left:
                 with anyio.CancelScope(shield=True):
-                    await asyncio.wait(set(self._tasks))
+                    await asyncio.wait(left)
 
     def _end(self) -> None:
         """The host is gone (or the daemon stops reading it): writes waiting for its answer

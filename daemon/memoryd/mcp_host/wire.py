@@ -6,8 +6,9 @@ here. Replies go out without waiting: a host that stops reading is dropped once 
 ``max_buffered_bytes`` wait for it (the transport's rule for every connection), so its
 unsent results never pile up in the daemon.
 
-At most ``MAX_INFLIGHT`` requests of a session are read and not yet answered (or cancelled
-by the host): beyond that no further line is read. At EOF, what was read is answered
+At most ``MAX_INFLIGHT`` requests of a session are read and not yet settled (answered, or
+cancelled by the host, which the SDK reports through ``on_request_unanswered``): beyond
+that no further line is read. At EOF, what was read is answered
 before the streams close, as on the socket.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import msgspec
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from memoryd_protocol.framing import OVERSIZE, Framer
 
 from ..connection import Connection
@@ -57,6 +58,14 @@ def refusal(line: bytes) -> bytes:
         "code": types.INVALID_REQUEST, "message": "Invalid request: not a JSON-RPC 2.0 request"}})
 
 
+def _has_id(line: bytes) -> bool:
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(obj, dict) and "id" in obj
+
+
 class Wire:
     def __init__(self, conn: Connection, session_id: str, half_line_s: float, on_eof: Callable[[], None]) -> None:
         self.conn = conn
@@ -64,9 +73,9 @@ class Wire:
         self._half_line_s = half_line_s
         #: called once the host's input ended, before what was read is answered
         self._on_eof = on_eof
-        #: request id → how many requests with that id are read and neither answered nor
-        #: cancelled (a host may reuse an id; each reply or cancel settles one)
-        self._open: dict[Any, int] = {}
+        #: request id, as the host wrote it → the tokens of the requests with that id read and
+        #: not yet settled, oldest first (a host may reuse an id)
+        self._open: dict[Any, list[object]] = {}
         self._count = 0
         self._room = asyncio.Event()
 
@@ -82,14 +91,22 @@ class Wire:
             await written.wait()
             tg.cancel_scope.cancel()
 
-    def _settle(self, request_id: Any) -> None:
-        n = self._open.get(request_id)
-        if not n:
+    def _settle(self, request_id: Any, token: object | None = None) -> None:
+        """One request with ``request_id`` is settled: ``token``'s (the SDK settled it without
+        a reply: cancelled), else the oldest one (a reply went out; the SDK writes each
+        request exactly one reply or settles it unanswered, so the count is right whichever
+        of two requests with one id a reply answers)."""
+        tokens = self._open.get(request_id)
+        if not tokens:
             return
-        if n == 1:
-            del self._open[request_id]
+        if token is None:
+            tokens.pop(0)
+        elif token in tokens:
+            tokens.remove(token)
         else:
-            self._open[request_id] = n - 1
+            return
+        if not tokens:
+            del self._open[request_id]
         self._count -= 1
         self._room.set()
 
@@ -142,12 +159,20 @@ class Wire:
             return
         if isinstance(message, types.JSONRPCRequest):
             await self._until(lambda: self._count < MAX_INFLIGHT)
-            self._open[message.id] = self._open.get(message.id, 0) + 1
+            token = object()
+            self._open.setdefault(message.id, []).append(token)
             self._count += 1
-        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
-            # The SDK sends no reply to a request its host cancelled: settled here.
-            params = message.params or {}
-            self._settle(params.get("requestId"))
+
+            async def unanswered(request_id: Any = message.id, token: object = token) -> None:
+                self._settle(request_id, token)  # cancelled by the host: the SDK writes no reply
+
+            await send.send(SessionMessage(message, metadata=ServerMessageMetadata(on_request_unanswered=unanswered)))
+            return
+        if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and _has_id(line):
+            # an id the SDK cannot take (null, a number with a fraction, true): a request all
+            # the same, so it gets the error a request gets, not the silence of a notification
+            self.conn.post_line(refusal(line))
+            return
         await send.send(SessionMessage(message))
 
     async def _write(self, recv: Any, done: anyio.Event) -> None:
