@@ -973,7 +973,7 @@ def test_export_never_overwrites_without_force(daemon: Any, tmp_path: Path) -> N
 def test_export_refuses_a_file_that_appeared_meanwhile(tmp_path: Path) -> None:
     """-o checks before connecting; a file created between that check and the write is not
     replaced either (link, not rename)."""
-    from memoryd_client.cli import UsageError, _write_private
+    from memoryd_client.running import UsageError, _write_private
 
     target = tmp_path / "late.json"
     target.write_text("someone else's")

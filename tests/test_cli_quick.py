@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from memoryd_client import cli, commands, shapes
+from memoryd_client import cli, commands, running, shapes
 from memoryd_protocol import paths
 from memoryd_protocol import types as T
 
@@ -352,8 +352,8 @@ def test_the_terminal_width_is_shutils(monkeypatch: pytest.MonkeyPatch, env: dic
     monkeypatch.delenv("LINES", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(cli, "_COLUMNS", [])
-    assert cli._columns() == shutil.get_terminal_size().columns
+    monkeypatch.setattr(running, "_COLUMNS", [])
+    assert running._columns() == shutil.get_terminal_size().columns
 
 
 def test_the_help_is_the_whole_parsers(capsys: pytest.CaptureFixture[str]) -> None:

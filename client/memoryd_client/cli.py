@@ -12,20 +12,36 @@ import os
 import sys
 
 from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
-from memoryd_protocol.paths import default_socket, pathlib_str
 
 from .errors import ClientError, ConnectFailed, ProtocolError
 from .quick import Connection, __version__, make_session, query_params
+from .running import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    Ctx,
+    _error,
+    _Partial,
+    _seconds,
+    _socket,
+    _workspace,
+    autostart,
+    fail,
+    only_layer,
+    prepare,
+    query_request,
+    warn_db,
+)
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
     from types import SimpleNamespace
     from typing import Any
 
     from .parsing import Parser
-    from .prompt import Approver
 
     #: a command line read: by argparse, or by quick_args (a read command's plain one)
     Args = argparse.Namespace | SimpleNamespace
@@ -35,148 +51,6 @@ if TYPE_CHECKING:
 # exit statuses. Every other verb runs in memoryd_client.commands, imported only then (see
 # LEAN_VERBS); argparse and the parser classes (memoryd_client.parsing) only when a
 # command line is not a plain read command's.
-
-PROG = "memoryctl"
-EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-#: A canonical entry id (UUID) is 36 characters; a shorter --id is a prefix.
-FULL_ID_LENGTH = 36
-
-
-class UsageError(Exception):
-    """A local problem with the command line or its input files (exit 2)."""
-
-
-class _Partial(Exception):
-    """A parser built for some verbs only met an error: the whole parser must say it."""
-
-
-_COLUMNS: list[int] = []
-
-
-def _columns() -> int:
-    """``shutil.get_terminal_size().columns``, the same steps ($COLUMNS, else stdout's
-    terminal, else 80), without importing shutil (which imports zlib, bz2 and lzma); found
-    once per run (argparse asks for every option it adds)."""
-    if _COLUMNS:
-        return _COLUMNS[0]
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    try:
-        lines = int(os.environ["LINES"])
-    except (KeyError, ValueError):
-        lines = 0
-    if columns <= 0 or lines <= 0:
-        try:
-            size = os.get_terminal_size(sys.__stdout__.fileno())  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            size = os.terminal_size((80, 24))
-        if columns <= 0:
-            columns = size.columns or 80
-    _COLUMNS.append(columns)
-    return columns
-
-
-def _seconds(raw: str) -> float | None:
-    """--timeout's value, or None when ``raw`` is not a positive number of seconds."""
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    if not value > 0 or value != value or value == float("inf"):
-        return None
-    return value
-
-
-def _positive_seconds(raw: str) -> float:
-    value = _seconds(raw)
-    if value is None:
-        import argparse
-
-        try:
-            float(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
-    return value
-
-def _global_options(parser: Parser, *, suppress: bool) -> None:
-    """The options every verb takes, before or after the verb. On the verbs' parsers the
-    defaults are suppressed, so an option given before the verb is not reset after it."""
-    import argparse
-
-    def d(value: Any) -> Any:
-        return argparse.SUPPRESS if suppress else value
-
-    g = parser.add_argument_group("connection and context (any position)")
-    parser.socket_option = g.add_argument(
-        "--socket",
-        metavar="PATH",
-        default=d(None),
-        help="daemon socket (see memoryd_client.parsing.Parser.format_help)",
-    )
-    g.add_argument(
-        "--db",
-        metavar="PATH",
-        default=d(None),
-        help="store for an autostarted daemon (memoryd serve --db); warns if a running daemon uses another",
-    )
-    g.add_argument("--config", metavar="PATH", default=d(None), help="config file for an autostarted daemon")
-    g.add_argument(
-        "--no-autostart",
-        action="store_true",
-        default=d(False),
-        help="fail (exit 3) instead of starting a daemon when none answers",
-    )
-    g.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=_positive_seconds,
-        default=d(30.0),
-        help="seconds to wait for each answer, not counting time at the approval prompt (default 30)",
-    )
-    g.add_argument(
-        "--json",
-        action="store_true",
-        default=d(False),
-        help="print the result as JSON (the wire shape) instead of a table",
-    )
-    g.add_argument(
-        "-y",
-        "--yes",
-        action="store_true",
-        default=d(False),
-        help="approve this command's writes without asking (the payload is still shown on stderr)",
-    )
-    g.add_argument(
-        "--via-approver",
-        action="store_true",
-        default=d(False),
-        help="do not ask here: send this command's writes to a running 'memoryctl approve' (denied at once "
-        "when none is subscribed); for scripts and cron jobs",
-    )
-    g.add_argument(
-        "--workspace",
-        "--cwd",
-        dest="workspace",
-        metavar="DIR",
-        default=d(None),
-        help="session working directory: the workspace of 'workspace' entries (default: current directory)",
-    )
-    g.add_argument(
-        "--agent",
-        metavar="KEY",
-        default=d(""),
-        help="session agent preset; '' (default) is the shared layer every agent sees",
-    )
-    g.add_argument(
-        "--session",
-        metavar="ID",
-        default=d(None),
-        help="session id for writes and snapshots (default: memoryctl-<pid>)",
-    )
-
 
 def _layer(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument(
@@ -290,7 +164,7 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     (:func:`_named_verbs`): building seventeen of them, each with a dozen options, was most of
     memoryctl's start-up. Such a parser raises :class:`_Partial` instead of printing an
     error, since the message may list the verbs (:func:`main` parses again with them all)."""
-    from .parsing import FORMATTER, Parser, Verb
+    from .parsing import FORMATTER, Parser, Verb, _global_options
 
     only = None if argv is None else _named_verbs(argv)
     # A verb's parser without the dozen global options when no option follows a verb: the
@@ -637,301 +511,6 @@ def verbs(parser: Parser | None = None) -> dict[str, Parser]:
 
     parser = parser or build_parser()
     return {name: p.complete() if isinstance(p, Verb) else p for name, p in parser.verb_parsers.items()}
-
-
-# --- running ---------------------------------------------------------------------------
-
-
-class Ctx:
-    """One run: the arguments, the socket (as ``str(Path)`` has it), whether stdout is a terminal (``fit``), and what
-    :func:`prepare` read (``data``). A plain class: ``dataclasses`` imports ``inspect``."""
-
-    #: the approval handler, set by memoryd_client.commands for the verbs that run there
-    approver: Approver
-
-    def __init__(self, args: Args, socket: str, fit: bool = False) -> None:
-        self.args = args
-        self.socket = socket
-        self.fit = fit
-        self.data: dict[str, Any] = {}
-
-    @property
-    def json(self) -> bool:
-        return bool(self.args.json)
-
-    def out(self, text: str) -> None:
-        if text:
-            print(text, flush=True)
-
-    def result(self, value: Any, human: Callable[[], str]) -> None:
-        if self.json:
-            from .render import to_json
-
-            self.out(to_json(value))
-        else:
-            self.out(human())
-
-
-def _read_input(name: str) -> str:
-    if name == "-":
-        return sys.stdin.read()
-    try:
-        from pathlib import Path
-
-        return Path(name).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
-
-
-def _text(value: str) -> str:
-    if value != "-":
-        return value
-    text = sys.stdin.read()
-    return text[:-1] if text.endswith("\n") else text
-
-
-def _exists(name: str) -> UsageError:
-    return UsageError(f"{name} exists; pass --force to overwrite it")
-
-
-def _write_private(name: str, text: str, *, force: bool) -> str:
-    """Write ``text`` to ``name`` with mode 0600 (memory is personal), atomically: a temp
-    file in the same directory, then moved into place, so an existing file readable by
-    others is replaced rather than rewritten in place. Without ``force`` an existing
-    ``name`` is refused, also one created since the command started (``link`` fails then,
-    where a rename would replace it). Returns the path."""
-    import contextlib
-    import tempfile
-
-    path = os.path.expanduser(name)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".memoryctl-export-", dir=directory)  # mode 0600
-    except OSError as exc:
-        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise _exists(name) from None
-            except OSError:  # no hard links on this file system: check, then rename
-                if os.path.lexists(path):
-                    raise _exists(name) from None
-                os.replace(tmp, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {name}: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    return path
-
-
-_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
-_MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
-
-
-def _is_markdown(name: str, raw: str) -> bool:
-    import re
-    from pathlib import Path
-
-    return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
-
-
-def _markdown_without_adapter(name: str) -> UsageError:
-    """``import NOTES.md`` without ``--adapter``: name the adapters and the command that works."""
-    import shlex
-
-    from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
-
-    ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
-    from pathlib import Path
-
-    pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
-    shown = "stdin" if name == "-" else name
-    return UsageError(
-        f"{shown} is markdown, not a memory-export-v1 envelope: import it through an adapter "
-        f"({', '.join(ids)}; 'memoryctl adapters' lists all): memoryctl import --adapter {pick} {shlex.quote(name)}"
-    )
-
-
-def prepare(ctx: Ctx) -> None:
-    """Everything local (files, stdin, argument checks), before any connection."""
-    a = ctx.args
-    if a.db:
-        ctx.data["db"] = os.path.abspath(os.path.expanduser(a.db))
-    if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
-        ctx.data["text"] = _text(a.text)
-    if a.verb in ("replace", "remove"):
-        if a.entry_id is not None and a.match is not None:
-            raise UsageError(f"{a.verb}: give MATCH or --id, not both")
-        if a.entry_id is None and a.match is None:
-            raise UsageError(f"{a.verb} needs MATCH or --id")
-    if a.verb == "proposals" and a.action != "list" and not a.id:
-        raise UsageError(f"proposals {a.action} needs an ID")
-    if a.verb == "proposals" and a.action == "list" and a.id:
-        raise UsageError("proposals: an ID goes with approve or dismiss")
-    if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):
-        raise _exists(a.output)  # before asking the daemon for anything
-    if a.verb == "import":
-        import json
-
-        raw = _read_input(a.file)
-        if a.adapter is None or a.format == "json":
-            try:
-                ctx.data["payload"] = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                if a.adapter is None and _is_markdown(a.file, raw):
-                    raise _markdown_without_adapter(a.file) from None
-                raise UsageError(f"{a.file} is not JSON: {exc}") from None
-        else:
-            ctx.data["raw"] = raw  # decided with the adapter's import formats (cmd_import)
-    if a.verb == "audit":
-        if a.action == "explain" and not a.target:
-            raise UsageError("audit explain needs TEXT or ID: the entry's id, or a text that one entry contains")
-        if a.action != "explain" and a.target is not None:
-            raise UsageError(f"audit {a.action} takes no TEXT|ID (only audit explain does)")
-        if a.action != "list" and a.limit is not None:
-            raise UsageError(f"--limit goes with audit list, not audit {a.action}")
-    if a.verb == "approve" and a.reject and a.yes:
-        raise UsageError("approve: --yes and --reject contradict each other")
-    for name in ("limit", "count"):
-        value = getattr(a, name, None)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name} must be at least 1")
-
-
-def _workspace(a: Args) -> str:
-    return os.path.abspath(os.path.expanduser(a.workspace)) if a.workspace else os.getcwd()
-
-
-def _socket(a: Args) -> str:
-    """--socket (``~`` expanded), else the default socket, as ``str(Path)`` has them."""
-    return pathlib_str(a.socket) if a.socket else default_socket()
-
-
-def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-    line = " ".join(message.split()) if message else code.lower()
-    match = (details or {}).get("match")
-    if code in ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH") and isinstance(match, str):
-        from .render import one_line
-
-        line += f" (match: {one_line(match)})"  # which of several -m failed
-    print(f"error: {code}: {line}", file=sys.stderr, flush=True)
-    if ctx is not None and ctx.json:
-        import json
-
-        ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
-
-
-def _daemon_reason(tail: str) -> list[str]:
-    """What to show of a daemon that exited before it was ready: its own one-line reason
-    (``memoryd: STORE_LOCKED: ...``, printed last) when it gave one, else its log tail."""
-    lines = tail.splitlines()
-    reasons = [line for line in lines if line.startswith("memoryd: ")]
-    if reasons:
-        return reasons[-1:]
-    # the daemon's own lines already carry its "memoryd" prefix
-    return [line if line.startswith("memoryd") else f"memoryd: {line}" for line in lines]
-
-
-def _serve_command(ctx: Ctx) -> str:
-    """The ``memoryd serve`` that would serve what this command asked for."""
-    a = ctx.args
-    cmd = ["memoryd", "serve"]
-    if ctx.socket != default_socket():
-        cmd += ["--socket", ctx.socket]
-    if a.db:
-        cmd += ["--db", a.db]
-    if a.config:
-        cmd += ["--config", a.config]
-    import shlex
-
-    return shlex.join(cmd)
-
-
-# --- what both paths share -----------------------------------------------------------
-
-
-def only_layer(entries: list[Any], a: Args) -> list[Any]:
-    """``memoryctl list --track/--scope``: the entries of that layer."""
-    return [e for e in entries if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)]
-
-
-def query_request(ctx: Ctx, session: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """``memoryctl query``'s filter and opts: the whole store, or with --as-session what the
-    session (--workspace, --agent) sees, its recall audited under the session id."""
-    a = ctx.args
-    flt = {
-        k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit)) if v is not None
-    }
-    opts = None
-    if a.as_session:
-        opts = {"sessionId": session["id"] if session else None, "agentKey": a.agent, "workspaceKey": _workspace(a)}
-    return flt or None, opts
-
-
-def warn_db(ctx: Ctx, have: str) -> None:
-    """--db names another store than the one the daemon serves (``have``, absolute)."""
-    want = ctx.data["db"]
-    if have != want:
-        print(f"warning: the daemon at {ctx.socket} serves {have}, not --db {want}", file=sys.stderr)
-
-
-def autostart(ctx: Ctx, exc: ConnectFailed, autostarted: bool) -> None:
-    """Nothing answered (``exc``): start a daemon on the socket, or re-raise ``exc`` when
-    none may be started (--no-autostart, one was started already, or the connect failed
-    for another reason than "no daemon there")."""
-    from .autostart import NO_DAEMON_ERRNOS, start_daemon
-
-    a = ctx.args
-    if autostarted or a.no_autostart or exc.details.get("errno") not in NO_DAEMON_ERRNOS:
-        raise exc
-    pid = start_daemon(ctx.socket, db=a.db, config=a.config)
-    if pid is not None:
-        print(f"memoryctl: started memoryd (pid {pid}) on {ctx.socket}", file=sys.stderr, flush=True)
-
-
-def fail(ctx: Ctx, exc: Exception) -> int:
-    """A failed command's one line on stderr (and ``{"error"}`` with --json), and its exit
-    status; ``exc`` itself is re-raised when it is no command failure."""
-    from .autostart import NO_DAEMON_ERRNOS, AutostartFailed
-    from .errors import BadResponse
-
-    a = ctx.args
-    if isinstance(exc, UsageError):
-        _error(ctx, "USAGE", str(exc))
-        return EXIT_USAGE
-    if isinstance(exc, ProtocolError):
-        message = exc.message
-        if exc.code == "WRITE_DENIED" and exc.details.get("outcome") == "unavailable" and a.via_approver:
-            message += "; no approver is subscribed: run `memoryctl approve` in another terminal"
-        _error(ctx, exc.code, message, exc.details)
-        return EXIT_PROTOCOL
-    if isinstance(exc, AutostartFailed):
-        for line in _daemon_reason(exc.details.get("stderr") or ""):
-            print(line, file=sys.stderr)
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_CONNECTION
-    if isinstance(exc, ConnectFailed):
-        message = exc.message
-        if exc.details.get("errno") in NO_DAEMON_ERRNOS:
-            message += f"; no daemon runs there: start one with `{_serve_command(ctx)}`"
-            if a.no_autostart:
-                message += " or drop --no-autostart"
-        _error(ctx, exc.code, message, exc.details)
-        return EXIT_CONNECTION
-    if isinstance(exc, BadResponse):
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_PROTOCOL
-    if isinstance(exc, ClientError):
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_CONNECTION
-    raise exc
 
 
 # --- the read commands' quick path ---------------------------------------------------

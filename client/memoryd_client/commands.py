@@ -28,7 +28,10 @@ from memoryd_protocol.validation import SessionView
 
 from . import render
 from .autostart import NO_DAEMON_ERRNOS
-from .cli import (
+from .client import DECIDED, Client, connect, make_session
+from .errors import ClientError, ConnectFailed, ConnectionClosed, Timeout
+from .prompt import Approver
+from .running import (
     EXIT_OK,
     EXIT_PROTOCOL,
     FULL_ID_LENGTH,
@@ -45,9 +48,6 @@ from .cli import (
     query_request,
     warn_db,
 )
-from .client import DECIDED, Client, connect, make_session
-from .errors import ClientError, ConnectFailed, ConnectionClosed, Timeout
-from .prompt import Approver
 from .watching import cmd_watch
 
 

@@ -14,7 +14,7 @@ import sys
 
 from memoryd_protocol.paths import default_socket
 
-from .cli import EXIT_USAGE, _columns, _global_options, _Partial
+from .running import EXIT_USAGE, _columns, _Partial, _seconds
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
@@ -103,3 +103,92 @@ class Verb(Parser):
 FORMATTER = Formatter
 
 __all__ = ["FORMATTER", "Formatter", "Parser", "Verb"]
+
+
+def _positive_seconds(raw: str) -> float:
+    value = _seconds(raw)
+    if value is None:
+        import argparse
+
+        try:
+            float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
+    return value
+
+def _global_options(parser: Parser, *, suppress: bool) -> None:
+    """The options every verb takes, before or after the verb. On the verbs' parsers the
+    defaults are suppressed, so an option given before the verb is not reset after it."""
+    import argparse
+
+    def d(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("connection and context (any position)")
+    parser.socket_option = g.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=d(None),
+        help="daemon socket (see memoryd_client.parsing.Parser.format_help)",
+    )
+    g.add_argument(
+        "--db",
+        metavar="PATH",
+        default=d(None),
+        help="store for an autostarted daemon (memoryd serve --db); warns if a running daemon uses another",
+    )
+    g.add_argument("--config", metavar="PATH", default=d(None), help="config file for an autostarted daemon")
+    g.add_argument(
+        "--no-autostart",
+        action="store_true",
+        default=d(False),
+        help="fail (exit 3) instead of starting a daemon when none answers",
+    )
+    g.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=d(30.0),
+        help="seconds to wait for each answer, not counting time at the approval prompt (default 30)",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=d(False),
+        help="print the result as JSON (the wire shape) instead of a table",
+    )
+    g.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        default=d(False),
+        help="approve this command's writes without asking (the payload is still shown on stderr)",
+    )
+    g.add_argument(
+        "--via-approver",
+        action="store_true",
+        default=d(False),
+        help="do not ask here: send this command's writes to a running 'memoryctl approve' (denied at once "
+        "when none is subscribed); for scripts and cron jobs",
+    )
+    g.add_argument(
+        "--workspace",
+        "--cwd",
+        dest="workspace",
+        metavar="DIR",
+        default=d(None),
+        help="session working directory: the workspace of 'workspace' entries (default: current directory)",
+    )
+    g.add_argument(
+        "--agent",
+        metavar="KEY",
+        default=d(""),
+        help="session agent preset; '' (default) is the shared layer every agent sees",
+    )
+    g.add_argument(
+        "--session",
+        metavar="ID",
+        default=d(None),
+        help="session id for writes and snapshots (default: memoryctl-<pid>)",
+    )

@@ -15,9 +15,9 @@ import msgspec
 from memoryd_protocol import types as T
 
 from . import render
-from .cli import EXIT_OK, Ctx
 from .client import WATCH_EVENTS, Client, Event
 from .errors import ConnectionClosed
+from .running import EXIT_OK, Ctx
 
 #: Characters of an entry's first line shown before it is cut with "…".
 SHOWN_TEXT = 80
