@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         RpcError,
         StoreCorrupt,
         StoreLocked,
+        StoreUnavailable,
         StoreUnsupportedVersion,
         WriteDenied,
         WriteRequiresAgent,
@@ -43,8 +44,8 @@ _SUBMODULES = frozenset({
     "constants", "errors", "ledger", "methods", "payloads", "snapshot", "text", "types", "validation"})
 _FROM_ERRORS = frozenset({
     "AdapterNotFound", "AdapterPayload", "AmbiguousMatch", "BudgetExceeded", "EntryNotFound", "InvalidInput",
-    "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnsupportedVersion",
-    "WriteDenied", "WriteRequiresAgent", "from_wire",
+    "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnavailable",
+    "StoreUnsupportedVersion", "WriteDenied", "WriteRequiresAgent", "from_wire",
 })
 
 
@@ -74,6 +75,7 @@ __all__ = [
     "RpcError",
     "StoreCorrupt",
     "StoreLocked",
+    "StoreUnavailable",
     "StoreUnsupportedVersion",
     "WriteDenied",
     "WriteRequiresAgent",

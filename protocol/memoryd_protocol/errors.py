@@ -139,24 +139,10 @@ class RpcError(ProtocolError):
         return self._rpc_code
 
 
+#: data.code → its class: every protocol error class, one per code of constants.ERROR_CODES
+#: (tests/test_error_table.py checks each code has one, and every list of them).
 _BY_CODE: dict[str, type[ProtocolError]] = {
-    cls.CODE: cls
-    for cls in (
-        InvalidInput,
-        WriteRequiresAgent,
-        BudgetExceeded,
-        EntryNotFound,
-        AmbiguousMatch,
-        WriteDenied,
-        ProposalNotFound,
-        StoreCorrupt,
-        StoreUnsupportedVersion,
-        StoreUnavailable,
-        StoreLocked,
-        AdapterNotFound,
-        AdapterPayload,
-    )
-}
+    cls.CODE: cls for cls in ProtocolError.__subclasses__() if cls.CODE in ERROR_CODES}
 
 
 def from_wire(error: Any) -> ProtocolError:

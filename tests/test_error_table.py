@@ -1,0 +1,57 @@
+"""One error table: constants.ERROR_CODES (wire-v1 §7). Every place that lists the protocol's
+errors again (the classes, the by-code map, each package's exports, the Node client's
+constants and classes) lists exactly its codes: a code added or dropped in one place and
+not another fails here. Pure: reads the packages and the Node client's source."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import memoryd_client
+import memoryd_client.errors as client_errors
+import memoryd_protocol
+from memoryd_protocol import errors
+from memoryd_protocol.constants import ERROR_CODES, RPC_LEVEL_CODES
+
+JS = Path(__file__).resolve().parents[1] / "client" / "js"
+
+
+def _camel(code: str) -> str:
+    return "".join(word.capitalize() for word in code.split("_"))
+
+
+CLASSES = {_camel(code) for code in ERROR_CODES}
+
+
+def test_each_code_has_one_class_and_the_by_code_map_is_theirs() -> None:
+    assert {name for name in CLASSES if isinstance(getattr(errors, name, None), type)} == CLASSES
+    for code, rpc in ERROR_CODES.items():
+        cls = getattr(errors, _camel(code))
+        assert (cls.CODE, cls.RPC_CODE) == (code, rpc)
+        assert errors.from_wire({"code": rpc, "message": "m", "data": {"code": code, "details": {}}}).__class__ is cls
+
+
+def test_every_python_export_list_names_every_class() -> None:
+    own = {"ProtocolError", "RpcError", "from_wire"}
+    assert set(errors.__all__) == CLASSES | own
+    assert CLASSES | own <= set(memoryd_protocol.__all__)
+    for name in CLASSES | own:
+        assert getattr(memoryd_protocol, name) is getattr(errors, name)
+    assert CLASSES | own <= set(client_errors.__all__) and CLASSES | own <= set(memoryd_client.__all__)
+    for name in CLASSES | own:
+        assert getattr(memoryd_client, name) is getattr(errors, name)
+    # the package root's names for type checkers (its TYPE_CHECKING import) are the same
+    root = (Path(memoryd_protocol.__file__)).read_text(encoding="utf-8")
+    block = root[root.index("from .errors import ("):root.index(")", root.index("from .errors import ("))]
+    assert set(re.findall(r"\b([A-Za-z_]+),", block)) == CLASSES | own
+
+
+def test_the_node_client_lists_every_code_and_class() -> None:
+    source = (JS / "errors.js").read_text(encoding="utf-8")
+    constants = set(re.findall(r"^export const ([A-Z_]+) = '\1';$", source, re.M))
+    client_codes = {"CONNECTION_CLOSED", "CONNECTION_FAILED", "TIMEOUT", "ABORTED", "PROTOCOL_ERROR"}
+    assert constants == set(ERROR_CODES) | set(RPC_LEVEL_CODES.values()) | client_codes
+    declared = (JS / "index.d.ts").read_text(encoding="utf-8")
+    classes = set(re.findall(r"^export declare class (\w+)Error extends MemorydError", declared, re.M))
+    assert {_camel(code) for code in ERROR_CODES} <= classes
