@@ -79,11 +79,11 @@ WHY_NOT: dict[str, str] = {
     "MCP memory_add, 1 session(s) ≥ 10× server-memory's create_entities": (
         "A sequential session waits for one synchronous=FULL commit per acknowledged add, and "
         "server-memory does not fsync: 10× is above what the same run's socket client reaches at one "
-        "client (1,381 adds/s, 8.2× server-memory), before the SDK's per-call cost and the relay's "
-        "hops (bench/results/MCP.md)."),
+        "client (its socket adds/s column: 7.6-8.2× server-memory in the runs of 2026-12-01), before "
+        "the SDK's per-call cost and the relay's hops (bench/results/MCP.md)."),
     "MCP memory_add, 16 session(s) ≥ 10× server-memory's create_entities": (
         "With 16 sessions the commits are shared, so the event loop's CPU per add bounds the rate: "
-        "about 455 µs per MCP add against about 165 µs per socket add, the difference the SDK's "
+        "about 455-510 µs per MCP add against about 165 µs per socket add, the difference the SDK's "
         "dispatch and pydantic, on a 2-core machine where the 16 relays and the measuring process "
         "compete for the same cores (bench/results/MCP.md)."),
     "--standalone start ≤ 0.75× server-memory's start": (
