@@ -2,8 +2,8 @@
 reads plain JSON, for ``memoryctl``'s read commands.
 
 ``memoryctl query`` does a few milliseconds of work. Through the async client it first
-imports anyio, asyncio, msgspec and every wire Struct, which made it 13× ``python -c pass``
-(issue 10). So the read commands (:data:`memoryd_client.cli.LEAN_VERBS`) take this path
+imports anyio, asyncio, msgspec and every wire Struct, which made it 13× ``python -c pass``.
+So the read commands (:data:`memoryd_client.cli.LEAN_VERBS`) take this path
 instead: ``socket`` only, with :mod:`memoryd_protocol.leanjson` for the JSON of short
 lines (``json``, with the ``re`` it imports, was a tenth of ``python -c pass``; it is
 imported for a line leanjson leaves to it). The async :class:`~memoryd_client.client.Client`

@@ -56,9 +56,8 @@ def discovered_entry_points() -> list[EntryPointLike]:
 
     importlib.metadata finds them, but only once a plain look at ``sys.path``
     (``may_register``) has found somewhere one could be: its import (email, zipfile, csv)
-    and its scan of every distribution cost each daemon start about 30 ms (of a
-    ``--standalone`` start's ~320 ms, bench: start), and almost no installation has a
-    third-party adapter."""
+    and its scan of every distribution were a tenth of every daemon start, and almost no
+    installation has a third-party adapter."""
     if not may_register():
         return []
     from importlib.metadata import entry_points

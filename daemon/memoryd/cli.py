@@ -146,7 +146,7 @@ def quick_words(argv: list[str]) -> dict[str, Any] | None:
     starting with ``-``, one of its choices). None for anything else (help, an
     abbreviation, an error, another command): the parser reads that. Importing argparse
     and building the parser (its help formatter imports shutil) was a fifth of the relay's
-    start-up, paid on every harness spawn, and about 35 ms of a standalone one. Paths stay
+    start-up, paid on every harness spawn, and a tenth of a standalone one. Paths stay
     strings here (:func:`quick_args` makes the parser's Paths of them)."""
     if argv[:1] not in (["serve"], ["mcp"]):
         return None

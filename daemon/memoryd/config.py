@@ -81,7 +81,7 @@ class Config:
         #: terminal) or "any"
         self.approvers: str = "interactive"
         self.mcp_approvals: str = "elicitation"
-        # Resource caps (issue #8): what one client can make the daemon hold.
+        # Resource caps: what one client can make the daemon hold.
         self.max_connections: int = DEFAULT_MAX_CONNECTIONS
         self.max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS
         self.max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
@@ -117,7 +117,7 @@ class Config:
         and that of every entry it replaces or removes) can only make it stricter
         (``off`` > ``ask`` > ``auto``), never looser: a client picks its own source label,
         so a label must never open what the layer's policy closes."""
-        if not self.write_policies:  # no override: every layer's policy is the default (0.2 µs, not 1.3)
+        if not self.write_policies:  # no override: every layer's policy is the default, without the walk
             for _ in layers:
                 return self.write_policy
             raise ValueError("a write lands in at least one layer")

@@ -170,8 +170,8 @@ class Connection:
         """Read and serve lines until EOF or ``stop_reading``. ``end_chunks`` (a
         StreamProtocol's) makes ``chunks`` end at once, as at EOF: ``stop_reading`` calls it
         instead of cancelling the wait for the next chunk, so no read needs a cancel scope
-        of its own (anyio's costs ~6 µs to enter and leave on the 2-core bench machine, a
-        sixth of a request's own path in the daemon)."""
+        of its own (anyio's, entered and left on every read, was a noticeable part of a
+        request's own path: bench/results/PER-REQUEST.md)."""
         log.debug("connection %d (%s) opened", self.id, self.name)
         self._end_chunks = end_chunks
         loop = asyncio.get_running_loop()

@@ -56,16 +56,12 @@ def prepare_reader(conn: sqlite3.Connection) -> None:
     """A reading connection's settings: the store memory-mapped. Every commit by another
     connection (a query's recall bookkeeping commits soon after it) empties a connection's
     page cache, so that the next query would read each page again with a system call and a
-    copy; a mapped page is read in place (pages still in the WAL are read as before).
-    Measured in the daemon, alternating with the unmapped reader on a loaded machine (p50):
-    at 2,000 entries 2.68 → 1.83 ms for a needle in 142 entries, 1.96 → 1.65 ms in 40; at
-    100,000 entries 28.5 → 16.1 ms for one in 2,000, 42.2 → 38.2 ms in 7,667. The price:
-    SQLite unmaps the file at such a commit too, and a whole-store scan (a 1- or 2-character
-    needle, a common one) faults its pages in again: 19.4 → 23.9 ms for ``q`` at 100,000
-    (in-process, a commit before each query), still a fifth of the scan floor. And the
-    hazard SQLite documents for mapping: a read error of the disk under a mapped page is a
-    SIGBUS that ends the daemon, not a STORE_UNAVAILABLE answer (writes, on the writer's
-    own unmapped connection, keep their answers; the service restarts it)."""
+    copy; a mapped page is read in place (pages still in the WAL are read as before), and
+    selective queries got faster for it (bench/results/PER-QUERY.md). The price: SQLite
+    unmaps the file at such a commit too, so a whole-store scan faults its pages in again;
+    and the hazard SQLite documents for mapping: a read error of the disk under a mapped
+    page is a SIGBUS that ends the daemon, not a STORE_UNAVAILABLE answer (writes, on the
+    writer's own unmapped connection, keep their answers; the service restarts it)."""
     conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
 
 
@@ -122,7 +118,7 @@ def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, tex
         else:
             # ``+?``, not ``?``: a bound pattern of LIKE marks the statement to be prepared
             # again whenever it is bound (for the LIKE optimization, which no index of text
-            # could use here): 10-40 µs a query. The unary plus leaves the value as it is.
+            # could use here), a cost on every query. The unary plus leaves the value as it is.
             where.append("text LIKE +? ESCAPE '\\'")
             args.append(like_pattern(text))
     if track is not None:
@@ -242,11 +238,11 @@ def _with_boosted(conn: sqlite3.Connection, entries: list[Entry], total: int, bo
 
 #: The index plan's page walks the rank index (checking each row's text, as the scan plan
 #: does) when its candidates are at least this dense: the walk reads about ``take ×
-#: entries / hits`` rows (0.4–0.7 µs each), where the sorted path reads every hit's row
-#: (3–5 µs each, with the candidate list). Measured at 2,000 and 100,000 entries on the
-#: bench's needles: the walk is cheaper from hits² ≥ about take × entries / 7. A walk whose
-#: hits all rank last reads the whole rank index: at worst it costs the scan it stands in
-#: for (the count alone stays the index's).
+#: entries / hits`` cheap rows, where the sorted path reads every hit's row with the
+#: candidate list, several times dearer each; on the bench's needles the walk wins from
+#: hits² ≥ about take × entries / 7 (bench/results/PER-QUERY.md). A walk whose hits all
+#: rank last reads the whole rank index: at worst it costs the scan it stands in for (the
+#: count alone stays the index's).
 WALK_DENSITY = 1 / 7
 
 

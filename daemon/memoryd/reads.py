@@ -156,7 +156,7 @@ class Reads:
             # One read transaction for the query's statements (the plan's probe, the count,
             # the page): they see one state of the store, and take the WAL's read lock once
             # instead of once each (a statement outside a transaction begins and ends its
-            # own: ~6 µs each on the 2-core bench machine, 10-20 µs a query).
+            # own).
             conn.execute("BEGIN")
             try:
                 return queries.query_page(conn, track=track, scope=scope, text=text, agent_key=agent_key,

@@ -366,13 +366,12 @@ class Dispatcher:
         if bound is None:
             return await self.via_library(peer, call, release_turn)
         # Ours for the table's methods, not jsonrpcserver's ``async_dispatch_to_serializable``:
-        # the library spends about 140 µs of the event loop's time on every request on the
-        # 2-core bench machine (timed around a handler that returns at once: a task and
-        # ``asyncio.gather`` per request, ``inspect.Signature.bind``, its ``Either``
-        # results), against about 10 µs here, while a write at the raw FULL commit floor has
-        # about 250 µs in all. The reply is the one the library gives: the request's id, the
-        # ``result`` or the ``error`` of error_object, nothing for a notification
-        # (tests/test_rpc_unit.py compares the two for every kind of request).
+        # the library's dispatch (a task and ``asyncio.gather`` per request,
+        # ``inspect.Signature.bind``, its ``Either`` results) costs the event loop about half
+        # of what a write at the raw FULL commit floor has in all (bench/results/PER-REQUEST.md).
+        # The reply is the one the library gives: the request's id, the ``result`` or the
+        # ``error`` of error_object, nothing for a notification (tests/test_rpc_unit.py
+        # compares the two for every kind of request).
         ctx = RequestContext(peer, call.reply_id(), release_turn)
         try:
             result = await bound.handler(ctx, bound.decode(call.params))
@@ -385,9 +384,8 @@ class Dispatcher:
                           ) -> dict[str, Any] | None:
         """A request of a valid shape dispatched by jsonrpcserver: the path of a method
         outside the table, and the reference ``_dispatch`` is tested against."""
-        # Imported on first use, not at start: jsonrpcserver imports jsonschema, about 105 ms
-        # of CPU on the 2-core bench machine, a quarter of a standalone start, and the
-        # table's methods never need it.
+        # Imported on first use, not at start: jsonrpcserver imports jsonschema, a quarter of
+        # a standalone start, and the table's methods never need it.
         from jsonrpcserver import async_dispatch_to_serializable
 
         if self._library_methods is None:

@@ -1,11 +1,11 @@
-"""The protocol pipeline: validation → budget pre-check → approval → writer commit → events.
+"""The daemon's shared state and its lifecycle methods (initialize, approvals, status, watch).
 
-One Service per daemon. Each method takes the request's context (``RequestContext``: the
-calling connection, its notify, the request id) and its decoded params, and returns a wire
-Struct or raises a ProtocolError. Reads go to the read
-connection; every mutation is a job for the single writer, and every job re-checks what
-the approval was granted on (the entry *by id*, the budget against current usage) before
-it touches a row.
+One Service per daemon: the config, the writer and the read connections, the approvals,
+the sessions and the watchers, and the helpers the method groups (reads, writes,
+snapshots, proposals, transfer) share to read and resolve entries. Every write goes
+through ``pipeline`` (validation → budget pre-check → approval → writer commit → events);
+every job re-checks what the approval was granted on (the entry *by id*, the budget
+against current usage) before it touches a row.
 """
 
 from __future__ import annotations

@@ -162,10 +162,9 @@ TEXT_MARK_KEY = "memoryd_fts_mark"
 TAIL_SCHEMA = 5
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
-#: The tail the writer indexes at once. Measured on a 2,000-entry store (raw sqlite3, FULL):
-#: indexing 128/256/512/1,024 entries takes about 3/5-8/10/20 ms and 11/17/28/51 WAL pages
-#: (plus FTS5's own segment merges now and then), i.e. well under 0.2 pages per add at any
-#: of them; a smaller tail keeps the wait of writes queued behind it short.
+#: The tail the writer indexes at once: indexing a tail costs well under a WAL page per
+#: add at any of the sizes measured (bench/results/PER-WRITE.md), and a smaller tail keeps
+#: the wait of writes queued behind its merge short.
 TAIL_MERGE_AT = 256
 
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
@@ -488,7 +487,7 @@ def parse_tags(raw: Any) -> list[str] | None:
 def dump_tags(tags: Iterable[str]) -> str:
     tags = list(tags)
     if not tags:
-        return "[]"  # most writes: what json.dumps gives (2.4 µs of the writer's thread; this: 0.1)
+        return "[]"  # most writes: what json.dumps gives, without calling it
     return json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -644,9 +643,8 @@ class Batch:
     Outside a batch (start-up, tests, the bench's seeding) each is its statement, as written.
 
     A savepoint rolled back takes its writes' counts back out too (``save``, ``restore``).
-    Two statements less per add after a batch's first: on the 2,000-entry store, the mark's
-    read 3.4 µs and the upsert 3.0 µs of the writer's thread (0.2 and 0.4 here), each of
-    them one more release and retake of the GIL while the event loop is busy."""
+    Two statements less per add after a batch's first, each of them one more release and
+    retake of the GIL while the event loop is busy."""
 
     __slots__ = ("_conn", "_counts", "_mark", "_mark_read")
 

@@ -328,9 +328,8 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
     ``buffer_updated``, into one buffer per event loop: ``_ReadBuffer``): for a plain
     Protocol, asyncio's socket transport allocates a new 256 KiB bytes object for every
     ``recv`` and shrinks it to what arrived, and a block that large comes from ``mmap``
-    and goes back with ``munmap`` each time: on the 2-core bench machine an asyncio echo
-    round trip took 68 µs that way against 35 µs reading into a buffer (a quarter of a
-    ``memory/budgets`` round trip). Pipes (stdio) have no buffered path in asyncio and
+    and goes back with ``munmap`` each time, which doubled an asyncio echo's round trip
+    (bench/results/PER-REQUEST.md). Pipes (stdio) have no buffered path in asyncio and
     still call ``data_received``.
 
     Failures are OSErrors (asyncio's own: ``BrokenPipeError`` once the peer is gone).

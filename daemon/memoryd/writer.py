@@ -63,9 +63,8 @@ FLUSH_DELAY_S = 0.05
 #: A batch with an acknowledged write and at most this many steps (jobs, and deferred rows
 #: and recall counters), none of them heavy, runs its statements on the event loop's thread
 #: and only its COMMIT on the writer's (``_stage``); a larger one runs wholly on the
-#: writer's thread, so that it holds the event loop for a few milliseconds at most (a step
-#: is 20-60 µs there). A flush of bookkeeping alone runs on the event loop whatever its
-#: size, in slices (SLICE_STEPS).
+#: writer's thread, so that it holds the event loop for a few milliseconds at most. A flush
+#: of bookkeeping alone runs on the event loop whatever its size, in slices (SLICE_STEPS).
 LOOP_STEPS = 256
 #: A flush of bookkeeping alone runs on the event loop too, but lets it turn after every
 #: SLICE_STEPS of its steps: the queries that arrive meanwhile are served first, not after
@@ -173,8 +172,8 @@ class Writer:
         self._full_sync = True
         self.depth = 0
         #: set while no job is queued or committing (depth 0): what a drain waits on. One
-        #: asyncio Event, cleared and set again (an anyio Event, made anew whenever a job
-        #: arrives at an idle writer, cost that write 1.9 µs of the event loop's time)
+        #: asyncio Event, cleared and set again, not an anyio Event made anew whenever a job
+        #: arrives at an idle writer
         self._idle = asyncio.Event()
         self._idle.set()
         self._deferred: list[_Deferred] = []
@@ -246,7 +245,7 @@ class Writer:
         # for a failed one. (Its cancellation cancels ``done``, which the writer then
         # leaves alone, and it waits on ``end_waiter`` instead: not asyncio.shield around
         # every job, which costs each write a future, a callback and a turn of the event
-        # loop more, 6.5 µs; the shielded cancel scope is entered only once cancelled.)
+        # loop more; the shielded cancel scope is entered only once cancelled.)
         try:
             await job.done
         except asyncio.CancelledError:
@@ -617,8 +616,8 @@ class Writer:
         """At the end of a batch's transaction, before its COMMIT: whether the text index's
         tail is full (what the commit leaves; ``run`` indexes it once the batch is
         answered). Counted inside the transaction, not after it: a statement after COMMIT
-        opens a read transaction of its own, which cost every batch about 15 µs more of
-        the writer's CPU (measured in-process at the 2,000-entry store)."""
+        opens a read transaction of its own, at a cost to every batch
+        (bench/results/PER-WRITE.md)."""
         if not durable:  # recall bookkeeping adds no entry
             return False
         try:

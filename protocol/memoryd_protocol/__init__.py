@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: The distribution this package ships in. ``__version__`` is its version: pyproject.toml
 #: holds the one literal, and hatchling's version build hook writes it into ``_version.py``
-#: at install (read without importlib.metadata, which costs a memoryctl start ~20 ms).
+#: at install (read without importlib.metadata, which costs a memoryctl start dearly).
 DISTRIBUTION = "dsh-memoryd"
 
 
