@@ -330,6 +330,18 @@ def test_render_an_entrys_life() -> None:
         "in no session's snapshot"]
 
 
+def test_an_mcp_host_s_write_and_its_elicitation_are_shown_as_what_they_are() -> None:
+    host = T.LedgerConnection(ref="r/3", run="r", id=3, transport="mcp", pid=30, uid=0, exe="/usr/bin/node",
+                              client=T.ClientInfo(name="Claude Code", version="2.1.0"), opened_at=0)
+    claim = T.ApprovalBy(kind="human", name="mcp-elicitation")
+    event = T.LedgerEvent(n=1, seq=1, ts=0, action="add", outcome="allowed-once", text=None, session_id="s-1",
+                          asked_by=host, decision=T.LedgerDecision(approval="a1", outcome="allowed-once", policy="ask",
+                                                                   decided_by=host, by=claim, reason=None, failed=None))
+    shown = render.entry_life(T.EntryLife(entry_id="e1", current=None, events=[event], snapshots=[]))
+    assert ("asked by Claude Code 2.1.0 through memoryd mcp (pid 30, /usr/bin/node)  decided allowed-once by the "
+            'asking connection, who claims human "mcp-elicitation"') in shown
+
+
 def test_render_a_report() -> None:
     ok = T.LedgerReport(ok=True, rows=3, audit_rows=2, after_audit_seq=7, note="n", head="h", problems=[])
     assert render.ledger_report(ok) == "ledger ok: 3 rows, 2 audit rows chained since audit row 7; head h\nn"

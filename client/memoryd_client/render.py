@@ -208,6 +208,8 @@ def _who(c: T.LedgerConnection | None) -> str:
         name = "an unnamed client"
     else:
         name = one_line(c.client.name if c.client.version is None else f"{c.client.name} {c.client.version}")
+    if c.transport == "mcp":
+        name += " through memoryd mcp"  # the name is the MCP host's clientInfo
     proc = ", ".join(x for x in (None if c.pid is None else f"pid {c.pid}",
                                  None if c.exe is None else one_line(c.exe)) if x)
     return f"{name} ({proc})" if proc else name
