@@ -21,5 +21,14 @@ def test_node_client_suite() -> None:
         pytest.skip("node is not installed; the Node client's tests need node >= 20")
     env = dict(os.environ, MEMORYD_PYTHON=sys.executable)
     r = subprocess.run([node, "--test", "test/"], cwd=JS, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert "# fail 0" in r.stdout
+    assert r.returncode == 0 and "# fail 0" in r.stdout, _failures(r.stdout) + r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def _failures(tap: str) -> str:
+    """Each failed test's TAP block first: the tail alone may not reach it."""
+    lines = tap.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("not ok"):
+            out += lines[i:i + 40]
+    return "\n".join(out) + "\n---\n"

@@ -1,9 +1,8 @@
 """Wire types: every params, result and notification shape of wire-v1.md as msgspec Structs.
 
-Inputs a caller writes (entries, filters) forbid unknown fields, so a typo such as
-``tag`` for ``tags`` is an INVALID_INPUT instead of silently lost data. Envelope-level
-objects a harness fills in (``write``, ``session.header``, ``client``) accept unknown
-fields: harnesses put more there than memoryd reads.
+Inputs a caller writes (entries, filters) forbid unknown fields, so a typo such as ``tag``
+for ``tags`` is an INVALID_INPUT, not lost data. Envelope-level objects a harness fills in
+(``write``, ``session.header``, ``client``) accept them: harnesses put more there.
 """
 
 from __future__ import annotations
@@ -370,8 +369,7 @@ class ConnectionInfo(_Out):
     (``pid``, ``uid``, ``exe``) beside what the peer claims (``client``)."""
 
     id: int
-    #: "mcp": a ``memoryd mcp`` session (an MCP host behind the relay)
-    transport: Literal["socket", "stdio", "mcp"]
+    transport: Literal["socket", "stdio", "mcp"]  # mcp: a memoryd mcp session
     pid: int | None
     uid: int | None
     exe: str | None
@@ -511,8 +509,7 @@ class ApprovalOrigin(_Out, omit_defaults=True):
     version: str | None = None
     pid: int | None = None
     exe: str | None = None
-    #: "mcp": the write came through ``memoryd mcp``; ``name``/``version`` are then the MCP
-    #: host's ``clientInfo`` (its claim)
+    #: "mcp": through ``memoryd mcp``, ``name``/``version`` the MCP host's ``clientInfo``
     front_end: Literal["mcp"] | None = None
 
 
@@ -542,11 +539,8 @@ class ApprovalResolved(_Out):
     outcome: str
 
 
-# The entry events carry the writing session's id (``write.agent.session.id``): an
-# entry's own ``sessionId`` is its last writer's, which for a removal is not the remover.
-# Absent when the write named no session.
-
-
+#: The entry events carry the writing session's id (``write.agent.session.id``; absent when
+#: the write named none): an entry's own ``sessionId`` is its last writer's, not a remover's.
 class MemoryAdded(_Out, omit_defaults=True):
     entry: Entry
     session_id: str | None = None
@@ -579,9 +573,8 @@ class MemorySnapshot(_Out):
     text: str
 
 
-# PARAMS and RESULTS (method name → params type, → result type) derive from the methods
-# table (methods.py), which is built from the Structs above: they load from there on first
-# use, so that this module and the table import in either order.
+# PARAMS and RESULTS (method name → params/result type) are the methods table's (methods.py,
+# built from the Structs above), loaded on first use so either module may import first.
 if TYPE_CHECKING:
     PARAMS: dict[str, type[msgspec.Struct]]
     RESULTS: dict[str, Any]
