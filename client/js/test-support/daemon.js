@@ -43,7 +43,7 @@ function tryConnect(socketPath) {
 
 /**
  * Start `python -m memoryd serve --socket <tmp>/d.sock --db <tmp>/d.db --write-policy <policy>`.
- * Ready = accepts a connection on the socket (polled every 10 ms, up to 10 s).
+ * Ready = accepts a connection on the socket (polled every 10 ms, up to 30 s: a busy 2-core machine starts it slowly).
  * @param {{policy?: 'ask'|'auto'|'off'|null, config?: string, extraArgs?: string[], dir?: string, db?: string}} [opts]
  */
 export async function startDaemon({ policy = 'auto', config, extraArgs = [], dir, db } = {}) {
@@ -101,7 +101,7 @@ export async function startDaemon({ policy = 'auto', config, extraArgs = [], dir
     },
   };
 
-  const deadline = Date.now() + 10_000;
+  const deadline = Date.now() + 30_000;
   for (;;) {
     if (exit) {
       if (ownDir) rmSync(tmp, { recursive: true, force: true });
@@ -137,7 +137,7 @@ export function stdioArgs({ db, policy = 'auto', extraArgs = [] } = {}) {
 }
 
 /** Poll `fn` until it returns a truthy value (or throw after `timeoutMs`). */
-export async function eventually(fn, { timeoutMs = 5000, intervalMs = 25 } = {}) {
+export async function eventually(fn, { timeoutMs = 20_000, intervalMs = 25 } = {}) {
   const deadline = Date.now() + timeoutMs;
   let last;
   for (;;) {
@@ -149,7 +149,7 @@ export async function eventually(fn, { timeoutMs = 5000, intervalMs = 25 } = {})
 }
 
 /** Resolve with the next `event` emitted by `emitter` (reject after `timeoutMs`). */
-export function nextEvent(emitter, event, timeoutMs = 5000) {
+export function nextEvent(emitter, event, timeoutMs = 20_000) {
   return new Promise((resolve, reject) => {
     const t = setTimeout(() => {
       emitter.off(event, on);

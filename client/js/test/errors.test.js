@@ -239,7 +239,7 @@ describe('connection lifecycle (policy ask)', () => {
     assert.equal(client.pendingCount, 0);
     await approver.close();
     // the connection is still fine; reads have their own default timeout
-    assert.equal((await client.budgets({ timeoutMs: 5000 })).length, 4);
+    assert.equal((await client.budgets({ timeoutMs: 20_000 })).length, 4);
     await client.close();
   });
 

@@ -286,7 +286,7 @@ describe('daemon methods (policy auto)', () => {
   test('generic call() and notify()', async () => {
     const st = await client.call('daemon/status');
     assert.equal(st.store.schemaVersion, 4);
-    const rows = await client.call('memory/budgets', {}, { timeoutMs: 5000 });
+    const rows = await client.call('memory/budgets', {}, { timeoutMs: 20_000 });
     assert.equal(rows.length, 4);
     // a notification gets no answer and does not disturb the connection
     client.notify('approval/decided', { id: 'nope', outcome: 'rejected' });
