@@ -180,21 +180,27 @@ def _loads(line: bytes) -> Any:
         return json.loads(line)
 
 
-def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None) -> bytes:
-    """Ask the daemon what it serves before relaying anything; the reply is ours, not the
-    harness's. Returns any bytes read past that reply (none in practice). ``db`` is as
-    ``str(Path)`` has it."""
+def _ask(sock: socket.socket, socket_path: str, request: bytes) -> tuple[bytes, bytes]:
+    """Send the relay's own request and read the daemon's first line: the answer, and what
+    came after it in the same reads."""
     # Something that accepts but never answers must not hang the harness at spawn.
     sock.settimeout(PROBE_TIMEOUT_S)
     try:
-        sock.sendall(PROBE)
-        line, rest = _read_line(sock)
+        sock.sendall(request)
+        return _read_line(sock)
     except TimeoutError:
         raise RelayError(f"the process on {socket_path} did not answer within {PROBE_TIMEOUT_S:g}s") from None
     except OSError as exc:  # reset or closed under us: it stopped, or it closed its listener
         raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
     finally:
         sock.settimeout(None)
+
+
+def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None) -> bytes:
+    """Ask the daemon what it serves before relaying anything; the reply is ours, not the
+    harness's. Returns any bytes read past that reply (none in practice). ``db`` is as
+    ``str(Path)`` has it."""
+    line, rest = _ask(sock, socket_path, PROBE)
     try:
         status = _loads(line)["result"]
     except (ValueError, KeyError, TypeError):
@@ -343,23 +349,7 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_p
     daemon imports the MCP SDK on its first MCP session, which can take a second.) When the
     check refuses, the connection closes before a byte of the host's is relayed. Returns
     the bytes read past the answer: MCP."""
-    sock.settimeout(PROBE_TIMEOUT_S)
-    try:
-        sock.sendall(attach_line)
-        buf = b""
-        while b"\n" not in buf:
-            data = sock.recv(CHUNK)
-            if not data:
-                raise RelayError(f"the daemon on {socket_path} closed the connection before taking the MCP session")
-            buf += data
-    except TimeoutError:
-        raise RelayError(f"the daemon on {socket_path} did not take the MCP session within "
-                         f"{PROBE_TIMEOUT_S:g}s") from None
-    except OSError as exc:
-        raise RelayError(f"lost the connection to the daemon on {socket_path}: {exc.strerror or exc}") from None
-    finally:
-        sock.settimeout(None)
-    line, _, rest = buf.partition(b"\n")
+    line, rest = _ask(sock, socket_path, attach_line)
     try:
         answer = _loads(line)
     except ValueError:

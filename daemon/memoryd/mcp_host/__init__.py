@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import anyio
 from memoryd_protocol.constants import STORE_SCHEMA_VERSION
 from memoryd_protocol.errors import InvalidInput
-from memoryd_protocol.framing import Framer
 from memoryd_protocol.mcp_wire import McpAttachParams, McpAttachResult
 from memoryd_protocol.types import StoreInfo
 
@@ -73,11 +72,7 @@ class McpFront:
         session_id = str(uuid.uuid4())
         log.debug("connection %d is MCP session %s (workspace %r, agent %r)", conn.id, session_id, p.cwd, p.agent)
         conn.name = "mcp"
-        conn.handoff = partial(self._serve, module, conn, session_id, p)
+        conn.handoff = partial(module.serve, self, conn, session_id, p)
         config = self.service.config
         return McpAttachResult(session_id=session_id, write_policy=config.write_policy,  # type: ignore[arg-type]
                                store=StoreInfo(path=str(config.db_path), schema_version=STORE_SCHEMA_VERSION))
-
-    async def _serve(self, module: ModuleType, conn: object, session_id: str, p: McpAttachParams,
-                     lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:
-        await module.serve(self, conn, session_id, p, lines, framer, source)

@@ -11,7 +11,7 @@ on the code.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -87,7 +87,6 @@ class McpCalls:
         #: fixed by the first request that names the host (McpSession._identify)
         self.agent: str | None = None
         self.view = SessionView(session_id, normalize_workspace_key(cwd), "")
-        self._build: dict[str, Callable[[Any], Any]] = {}
 
     def fix_agent(self, agent: str) -> None:
         from memoryd_protocol.text import normalize_agent_key

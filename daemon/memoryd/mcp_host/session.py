@@ -2,13 +2,13 @@
 
 Where a request's work runs:
 
-- the connection's bytes are framed here (``_read``) and handed to the SDK's server loop,
-  which serves both eras (the 2025-11-25 handshake, the 2026-07-28 per-request envelope);
-- a ``tools/call`` becomes one call of the daemon's own method handler (``_call``), in a
-  task of this session's, so a write parked on an approval outlives the SDK's request when
-  the 2026-07-28 era answers it on a retry;
-- the SDK's replies go out through the connection (``_write``), never waiting on a peer
-  that does not read beyond the connection's output cap.
+- the connection's bytes are framed by :class:`~memoryd.mcp_host.wire.Wire` and handed to
+  the SDK's server loop, which serves both eras (the 2025-11-25 handshake, the 2026-07-28
+  per-request envelope); its replies go back through the wire, never waiting on a peer;
+- a ``tools/call`` becomes one call of the daemon's own method handler
+  (:meth:`~memoryd.mcp_host.calls.McpCalls.call`), in a task of this session's, so a write
+  parked on an approval outlives the SDK's request when the 2026-07-28 era answers it on a
+  retry.
 
 The server's ``instructions``, the resource ``memory://snapshot`` and the prompt
 ``memory-snapshot`` are the session's frozen snapshot, taken once, at its first request.
@@ -150,10 +150,11 @@ class McpSession:
         self._snapshot_lock = anyio.Lock()
         self._subscribed: set[str] = set()
         self._legacy: Any = None  # the 2025-11-25 ServerSession that subscribed
+        #: the snapshot was tried at the session's start (a failed one is tried again only
+        #: when asked for: a handshake, the resource, the prompt)
+        self._snapshot_tried = False
         self._dirty = asyncio.Event()
         self._bus = InMemorySubscriptionBus()
-        self._inflight = 0
-        self._room = asyncio.Event()
         self.server: Server[Any] = Server(
             "memoryd", version=__version__, title="memoryd: bounded, approval-gated, audited memory",
             on_list_resources=self._list_resources, on_read_resource=self._read_resource,
@@ -194,7 +195,7 @@ class McpSession:
             text = await self._instructions()
             self.init_options.instructions = text
             self.server.instructions = text
-        elif self._snapshot is None:
+        elif not self._snapshot_tried:
             await self._instructions()
         return await call_next(ctx)
 
@@ -231,6 +232,7 @@ class McpSession:
             return self._snapshot
 
     async def _instructions(self) -> str | None:
+        self._snapshot_tried = True
         try:
             return await self.snapshot()
         except ProtocolError as exc:
