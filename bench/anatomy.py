@@ -1,6 +1,6 @@
 """What one acknowledged ``memory/add`` commits, layer by layer.
 
-In-process, on a copy of the 2,000-entry store opened with memoryd's own ``store.open_store``
+In-process, on a copy of the 2,000-entry store opened with memoryd's own ``storefile.open_store``
 (its pragmas: WAL, ``synchronous=FULL``), one transaction per write, built with memoryd's
 own functions, one layer more in each run:
 
@@ -35,7 +35,8 @@ def wal_pages(db: Path, page_size: int) -> int:
 
 
 def write_anatomy(src: Path, tmp: Path, n: int) -> dict[str, dict[str, float]]:
-    from memoryd import ledger, store
+    from memoryd import ledger, store, storefile
+    from memoryd.tx import Tx
     from memoryd_protocol.types import Entry
 
     from .common import copy_store
@@ -43,7 +44,7 @@ def write_anatomy(src: Path, tmp: Path, n: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for depth, layer in enumerate(LAYERS, start=1):
         db = copy_store(src, tmp / f"anatomy-{depth}.db")
-        conn = store.open_store(db, store.inspect(db))
+        conn = storefile.open_store(db, storefile.inspect(db))
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -58,18 +59,18 @@ def write_anatomy(src: Path, tmp: Path, n: int) -> dict[str, dict[str, float]]:
                           tags=[], version=1, created_at=ts, updated_at=ts, last_recalled=None, recall_count=0,
                           session_id=None)
                 conn.execute("BEGIN IMMEDIATE")
-                if depth == 3:
-                    anchor.check(conn)
-                store.insert_entry(conn, e)
+                tx = anchor.begin(conn, {}) if depth == 3 else Tx(conn, {}, None)
+                store.insert_entry(tx, e)
                 if depth == 2:
                     store.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
                                 outcome=stamp.label, source=e.source, session_id=None, ts=ts)
                 elif depth == 3:
-                    stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
+                    stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
                                 source=e.source, entry=e, ts=ts)
+                store.flush_counts(tx)
                 conn.execute("COMMIT")
                 if depth == 3:
-                    anchor.advance(conn)
+                    anchor.committed(tx)
                 if store.tail_full(conn):
                     conn.execute("PRAGMA synchronous = NORMAL")
                     conn.execute("BEGIN IMMEDIATE")

@@ -86,24 +86,23 @@ def fact(i: int) -> str:
 def seed_store(path: Path, n: int) -> None:
     """A store of ``n`` facts written with memoryd's own store functions (schema, text index
     and what it keeps beside them), then :func:`settle`d: what a daemon then serves."""
-    from memoryd import store
+    from memoryd import ledger, store, storefile
     from memoryd_protocol.types import Entry
 
     if path.exists():
         path.unlink()
-    store.prepare_path(path)
-    conn = store.open_store(path, store.inspect(path))
+    storefile.prepare_path(path)
+    conn = storefile.open_store(path, storefile.inspect(path))
     try:
         base = store.now_ms() - n
-        conn.execute("BEGIN IMMEDIATE")
-        for i in range(n):
-            ts = base + i
-            store.insert_entry(conn, Entry(
-                id=f"00000000-0000-4000-8000-{i:012d}", track="agent", scope="user-global", workspace_key="",
-                text=fact(i), source="bench", created_at=ts, updated_at=ts, session_id=None, agent_key="",
-                last_recalled=None, recall_count=0, tags=[], version=1))
-        store.index_tail(conn)  # as the writer would have, 256 entries at a time
-        conn.execute("COMMIT")
+        with ledger.transaction(conn) as tx:
+            for i in range(n):
+                ts = base + i
+                store.insert_entry(tx, Entry(
+                    id=f"00000000-0000-4000-8000-{i:012d}", track="agent", scope="user-global", workspace_key="",
+                    text=fact(i), source="bench", created_at=ts, updated_at=ts, session_id=None, agent_key="",
+                    last_recalled=None, recall_count=0, tags=[], version=1))
+            store.index_tail(conn)  # as the writer would have, 256 entries at a time
     finally:
         conn.close()
     settle(path)
@@ -172,9 +171,11 @@ class Daemon:
                 self.proc.wait()
 
 
-def start_daemon(tmp: Path, name: str, db: Path, policy: str = "auto", config: str = "") -> Daemon:
+def start_daemon(tmp: Path, name: str, db: Path, policy: str = "auto", config: str = "",
+                 base: Path | None = None) -> Daemon:
     """``memoryd serve --socket --db --config`` returned once it sent READY=1 (memoryd's own
-    launcher: a private NOTIFY_SOCKET and a pidfd, no polling)."""
+    launcher: a private NOTIFY_SOCKET and a pidfd, no polling). ``base``: a checkout whose
+    ``protocol/`` and ``daemon/`` it imports instead of this tree's (the "before" build)."""
     from memoryd.launch import spawn_ready
 
     sock = str(tmp / f"{name}.sock")
@@ -185,7 +186,9 @@ def start_daemon(tmp: Path, name: str, db: Path, policy: str = "auto", config: s
     log = tmp / f"{name}.log"
     args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", policy,
             "--log-level", "warning"]
-    proc = spawn_ready(args, log=log)
+    env = None if base is None else dict(os.environ, PYTHONPATH=os.pathsep.join(
+        str(base / p) for p in ("protocol", "daemon")))
+    proc = spawn_ready(args, log=log, env=env)
     return Daemon(proc, sock, db, log, args)
 
 

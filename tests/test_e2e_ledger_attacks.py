@@ -193,19 +193,18 @@ async def test_a_snapshot_from_before_the_chain_is_kept_by_its_start(daemon_fact
 def build_ledger(db: Path, rows: int) -> None:
     """A store whose ledger holds ``rows`` recalled rows, a valid chain (written by hand
     with the daemon's own ledger functions: through a daemon it would take minutes)."""
-    from memoryd import ledger, store
+    from memoryd import ledger, storefile
     from memoryd_protocol.types import LedgerConnection
 
-    conn = store.open_store(db, store.inspect(db))
+    conn = storefile.open_store(db, storefile.inspect(db))
     try:
         ledger.open_chain(conn)
         who = LedgerConnection(ref="run/1", run="run", id=1, transport="unix", pid=1, uid=0, exe=None, client=None,
                                opened_at=0)
         stamp = ledger.Stamp(origin=who, session_id="s-1")
-        conn.execute("BEGIN IMMEDIATE")
-        for i in range(rows):
-            stamp.audit(conn, "recalled", track=None, scope=None, entry_id=None, text=f"query {i}", source=None)
-        conn.execute("COMMIT")
+        with ledger.transaction(conn) as tx:
+            for i in range(rows):
+                stamp.audit(tx, "recalled", track=None, scope=None, entry_id=None, text=f"query {i}", source=None)
     finally:
         conn.close()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import add
-from memoryd.store import MIGRATIONS
+from memoryd.storefile import MIGRATIONS
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
 

@@ -66,38 +66,46 @@ async def test_a_thread_daemon_serves_its_socket_and_stops_cleanly(tmp_path: Pat
     conn.close()
 
 
-async def test_a_write_of_many_entries_runs_on_the_writers_thread_a_small_one_on_the_event_loop(
+async def test_a_seed_of_many_entries_lets_the_event_loop_turn_between_its_parts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A seed (or consolidate) of more than HEAVY_ROWS entries is a heavy job: its batch runs
-    on the writer's own thread, not the event loop; a seed of HEAVY_ROWS and an add on the
-    event loop (writer.LOOP_STEPS)."""
+    """A seed's rows run on the event loop, as every write's do, but the seed yields after
+    each ROWS_PER_PART entries: what became ready meanwhile runs there, not after the whole
+    seed. (TURN_AFTER_S 0: the writer lets the loop turn at every yield.)"""
     import threading
 
     from e2e_helpers import entry_input, write_ctx
-    from memoryd import store
-    from memoryd.writer import HEAVY_ROWS
+    from memoryd import storefile
+    from memoryd import writer as writer_module
+    from memoryd.writes import ROWS_PER_PART
 
-    inserted: list[tuple[str, int]] = []
-    opened = store.open_store
+    events: list[tuple[str, int]] = []
+    first = anyio.Event()
+    opened = storefile.open_store
+
+    def inserted(sql: str) -> None:
+        if sql.startswith("INSERT INTO entries"):
+            events.append(("insert", threading.get_ident()))
+            first.set()
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         conn = opened(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: inserted.append((sql, threading.get_ident()))
-                                if sql.startswith("INSERT INTO entries") else None)
+        conn.set_trace_callback(inserted)
         return conn
 
-    monkeypatch.setattr(store, "open_store", traced)
+    monkeypatch.setattr(storefile, "open_store", traced)
+    monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0.0)
     loop_thread = threading.get_ident()
+
+    async def meanwhile() -> None:
+        await first.wait()
+        events.append(("meanwhile", threading.get_ident()))
+
+    n = 2 * ROWS_PER_PART + 1
     async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
-        threads = []
-        for n in (HEAVY_ROWS, HEAVY_ROWS + 1):
-            inserted.clear()
-            inputs = [entry_input(f"fact {n}-{k}") for k in range(n)]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(meanwhile)
+            await anyio.wait_all_tasks_blocked()
+            inputs = [entry_input(f"fact {k}") for k in range(n)]
             await raw.ok("memory/seed", {"inputs": inputs, "write": write_ctx()})
-            assert len(inserted) == n
-            threads.append({t for _, t in inserted})
-        inserted.clear()
-        await add(raw, "one more")
-        threads.append({t for _, t in inserted})
-    assert threads[0] == threads[2] == {loop_thread}
-    assert len(threads[1]) == 1 and threads[1] != {loop_thread}
+    assert events == [*[("insert", loop_thread)] * ROWS_PER_PART, ("meanwhile", loop_thread),
+                      *[("insert", loop_thread)] * (n - ROWS_PER_PART)]

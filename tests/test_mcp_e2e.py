@@ -293,7 +293,7 @@ def odd_store(db: Path, *, track: str = "user") -> None:
     could have made."""
     import sqlite3
 
-    from memoryd.store import MIGRATIONS
+    from memoryd.storefile import MIGRATIONS
 
     conn = sqlite3.connect(db)
     for step in range(1, 5):

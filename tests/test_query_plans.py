@@ -8,13 +8,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memoryd import queries, store
+from memoryd import ledger, queries, store, storefile
+from memoryd.atomic import atomic
+from memoryd.tx import Tx
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from memoryd_protocol.text import ascii_fold, utf16_len
 from memoryd_protocol.types import Entry
@@ -38,18 +40,24 @@ def entry(n: int, text: str, track: str = "user", scope: str = "user-global") ->
 
 @contextlib.contextmanager
 def opened(path: Path) -> Iterator[sqlite3.Connection]:
-    store.prepare_path(path)
-    conn = store.open_store(path, store.inspect(path))
+    storefile.prepare_path(path)
+    conn = storefile.open_store(path, storefile.inspect(path))
     try:
         yield conn
     finally:
         conn.close()
 
 
-def write(conn: sqlite3.Connection, fn: object) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    fn(conn)  # type: ignore[operator]
-    conn.execute("COMMIT")
+def write(conn: sqlite3.Connection, fn: Callable[[Tx], object]) -> None:
+    """``fn(tx)`` in one write transaction, as the writer runs a job."""
+    with ledger.transaction(conn) as tx:
+        fn(tx)
+
+
+def merge(conn: sqlite3.Connection) -> None:
+    """Index the text index's tail in a transaction of its own, as the writer does."""
+    with atomic(conn):
+        store.index_tail(conn)
 
 
 def chain_newest_audit_row(conn: sqlite3.Connection) -> None:
@@ -145,6 +153,7 @@ def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
             together = data.draw(st.integers(1, 3))  # writes in this transaction
             conn.execute("BEGIN IMMEDIATE")
             for op, text, pick in ops[n:n + together]:
+                tx = Tx(conn, {}, None)  # one per write: a merge in between moves the mark
                 ids = sorted(live, key=lambda i: conn.execute("SELECT rowid FROM entries WHERE id = ?",
                                                                  (i,)).fetchone()[0])
                 if op == "merge":
@@ -152,14 +161,15 @@ def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
                 elif op == "add" or not ids:
                     e = entry(next(serial), text)
                     live[e.id] = e
-                    store.insert_entry(conn, e)
+                    store.insert_entry(tx, e)
                 elif op == "replace":
                     e = live[ids[pick % len(ids)]]
                     e.text = text
-                    store.update_entry(conn, e)
+                    store.update_entry(tx, e)
                 else:
                     gone = live.pop(ids[-1] if op == "remove newest" else ids[pick % len(ids)])
-                    store.delete_entry(conn, gone.id)
+                    store.delete_entry(tx, gone.id)
+                store.flush_counts(tx)
             conn.execute("COMMIT")
             n += together
         entries = list(live.values())
@@ -173,7 +183,7 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
         a, b = entry(1, "Prefers TABS over spaces"), entry(2, "uses 記憶 daily")
         write(conn, lambda c: (store.insert_entry(c, a), store.insert_entry(c, b)))
         assert hits(conn, "tabs", "index") == ["e0001"] and hits(conn, "記憶 d", "index") == ["e0002"]
-        write(conn, store.index_tail)  # in the index now, no longer in its tail
+        merge(conn)  # in the index now, no longer in its tail
         assert store.text_tail(conn) == 0
         a.text = "Prefers spaces now"
         write(conn, lambda c: store.update_entry(c, a))
@@ -199,11 +209,11 @@ def test_a_transaction_of_many_writes_adds_one_segment_to_the_index(tmp_path: Pa
     with opened(tmp_path / "m.db") as conn:
         write(conn, lambda c: store.insert_entry(c, entry(0, "the first entry")))
         assert segments(conn) == 0
-        write(conn, store.index_tail)
+        merge(conn)
         assert segments(conn) == 1
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"entry number {n}")) for n in range(1, 17)])
         assert segments(conn) == 1
-        write(conn, store.index_tail)
+        merge(conn)
         assert segments(conn) == 2
         a = entry(3, "entry number 3, edited")
         write(conn, lambda c: (store.update_entry(c, a), store.insert_entry(c, entry(20, "one more"))))
@@ -219,7 +229,7 @@ def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path
         count = queries.entry_count(conn)
         # in the index's tail, every entry is a candidate
         assert queries.choose_plan(conn, "rare", count) == "scan"
-        write(conn, store.index_tail)
+        merge(conn)
         assert queries.choose_plan(conn, "common", count) == "scan"
         assert queries.choose_plan(conn, "rare", count) == "index"
         assert queries.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
@@ -234,7 +244,7 @@ def test_a_needle_with_a_nul_is_matched_whole_by_every_plan(tmp_path: Path) -> N
     with opened(tmp_path / "m.db") as conn:
         entries = [entry(n, f"fact {n}" + ("\x00 Tabby" if n % 50 == 3 else "")) for n in range(300)]
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
-        write(conn, store.index_tail)
+        merge(conn)
         for needle in ["\x00qqq", "\x00 TAB", "3\x00 tabby", "\x00"]:
             expected = sorted(reference(entries, needle))
             assert sorted(hits(conn, needle, "scan")) == expected, repr(needle)
@@ -324,7 +334,7 @@ def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory
         plan = ("scan", "auto")
     path = tmp_path_factory.mktemp("pages") / "m.db"
     with opened(path) as conn:
-        def fill(c: sqlite3.Connection) -> None:
+        def fill(c: Tx) -> None:
             for n, (text, recalls, updated, (t, sc)) in enumerate(rows):
                 e = entry(n, text, t, sc)
                 e.recall_count, e.updated_at = recalls, updated
@@ -437,7 +447,7 @@ def test_a_schema_5_store_gets_the_ascending_rank_index_and_keeps_its_tail(tmp_p
         for n, e in enumerate(rows):
             e.recall_count, e.updated_at = n % 3, 100 - n
         write(conn, lambda c: [store.insert_entry(c, e) for e in rows[:4]])
-        write(conn, store.index_tail)
+        merge(conn)
         write(conn, lambda c: [store.insert_entry(c, e) for e in rows[4:]])  # a tail of 2
         chain_newest_audit_row(conn)
         conn.execute("BEGIN IMMEDIATE")

@@ -22,9 +22,10 @@ from typing import Any
 import anyio
 import pytest
 from e2e_helpers import add, entry_input, state
-from memoryd import store
+from memoryd import store, storefile
 from memoryd.config import Config as DaemonConfig
 from memoryd.config import ConfigError, apply
+from memoryd.tx import Tx
 from memoryd.writer import Writer
 from memoryd_protocol.constants import ERROR_CODES
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable, from_wire
@@ -178,14 +179,14 @@ def test_busy_timeout_is_a_config_key() -> None:
 
 
 def insert_job(key: str, size: int = 10) -> Any:
-    def job(conn: sqlite3.Connection, usage: dict[tuple[str, str], int]) -> str:
-        conn.execute("INSERT INTO meta VALUES (?, ?)", (key, "x" * size))
+    def job(tx: Tx) -> str:
+        tx.conn.execute("INSERT INTO meta VALUES (?, ?)", (key, "x" * size))
         return key
 
     return job
 
 
-def over_budget(conn: sqlite3.Connection, usage: dict[tuple[str, str], int]) -> None:
+def over_budget(tx: Tx) -> None:
     raise BudgetExceeded("memory budget exceeded", {})
 
 
@@ -198,7 +199,8 @@ def meta_keys(db: Path) -> set[str]:
 
 
 async def run_batch(writer: Writer, jobs: list[Any]) -> list[Any]:
-    """Queue ``jobs`` before the writer runs, so that they are one batch (one transaction)."""
+    """Queue ``jobs`` before the writer runs, so that they are one batch (one transaction);
+    run it, close the writer (its connection and thread stay open)."""
     results: list[Any] = [None] * len(jobs)
 
     async def one(n: int, fn: Any) -> None:
@@ -217,32 +219,41 @@ async def run_batch(writer: Writer, jobs: list[Any]) -> list[Any]:
     return results
 
 
-async def open_writer(db: Path) -> tuple[sqlite3.Connection, Writer]:
-    conn = store.open_store(db, store.inspect(db), 0)
+def open_writer(db: Path) -> tuple[sqlite3.Connection, Writer]:
+    conn = storefile.open_store(db, storefile.inspect(db), 0)
     return conn, Writer(conn, {}, db)
 
 
-def read_only_job(conn: sqlite3.Connection, usage: dict[tuple[str, str], int]) -> None:
+def again(writer: Writer, db: Path) -> Writer:
+    """A new writer on ``writer``'s connection and thread (``writer`` has run and closed)."""
+    return Writer(writer._owned, {}, db)
+
+
+def read_only_job(tx: Tx) -> None:
     """A write that real SQLite refuses with SQLITE_READONLY, inside the job's savepoint."""
-    conn.execute("PRAGMA query_only = ON")
+    tx.conn.execute("PRAGMA query_only = ON")
     try:
-        conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
+        tx.conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
     finally:
-        conn.execute("PRAGMA query_only = OFF")
+        tx.conn.execute("PRAGMA query_only = OFF")
 
 
 async def test_a_fault_inside_one_job_fails_that_job_alone(tmp_path: Path) -> None:
     """A fault that SQLite confines to its statement is undone by the job's savepoint; the
-    jobs around it commit."""
+    jobs around it commit, in the same transaction."""
     db = tmp_path / "w.db"
     make_store(db, 4)
-    conn, writer = await open_writer(db)
+    conn, writer = open_writer(db)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
     try:
         first, ro, last = await run_batch(writer, [insert_job("a"), read_only_job, insert_job("c")])
     finally:
-        conn.close()
+        await writer.aclose()
     assert (first, last) == ("a", "c")
     assert isinstance(ro, StoreUnavailable) and ro.details == {"reason": "readonly", "path": str(db)}
+    assert (statements.count("BEGIN IMMEDIATE"), statements.count("ROLLBACK TO step"),
+            statements.count("COMMIT")) == (1, 1, 1)
     keys = meta_keys(db)
     assert {"a", "c"} <= keys and "ro" not in keys
 
@@ -250,40 +261,50 @@ async def test_a_fault_inside_one_job_fails_that_job_alone(tmp_path: Path) -> No
 async def test_a_fault_that_sqlite_rolls_back_fails_every_job_of_the_batch(tmp_path: Path) -> None:
     """SQLITE_FULL (max_page_count on the writer's own connection, in the test only) makes
     SQLite roll the whole transaction back: the job before it, whose statements had run,
-    did not commit either, and is answered so; so is the job after it."""
+    did not commit either, and is answered so; so is the job after it, which never ran."""
     db = tmp_path / "w.db"
     make_store(db, 4)
-    conn, writer = await open_writer(db)
+    conn, writer = open_writer(db)
     before = meta_keys(db)
     (pages,) = conn.execute("PRAGMA page_count").fetchone()
     conn.execute(f"PRAGMA max_page_count = {pages + 4}")
+    ran: list[str] = []
+
+    def after(tx: Tx) -> str:
+        ran.append("c")
+        return insert_job("c")(tx)
+
     try:
-        results = await run_batch(writer, [insert_job("a"), insert_job("big", 200_000), insert_job("c")])
+        results = await run_batch(writer, [insert_job("a"), insert_job("big", 200_000), after])
         assert [type(r) for r in results] == [StoreUnavailable] * 3
         assert all(r.details == {"reason": "full", "path": str(db)} for r in results)
+        assert ran == [] and not conn.in_transaction
         assert meta_keys(db) == before
         conn.execute("PRAGMA max_page_count = 1073741823")
-        assert await run_batch(Writer(conn, {}, db), [insert_job("a"), insert_job("c")]) == ["a", "c"]
+        writer = again(writer, db)
+        assert await run_batch(writer, [insert_job("a"), insert_job("c")]) == ["a", "c"]
     finally:
-        conn.close()
+        await writer.aclose()
     assert meta_keys(db) == before | {"a", "c"}
 
 
 async def test_busy_at_begin_fails_the_whole_batch_and_the_next_one_recovers(tmp_path: Path) -> None:
+    """Another process holds the write lock past the busy timeout (0 here): BEGIN fails,
+    on the event loop and then on the writer's thread, and every job of the batch with it."""
     db = tmp_path / "w.db"
     make_store(db, 4)
-    conn, writer = await open_writer(db)
-    before = meta_keys(db)  # busy timeout 0
+    _, writer = open_writer(db)
+    before = meta_keys(db)
     try:
         with write_lock(db):
             results = await run_batch(writer, [insert_job("a"), over_budget, insert_job("c")])
         assert [type(r) for r in results] == [StoreUnavailable] * 3
         assert all(r.details == {"reason": "busy", "path": str(db)} for r in results)
         assert meta_keys(db) == before
-        again = Writer(conn, {}, db)
-        assert await run_batch(again, [insert_job("a")]) == ["a"]
+        writer = again(writer, db)
+        assert await run_batch(writer, [insert_job("a")]) == ["a"]
     finally:
-        conn.close()
+        await writer.aclose()
     assert meta_keys(db) == before | {"a"}
 
 
@@ -293,7 +314,7 @@ async def test_a_failed_commit_fails_every_job_of_the_batch(tmp_path: Path) -> N
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         db = mnt / "w.db"
         make_store(db, 4)
-        conn, writer = await open_writer(db)
+        _, writer = open_writer(db)
         before = meta_keys(db)
         filler = fill(mnt)
         try:
@@ -301,9 +322,10 @@ async def test_a_failed_commit_fails_every_job_of_the_batch(tmp_path: Path) -> N
             assert [type(r) for r in results] == [StoreUnavailable] * 3
             assert all(r.details == {"reason": "full", "path": str(db)} for r in results)
             filler.unlink()
-            assert await run_batch(Writer(conn, {}, db), [insert_job("a")]) == ["a"]
+            writer = again(writer, db)
+            assert await run_batch(writer, [insert_job("a")]) == ["a"]
         finally:
-            conn.close()
+            await writer.aclose()
         assert meta_keys(db) == before | {"a"}
 
 
@@ -498,7 +520,7 @@ def test_read_only_mount_is_refused(tmp_path: Path) -> None:
         assert digest(db) == before
         # inspecting it alone (a WAL store whose -shm cannot be made) is no corruption either
         with pytest.raises(StoreUnavailable) as info:
-            store.inspect(db)
+            storefile.inspect(db)
         assert info.value.details == {"reason": "readonly", "path": str(db)}
 
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import queries, store, writer
+from memoryd import queries, store, storefile, writer
+from memoryd.tx import Tx
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
-from test_query_plans import assert_index_holds_the_entries, chain_newest_audit_row, entry, hits, opened, write
+from test_query_plans import assert_index_holds_the_entries, chain_newest_audit_row, entry, hits, merge, opened, write
 
 
 def indexed(conn: sqlite3.Connection, needle: str) -> int:
@@ -39,7 +40,7 @@ def test_an_add_goes_to_the_tail_and_a_query_finds_it_there(tmp_path: Path) -> N
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"fact {n} tabby")) for n in range(3)])
         assert store.text_tail(conn) == 3 and indexed(conn, "tabby") == 0
         assert sorted(hits(conn, "TABBY", "index")) == ["e0000", "e0001", "e0002"] == sorted(hits(conn, "tabby", "scan"))
-        write(conn, lambda c: store.index_tail(c))
+        merge(conn)
         assert (store.text_tail(conn), store.text_mark(conn), indexed(conn, "tabby")) == (0, 3, 3)
         assert sorted(hits(conn, "TABBY", "index")) == ["e0000", "e0001", "e0002"]
         assert_index_holds_the_entries(conn)
@@ -56,7 +57,7 @@ def test_an_update_or_delete_in_the_tail_writes_nothing_to_the_index(tmp_path: P
         assert rows == 0  # not a term of the index written yet
         assert hits(conn, "text one", "index") == [] and hits(conn, "edited", "index") == ["e0001"]
         assert hits(conn, "two", "index") == []
-        write(conn, store.index_tail)
+        merge(conn)
         assert indexed(conn, "edited") == 1 and indexed(conn, "text one") == 0
         assert_index_holds_the_entries(conn)
 
@@ -65,7 +66,7 @@ def test_an_update_or_delete_of_an_indexed_entry_takes_its_old_text_out(tmp_path
     with opened(tmp_path / "m.db") as conn:
         a, b = entry(1, "indexed alpha"), entry(2, "indexed beta")
         write(conn, lambda c: (store.insert_entry(c, a), store.insert_entry(c, b)))
-        write(conn, store.index_tail)
+        merge(conn)
         write(conn, lambda c: store.insert_entry(c, entry(3, "in the tail")))  # above the mark
         a.text = "now gamma"
         write(conn, lambda c: store.update_entry(c, a))
@@ -81,7 +82,7 @@ def test_a_rowid_reused_below_the_mark_is_indexed_as_written(tmp_path: Path) -> 
     it again, at or below the mark, where no merge would ever look."""
     with opened(tmp_path / "m.db") as conn:
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"fact {n}")) for n in range(3)])
-        write(conn, store.index_tail)
+        merge(conn)
         assert store.text_mark(conn) == 3
         write(conn, lambda c: store.delete_entry(c, "e0002"))
         write(conn, lambda c: store.insert_entry(c, entry(7, "reused rowid")))
@@ -180,7 +181,7 @@ def test_a_rebuild_at_start_sets_the_mark(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     with opened(path) as conn:
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"mine {n}")) for n in range(3)])
-        write(conn, store.index_tail)
+        merge(conn)
         write(conn, lambda c: store.insert_entry(c, entry(3, "mine 3, in the tail")))
     with contextlib.closing(sqlite3.connect(path)) as ref:
         ref.execute("INSERT INTO entries (id, track, scope, workspace_key, text, source, created_at, updated_at, "
@@ -252,14 +253,14 @@ def test_a_store_a_memoryd_without_the_tail_wrote_again_is_rebuilt(tmp_path: Pat
 
 
 def add_job(n: int, text: str) -> Any:
-    def job(conn: sqlite3.Connection, usage: writer.Usage) -> None:
-        store.insert_entry(conn, entry(n, text))
+    def job(tx: Tx) -> None:
+        store.insert_entry(tx, entry(n, text))
     return job
 
 
 async def run_writer(path: Path, body: Any) -> None:
-    store.prepare_path(path)
-    w = await writer.Writer.open(path, store.inspect(path), 1000)
+    storefile.prepare_path(path)
+    w = await writer.Writer.open(path, storefile.inspect(path), 1000)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(w.run)
@@ -275,14 +276,14 @@ async def test_the_writer_indexes_the_tail_once_it_is_long_enough(tmp_path: Path
     below = store.TAIL_MERGE_AT - 1
 
     async def body(w: writer.Writer) -> None:
-        await w.submit(lambda c, u: [add_job(n, f"fact {n}")(c, u) for n in range(below)])
+        await w.submit(lambda t: [add_job(n, f"fact {n}")(t) for n in range(below)])
         await w.submit(writer._noop)
-        assert await w.submit(lambda c, u: store.text_tail(c)) == below  # not yet
+        assert await w.submit(lambda t: store.text_tail(t.conn)) == below  # not yet
         await w.submit(add_job(below, "the one that fills it"))
         # the merge ran after that commit, in its own transaction, before this job's
-        assert await w.submit(lambda c, u: (store.text_tail(c), store.text_mark(c))) == (0, store.TAIL_MERGE_AT)
+        assert await w.submit(lambda t: (store.text_tail(t.conn), store.text_mark(t.conn))) == (0, store.TAIL_MERGE_AT)
         await w.submit(add_job(below + 1, "the next tail"))
-        assert await w.submit(lambda c, u: store.text_tail(c)) == 1
+        assert await w.submit(lambda t: store.text_tail(t.conn)) == 1
 
     await run_writer(path, body)
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -299,16 +300,16 @@ async def test_a_failed_merge_leaves_the_store_as_it_was_and_writes_go_on(
     async def body(w: writer.Writer) -> None:
         monkeypatch.setattr(store, "index_tail", failing_merge("disk I/O error", 10))  # SQLITE_IOERR
         with caplog.at_level(logging.ERROR, "memoryd.writer"):
-            await w.submit(lambda c, u: [add_job(n, f"fact {n}")(c, u) for n in range(store.TAIL_MERGE_AT)])
+            await w.submit(lambda t: [add_job(n, f"fact {n}")(t) for n in range(store.TAIL_MERGE_AT)])
             # (not durable: a batch of bookkeeping adds no entry, and no merge follows it)
-            state = await w.submit(lambda c, u: (store.text_tail(c), store.text_mark(c), indexed(c, "fact")),
+            state = await w.submit(lambda t: (store.text_tail(t.conn), store.text_mark(t.conn), indexed(t.conn, "fact")),
                                    durable=False)
         assert state == (store.TAIL_MERGE_AT, 0, 0)
         assert [r.getMessage() for r in caplog.records] == [
             "indexing the text index's tail failed: STORE_UNAVAILABLE (io): disk I/O error"]
         monkeypatch.setattr(store, "index_tail", real)
         await w.submit(add_job(900, "after the fault"))  # the next commit tries again
-        assert await w.submit(lambda c, u: store.text_tail(c), durable=False) == 0
+        assert await w.submit(lambda t: store.text_tail(t.conn), durable=False) == 0
 
     await run_writer(path, body)
     with contextlib.closing(sqlite3.connect(path)) as conn:

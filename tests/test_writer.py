@@ -1,38 +1,53 @@
 """The single writer, in process: a real store in a temporary directory, no daemon process.
 
-Group commit (a savepoint per job only once a job fails), the one owner thread, the bookkeeping nobody awaits
-(kept ledger rows, the recall overlay), close and drain; ``atomic``; and ``Daemon.open``
-letting go of everything when a later step fails.
+A job is ``fn(tx)`` (or a generator function, yielding between its parts); the writer
+commits whatever is queued as one transaction, always the same way: BEGIN IMMEDIATE on the
+event loop (when another process holds the write lock, on the writer's thread, which waits
+for it), each deferred step and each job in its own savepoint on the event loop (a failure
+rolls that step and what it did to the Tx back, alone), the loop turning between steps and
+parts once the batch has held it for TURN_AFTER_S (0 in the tests that check it), then the
+usage counts, and COMMIT alone on the writer's thread. Here: those statements and threads,
+failures of a step, of the whole transaction and of COMMIT, the ledger chained from the
+Tx, the bookkeeping nobody awaits (kept ledger rows, the recall overlay), cancelled
+callers, close and drain; ``atomic``; and ``Daemon.open`` letting go of everything when a
+later step fails.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, ledger, queries, store
+from memoryd import adapter_registry, ledger, queries, readers, store, storefile
 from memoryd import writer as writer_module
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
-from memoryd.atomic import atomic
+from memoryd.atomic import atomic, begin, commit
 from memoryd.config import Config
-from memoryd.writer import Usage, Writer, WriterClosed
+from memoryd.tx import Tx
+from memoryd.writer import Steps, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
-from memoryd_protocol.ledger import consistent, read_report
-from memoryd_protocol.types import Entry
-from test_store_faults import run_batch
+from memoryd_protocol.ledger import chain_hash, consistent, read_report
+from memoryd_protocol.types import Entry, LedgerConnection
+from test_store_faults import fill, run_batch, tmpfs
 
 pytestmark = pytest.mark.anyio
 
 CELL = ("user", "user-global")
+#: the ledger's newest row, read once per transaction (its Tx's tip)
+HEAD_READ = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
+#: a connection row looked up before it is written
+LOOKUP = "SELECT 1 FROM memoryd_ledger WHERE kind = 'connection'"
+Read = Callable[[Collection[str]], Awaitable[tuple[list[Entry], int]]]
 
 
 def rows(db: Path, sql: str = "SELECT key, value FROM meta WHERE key LIKE 't:%' ORDER BY key",
@@ -45,11 +60,11 @@ def rows(db: Path, sql: str = "SELECT key, value FROM meta WHERE key LIKE 't:%' 
         conn.close()
 
 
-def put(key: str, delta: int = 0) -> Callable[[sqlite3.Connection, Usage], str]:
-    def job(conn: sqlite3.Connection, usage: Usage) -> str:
-        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
+def put(key: str, delta: int = 0) -> Callable[[Tx], str]:
+    def job(tx: Tx) -> str:
+        tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
         if delta:
-            usage[CELL] = usage.get(CELL, 0) + delta
+            tx.usage[CELL] = tx.usage.get(CELL, 0) + delta
         return key
 
     return job
@@ -59,7 +74,7 @@ def put(key: str, delta: int = 0) -> Callable[[sqlite3.Connection, Usage], str]:
 async def running(db: Path, *, statements: list[str] | None = None) -> AsyncIterator[Writer]:
     """A writer on a fresh store, running; closed, drained and its thread ended on exit.
     ``statements`` collects every statement the write connection runs."""
-    conn = store.open_store(db, store.inspect(db), 0)
+    conn = storefile.open_store(db, storefile.inspect(db), 0)
     if statements is not None:
         conn.set_trace_callback(statements.append)
     writer = Writer(conn, {}, db)
@@ -90,50 +105,8 @@ def write_lock(db: Path) -> Iterator[None]:
 
 def fresh(tmp_path: Path) -> tuple[Path, sqlite3.Connection, Writer]:
     db = tmp_path / "w.db"
-    conn = store.open_store(db, store.inspect(db), 0)
+    conn = storefile.open_store(db, storefile.inspect(db), 0)
     return db, conn, Writer(conn, {}, db)
-
-
-# --- group commit, savepoints, the thread -------------------------------------------------
-
-
-async def test_queued_jobs_commit_as_one_transaction(tmp_path: Path) -> None:
-    db, conn, writer = fresh(tmp_path)
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-    try:
-        assert await queued_then_run(writer, [put("a", 1), put("b", 2), put("c", 3)]) == ["a", "b", "c"]
-    finally:
-        await writer.aclose()
-    assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 1
-    assert [s for s in statements if s.startswith("SAVEPOINT")] == []  # none while no job fails
-    assert rows(db) == [("t:a", "x"), ("t:b", "x"), ("t:c", "x")]
-    assert writer.usage == {CELL: 6}
-
-
-async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Path) -> None:
-    """Its rows and its usage change are undone; the jobs before and after it commit. The
-    batch ran without savepoints first: the failure rolled it back whole, and it ran again
-    with a savepoint per job."""
-    db, conn, writer = fresh(tmp_path)
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-
-    def over(conn: sqlite3.Connection, usage: Usage) -> None:
-        put("over", 100)(conn, usage)
-        raise BudgetExceeded("memory budget exceeded", {})
-
-    try:
-        first, failed, last = await queued_then_run(writer, [put("a", 1), over, put("c", 3)])
-    finally:
-        await writer.aclose()
-    assert (first, last) == ("a", "c")
-    assert isinstance(failed, BudgetExceeded)
-    assert rows(db) == [("t:a", "x"), ("t:c", "x")]
-    assert writer.usage == {CELL: 4}
-    assert [s for s in statements if s.split()[0] in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT")] == [
-        "BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "SAVEPOINT job", "SAVEPOINT job", "ROLLBACK TO job",
-        "SAVEPOINT job", "COMMIT"]
 
 
 def traced(conn: sqlite3.Connection) -> list[tuple[str, int]]:
@@ -143,107 +116,218 @@ def traced(conn: sqlite3.Connection) -> list[tuple[str, int]]:
     return seen
 
 
-def where(seen: list[int]) -> Callable[[sqlite3.Connection, Usage], None]:
-    def job(conn: sqlite3.Connection, usage: Usage) -> None:
+def control(statements: list[str]) -> list[str]:
+    """The statements that begin, end or split a transaction."""
+    return [s for s in statements if s.split()[0] in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")]
+
+
+def where(seen: list[int]) -> Callable[[Tx], None]:
+    def job(tx: Tx) -> None:
         seen.append(threading.get_ident())
 
     return job
 
 
+@pytest.fixture
+def turn_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch lets the event loop turn after every step and at every yield of a job."""
+    monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0)
+
+
+@contextlib.asynccontextmanager
+async def wakers(names: list[str]) -> AsyncIterator[tuple[list[str], Callable[[str], None]]]:
+    """A task waiting for each name; ``mark(name)`` (called in a step, on the event loop)
+    logs the name and wakes its task, which logs ``woke name`` when the loop next turns."""
+    log: list[str] = []
+    events = {n: anyio.Event() for n in names}
+
+    async def wait(n: str) -> None:
+        await events[n].wait()
+        log.append(f"woke {n}")
+
+    def mark(n: str) -> None:
+        log.append(n)
+        events[n].set()
+
+    async with anyio.create_task_group() as tg:
+        for n in names:
+            tg.start_soon(wait, n)
+        await anyio.wait_all_tasks_blocked()
+        yield log, mark
+
+
+def page(reader: sqlite3.Connection) -> Read:
+    """A query's read (every entry, rank order) as ``with_recalls`` takes it."""
+    async def read(boosted: Collection[str]) -> tuple[list[Entry], int]:
+        return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
+                                  limit=50, boosted=boosted)
+
+    return read
+
+
+# --- group commit, savepoints, the thread -------------------------------------------------
+
+
+async def test_queued_jobs_commit_as_one_transaction_each_in_its_savepoint(tmp_path: Path) -> None:
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        assert await queued_then_run(writer, [put("a", 1), put("b", 2), put("c", 3)]) == ["a", "b", "c"]
+    finally:
+        await writer.aclose()
+    assert control(statements) == ["BEGIN IMMEDIATE", *["SAVEPOINT step", "RELEASE step"] * 3, "COMMIT"]
+    assert rows(db) == [("t:a", "x"), ("t:b", "x"), ("t:c", "x")]
+    assert writer.usage == {CELL: 6}
+
+
+async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Path) -> None:
+    """Its rows and its usage change are undone; the jobs before and after it commit, in
+    the same transaction: nothing runs twice."""
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    ran: list[str] = []
+
+    def over(tx: Tx) -> None:
+        ran.append("over")
+        put("over", 100)(tx)
+        raise BudgetExceeded("memory budget exceeded", {})
+
+    try:
+        first, failed, last = await queued_then_run(writer, [put("a", 1), over, put("c", 3)])
+    finally:
+        await writer.aclose()
+    assert (first, last) == ("a", "c") and ran == ["over"]
+    assert isinstance(failed, BudgetExceeded)
+    assert rows(db) == [("t:a", "x"), ("t:c", "x")]
+    assert writer.usage == {CELL: 4}
+    assert control(statements) == [
+        "BEGIN IMMEDIATE", "SAVEPOINT step", "RELEASE step", "SAVEPOINT step", "ROLLBACK TO step", "RELEASE step",
+        "SAVEPOINT step", "RELEASE step", "COMMIT"]
+
+
 async def test_a_batch_runs_on_the_event_loop_and_commits_on_the_owner_thread(tmp_path: Path) -> None:
-    """A batch's statements run on the event loop's thread, without waiting for the write
-    lock there; its COMMIT alone (the WAL's write and fsync) on the writer's own thread."""
+    """Every statement of a batch runs on the event loop's thread, BEGIN included (the
+    write lock is free: no busy timeout is set for it); its COMMIT alone (the WAL's write
+    and fsync) on the writer's own thread."""
     db, conn, writer = fresh(tmp_path)
     statements = traced(conn)
     loop_thread = threading.get_ident()
     seen: list[int] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
-        for _ in range(2):  # one after the other: two batches
+        for key in ("a", "b"):  # one after the other: four batches
             await writer.submit(where(seen))
-            await writer.submit(put("a" if not seen[1:] else "b"))
+            await writer.submit(put(key))
         writer.close()
     thread = writer.thread
     await writer.aclose()
     assert seen == [loop_thread] * 2 and thread.ident != loop_thread
     assert thread.name == "memoryd-writer"
     assert not thread.is_alive()  # aclose ended it
-    one = [("PRAGMA busy_timeout = 0", loop_thread), ("BEGIN IMMEDIATE", loop_thread),
-           ("PRAGMA busy_timeout = 0", loop_thread)]  # the store's own timeout: 0 in these tests
-    batches = [statements[i:i + 3] for i, (sql, _) in enumerate(statements) if sql == "PRAGMA busy_timeout = 0"
-               and statements[i + 1][0] == "BEGIN IMMEDIATE"]
-    assert batches == [one] * 4
-    assert [t for sql, t in statements if sql == "COMMIT"] == [thread.ident] * 4
-    assert {t for sql, t in statements if sql.startswith("INSERT INTO meta")} == {loop_thread}
+    assert [sql for sql, _ in statements if sql.split()[0] in ("BEGIN", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"] * 4
+    assert [sql for sql, t in statements if t == thread.ident] == ["COMMIT"] * 4 + ["PRAGMA wal_checkpoint(PASSIVE)"]
+    assert not [sql for sql, _ in statements if sql.startswith("PRAGMA busy_timeout")]
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
 
 
-async def test_a_heavy_job_or_a_large_batch_runs_on_the_owner_thread(tmp_path: Path) -> None:
-    """A heavy job (a seed's batch), or more than LOOP_STEPS steps in one batch, would hold
-    the event loop: that batch runs wholly on the writer's thread."""
+def seed(entries: list[Entry], mark: Callable[[str], None] | None = None) -> Callable[[Tx], Steps[int]]:
+    """A job that splits itself, as a seed does: one entry a part; its result, how many."""
+    def job(tx: Tx) -> Steps[int]:
+        for n, e in enumerate(entries):
+            store.insert_entry(tx, e)
+            if mark is not None:
+                mark(f"seed {n}")
+            yield
+        return len(entries)
+
+    return job
+
+
+@pytest.mark.parametrize("turn_after", [0, float("inf")], ids=["turns", "straight-through"])
+async def test_a_generator_job_runs_on_the_event_loop_and_lets_it_turn_between_its_parts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn_after: float) -> None:
+    """A batch of a plain job, a generator job of three parts and another plain job: every
+    part runs on the event loop, and once the batch has held the loop for TURN_AFTER_S the
+    loop turns after each step and part, so what became ready meanwhile (here: a task each
+    of them woke) runs there; before that it runs straight through, and what it woke runs
+    at its COMMIT. Either way: one transaction, and the generator's return value is its
+    caller's result."""
+    monkeypatch.setattr(writer_module, "TURN_AFTER_S", turn_after)
+    db, conn, writer = fresh(tmp_path)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
     loop_thread = threading.get_ident()
-    async with running(tmp_path / "w.db") as writer:
-        seen: list[int] = []
-        await writer.submit(where(seen), heavy=True)
-        await writer.submit(where(seen))
-        thread = writer.thread.ident
-        assert seen == [thread, loop_thread]
-        for steps, on in ((writer_module.LOOP_STEPS, loop_thread), (writer_module.LOOP_STEPS + 1, thread)):
-            seen.clear()
-            for _ in range(steps - 1):  # and the write's own job: the bookkeeping commits with it
-                writer.defer(lambda conn: seen.append(threading.get_ident()))
-            await writer.submit(where(seen))
-            assert seen == [on] * steps
+    threads: set[int] = set()
+    names = ["job 0", "seed 0", "seed 1", "seed 2", "job 2"]
+    try:
+        async with wakers(names) as (log, mark):
+            def plain(n: int) -> Callable[[Tx], int]:
+                def job(tx: Tx) -> int:
+                    threads.add(threading.get_ident())
+                    mark(f"job {n}")
+                    return n
+
+                return job
+
+            def marked(name: str) -> None:
+                threads.add(threading.get_ident())
+                mark(name)
+
+            entries = [_entry(f"seeded {n}") for n in range(3)]
+            results = await queued_then_run(writer, [plain(0), seed(entries, marked), plain(2)])
+    finally:
+        await writer.aclose()
+    assert results == [0, 3, 2] and threads == {loop_thread}
+    if turn_after == 0:
+        assert log == [x for n in names for x in (n, f"woke {n}")]
+    else:
+        assert log == [*names, *(f"woke {n}" for n in names)]
+    assert (statements.count("BEGIN IMMEDIATE"), statements.count("COMMIT")) == (1, 1)
+    assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["seeded 0", "seeded 1", "seeded 2"]
 
 
-async def test_a_flush_of_bookkeeping_alone_lets_the_event_loop_turn_between_its_slices(tmp_path: Path) -> None:
-    """Nobody waits for a flush of bookkeeping alone: it runs on the event loop, and what
-    became ready meanwhile (a query) runs after each SLICE_STEPS of its steps, not after
-    all of them; recall counters count as one step per BUMPS_PER_STEP entries. It commits
-    as one transaction all the same."""
-    slice_, per_step = writer_module.SLICE_STEPS, writer_module.BUMPS_PER_STEP
+async def test_a_long_recall_flush_lets_the_event_loop_turn_between_its_parts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn_always: None) -> None:
+    """The recall bookkeeping of queries in a row is one generator step: the counters,
+    BUMPS_PER_STEP entries a part, then each recall's row, a part each; the loop turns
+    after every part (TURN_AFTER_S 0), and the whole flush commits as one transaction."""
+    per_part = writer_module.BUMPS_PER_STEP
     db = tmp_path / "w.db"
-    async with running(db) as writer:
-        events: list[Any] = []
-        ready = anyio.Event()
+    statements: list[str] = []
+    entries = [_entry(f"e{n}") for n in range(2 * per_part + 1)]
+    names = ["bumps 32", "bumps 32 again", "bumps 1", "row 0", "row 1"]
+    async with running(db, statements=statements) as writer:
+        assert await writer.submit(seed(entries)) == len(entries)
+        async with wakers(names) as (log, mark):
+            bump = store.bump_recalls
 
-        def step(n: int) -> Callable[[sqlite3.Connection], None]:
-            def run(conn: sqlite3.Connection) -> None:
-                if n == 0:
-                    ready.set()  # the query's turn comes once this slice is done
-                events.append((n, threading.get_ident()))
-                conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{n:03}",))
+            def counted(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:
+                bump(conn, recalls)
+                name = f"bumps {len(recalls)}"
+                mark(f"{name} again" if name in log else name)
 
-            return run
-
-        async def query() -> None:
-            await ready.wait()
-            events.append("query")
-
-        for n in range(2 * slice_ + 1):
-            writer.defer(step(n))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(query)
-            await anyio.wait_all_tasks_blocked()
+            monkeypatch.setattr(store, "bump_recalls", counted)
+            writer.record_recalls(entries, 1000, lambda tx: mark("row 0"))
+            writer.record_recalls(entries[:1], 1001, lambda tx: mark("row 1"))
+            statements.clear()
             await writer.settled()
-        loop_thread = threading.get_ident()
-        assert events == [*((n, loop_thread) for n in range(slice_)), "query",
-                          *((n, loop_thread) for n in range(slice_, 2 * slice_ + 1))]
-        assert len(rows(db)) == 2 * slice_ + 1
-
-        recalls = writer_module._Recalls()
-        recalls.bumps = {f"e{n}": [1, 1000] for n in range(2 * per_step + 1)}
-        recalls.rows = [step(100), step(101)]
-        assert len(list(recalls.parts())) == 3 + 2
+    assert log == [x for n in names for x in (n, f"woke {n}")]
+    assert (statements.count("BEGIN IMMEDIATE"), statements.count("COMMIT")) == (1, 1)
+    assert rows(db, "SELECT count(*), sum(recall_count), max(last_recalled) FROM entries") == [
+        (len(entries), len(entries) + 1, 1001)]
 
 
 async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_never_on_the_loop(
         tmp_path: Path) -> None:
     """Another process holds the write lock: the batch's BEGIN on the event loop gives up at
-    once, and the writer's thread waits for the lock (the store's busy timeout), while the
-    event loop serves everything else; the write commits once the lock is released."""
+    once (the connection's busy timeout is 0), and the writer's thread runs BEGIN again,
+    waiting for the lock with the store's busy timeout, while the event loop serves
+    everything else; then the batch runs on the loop as usual and commits once the lock is
+    released."""
     db = tmp_path / "w.db"
-    conn = store.open_store(db, store.inspect(db), 60_000)
+    conn = storefile.open_store(db, storefile.inspect(db), 60_000)
     writer = Writer(conn, {}, db)
     statements: list[tuple[str, int]] = []
     waiting = threading.Event()
@@ -263,29 +347,52 @@ async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_nev
                 tg.start_soon(writer.submit, where(seen))
                 await anyio.to_thread.run_sync(waiting.wait)
                 assert seen == []  # the event loop runs (this test does), the write waits
+                assert rows(db, "SELECT count(*) FROM meta WHERE key = 'schema_version'") == [(1,)]
             await writer.idle()
             writer.close()
     finally:
         await writer.aclose()
-    assert seen == [writer.thread.ident]
+    assert seen == [loop_thread]
     on_thread = [sql for sql, t in statements if t == writer.thread.ident]
-    assert [sql for sql, t in statements if t == loop_thread] == [
-        "PRAGMA busy_timeout = 0", "BEGIN IMMEDIATE", "PRAGMA busy_timeout = 60000"]
-    assert on_thread[0] == "BEGIN IMMEDIATE" and on_thread[-2:] == ["COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
+    assert on_thread == ["PRAGMA busy_timeout", "PRAGMA busy_timeout = 60000", "BEGIN IMMEDIATE",
+                         "PRAGMA busy_timeout = 0", "COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
+    on_loop = [sql for sql, t in statements if t == loop_thread]
+    # the BEGIN that gave up, then the batch: its Tx (the ledger's head), its one job, the tail count
+    assert on_loop[:4] == ["BEGIN IMMEDIATE", HEAD_READ, "SAVEPOINT step", "RELEASE step"]
+    assert len(on_loop) == 5 and on_loop[4].startswith("SELECT max(rowid)")
 
 
-async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(tmp_path: Path) -> None:
+async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store is opened (and migrated) and the ledger's chain begun on the writer's own
+    thread; its connection is left with a busy timeout of 0 (the loop never waits for the
+    write lock); jobs run on the loop."""
     db = tmp_path / "w.db"
-    writer = await Writer.open(db, store.inspect(db), 0)
+    where_: dict[str, int] = {}
+    open_store, open_chain = storefile.open_store, ledger.open_chain
+
+    def opening(*args: Any) -> sqlite3.Connection:
+        where_["open_store"] = threading.get_ident()
+        return open_store(*args)
+
+    def chaining(conn: sqlite3.Connection) -> None:
+        where_["open_chain"] = threading.get_ident()
+        open_chain(conn)
+
+    monkeypatch.setattr(storefile, "open_store", opening)
+    monkeypatch.setattr(ledger, "open_chain", chaining)
+    writer = await Writer.open(db, storefile.inspect(db), 250)
     seen: list[int] = []
     try:
+        assert writer._owned.conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
-            await writer.submit(where(seen), heavy=True)
+            await writer.submit(where(seen))
             writer.close()
     finally:
         await writer.aclose()
-    assert seen == [writer.thread.ident]
+    assert where_ == {"open_store": writer.thread.ident, "open_chain": writer.thread.ident}
+    assert seen == [threading.get_ident()]
     assert rows(db, "SELECT kind FROM memoryd_ledger") == [("start",)]
     assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("4",)]
 
@@ -325,7 +432,7 @@ async def test_a_failing_job_raises_to_its_caller_and_the_writer_logs_nothing(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The caller reports the error (the RPC layer logs an internal error's traceback): the
     writer logging it too put the same traceback in the log twice."""
-    def bug(conn: sqlite3.Connection, usage: Usage) -> None:
+    def bug(tx: Tx) -> None:
         raise RuntimeError("a bug in a job")
 
     caplog.set_level(logging.DEBUG, logger="memoryd")
@@ -341,30 +448,32 @@ class Escapes(BaseException):
     """What a job's bug may raise that ``except Exception`` lets through (SystemExit, say)."""
 
 
-@pytest.mark.parametrize("heavy", [False, True], ids=["on-the-loop", "on-the-thread"])
-async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(tmp_path: Path, heavy: bool) -> None:
+@pytest.mark.parametrize("generator", [False, True], ids=["plain", "generator"])
+async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
+        tmp_path: Path, turn_always: None, generator: bool) -> None:
     """Nothing of the batch committed: every caller is answered that the commit failed (and
     every on_error runs), none with the result its job had computed; the error ends ``run``.
-    A job queued behind the batch fails too, every later one is refused (WriterClosed), and
-    ``settled`` returns though on_error queued bookkeeping: nothing would ever run them."""
+    A job queued while the batch ran (at a generator job's yield) fails too, every later one
+    is refused (WriterClosed), and ``settled`` returns though on_error queued bookkeeping:
+    nothing would ever run them."""
     db, _, writer = fresh(tmp_path)
     reported: list[BaseException] = []
     results: list[Any] = [None, None, None]
-    queued = threading.Event()
+    yielded = anyio.Event()
 
-    def escapes(conn: sqlite3.Connection, usage: Usage) -> None:
-        if heavy:  # on the writer's thread: until the next job is queued
-            queued.wait()
+    def escapes(tx: Tx) -> Steps[None]:
+        yielded.set()  # its caller's neighbour submits a job now, while the loop turns
+        yield
         raise Escapes()
 
     def failed_row(exc: BaseException) -> None:  # as the pipeline's on_error: a kept ledger row
         reported.append(exc)
-        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "INTERNAL_ERROR", "the commit failed", None),
+        writer.defer(lambda tx: ledger.failed(tx, STAMP, "add", "INTERNAL_ERROR", "the commit failed", None),
                      keep=True)
 
-    async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+    async def one(n: int, fn: Callable[[Tx], Any]) -> None:
         try:
-            results[n] = await writer.submit(fn, heavy=heavy, on_error=failed_row)
+            results[n] = await writer.submit(fn, on_error=failed_row)
         except (RuntimeError, WriterClosed) as exc:
             results[n] = exc
 
@@ -372,19 +481,22 @@ async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
         with pytest.raises(Escapes):
             await writer.run()
 
+    async def during() -> None:
+        await yielded.wait()
+        await one(2, put("c"))
+
+    def plain(tx: Tx) -> None:
+        raise Escapes()
+
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, 0, put("a"))
-            tg.start_soon(one, 1, escapes)
+            tg.start_soon(one, 1, escapes if generator else plain)
+            if generator:
+                tg.start_soon(during)
             await anyio.wait_all_tasks_blocked()
             tg.start_soon(run)
-            if heavy:  # the batch of both is held on the writer's thread: the next job waits behind it
-                await anyio.wait_all_tasks_blocked()
-                tg.start_soon(one, 2, put("c"))
-                await anyio.wait_all_tasks_blocked()
-                assert writer.depth == 3
-                queued.set()
-        if not heavy:  # the batch failed on the event loop at once: run has ended
+        if not generator:  # the batch failed on the event loop at once: run has ended
             await one(2, put("c"))
         await writer.settled()
         with pytest.raises(WriterClosed):
@@ -392,15 +504,15 @@ async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
     finally:
         await writer.aclose()
     assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2 + [
-        (RuntimeError, "commit failed") if heavy else (WriterClosed, "the store is closing")]
-    assert [str(e) for e in reported] == ["commit failed"] * (3 if heavy else 2)  # refused: the caller's to report
+        (RuntimeError, "commit failed") if generator else (WriterClosed, "the store is closing")]
+    assert [str(e) for e in reported] == ["commit failed"] * (3 if generator else 2)  # refused: the caller's to report
     assert rows(db) == [] and rows(db, "SELECT kind FROM memoryd_ledger") == []
 
 
 async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Nobody awaits deferred bookkeeping: the writer is the one that reports it."""
-    def bug(conn: sqlite3.Connection) -> None:
+    def bug(tx: Tx) -> None:
         raise RuntimeError("a bug in bookkeeping")
 
     done = anyio.Event()
@@ -414,6 +526,62 @@ async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
     assert records[0].exc_info is not None and str(records[0].exc_info[1]) == "a bug in bookkeeping"
 
 
+# --- cancelled callers --------------------------------------------------------------------
+
+
+async def cancelled_mid_job(writer: Writer, fails: bool, generator: bool) -> list[BaseException]:
+    """Submit a job that cancels its caller, then ends (failing, or committed); what
+    ``on_error`` got. A generator job's caller is cancelled at its yield, between its parts
+    (TURN_AFTER_S 0); a plain job's during the batch's COMMIT on the writer's thread (the
+    loop does not turn before: TURN_AFTER_S infinite)."""
+    finished: list[bool] = []
+
+    def end(tx: Tx) -> str:
+        tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}-{'generator' if generator else 'plain'}",))
+        finished.append(True)
+        if fails:
+            raise BudgetExceeded("memory budget exceeded", {})
+        return "done"
+
+    def parts(tx: Tx) -> Steps[str]:
+        yield
+        return end(tx)
+
+    def job(tx: Tx) -> str | Steps[str]:
+        scope.cancel()
+        return parts(tx) if generator else end(tx)
+
+    reported: list[BaseException] = []
+    ended: list[bool] = []
+
+    async def caller() -> None:
+        try:
+            await writer.submit(job, on_error=reported.append)
+        finally:
+            ended.append(bool(finished) and writer.depth == 0)
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+    assert scope.cancelled_caught and ended == [True]
+    return reported
+
+
+async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failure_is_still_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while its job is in flight, the caller is cancelled only once the job has
+    ended (committed, or failed); a failed job's ``on_error`` runs all the same (the
+    pipeline's ``failed`` ledger row follows it), a committed one's does not; nothing is
+    left waiting."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        for generator in (True, False):
+            monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0 if generator else float("inf"))
+            assert [type(e) for e in await cancelled_mid_job(writer, True, generator)] == [BudgetExceeded]
+            assert await cancelled_mid_job(writer, False, generator) == []
+    assert rows(db) == [("t:False-generator", "x"), ("t:False-plain", "x")]
+
+
 # --- deferred bookkeeping -------------------------------------------------------------------
 
 
@@ -423,9 +591,9 @@ async def test_kept_rows_outlive_a_store_fault_and_commit_once_it_clears(tmp_pat
     db = tmp_path / "w.db"
     done: list[str] = []
 
-    def row(key: str) -> Callable[[sqlite3.Connection], None]:
-        def insert(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
+    def row(key: str) -> Callable[[Tx], None]:
+        def insert(tx: Tx) -> None:
+            tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",))
 
         return insert
 
@@ -447,8 +615,8 @@ async def test_kept_rows_outlive_a_store_fault_and_commit_once_it_clears(tmp_pat
 async def test_settled_waits_for_bookkeeping_queued_so_far(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     async with running(db) as writer:
-        def insert(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO meta VALUES ('t:d', 'x')")
+        def insert(tx: Tx) -> None:
+            tx.conn.execute("INSERT INTO meta VALUES ('t:d', 'x')")
 
         writer.defer(insert)
         assert rows(db) == []
@@ -456,47 +624,32 @@ async def test_settled_waits_for_bookkeeping_queued_so_far(tmp_path: Path) -> No
         assert rows(db) == [("t:d", "x")]
 
 
+def two_entries(tx: Tx, ids: tuple[str, str]) -> None:
+    for n, entry_id in enumerate(ids):
+        store.insert_entry(tx, Entry(
+            id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
+            source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
+            recall_count=0, session_id=None))
+
+
 async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     async with running(db) as writer:
-        older = store.new_id()
-        newer = store.new_id()
-
-        def seed(conn: sqlite3.Connection, usage: Usage) -> None:
-            for n, entry_id in enumerate((older, newer)):
-                store.insert_entry(conn, Entry(
-                    id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
-                    source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
-                    recall_count=0, session_id=None))
-
-        await writer.submit(seed)
-        reader = store.connect(db, 0)
-        try:
-            def read(boosted: Any) -> tuple[list[Any], int]:
-                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
-                                        workspace_key=None, limit=50, boosted=boosted)
-
+        older, newer = store.new_id(), store.new_id()
+        await writer.submit(lambda tx: two_entries(tx, (older, newer)))
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            read = page(reader)
             hits, _ = await writer.with_recalls(read)
             assert [e.id for e in hits] == [newer, older]  # by updated_at: neither recalled yet
-            page = [hits[1]]
-            writer.record_recalls(page, 1000)
-            assert (page[0].recall_count, page[0].last_recalled) == (1, 1000)  # the reply's copy
+            picked = [hits[1]]
+            writer.record_recalls(picked, 1000)
+            assert (picked[0].recall_count, picked[0].last_recalled) == (1, 1000)  # the reply's copy
             queued, _ = await writer.with_recalls(read)  # not committed yet: the overlay counts it
             assert [(e.id, e.recall_count, e.last_recalled) for e in queued] == [(older, 1, 1000), (newer, 0, None)]
             assert rows(db, "SELECT recall_count FROM entries WHERE id = ?", older) == [(0,)]
             await writer.settled()
             committed, _ = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
             assert [(e.id, e.recall_count, e.last_recalled) for e in committed] == [(older, 1, 1000), (newer, 0, None)]
-        finally:
-            reader.close()
-
-
-def two_entries(conn: sqlite3.Connection, ids: tuple[str, str]) -> None:
-    for n, entry_id in enumerate(ids):
-        store.insert_entry(conn, Entry(
-            id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
-            source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
-            recall_count=0, session_id=None))
 
 
 async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp_path: Path) -> None:
@@ -506,25 +659,18 @@ async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp
     statements: list[str] = []
     async with running(db, statements=statements) as writer:
         a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda conn, usage: two_entries(conn, (a, b)))
-        reader = store.connect(db, 0)
-        try:
-            def read(boosted: Any) -> tuple[list[Any], int]:
-                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
-                                        workspace_key=None, limit=50, boosted=boosted)
+        await writer.submit(lambda tx: two_entries(tx, (a, b)))
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            def row(key: str) -> Callable[[Tx], None]:
+                return lambda tx: tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",)) and None
 
-            def row(key: str) -> Callable[[sqlite3.Connection], None]:
-                return lambda conn: conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",)) and None
-
-            by_id = {e.id: e for e in (await writer.with_recalls(read))[0]}
+            by_id = {e.id: e for e in (await writer.with_recalls(page(reader)))[0]}
             writer.record_recalls([by_id[a], by_id[b]], 1000, row("1"))
             writer.record_recalls([by_id[a]], 1001, row("2"))
             writer.defer(row("between"))
             writer.record_recalls([by_id[a]], 1002, row("3"))
             statements.clear()
             await writer.settled()
-        finally:
-            reader.close()
     updates = [s for s in statements if s.startswith("UPDATE entries")]
     assert len(updates) == 3  # a and b for the first two queries, a for the third
     inserts = [s.split("'t:")[1].split("'")[0] for s in statements if "INSERT INTO meta" in s]
@@ -534,53 +680,115 @@ async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp
                                                                                              (b, 1, 1000)])
 
 
-async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(tmp_path: Path) -> None:
-    """While the commit carrying recalls is in flight: a row the store does not show it in
-    counts its recalls at once; a row that shows its last_recalled may already be in it, and
-    that query waits for the commit."""
+def held_commit(monkeypatch: pytest.MonkeyPatch, *, committed_first: bool) -> tuple[threading.Event, threading.Event]:
+    """From now on the writer's COMMIT, on its thread, sets ``holding`` and waits for
+    ``release``: before it commits, or (``committed_first``) once it has committed, before
+    the writer learns of it."""
+    holding, release = threading.Event(), threading.Event()
+
+    def held(conn: sqlite3.Connection) -> None:
+        if committed_first:
+            commit(conn)
+        holding.set()
+        release.wait()
+        if not committed_first:
+            commit(conn)
+
+    monkeypatch.setattr(writer_module, "commit", held)
+    return holding, release
+
+
+async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the commit carrying recalls is in flight (held before its COMMIT): a row the
+    store does not show it in counts its recalls at once; a row that shows its
+    last_recalled may already be in it, and that query waits for the commit."""
     db = tmp_path / "w.db"
     async with running(db) as writer:
         a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda conn, usage: two_entries(conn, (a, b)))
-        reader = store.connect(db, 0)
-        release = threading.Event()
-        try:
-            def read(boosted: Any) -> tuple[list[Any], int]:
-                return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
-                                        workspace_key=None, limit=50, boosted=boosted)
-
+        await writer.submit(lambda tx: two_entries(tx, (a, b)))
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            read = page(reader)
             first = (await writer.with_recalls(read))[0]
             writer.record_recalls([e for e in first if e.id == a], 1000)
             writer.record_recalls([e for e in first if e.id == a], 1000)
-            async with anyio.create_task_group() as tg:
-                # the recalls' step runs first in this batch, then the job holds the commit back
-                # heavy: on the writer's thread (a job on the event loop would block it)
-                tg.start_soon(functools.partial(writer.submit, lambda conn, usage: release.wait(), heavy=True))
-                await anyio.wait_all_tasks_blocked()
-                hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
-                assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
+            holding, release = held_commit(monkeypatch, committed_first=False)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(writer.settled)
+                    await anyio.to_thread.run_sync(holding.wait)
+                    hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
+                    assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
 
-                def committed_look(boosted: Any) -> tuple[list[Any], int]:
-                    hits, total = read(boosted)
-                    for e in hits:
-                        if e.id == a and e.recall_count == 0:
-                            e.last_recalled = 1000  # the row as the commit leaves it, but for its count
-                    return hits, total
+                    async def committed_look(boosted: Collection[str]) -> tuple[list[Entry], int]:
+                        hits, total = await read(boosted)
+                        for e in hits:
+                            if e.id == a and e.recall_count == 0:
+                                e.last_recalled = 1000  # the row as the commit leaves it, but for its count
+                        return hits, total
 
-                waited: list[Any] = []
+                    waited: list[Any] = []
 
-                async def ambiguous() -> None:
-                    waited.append(await writer.with_recalls(committed_look))
+                    async def ambiguous() -> None:
+                        waited.append(await writer.with_recalls(committed_look))
 
-                tg.start_soon(ambiguous)
-                await anyio.wait_all_tasks_blocked()
-                assert waited == []  # it waits for the commit
+                    tg.start_soon(ambiguous)
+                    await anyio.wait_all_tasks_blocked()
+                    assert waited == []  # it waits for the commit
+                    release.set()
+            finally:
                 release.set()
             hits = waited[0][0]
             assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
-        finally:
-            release.set()
-            reader.close()
+
+
+@pytest.mark.parametrize("ends", [False, True], ids=["began", "began-and-ended"])
+async def test_a_query_reads_again_when_a_recalls_commit_began_or_ended_during_its_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ends: bool) -> None:
+    """A read (async: on a reader's thread in the daemon) during which the commit carrying
+    queued recalls began, or began and ended, may have seen them committed: counting them
+    from the overlay as well would count them twice. The query reads again, and counts each
+    recall once."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        a, b = store.new_id(), store.new_id()
+        await writer.submit(lambda tx: two_entries(tx, (a, b)))
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            first = (await writer.with_recalls(page(reader)))[0]
+            writer.record_recalls([e for e in first if e.id == a], 1000)
+            gate = anyio.Event()
+            reads: list[int] = []
+            got: list[list[Entry]] = []
+
+            async def read(boosted: Collection[str]) -> tuple[list[Entry], int]:
+                reads.append(len(reads))
+                if len(reads) == 1:
+                    await gate.wait()  # the read's statements run once the gate opens
+                return await page(reader)(boosted)
+
+            async def query() -> None:
+                got.append((await writer.with_recalls(read))[0])
+
+            release = threading.Event()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(query)
+                    await anyio.wait_all_tasks_blocked()
+                    if ends:
+                        await writer.settled()
+                        gate.set()
+                    else:
+                        holding, release = held_commit(monkeypatch, committed_first=True)
+                        tg.start_soon(writer.settled)
+                        await anyio.to_thread.run_sync(holding.wait)  # committed; the writer not told yet
+                        gate.set()
+                        await anyio.wait_all_tasks_blocked()
+                        assert got == [] and len(reads) == 2  # read again: the row shows the commit's ts
+                        release.set()
+            finally:
+                release.set()
+    assert len(reads) == (2 if ends else 3)
+    assert [(e.id, e.recall_count, e.last_recalled) for e in got[0]] == [(a, 1, 1000), (b, 0, None)]
 
 
 # --- atomic ---------------------------------------------------------------------------------
@@ -588,7 +796,7 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(tmp_p
 
 def test_atomic_commits_or_rolls_back_and_reraises_the_original_error(tmp_path: Path) -> None:
     db = tmp_path / "a.db"
-    conn = store.open_store(db, 0, 0)
+    conn = storefile.open_store(db, 0, 0)
     try:
         with atomic(conn):
             conn.execute("INSERT INTO meta VALUES ('t:a', 'x')")
@@ -605,7 +813,7 @@ def test_atomic_commits_or_rolls_back_and_reraises_the_original_error(tmp_path: 
 
 def test_atomic_inside_a_transaction_is_a_savepoint(tmp_path: Path) -> None:
     db = tmp_path / "a.db"
-    conn = store.open_store(db, 0, 0)
+    conn = storefile.open_store(db, 0, 0)
     try:
         with atomic(conn):
             step = atomic(conn, "inner")
@@ -624,7 +832,7 @@ def test_atomic_says_lost_when_sqlite_rolled_the_whole_transaction_back(tmp_path
     """SQLITE_FULL (max_page_count) rolls the transaction back: the savepoint cannot be
     rolled back to, the original error is raised, and the caller learns the batch is gone."""
     db = tmp_path / "a.db"
-    conn = store.open_store(db, 0, 0)
+    conn = storefile.open_store(db, 0, 0)
     try:
         (pages,) = conn.execute("PRAGMA page_count").fetchone()
         conn.execute(f"PRAGMA max_page_count = {pages + 4}")
@@ -638,6 +846,24 @@ def test_atomic_says_lost_when_sqlite_rolled_the_whole_transaction_back(tmp_path
             raise info.value
         assert outer.value.sqlite_errorname == "SQLITE_FULL"
         assert rows(db) == []
+    finally:
+        conn.close()
+
+
+def test_begin_with_a_busy_timeout_puts_the_connections_own_back(tmp_path: Path) -> None:
+    """The writer's BEGIN on its thread waits with the store's timeout; the connection's own
+    (0: the event loop never waits) is back after it, whether BEGIN took the lock or not."""
+    db = tmp_path / "a.db"
+    conn = storefile.open_store(db, 0, 0)
+    try:
+        conn.execute("PRAGMA busy_timeout = 7")
+        with write_lock(db), pytest.raises(sqlite3.OperationalError) as info:
+            begin(conn, busy_timeout_ms=0)
+        assert store.fault_reason(info.value) == "busy"
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (7,) and not conn.in_transaction
+        begin(conn, busy_timeout_ms=1000)
+        assert conn.in_transaction and conn.execute("PRAGMA busy_timeout").fetchone() == (7,)
+        conn.execute("ROLLBACK")
     finally:
         conn.close()
 
@@ -663,44 +889,36 @@ async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fai
         m.setattr(adapter_registry, "discovered_entry_points", lambda: [BadEntryPoint()])
         with pytest.raises(AdapterRegistryError, match=r"refused: it failed to load: ImportError"):
             await Daemon.open(cfg)
-    assert set(threading.enumerate()) == threads  # the writer's, the reader's and the scanner's threads ended
+    assert set(threading.enumerate()) == threads  # the writer's and the readers' threads ended
     assert not cfg.db_path.with_name("memory.db.memoryd-owner").exists()
     daemon = await Daemon.open(cfg)  # the lock was let go: a second open takes it
     try:
         started = [t.name for t in set(threading.enumerate()) - threads]
-        # the writer's, the scanner's, and aiosqlite's (audit/list and export)
-        assert len(started) == 3 and {"memoryd-writer", "memoryd-scanner"} <= set(started)
+        assert sorted(started) == sorted(["memoryd-writer", *(f"memoryd-reader-{k}" for k in range(readers.READERS))])
     finally:
         await daemon.close()
     assert set(threading.enumerate()) == threads
     await daemon.close()  # a second close does nothing
 
 
-# --- the ledger's transaction scope -----------------------------------------------------------
+# --- the ledger, chained from the Tx ------------------------------------------------------------
 
 
-def who(n: int) -> Any:
-    from memoryd_protocol.types import LedgerConnection
-
+def who(n: int) -> LedgerConnection:
     return LedgerConnection(ref=f"run-1/{n}", run="run-1", id=n, transport="socket", pid=None, uid=None, exe=None,
                             client=None, opened_at=1)
 
 
-def audited(n: int, *, fail: bool = False) -> Callable[[sqlite3.Connection, Usage], int]:
+def audited(n: int, *, fail: bool = False) -> Callable[[Tx], int]:
     """An audit row (and its ledger rows) for connection ``n``; ``fail``: then raise."""
-    from memoryd import ledger
-
-    def job(conn: sqlite3.Connection, usage: Usage) -> int:
+    def job(tx: Tx) -> int:
         ledger.Stamp(origin=who(n), session_id=None, label="allowed").audit(
-            conn, "add", track="user", scope="user-global", entry_id=f"e-{n}", text=f"fact {n}", source="t")
+            tx, "add", track="user", scope="user-global", entry_id=f"e-{n}", text=f"fact {n}", source="t")
         if fail:
             raise BudgetExceeded("memory budget exceeded", {})
         return n
 
     return job
-
-
-# --- a batch run again after a failure: everything else applied exactly once ----------------
 
 
 def _entry(text: str) -> Entry:
@@ -712,24 +930,27 @@ def _entry(text: str) -> Entry:
 STAMP = ledger.Stamp(origin=None, session_id="s-1", label="allowed-once (policy auto)")
 
 
-def add_job(text: str, delta: int) -> Callable[[sqlite3.Connection, Usage], str]:
+def add_job(text: str, delta: int) -> Callable[[Tx], str]:
     """An add as the pipeline commits one: the entry, its audit row and ledger row, usage."""
-    def job(conn: sqlite3.Connection, usage: Usage) -> str:
+    def job(tx: Tx) -> str:
         e = _entry(text)
         e.created_at = e.updated_at = store.now_ms()
-        store.insert_entry(conn, e)
-        STAMP.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source, entry=e,
+        store.insert_entry(tx, e)
+        STAMP.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source, entry=e,
                     ts=e.created_at)
-        usage[CELL] = usage.get(CELL, 0) + delta
+        tx.usage[CELL] = tx.usage.get(CELL, 0) + delta
         return text
 
     return job
 
 
+def kept_row(message: str) -> Callable[[Tx], None]:
+    """A ledger row the writer keeps across a store fault (as the pipeline's ``failed``)."""
+    return lambda tx: ledger.failed(tx, STAMP, "add", "STORE_UNAVAILABLE", message, None)
+
+
 def chain(db: Path) -> list[tuple[int, str, str | None]]:
     """(n, kind, ref) of every ledger row, after checking that each hash chains on."""
-    from memoryd_protocol.ledger import chain_hash
-
     out, prev = [], ""
     for n, ts, kind, ref, seq, body, p, h in rows(db, "SELECT n, ts, kind, ref, audit_seq, body, prev, hash "
                                                       "FROM memoryd_ledger ORDER BY n"):
@@ -739,227 +960,9 @@ def chain(db: Path) -> list[tuple[int, str, str | None]]:
     return out
 
 
-async def test_the_ledger_chains_in_memory_and_a_rolled_back_connection_row_is_written_again(
-        tmp_path: Path) -> None:
-    """A transaction reads the ledger's newest row once; its rows chain on in memory. A job
-    rolled back to its savepoint takes its connection row with it, so the next job of that
-    connection writes the row again; and a connection whose row has committed is not looked
-    up again."""
-    db = tmp_path / "w.db"
-    store.open_store(db, store.inspect(db), 0).close()
-    writer = await Writer.open(db, store.inspect(db), 0)
-    statements: list[str] = []
-    await writer._owned.run(lambda c: c.set_trace_callback(statements.append))
-    head_reads = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
-    lookups = "SELECT 1 FROM memoryd_ledger WHERE kind = 'connection'"
-    try:
-        first, failed, last = await queued_then_run(writer, [audited(1), audited(2, fail=True), audited(2)])
-        # the first run without savepoints, then again with them: one head read each
-        assert sum(s.startswith(head_reads) for s in statements) == 2
-        del statements[:]
-        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
-        assert await queued_then_run(writer, [audited(1), audited(2)]) == [1, 2]
-        assert sum(s.startswith(head_reads) for s in statements) == 1
-        assert not [s for s in statements if s.startswith(lookups)]  # both rows committed in this run
-    finally:
-        await writer.aclose()
-    assert (first, last) == (1, 2) and isinstance(failed, BudgetExceeded)
-    assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
-                         (4, "connection", "run-1/2"), (5, "audit", None), (6, "audit", None), (7, "audit", None)]
-    assert writer.anchor.head is not None and writer.anchor.head[0] == 7
-
-
-async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path: Path) -> None:
-    """Once the ledger's newest row is not the one this daemon's last commit left, the
-    connection rows it wrote are looked up again (and written again when gone)."""
-    db = tmp_path / "w.db"
-    store.open_store(db, store.inspect(db), 0).close()
-    writer = await Writer.open(db, store.inspect(db), 0)
-    try:
-        assert await queued_then_run(writer, [audited(1)]) == [1]
-        with contextlib.closing(sqlite3.connect(db)) as other, other:
-            other.execute("DELETE FROM memoryd_ledger WHERE n > 1")
-        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
-        assert await queued_then_run(writer, [audited(1)]) == [1]
-    finally:
-        await writer.aclose()
-    assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
-    assert writer.anchor.lost
-
-
-
-async def test_a_sliced_flush_keeps_its_ledger_scope_while_another_stores_writer_commits(tmp_path: Path) -> None:
-    """Two stores' writers on one event loop (two daemons embedded in one process): while
-    one's flush of bookkeeping alone lets the loop turn between its slices, the other's
-    batch begins and ends its own transaction's scopes on the same thread. The flush's
-    rows chain on in its own scope all the same, so its Anchor ends at its store's real
-    newest row, and a deleted tail of those rows is reported."""
-    dbs = [tmp_path / "a.db", tmp_path / "b.db"]
-    for db in dbs:
-        store.open_store(db, store.inspect(db), 0).close()
-    a = await Writer.open(dbs[0], store.inspect(dbs[0]), 0)
-    b = await Writer.open(dbs[1], store.inspect(dbs[1]), 0)
-    steps = 4 * writer_module.SLICE_STEPS
-    b_done: list[int] = []
-    b_before_last: list[bool] = []
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-
-            def b_job(conn: sqlite3.Connection, usage: Usage) -> int:
-                b_done.append(audited(1)(conn, usage))
-                return 1
-
-            async def b_writes() -> None:
-                await b.submit(b_job)
-
-            def row(n: int) -> Callable[[sqlite3.Connection], None]:
-                def run(conn: sqlite3.Connection) -> None:
-                    if n == 0:
-                        tg.start_soon(b_writes)  # its batch runs while this flush's loop turns
-                    if n == steps - 1:
-                        b_before_last.append(bool(b_done))
-                    ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", f"kept {n}", None)
-
-                return run
-
-            for n in range(steps):
-                a.defer(row(n), keep=True)
-            await a.settled()
-            a.close()
-            b.close()
-        head = a.anchor.head
-    finally:
-        await a.aclose()
-        await b.aclose()
-    assert b_before_last == [True]  # the other store's batch ran during the flush's slices
-    assert chain(dbs[0]) == [(1, "start", None), *((n, "failed", None) for n in range(2, steps + 2))]
-    assert chain(dbs[1]) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
-    assert head is not None and head[0] == steps + 1
-    with contextlib.closing(sqlite3.connect(dbs[0])) as other, other:
-        other.execute("DELETE FROM memoryd_ledger WHERE n = ?", (steps + 1,))  # a same-uid forgery
-    with contextlib.closing(sqlite3.connect(dbs[0])) as conn:
-        report = consistent(conn, lambda fetch: read_report(fetch, head))
-    assert not report.ok
-
-
-
-async def test_queries_a_write_and_a_fault_during_a_sliced_flush(tmp_path: Path) -> None:
-    """While a flush of bookkeeping alone (a query's recalls and row, then kept ledger
-    rows) lets the event loop turn: queries count each recall once, theirs queued for the
-    next commit; a write submitted meanwhile commits after the flush;
-    a store fault in a later slice rolls the flush back and the writer's thread runs it
-    again. Every row is written once, the flush's in order, and every recall counted once
-    after."""
-    db = tmp_path / "w.db"
-    await seed_one(db)
-    writer = await Writer.open(db, store.inspect(db), 0)
-    slice_, steps = writer_module.SLICE_STEPS, 3 * writer_module.SLICE_STEPS
-    loop_thread = threading.get_ident()
-    reader = store.connect(db, 0)
-    seen: list[int] = []
-    wrote: list[str] = []
-    faulted: list[int] = []
-    done: list[int] = []
-
-    def read(boosted: Any) -> tuple[list[Any], int]:
-        return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
-                                  limit=50, boosted=boosted)
-
-    def recalled(text: str, ts: int) -> Callable[[sqlite3.Connection], None]:
-        return lambda conn: STAMP.audit(conn, "recalled", track=None, scope=None, entry_id=None, text=text,
-                                        source=None, ts=ts)
-
-    async def query(k: int) -> None:
-        hits, _ = await writer.with_recalls(read)
-        seen.append(hits[0].recall_count)
-        writer.record_recalls(hits, 2000 + k, recalled(f"s{k}", 2000 + k))
-
-    async def write() -> None:
-        wrote.append(await writer.submit(add_job("w", 1)))
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(writer.run)
-
-            def row(n: int) -> Callable[[sqlite3.Connection], None]:
-                def run(conn: sqlite3.Connection) -> None:
-                    if threading.get_ident() == loop_thread:  # not once the thread runs it again
-                        if n % 8 == 0:
-                            tg.start_soon(query, n)
-                        if n == 4:
-                            tg.start_soon(write)
-                    if n == slice_ + 3 and not faulted:  # SQLITE_READONLY, once
-                        faulted.append(n)
-                        conn.execute("PRAGMA query_only = ON")
-                        try:
-                            conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
-                        finally:
-                            conn.execute("PRAGMA query_only = OFF")
-                    ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", f"kept {n}", None)
-
-                return run
-
-            hits, _ = await writer.with_recalls(read)
-            writer.record_recalls(hits, 1000, recalled("q", 1000))
-            for n in range(steps):
-                writer.defer(row(n), functools.partial(done.append, n), keep=True)
-            await writer.settled()
-            await writer.idle()
-            await writer.settled()
-            hits, _ = await writer.with_recalls(read)
-            after = [(e.text, e.recall_count) for e in hits]
-            writer.close()
-        head = writer.anchor.head
-    finally:
-        reader.close()
-        await writer.aclose()
-    assert faulted == [slice_ + 3]
-    assert seen == [1, 2, 3] and wrote == ["w"]
-    assert dict(after)["recalled one"] == 4
-    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE text = 'recalled one'") == [(4, 2016)]
-    assert sorted(done) == list(range(steps))
-    audit, kinds, report = ledger_state(db, head)
-    # The flush's own recall first; then, in the commit after it, the write and the recalls
-    # of the queries during the flush: a query may still be waiting for the flush's rerun on
-    # the thread when the write's batch begins, so their order is not fixed.
-    assert audit[0] == ("recalled", "q")
-    assert sorted(audit[1:]) == [("add", "w"), ("recalled", "s0"), ("recalled", "s16"), ("recalled", "s8")]
-    assert kinds == ["start", "audit", *["failed"] * steps, "audit", "audit", "audit", "audit"]
-    assert report.ok, report.problems
-
-
-def fails_after_its_rows(fault: bool) -> Callable[[sqlite3.Connection, Usage], None]:
-    """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
-    fault SQLite confines to the statement (SQLITE_READONLY)."""
-    def job(conn: sqlite3.Connection, usage: Usage) -> None:
-        add_job("doomed", 1000)(conn, usage)
-        if not fault:
-            raise BudgetExceeded("memory budget exceeded", {})
-        conn.execute("PRAGMA query_only = ON")
-        try:
-            conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
-        finally:
-            conn.execute("PRAGMA query_only = OFF")
-
-    return job
-
-
-async def seed_one(db: Path) -> Entry:
-    """A store with its ledger begun and one entry (inserted without rows: a start row
-    lists it)."""
-    seeded = _entry("recalled one")
-    conn = store.open_store(db, store.inspect(db), 0)
-    try:
-        store.insert_entry(conn, seeded)
-        conn.commit()
-    finally:
-        conn.close()
-    return seeded
-
-
 def ledger_state(db: Path, head: tuple[int, str] | None) -> tuple[list[tuple[str, str | None]], list[str], Any]:
+    """The audit rows (action, text), the ledger's kinds in order, and audit/verify's
+    report against ``head``, which must be the store's newest row."""
     conn = sqlite3.connect(db)
     try:
         audit = conn.execute("SELECT action, text FROM audit ORDER BY seq").fetchall()
@@ -971,32 +974,282 @@ def ledger_state(db: Path, head: tuple[int, str] | None) -> tuple[list[tuple[str
     return audit, kinds, report
 
 
-@pytest.mark.parametrize("fault", [False, True], ids=["job-error", "store-fault"])
-async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(tmp_path: Path, fault: bool) -> None:
-    """A batch of bookkeeping (a kept ledger row, a query's recalls and its recalled row, a
-    step with a bug) and five jobs, the second and fourth of which fail after writing rows:
-    the batch runs again with savepoints. Every other step is applied once: one audit row
-    and one ledger row each, in order, the usage of the three adds alone, the recall counted
-    once, each on_done run once, and the ledger's head (the Anchor) the committed head."""
+async def opened(db: Path) -> Writer:
+    """A writer (not running) on a new store whose ledger has begun."""
+    storefile.open_store(db, storefile.inspect(db), 0).close()
+    return await Writer.open(db, storefile.inspect(db), 0)
+
+
+async def test_the_ledger_chains_in_memory_and_a_rolled_back_connection_row_is_written_again(
+        tmp_path: Path) -> None:
+    """A transaction reads the ledger's newest row once (its Tx's tip); its rows chain on in
+    memory. A job rolled back to its savepoint takes its connection row with it, so the next
+    job of that connection writes the row again; and a connection whose row has committed
+    is not looked up again."""
+    db = tmp_path / "w.db"
+    writer = await opened(db)
+    statements: list[str] = []
+    writer._owned.conn.set_trace_callback(statements.append)
+    try:
+        first, failed, last = await queued_then_run(writer, [audited(1), audited(2, fail=True), audited(2)])
+        assert sum(s.startswith(HEAD_READ) for s in statements) == 1
+        assert sum(s.startswith(LOOKUP) for s in statements) == 3  # 1, 2, and 2 again after its rollback
+        del statements[:]
+        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        assert await queued_then_run(writer, [audited(1), audited(2)]) == [1, 2]
+        assert sum(s.startswith(HEAD_READ) for s in statements) == 1
+        assert not [s for s in statements if s.startswith(LOOKUP)]  # both rows committed in this run
+    finally:
+        await writer.aclose()
+    assert (first, last) == (1, 2) and isinstance(failed, BudgetExceeded)
+    assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
+                         (4, "connection", "run-1/2"), (5, "audit", None), (6, "audit", None), (7, "audit", None)]
+    assert writer.anchor.head is not None and writer.anchor.head[0] == 7 and not writer.anchor.lost
+
+
+@pytest.mark.parametrize("other", ["appended", "changed", "deleted"])
+async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path: Path, other: str) -> None:
+    """Once the ledger's newest row is not the one this daemon's last commit left, the
+    connection rows it wrote are looked up again (and written again when gone). Another's
+    row after the daemon's head leaves the head alone; a head row changed or deleted sets
+    ``anchor.lost``, and the head stays where the daemon left it."""
+    db = tmp_path / "w.db"
+    writer = await opened(db)
+    statements: list[str] = []
+    writer._owned.conn.set_trace_callback(statements.append)
+    try:
+        assert await queued_then_run(writer, [audited(1)]) == [1]
+        head = writer.anchor.head
+        assert head is not None and head[0] == 3
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+            if other == "appended":
+                with ledger.transaction(conn) as tx:
+                    kept_row("another's")(tx)
+            elif other == "changed":
+                conn.execute("UPDATE memoryd_ledger SET hash = 'forged' WHERE n = 3")
+            else:
+                conn.execute("DELETE FROM memoryd_ledger WHERE n > 1")
+        del statements[:]
+        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        assert await queued_then_run(writer, [audited(1)]) == [1]
+        assert sum(s.startswith(LOOKUP) for s in statements) == 1
+    finally:
+        await writer.aclose()
+    assert writer.anchor.lost == (other != "appended")
+    if other == "appended":
+        assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
+                             (4, "failed", None), (5, "audit", None)]
+        assert writer.anchor.head is not None and writer.anchor.head[0] == 5
+    elif other == "changed":
+        assert [(n, kind) for n, kind in rows(db, "SELECT n, kind FROM memoryd_ledger ORDER BY n")] == [
+            (1, "start"), (2, "connection"), (3, "audit"), (4, "audit")]
+        assert writer.anchor.head == head
+    else:
+        assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None)]
+        assert writer.anchor.head == head
+
+
+async def test_two_stores_writers_interleave_their_batches_and_each_chains_its_own_ledger(
+        tmp_path: Path, turn_always: None) -> None:
+    """Two stores' writers on one event loop (two daemons embedded in one process), the loop
+    turning after every step: their batches' steps interleave one for one, and each batch's
+    ledger rows chain on from its own Tx, so each Anchor ends at its store's real newest
+    row; a deleted tail of those rows is reported."""
+    dbs = [tmp_path / "a.db", tmp_path / "b.db"]
+    a, b = [await opened(db) for db in dbs]
+    steps = 8
+    order: list[str] = []
+
+    def row(name: str, n: int) -> Callable[[Tx], None]:
+        def run(tx: Tx) -> None:
+            order.append(f"{name}{n}")
+            kept_row(f"{name} {n}")(tx)
+
+        return run
+
+    def job(name: str, n: int) -> Callable[[Tx], int]:
+        def run(tx: Tx) -> int:
+            order.append(f"{name} job")
+            return audited(n)(tx)
+
+        return run
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            for name, w in (("a", a), ("b", b)):
+                for n in range(steps):
+                    w.defer(row(name, n), keep=True)
+            async with anyio.create_task_group() as writes:
+                writes.start_soon(a.submit, job("a", 1))
+                writes.start_soon(b.submit, job("b", 2))
+            a.close()
+            b.close()
+        heads = [a.anchor.head, b.anchor.head]
+    finally:
+        await a.aclose()
+        await b.aclose()
+    assert order == [x for n in range(steps) for x in (f"a{n}", f"b{n}")] + ["a job", "b job"]
+    for db, n, head in ((dbs[0], 1, heads[0]), (dbs[1], 2, heads[1])):
+        assert chain(db) == [(1, "start", None), *((k, "failed", None) for k in range(2, steps + 2)),
+                             (steps + 2, "connection", f"run-1/{n}"), (steps + 3, "audit", None)]
+        _, _, report = ledger_state(db, head)
+        assert report.ok, report.problems
+    with contextlib.closing(sqlite3.connect(dbs[0])) as other, other:
+        other.execute("DELETE FROM memoryd_ledger WHERE n = ?", (steps + 3,))  # a same-uid forgery
+    with contextlib.closing(sqlite3.connect(dbs[0])) as conn:
+        report = consistent(conn, lambda fetch: read_report(fetch, heads[0]))
+    assert not report.ok
+
+
+# --- failures inside a batch: everything else applied exactly once ----------------------------
+
+
+def recalled(text: str, ts: int) -> Callable[[Tx], None]:
+    """A query's ``recalled`` audit row."""
+    return lambda tx: STAMP.audit(tx, "recalled", track=None, scope=None, entry_id=None, text=text, source=None,
+                                  ts=ts)
+
+
+def read_only(tx: Tx) -> None:
+    """A statement SQLite refuses with SQLITE_READONLY: a fault confined to it."""
+    tx.conn.execute("PRAGMA query_only = ON")
+    try:
+        tx.conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
+    finally:
+        tx.conn.execute("PRAGMA query_only = OFF")
+
+
+async def seed_one(db: Path) -> Entry:
+    """A store with one entry (inserted without audit rows: the start row lists it)."""
+    seeded = _entry("recalled one")
+    conn = storefile.open_store(db, storefile.inspect(db), 0)
+    try:
+        with ledger.transaction(conn) as tx:
+            store.insert_entry(tx, seeded)
+    finally:
+        conn.close()
+    return seeded
+
+
+async def test_a_long_flush_serves_queries_and_a_write_and_keeps_a_row_a_fault_lost(
+        tmp_path: Path, turn_always: None) -> None:
+    """While a flush of bookkeeping alone (a query's recalls and row, then kept ledger rows)
+    lets the event loop turn after every step: queries count each recall once, theirs
+    queued for the next commit; a write submitted meanwhile commits in the next batch; a
+    store fault in one step rolls that step alone back, and its kept row is written at the
+    head of the next batch. Every row is written once, and every recall counted once."""
+    db = tmp_path / "w.db"
+    await seed_one(db)
+    writer = await Writer.open(db, storefile.inspect(db), 0)
+    steps, fault_at = 24, 11
+    seen: list[int] = []
+    wrote: list[str] = []
+    faulted: list[int] = []
+    done: list[int] = []
+    with contextlib.closing(storefile.connect(db, 0)) as reader:
+        read = page(reader)
+
+        async def query(k: int) -> None:
+            hits, _ = await writer.with_recalls(read)
+            seen.append(hits[0].recall_count)
+            writer.record_recalls(hits, 2000 + k, recalled(f"s{k}", 2000 + k))
+
+        async def write() -> None:
+            wrote.append(await writer.submit(add_job("w", 1)))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+
+                def row(n: int) -> Callable[[Tx], None]:
+                    def run(tx: Tx) -> None:
+                        if n % 8 == 0:
+                            tg.start_soon(query, n)  # it runs at the loop's next turn, before the next step
+                        if n == 4:
+                            tg.start_soon(write)
+                        if n == fault_at and not faulted:  # once
+                            faulted.append(n)
+                            read_only(tx)
+                        kept_row(f"kept {n}")(tx)
+
+                    return run
+
+                hits, _ = await writer.with_recalls(read)
+                writer.record_recalls(hits, 1000, recalled("q", 1000))
+                for n in range(steps):
+                    writer.defer(row(n), functools.partial(done.append, n), keep=True)
+                await writer.settled()
+                await writer.idle()
+                await writer.settled()
+                hits, _ = await writer.with_recalls(read)
+                after = [(e.text, e.recall_count) for e in hits]
+                writer.close()
+            head = writer.anchor.head
+        finally:
+            await writer.aclose()
+    assert faulted == [fault_at] and seen == [1, 2, 3] and wrote == ["w"]
+    assert dict(after)["recalled one"] == 4
+    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE text = 'recalled one'") == [(4, 2016)]
+    order = [*range(fault_at), *range(fault_at + 1, steps), fault_at]
+    assert done == order
+    audit, kinds, report = ledger_state(db, head)
+    # the flush: the first query's recall, the rows but the faulted one; the next batch: that
+    # row (kept), the recalls of the queries during the flush, then the write
+    assert audit == [("recalled", "q"), ("recalled", "s0"), ("recalled", "s8"), ("recalled", "s16"), ("add", "w")]
+    assert kinds == ["start", "audit", *["failed"] * steps, "audit", "audit", "audit", "audit"]
+    messages = [json.loads(body)["message"] for (body,) in rows(db, "SELECT body FROM memoryd_ledger WHERE kind = "
+                                                                    "'failed' ORDER BY n")]
+    assert messages == [f"kept {n}" for n in order]
+    assert report.ok, report.problems
+
+
+def fails_after_its_rows(how: str) -> Callable[[Tx], Any]:
+    """Writes an entry, its rows and usage, then fails: a bug of the job's own, a store
+    fault SQLite confines to the statement (SQLITE_READONLY), or a bug in a generator job's
+    second part, after the loop turned at its yield."""
+    def job(tx: Tx) -> None:
+        add_job("doomed", 1000)(tx)
+        if how == "store-fault":
+            read_only(tx)
+        raise BudgetExceeded("memory budget exceeded", {})
+
+    def parts(tx: Tx) -> Steps[None]:
+        add_job("doomed", 1000)(tx)
+        yield
+        raise BudgetExceeded("memory budget exceeded", {})
+
+    return parts if how == "generator" else job
+
+
+@pytest.mark.parametrize("how", ["job-error", "store-fault", "generator"])
+async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(
+        tmp_path: Path, turn_always: None, how: str) -> None:
+    """A batch of bookkeeping (a kept ledger row, a step with a bug, a query's recalls and
+    its recalled row) and five jobs, the second and fourth of which fail after writing
+    rows: each is rolled back to its savepoint alone, its entry, audit and ledger rows, its
+    counts and usage with it. Every other step is applied once: one audit row and one
+    ledger row each, in order, the usage and counts of the three adds alone, the recall
+    counted once, each on_done run once, and the ledger's head (the Anchor) the committed
+    head."""
     db = tmp_path / "w.db"
     seeded = await seed_one(db)
-    writer = await Writer.open(db, store.inspect(db), 0)
+    writer = await Writer.open(db, storefile.inspect(db), 0)
     done: list[str] = []
     try:
         before = writer.usage[CELL]
-        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
-                     lambda: done.append("kept"), keep=True)
+        writer.defer(kept_row("kept"), lambda: done.append("kept"), keep=True)
 
-        def bug(conn: sqlite3.Connection) -> None:
+        def bug(tx: Tx) -> None:
             raise RuntimeError("a bookkeeping bug")
 
         writer.defer(bug, lambda: done.append("bug"))
-        writer.record_recalls([seeded], 5000, lambda conn: STAMP.audit(
-            conn, "recalled", track=None, scope=None, entry_id=None, text="q", source=None, ts=5000))
-        results = await run_batch(writer, [add_job("a", 1), fails_after_its_rows(fault), add_job("c", 2),
-                                           fails_after_its_rows(fault), add_job("e", 4)])
-        assert [r if isinstance(r, str) else type(r) for r in results] == [
-            "a", StoreUnavailable if fault else BudgetExceeded, "c", StoreUnavailable if fault else BudgetExceeded, "e"]
+        writer.record_recalls([seeded], 5000, recalled("q", 5000))
+        results = await run_batch(writer, [add_job("a", 1), fails_after_its_rows(how), add_job("c", 2),
+                                           fails_after_its_rows(how), add_job("e", 4)])
+        failure = StoreUnavailable if how == "store-fault" else BudgetExceeded
+        assert [r if isinstance(r, str) else type(r) for r in results] == ["a", failure, "c", failure, "e"]
         assert writer.usage[CELL] == before + 7
         assert sorted(done) == ["bug", "kept"]
         head = writer.anchor.head
@@ -1008,22 +1261,25 @@ async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(tmp_
     assert report.ok, report.problems
     assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE id = ?", seeded.id) == [(1, 5000)]
     assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["a", "c", "e", "recalled one"]
+    assert rows(db, "SELECT track, scope, entries, used FROM memoryd_usage WHERE entries != 0") == [
+        (*CELL, 4, len("recalled one") + 3)]
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["all-commit", "one-rolled-back"])
 async def test_a_batch_writes_each_cells_counts_once_and_a_rolled_back_job_takes_its_counts_back(
         tmp_path: Path, fail: bool) -> None:
-    """The counts memoryd keeps beside the entries (memoryd_usage) are added up per batch
-    and written with one statement per cell before COMMIT, and the text index's mark is read
-    once (store.Batch); a job rolled back to its savepoint takes its counts with it. Either
-    way the counts are those of the entries committed, and a start trusts them."""
+    """The counts memoryd keeps beside the entries (memoryd_usage) are added up in the Tx
+    and written with one statement per cell before COMMIT, and the text index's mark is
+    read once per transaction; a job rolled back to its savepoint takes its counts with it.
+    Either way the counts are those of the entries committed, and a start trusts them."""
     db = tmp_path / "w.db"
     statements: list[str] = []
-    conn = store.open_store(db, store.inspect(db), 0)
+    conn = storefile.open_store(db, storefile.inspect(db), 0)
     conn.set_trace_callback(statements.append)
     writer = Writer(conn, {}, db)
     try:
-        jobs = [add_job("a", 1), add_job("bb", 2)] + ([fails_after_its_rows(False)] if fail else []) + [add_job("ccc", 3)]
+        jobs = [add_job("a", 1), add_job("bb", 2)] + ([fails_after_its_rows("job-error")] if fail else []) + [
+            add_job("ccc", 3)]
         statements.clear()
         results = await run_batch(writer, jobs)
         assert [r for r in results if isinstance(r, str)] == ["a", "bb", "ccc"]
@@ -1031,16 +1287,11 @@ async def test_a_batch_writes_each_cells_counts_once_and_a_rolled_back_job_takes
         await writer.aclose()
     upserts = [s for s in statements if s.startswith("INSERT INTO memoryd_usage")]
     marks = [s for s in statements if "memoryd_fts_mark" in s and s.startswith("SELECT (SELECT")]
-    # one upsert and one mark read per transaction: the batch's, and once a job failed the
-    # batch's run again with savepoints (the first transaction rolled back before its end)
-    assert (len(upserts), len(marks)) == ((1, 2) if fail else (1, 1))
+    assert (len(upserts), len(marks)) == (1, 1)
     assert rows(db, "SELECT track, scope, entries, used FROM memoryd_usage WHERE entries != 0") == [
         (*CELL, 3, 6)]
-    check = sqlite3.connect(db)
-    try:
+    with contextlib.closing(sqlite3.connect(db)) as check:
         assert store.trusted(check)
-    finally:
-        check.close()
 
 
 async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overlay(tmp_path: Path) -> None:
@@ -1049,22 +1300,17 @@ async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overl
     commit once, and no later query counts the lost recalls from the overlay."""
     db = tmp_path / "w.db"
     seeded = await seed_one(db)
-    writer = await Writer.open(db, store.inspect(db), 0)
+    writer = await Writer.open(db, storefile.inspect(db), 0)
     try:
-        writer.defer(lambda conn: ledger.failed(conn, STAMP, "add", "STORE_UNAVAILABLE", "kept", None), keep=True)
+        writer.defer(kept_row("kept"), keep=True)
 
-        def broken_row(conn: sqlite3.Connection) -> None:
+        def broken_row(tx: Tx) -> None:
             raise RuntimeError("a recalled row's bug")
 
         writer.record_recalls([seeded], 5000, broken_row)
         assert await run_batch(writer, [add_job("a", 1)]) == ["a"]
-        reader = store.connect(db, 0)
-        try:
-            hits, _ = await writer.with_recalls(lambda boosted: queries.query_page(
-                reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None, limit=50,
-                boosted=boosted))
-        finally:
-            reader.close()
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            hits, _ = await writer.with_recalls(page(reader))
         assert {e.text: e.recall_count for e in hits} == {"recalled one": 0, "a": 0}
         head = writer.anchor.head
     finally:
@@ -1075,62 +1321,7 @@ async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overl
     assert report.ok, report.problems
 
 
-async def cancelled_mid_job(writer: Writer, fails: bool, heavy: bool) -> list[BaseException]:
-    """Submit a job, cancel its caller while the job's batch is in flight, then let it end
-    (failing, or committed); what ``on_error`` got. ``heavy``: the job runs on the writer's
-    thread and is held there until the caller is cancelled; otherwise it runs on the event
-    loop and cancels its caller itself, which is then cancelled during the COMMIT on the
-    thread (or, for a failing job, during the batch's run again with savepoints there)."""
-    started, release = threading.Event(), threading.Event()
-    loop_thread = threading.get_ident()
-
-    def job(conn: sqlite3.Connection, usage: Usage) -> str:
-        if heavy:
-            started.set()
-            release.wait()
-        elif threading.get_ident() == loop_thread:
-            scope.cancel()
-            release.set()
-        conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}{heavy}",))
-        if fails:
-            raise BudgetExceeded("memory budget exceeded", {})
-        return "done"
-
-    reported: list[BaseException] = []
-    ended: list[bool] = []
-
-    async def caller() -> None:
-        try:
-            await writer.submit(job, on_error=reported.append, heavy=heavy)
-        finally:
-            ended.append(release.is_set() and writer.depth == 0)
-
-    with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(caller)
-            if heavy:
-                await anyio.to_thread.run_sync(started.wait)
-                scope.cancel()
-                release.set()
-    assert scope.cancelled_caught and ended == [True]
-    return reported
-
-
-async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failure_is_still_reported(
-        tmp_path: Path) -> None:
-    """Cancelled while its job is in flight, the caller is cancelled only once the job has
-    ended (committed, or failed); a failed job's ``on_error`` runs all the same (the
-    pipeline's ``failed`` ledger row follows it), a committed one's does not; nothing is
-    left waiting."""
-    db = tmp_path / "w.db"
-    async with running(db) as writer:
-        for heavy in (True, False):
-            assert [type(e) for e in await cancelled_mid_job(writer, True, heavy)] == [BudgetExceeded]
-            assert await cancelled_mid_job(writer, False, heavy) == []
-    assert rows(db) == [("t:FalseFalse", "x"), ("t:FalseTrue", "x")]
-
-
-# --- a batch staged on the event loop whose COMMIT fails on the writer's thread -------------
+# --- a batch whose transaction is lost: in a step, or at COMMIT ------------------------------
 
 
 def committed(db: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -1139,20 +1330,24 @@ def committed(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {t: rows(db, f"SELECT * FROM {t} ORDER BY rowid") for t in tables}
 
 
-async def test_a_failed_commit_of_a_batch_staged_on_the_loop_fails_every_job_and_keeps_its_rows(
-        tmp_path: Path) -> None:
-    """No step fails on the event loop; the COMMIT on the writer's thread does (a full file
-    system: the pages reach the WAL at COMMIT). Every job fails with STORE_UNAVAILABLE full
-    and its on_error runs; nothing is committed, and neither the usage nor the ledger's head
-    (the Anchor) moves; the connection is left with no transaction, its busy timeout and no
-    ledger or batch scope on the loop's thread. Once space is back, the kept ledger row
-    commits once, and the connection row the failed batch had written is written again."""
-    from test_store_faults import fill, tmpfs
-
-    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+@pytest.mark.parametrize("where_lost", ["in-a-step", "at-commit"])
+async def test_a_batch_whose_transaction_is_lost_fails_every_job_and_keeps_its_rows(
+        tmp_path: Path, where_lost: str) -> None:
+    """Either a step's fault makes SQLite roll the whole transaction back (SQLITE_FULL from
+    max_page_count: the jobs after it never run), or no step fails and the COMMIT on the
+    writer's thread does (a full file system: the pages reach the WAL at COMMIT). Every job
+    fails with STORE_UNAVAILABLE full and its on_error runs; nothing is committed, neither
+    the usage nor the ledger's head (the Anchor) moves, and the connection is left with no
+    transaction. Once the fault clears, the kept ledger row commits once, and the
+    connection row the lost batch had written is written again."""
+    with contextlib.ExitStack() as stack:
+        if where_lost == "at-commit":
+            mnt = stack.enter_context(tmpfs(tmp_path / "mnt", "1m"))
+        else:
+            mnt = tmp_path
         db = mnt / "w.db"
-        store.open_store(db, store.inspect(db), 0).close()
-        writer = await Writer.open(db, store.inspect(db), 250)
+        storefile.open_store(db, storefile.inspect(db), 0).close()
+        writer = await Writer.open(db, storefile.inspect(db), 250)
         conn = writer._owned.conn
         statements = traced(conn)
         loop_thread = threading.get_ident()
@@ -1161,11 +1356,14 @@ async def test_a_failed_commit_of_a_batch_staged_on_the_loop_fails_every_job_and
         reported: list[BaseException] = []
         results: list[Any] = [None] * 3
         try:
-            writer.defer(lambda c: ledger.failed(c, STAMP, "add", "STORE_UNAVAILABLE", "kept", None),
-                         lambda: done.append("kept"), keep=True)
-            filler = fill(mnt)
+            writer.defer(kept_row("kept"), lambda: done.append("kept"), keep=True)
+            if where_lost == "at-commit":
+                filler = fill(mnt)
+            else:
+                (pages,) = conn.execute("PRAGMA page_count").fetchone()
+                conn.execute(f"PRAGMA max_page_count = {pages + 4}")
 
-            async def one(n: int, fn: Callable[[sqlite3.Connection, Usage], Any]) -> None:
+            async def one(n: int, fn: Callable[[Tx], Any]) -> None:
                 try:
                     results[n] = await writer.submit(fn, on_error=reported.append)
                 except StoreUnavailable as exc:
@@ -1179,16 +1377,16 @@ async def test_a_failed_commit_of_a_batch_staged_on_the_loop_fails_every_job_and
                     tg.start_soon(writer.run)
                 assert [r.details for r in results] == [{"reason": "full", "path": str(db)}] * 3
                 assert [type(e) for e in reported] == [StoreUnavailable] * 3
-                began = [t for sql, t in statements if sql == "BEGIN IMMEDIATE"]
-                assert began == [loop_thread] and [t for sql, t in statements if sql == "COMMIT"] == [
-                    writer.thread.ident]
+                assert [t for sql, t in statements if sql == "BEGIN IMMEDIATE"] == [loop_thread]
+                assert [t for sql, t in statements if sql == "COMMIT"] == (
+                    [writer.thread.ident] if where_lost == "at-commit" else [])
                 assert committed(db) == before
                 assert writer.usage == usage and writer.anchor.head == head and done == []
-                assert not conn.in_transaction
-                assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 250
-                assert getattr(ledger._scope, "anchor", None) is None
-                assert getattr(store._batch, "current", None) is None
-                filler.unlink()
+                assert not conn.in_transaction and conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
+                if where_lost == "at-commit":
+                    filler.unlink()
+                else:
+                    conn.execute("PRAGMA max_page_count = 1073741823")
                 assert await writer.submit(audited(1)) == 1
                 await writer.settled()
                 writer.close()

@@ -19,21 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import anyio
 from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 
-from . import ledger, queries, store
+from . import ledger, storefile
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .config import Config
 from .connection import Connection, Sink
 from .context import Handler
 from .mcp_host import McpFront
-from .owned import Owned
 from .proposals import Proposals
+from .readers import Readers
 from .reads import Reads
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
@@ -94,19 +93,11 @@ def _refuse(client: socket.socket) -> None:
     client.close()
 
 
-def _owner_file(path: Path) -> Path:
-    return owner_record_path(path)
-
-
 def lock_store(path: Path, endpoint: str | None) -> int:
-    """Hold an advisory flock on the db file for the daemon's lifetime. flock and SQLite's
-    own POSIX byte-range locks do not interact on Linux, so this only keeps a second
-    memoryd out; dsh-memento can still open the file.
-
-    The holder writes its pid and socket next to the store, so that a refused second
-    daemon (or a stdio relay that started one) can say who owns the store and where it
-    listens, and marks it once it is stopping. The file means something only while the
-    flock is held."""
+    """Hold an advisory flock on the db file for the daemon's lifetime: it keeps a second
+    memoryd out without touching SQLite's own locks (dsh-memento can still open the file).
+    The holder records its pid and socket next to the store, so a refused starter can say
+    who owns it; the record means something only while the flock is held."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,7 +113,7 @@ def lock_store(path: Path, endpoint: str | None) -> int:
 
 
 def write_owner(path: Path, endpoint: str | None, *, stopping: bool = False) -> None:
-    owner = _owner_file(path)
+    owner = owner_record_path(path)
     record: dict[str, Any] = {"pid": os.getpid(), "socket": endpoint}
     if stopping:
         record["stopping"] = True
@@ -133,13 +124,11 @@ def write_owner(path: Path, endpoint: str | None, *, stopping: bool = False) -> 
 
 
 def _outwait_stopping_owner(path: Path, fd: int) -> bool:
-    """The store's owner has begun to stop (it marks its record, then removes its socket,
-    drains, and lets go of the store). A client that found no daemon in that window and
-    started us must not fail: wait for the owner to exit, then take the lock. True once we
-    hold it. An owner that is not stopping (alive, its socket deleted under it, say) is
-    refused at once."""
+    """Wait for an owner that marked itself stopping to exit, then take the lock (True once
+    held): a client that found no socket in that window and started us must not fail. An
+    owner that is not stopping is refused at once."""
     try:
-        info = json.loads(_owner_file(path).read_text())
+        info = json.loads(owner_record_path(path).read_text())
         pid = int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -167,7 +156,7 @@ def _outwait_stopping_owner(path: Path, fd: int) -> bool:
 def _locked(path: Path) -> StoreLocked:
     details: dict[str, Any] = {"path": str(path)}
     try:
-        info = json.loads(_owner_file(path).read_text())
+        info = json.loads(owner_record_path(path).read_text())
         details["pid"] = int(info["pid"])
         details["socket"] = info.get("socket")
     except (OSError, ValueError, KeyError, TypeError):
@@ -181,15 +170,8 @@ def unlock_store(path: Path, fd: int) -> None:
     """Remove the owner record before letting go of the lock: the next owner's record,
     written once it holds the lock, is never the one removed."""
     with contextlib.suppress(OSError):
-        _owner_file(path).unlink()
+        owner_record_path(path).unlink()
     os.close(fd)
-
-
-def _reader(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
-    conn = store.connect(path, busy_timeout_ms)
-    conn.execute("PRAGMA query_only = ON")
-    queries.prepare_reader(conn)
-    return conn
 
 
 def method_handlers(service: Service, adapters: dict[str, Any], mcp: McpFront) -> dict[str, Handler]:
@@ -219,14 +201,14 @@ class Daemon:
     no_connections: anyio.Event = field(default_factory=anyio.Event)
     #: set by the drain: connections read no further line
     reading_stopped: bool = False
-
-    def __post_init__(self) -> None:
-        self.service.live = self.connections  # daemon/status lists them
     #: accepted socket connections not yet closed (max_connections counts these)
     _open_sockets: int = 0
     _slot_freed: anyio.Event = field(default_factory=anyio.Event)
-    _accept_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
-    _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog())
+    _accept_log: RateLimitedLog = field(default_factory=RateLimitedLog)
+    _refuse_log: RateLimitedLog = field(default_factory=RateLimitedLog)
+
+    def __post_init__(self) -> None:
+        self.service.live = self.connections  # daemon/status lists them
 
     @classmethod
     async def open(cls, config: Config, *, endpoint: str | None = None) -> Daemon:
@@ -234,9 +216,9 @@ class Daemon:
         busy_ms = config.busy_timeout_ms
         adapters = load_adapters()  # a refused adapter stops the start before the store is touched
         # Refuse read-only, corrupt and newer stores before creating or locking anything.
-        store.refuse_read_only(path)
-        version = store.inspect(path, busy_ms)
-        store.prepare_path(path)
+        storefile.refuse_read_only(path)
+        version = storefile.inspect(path, busy_ms)
+        storefile.prepare_path(path)
         # Any step from the lock on can fail (the store, a bad adapter): then what the
         # earlier steps opened is closed again, last first, and the lock let go.
         async with contextlib.AsyncExitStack() as resources:
@@ -245,18 +227,10 @@ class Daemon:
             writer = await Writer.open(path, version, busy_ms)
             resources.push_async_callback(writer.aclose)
             log.info("ledger head at start: %s", _head(writer.anchor))
-            # Single-statement reads of unbounded size (audit/list, export) go through
-            # aiosqlite: its public API is exactly that, one statement per thread hop.
-            reader = await aiosqlite.connect(path, isolation_level=None, timeout=busy_ms / 1000)
-            resources.push_async_callback(reader.close)
-            await reader.execute("PRAGMA query_only = ON")
-            # whole-ledger scans (audit/verify, audit/explain) get a thread of their own
-            scanner = await Owned.open("memoryd-scanner", lambda: _reader(path, busy_ms))
-            resources.push_async_callback(scanner.aclose)
-            loop_reader = _reader(path, busy_ms)
-            resources.callback(loop_reader.close)
+            readers = await Readers.open(path, busy_ms)
+            resources.push_async_callback(readers.aclose)
             approvals = Approvals(config.max_pending_approvals)
-            service = Service(config, writer, reader, approvals, loop_reader, scanner)
+            service = Service(config, writer, readers, approvals)
             mcp = McpFront(service)
             handlers = {name: h if name in UNBOUND_METHODS else service.sessions.binding(h)
                         for name, h in method_handlers(service, adapters, mcp).items()}
@@ -306,32 +280,24 @@ class Daemon:
             if stdio:
                 self.service.socket_path = None
             sock = None if stdio else self._bind()
-            await self._run(stdio, sock, signals)
-
-    async def _run(self, stdio: bool, sock: Any, signals: Any) -> None:
-        async with self.running() as serving:
-            serving.start_soon(self._watch_signals, signals)
-            if stdio:
-                serving.start_soon(self._serve_stdio)
-            else:
-                assert sock is not None
-                await self._start_listener(serving, sock)
-            sd_notify("READY=1")
-            log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
-                     self.config.db_path)
-            await self.stopping.wait()
-            sd_notify("STOPPING=1")
+            async with self.running() as serving:
+                serving.start_soon(self._watch_signals, signals)
+                if sock is None:
+                    serving.start_soon(self._serve_stdio)
+                else:
+                    await self._start_listener(serving, sock)
+                sd_notify("READY=1")
+                log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
+                         self.config.db_path)
+                await self.stopping.wait()
+                sd_notify("STOPPING=1")
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[TaskGroup]:
-        """The daemon's stack running in the caller's event loop, without signals or a
-        socket of its own: the writer and its flusher run while inside, and the task group
-        yielded serves connections (``serve_stream``). Leaving stops it as a signal does
-        (``begin_stop``, then ``_drain``: writes denied, queued commits finished, read
-        requests answered), then the writer settles and the store is closed.
-
-        ``_run`` serves the socket and stdio inside it; the in-process test tier
-        (tests/inprocess.py) and any embedder use it directly."""
+        """The daemon's stack in the caller's event loop, without signals or a socket: the
+        yielded task group serves connections (``serve_stream``, ``listen``). Leaving stops it
+        as a signal does (``begin_stop``, ``_drain``), then the writer settles and the store
+        closes. ``run`` uses it; so do the in-process tests and any embedder."""
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self.writer.run)
@@ -357,24 +323,18 @@ class Daemon:
         log.info("ledger head at stop: %s", _head(self.writer.anchor))
 
     async def serve_stream(self, sink: Sink, chunks: AsyncIterable[bytes], name: str = "socket") -> None:
-        """Serve one connection over any pair of streams until the peer's EOF or the drain:
-        ``sink`` is the outgoing half (connection.Sink; its ``peer``, if any, names the peer
-        process), ``chunks`` the bytes read. ``name`` is the transport daemon/status shows
-        ("socket" or "stdio"). Call it in ``running()``'s task group; it is what the
-        in-process test tier and any embedder use."""
+        """Serve one connection until the peer's EOF or the drain, in ``running()``'s task
+        group: ``sink`` the outgoing half (its ``peer``, if any, names the peer process),
+        ``chunks`` the bytes read, ``name`` the transport daemon/status shows."""
         await self._serve_connection(self.new_connection(sink, name), chunks)
 
     async def listen(self, serving: TaskGroup) -> None:
-        """Serve the configured socket (or systemd's) from ``running()``'s task group: the
-        socket half of ``_run``, for the in-process test tier and any embedder."""
+        """Serve the configured socket (or systemd's) from ``running()``'s task group."""
         await self._start_listener(serving, self._bind())
 
     def _bind(self) -> Any:
-        """Before any task starts: a refusal (a live daemon on the path) exits cleanly.
-
-        The socket is bound under a temporary name; ``_start_listener`` moves it into place
-        once it is served, so the path never names a socket that nobody serves (a kill -9
-        before that leaves only the temporary name, which the next start sweeps away)."""
+        """Before any task starts, so a refusal (a live daemon on the path) exits cleanly.
+        The socket is bound under a temporary name that ``_start_listener`` moves into place."""
         sock = inherited_listener()
         #: the name our socket file has now (None: none of ours), removed on shutdown
         self._socket_file: Path | None = None
@@ -391,18 +351,15 @@ class Daemon:
         sock.setblocking(False)
         self._accepting = anyio.CancelScope()
         tg.start_soon(self._accept_loop, tg, sock)
-        # The listener already queues connections (bound and listening under its temporary
-        # name); the accept loop takes them from the next step on. From now on it is served.
+        # The listener already queues connections; the accept loop takes them from here on.
         if self._socket_file is not None and self._socket_path is not None:
             os.replace(self._socket_file, self._socket_path)
             self._socket_file = self._socket_path
 
     async def _accept_loop(self, tg: TaskGroup, sock: socket.socket) -> None:
-        """Our own accept loop, not loop.create_unix_server's: at ``max_connections`` a new
-        connection is answered with one -32600 line and closed, and an accept that fails
-        for want of descriptors (EMFILE, ENFILE) is one rate-limited log line, then a
-        retry once a connection closes (or after a second), instead of asyncio's
-        traceback per attempt. Open connections are served throughout."""
+        """Our own accept loop, not loop.create_unix_server's: past ``max_connections`` a
+        connection gets one error line and is closed, and running out of descriptors is a
+        rate-limited log line and a retry once one closes, not a traceback per attempt."""
         loop = asyncio.get_running_loop()
         limit = self.config.max_connections
         buffered = self.config.max_buffered_bytes
@@ -458,8 +415,7 @@ class Daemon:
             self.begin_stop()
 
     def begin_stop(self) -> None:
-        """Shutdown begins here, in the step the signal is seen: from now on the gate
-        admits no write (Service.stop_writes), then ``_drain`` runs."""
+        """Shutdown begins in the step the signal is seen: from now on no write is admitted."""
         self.service.stop_writes()
         self.stopping.set()
 
@@ -470,11 +426,10 @@ class Daemon:
             return
 
     async def _drain(self, serving: TaskGroup) -> None:
-        """Stop accepting; deny every write still waiting for an approval and every new
-        one (each denied row first); finish queued commits; answer the requests already
-        read; all within DRAIN_S."""
-        # First of all, before the socket goes: a starter that finds no daemon now waits
-        # for us to let go of the store instead of failing with STORE_LOCKED.
+        """Stop accepting; deny pending and new writes (each denied row first); finish
+        queued commits; answer the requests already read; all within DRAIN_S."""
+        # Before the socket goes: a starter that finds no daemon now waits for us to let go
+        # of the store instead of failing with STORE_LOCKED.
         try:
             write_owner(self.config.db_path, self.endpoint, stopping=True)
         except OSError as exc:
@@ -488,11 +443,8 @@ class Daemon:
                 path.unlink()
         self.service.stop_writes()  # already, unless the stdio peer left first
         with anyio.move_on_after(DRAIN_S):
-            # No connection reads another line; each answers every request it has read
-            # (up to MAX_INFLIGHT of them): writes committed or queued before the stop
-            # once their commit returns, the others WRITE_DENIED once their denied row
-            # has (a pipeline's denials share a commit), reads as they finish. A line
-            # not read by now gets no reply: the peer sees EOF, and nothing was written.
+            # No connection reads another line; each answers every request it has read.
+            # A line not read by now gets no reply: the peer sees EOF, and nothing was written.
             self.reading_stopped = True
             for conn in list(self.connections):
                 conn.stop_reading()
@@ -502,8 +454,7 @@ class Daemon:
         serving.cancel_scope.cancel()
 
     async def close(self) -> None:
-        """Close the store's connections (the writer's last, after a checkpoint), end their
-        threads, let go of the store. A second close does nothing."""
+        """Close the store's connections and their threads, let go of the store; idempotent."""
         with anyio.CancelScope(shield=True):
             await self.resources.aclose()
 
@@ -547,10 +498,8 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     except sqlite3.Error as exc:
         print(f"memoryd: cannot open store {cfg.db_path}: {exc}", file=sys.stderr)
         return 1
-    # What was made to start (modules, the config, the store's caches) lives as long as
-    # the process: out of the collector's sight, so that its collections, which a burst of
-    # requests sets off, walk only what requests made. Measured with bench.roundtrip at
-    # 2,000 entries, alternating: the loop's CPU per query 5-17% less, p50 3-20% less.
+    # What start-up made lives as long as the process: frozen out of the collector's sight,
+    # its collections walk only what requests made.
     import gc
 
     gc.freeze()

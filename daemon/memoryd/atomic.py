@@ -36,7 +36,7 @@ class Atomic:
     def __enter__(self) -> Atomic:
         self._outer = not self._conn.in_transaction
         if self._outer:
-            self._conn.execute("BEGIN IMMEDIATE" if self._immediate else "BEGIN")
+            begin(self._conn, immediate=self._immediate)
         else:
             self._conn.execute(f"SAVEPOINT {self._name}")
         return self
@@ -79,6 +79,21 @@ def rollback(conn: sqlite3.Connection, why: str) -> None:
     except sqlite3.Error as exc:
         # left open: the writer's next batch rolls it back before it begins
         log.error("rollback %s failed: %s", why, exc)
+
+
+def begin(conn: sqlite3.Connection, *, immediate: bool = True, busy_timeout_ms: int | None = None) -> None:
+    """BEGIN a transaction (IMMEDIATE: take the write lock now). ``busy_timeout_ms``: wait
+    that long for the lock, whatever the connection's own timeout is."""
+    sql = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    if busy_timeout_ms is None:
+        conn.execute(sql)
+        return
+    (was,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    try:
+        conn.execute(sql)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(was)}")
 
 
 def commit(conn: sqlite3.Connection) -> None:

@@ -1,17 +1,14 @@
 """A sqlite3 connection and the one plain thread that uses it.
 
 Every call handed to an :class:`Owned` runs on its thread, one at a time, in the order
-handed over: a whole transaction (a consistent read of the ledger, a large batch of the
-writer's) is one hop; the writer's usual batch hands over only its COMMIT, its statements
-having run on the event loop (writer.py, ``conn``), never while a call runs here. The result goes
-back to the event loop with ``loop.call_soon_threadsafe``, which does not wait for the loop:
-anyio's ``from_thread.run_sync`` would hold the owner thread until the loop had run the
-callback, so the next transaction (the writer's next batch) could not begin meanwhile.
+handed over: a whole read (readers.py) is one hop, and so is the writer's COMMIT, its
+batch's statements having run on the event loop (writer.py), never while a call runs
+here. The result goes back to the event loop with ``loop.call_soon_threadsafe``, which does
+not wait for the loop: anyio's ``from_thread.run_sync`` would hold the owner thread until
+the loop had run the callback, so the next call could not begin meanwhile.
 
-Why not aiosqlite: its public API is statement-level (one thread hop per ``execute``), and
-the one primitive that would run a whole function on its thread (``_execute``) is private.
 Why not ``anyio.to_thread.run_sync`` with a limiter of one: that bounds how many calls run
-at once, not which thread runs them; the writer's design is one owner thread.
+at once, not which thread runs them, and a connection has one owner thread here.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ No path computes policy, approval payload, audit outcome or ledger rows on its o
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -35,8 +34,9 @@ from . import ledger, store
 from .approvals import Approvals
 from .config import Config
 from .context import Peer, RequestContext
+from .tx import Tx
 from .watchers import Watchers
-from .writer import HEAVY_ROWS, Usage, Writer, WriterClosed
+from .writer import Steps, Writer, WriterClosed
 
 R = TypeVar("R")
 Cell = tuple[str, str]
@@ -63,8 +63,9 @@ class WritePlan(Generic[R]):
     #: characters each cell gains (negative: frees), checked before and inside the job
     deltas: dict[Cell, int]
     #: the writer job proper: re-resolve targets by id, write rows (through ``stamp``);
-    #: ``usage`` already counts this write's deltas (for the result's budget rows)
-    commit: Callable[[sqlite3.Connection, ledger.Stamp, Usage], R]
+    #: ``tx.usage`` already counts this write's deltas (for the result's budget rows). A
+    #: write of many rows is a generator that yields between its parts (writer.Steps).
+    commit: Callable[[Tx, ledger.Stamp], R | Steps[R]]
     #: the notifications the committed result sends (the writer's, and its watchers')
     events: Callable[[R], list[tuple[str, EntryEvent]]]
     entry_id: str | None = None
@@ -73,9 +74,6 @@ class WritePlan(Generic[R]):
     lands: tuple[str, str, list[str]] | None = None
     #: a seed's batch, every entry shown to the approver
     entries: Sequence[Entry] | None = None
-    #: the entries the write adds or removes: one beyond HEAVY_ROWS makes the writer run
-    #: its batch on its own thread, not the event loop (writer.LOOP_STEPS)
-    rows: int = 1
 
 
 @dataclass
@@ -106,13 +104,13 @@ class Pipeline:
         policy = self.config.policy_for(plan.layers, plan.sources)
         stamp, decision = await self._gate(ctx, view, plan, policy)
 
-        def job(conn: sqlite3.Connection, usage: Usage) -> R:
-            check_batch_budget(plan.deltas, usage, limits)
+        def job(tx: Tx) -> R | Steps[R]:
+            check_batch_budget(plan.deltas, tx.usage, limits)
             if decision is not None:
-                decision.record(conn)
+                decision.record(tx)
             for cell, d in plan.deltas.items():
-                usage[cell] = usage.get(cell, 0) + d
-            return plan.commit(conn, stamp, usage)  # on an error the writer restores usage
+                tx.usage[cell] = tx.usage.get(cell, 0) + d
+            return plan.commit(tx, stamp)  # on an error the writer restores tx.usage
 
         def failed_row(exc: BaseException) -> None:
             # Nothing of the write was committed (its decision row neither): say so in the
@@ -121,15 +119,15 @@ class Pipeline:
             code, message = (exc.code, exc.message) if isinstance(exc, ProtocolError) else (
                 "INTERNAL_ERROR", "the commit failed")
 
-            def failed(conn: sqlite3.Connection) -> None:
+            def failed(tx: Tx) -> None:
                 if decision is not None:
-                    decision.record(conn)
-                ledger.failed(conn, stamp, plan.action, code, message, plan.entry_id)
+                    decision.record(tx)
+                ledger.failed(tx, stamp, plan.action, code, message, plan.entry_id)
 
             self.writer.defer(failed, keep=True)
 
         try:
-            result = await self.writer.submit(job, on_error=failed_row, heavy=plan.rows > HEAVY_ROWS)
+            result = await self.writer.submit(job, on_error=failed_row)
         except WriterClosed as exc:  # refused before it was queued: no on_error
             failed_row(exc)
             raise
@@ -172,7 +170,7 @@ class Pipeline:
 
         def on_asked(payload: ApprovalAsked) -> None:
             was_asked.append(True)
-            self.writer.defer(lambda conn: ledger.asked(conn, origin, payload), keep=True)
+            self.writer.defer(lambda tx: ledger.asked(tx, origin, payload), keep=True)
 
         try:
             pending = await self.approvals.ask(ctx, asked, self.config.approval_timeout_s, on_asked)
@@ -224,14 +222,14 @@ class Pipeline:
         stamp = ledger.Stamp(origin=origin, session_id=view.session_id,
                              label=payloads.outcome_label(outcome, policy), approval=approval)
 
-        def rows(conn: sqlite3.Connection) -> None:
+        def rows(tx: Tx) -> None:
             if decision is not None:
-                decision.record(conn)
-            stamp.audit(conn, f"{plan.action}-denied", track=plan.track, scope=plan.scope, entry_id=plan.entry_id,
+                decision.record(tx)
+            stamp.audit(tx, f"{plan.action}-denied", track=plan.track, scope=plan.scope, entry_id=plan.entry_id,
                         text=plan.text, source=plan.source)
 
         try:
-            await self.writer.submit(lambda conn, usage: rows(conn))
+            await self.writer.submit(rows)
         except StoreUnavailable:
             if decision is None:
                 raise  # no approval was asked: nothing but the denied row to keep, and a

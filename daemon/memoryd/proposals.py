@@ -3,8 +3,6 @@ or dismisses it; every change of them is a ledger row."""
 
 from __future__ import annotations
 
-import sqlite3
-
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
 from memoryd_protocol.text import js_trim, utf16_len
 from memoryd_protocol.types import (
@@ -23,7 +21,7 @@ from .context import Handler, RequestContext
 from .ledger import Stamp
 from .pipeline import WritePlan
 from .service import Service
-from .writer import Usage
+from .tx import Tx
 from .writes import Writes
 
 PROPOSAL_SOURCE = "proposal"
@@ -62,29 +60,29 @@ class Proposals:
         max_pending = self.s.config.proposal_max_pending
         origin = self.s.pipeline.who(ctx.peer)
 
-        def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal | None:
-            row = conn.execute("SELECT status, id FROM proposals WHERE session_id = ? AND kind = ?",
+        def job(tx: Tx) -> Proposal | None:
+            row = tx.conn.execute("SELECT status, id FROM proposals WHERE session_id = ? AND kind = ?",
                                (session_id, kind)).fetchone()
             if row is not None and row[0] == "pending":
                 return None
-            (pending,) = conn.execute("SELECT count(*) FROM proposals WHERE status = 'pending'").fetchone()
+            (pending,) = tx.conn.execute("SELECT count(*) FROM proposals WHERE status = 'pending'").fetchone()
             if pending >= max_pending:
                 raise InvalidInput(f"too many pending proposals (at most {max_pending})", "input")
             if row is not None:
                 # UNIQUE(session_id, kind) is the reference's layout: a decided proposal
                 # makes room for the session's next one of that kind.
-                conn.execute("DELETE FROM proposals WHERE session_id = ? AND kind = ?", (session_id, kind))
+                tx.conn.execute("DELETE FROM proposals WHERE session_id = ? AND kind = ?", (session_id, kind))
             proposal = Proposal(id=store.new_id(), kind=kind, track=i.track, scope=i.scope, workspace_key=wk,
                                 agent_key=ak, text=text, source=source, session_id=session_id, status="pending",
                                 created_at=store.now_ms(), decided_at=None)
-            store.insert_proposal(conn, proposal)
-            ledger.proposal(conn, origin, "created", proposal, replaces=row[1] if row is not None else None)
+            store.insert_proposal(tx.conn, proposal)
+            ledger.proposal(tx, origin, "created", proposal, replaces=row[1] if row is not None else None)
             return proposal
 
         return await self.s.writer.submit(job)
 
     async def proposals_list(self, ctx: RequestContext, p: ProposalListParams) -> list[Proposal]:
-        return await self.s.read(lambda c: store.proposals(c, p.status))
+        return await self.s.read(lambda c: store.proposals(c, p.status), entries=False)
 
     async def _pending(self, proposal_id: str) -> Proposal:
         proposal = await self.s.read(lambda c: store.get_proposal(c, proposal_id))
@@ -98,20 +96,20 @@ class Proposals:
         self._deciding.add(p.id)
         cell = (proposal.track, proposal.scope)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ProposalApproveResult:
+        def commit(tx: Tx, stamp: Stamp) -> ProposalApproveResult:
             ts = store.now_ms()
-            if not store.decide_proposal(conn, proposal.id, "approved", ts):
+            if not store.decide_proposal(tx.conn, proposal.id, "approved", ts):
                 raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
             e = self.w.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
                                  source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
                                  agent_key=proposal.agent_key, ts=ts)
-            store.insert_entry(conn, e)
-            stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=PROPOSAL_SOURCE,
+            store.insert_entry(tx, e)
+            stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=PROPOSAL_SOURCE,
                         entry=e, ts=ts)
-            decided = store.get_proposal(conn, proposal.id)
+            decided = store.get_proposal(tx.conn, proposal.id)
             assert decided is not None
-            ledger.proposal(conn, stamp.origin, "approved", decided)
-            return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(usage, *cell))
+            ledger.proposal(tx, stamp.origin, "approved", decided)
+            return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(tx.usage, *cell))
 
         try:
             return await self.s.pipeline.run(ctx, view, WritePlan(
@@ -126,12 +124,12 @@ class Proposals:
         await self._pending(p.id)
         origin = self.s.pipeline.who(ctx.peer)
 
-        def job(conn: sqlite3.Connection, _usage: Usage) -> Proposal:
-            if not store.decide_proposal(conn, p.id, "dismissed", store.now_ms()):
+        def job(tx: Tx) -> Proposal:
+            if not store.decide_proposal(tx.conn, p.id, "dismissed", store.now_ms()):
                 raise ProposalNotFound("no pending proposal with this id", {"id": p.id})
-            decided = store.get_proposal(conn, p.id)
+            decided = store.get_proposal(tx.conn, p.id)
             assert decided is not None
-            ledger.proposal(conn, origin, "dismissed", decided)
+            ledger.proposal(tx, origin, "dismissed", decided)
             return decided
 
         return await self.s.writer.submit(job)

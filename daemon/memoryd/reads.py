@@ -1,12 +1,10 @@
 """The read methods: budgets, list, the audit ledger (list, verify, explain) and queries.
 
-Entry reads run on the event loop's own connection (bounded by the budgets); the ledger is
-read on the reader's thread, and whole-ledger scans on a thread of their own.
+Every read runs on a reader's thread (readers.py), in one read transaction.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -18,7 +16,7 @@ from memoryd_protocol.constants import (
     QUERY_HARD_CAP,
     RECALLED_TEXT_UNITS,
 )
-from memoryd_protocol.ledger import consistent, read_life, read_report
+from memoryd_protocol.ledger import read_life, read_report
 from memoryd_protocol.text import (
     cut_units,
     js_trim,
@@ -46,6 +44,7 @@ from memoryd_protocol.validation import (
 from . import queries, store
 from .context import Handler, RequestContext
 from .ledger import Stamp
+from .tx import Tx
 
 if TYPE_CHECKING:
     from .service import Service
@@ -116,7 +115,8 @@ class Reads:
 
     async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return [store.row_to_audit(r) for r in await self.s.read_rows(store.AUDIT_LIST_SQL, (limit,))]
+        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))],
+                                 entries=False)
 
     async def audit_verify(self, ctx: RequestContext, p: Any) -> LedgerReport:
         return await self._verify()
@@ -124,12 +124,12 @@ class Reads:
     async def _verify_once(self) -> LedgerReport:
         await self.s.writer.settled()
         head = self.s.writer.anchor.head  # committed before the read begins: the read must hold it
-        return await self.s.scanner.run(lambda c: consistent(c, lambda fetch: read_report(fetch, head)))
+        return await self.s.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head))
 
     async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:
             await self.s.writer.settled()
-            return await self.s.scanner.run(lambda c: consistent(c, lambda fetch: read_life(fetch, p.target)))
+            return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def query(self, ctx: RequestContext, p: QueryParams) -> QueryResult:
         f = p.filter
@@ -150,30 +150,22 @@ class Reads:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        conn = self.s.loop_reader
+        small = self.s.small()
 
-        def read(boosted: Collection[str]) -> tuple[list[Entry], int]:
-            # One read transaction for the query's statements (the plan's probe, the count,
-            # the page): they see one state of the store, and take the WAL's read lock once
-            # instead of once each (a statement outside a transaction begins and ends its
-            # own).
-            conn.execute("BEGIN")
-            try:
-                return queries.query_page(conn, track=track, scope=scope, text=text, agent_key=agent_key,
-                                          workspace_key=workspace_key, limit=limit, boosted=boosted)
-            finally:
-                if conn.in_transaction:  # (a store fault may have ended it already)
-                    conn.execute("COMMIT")
+        def read(boosted: Collection[str]) -> Awaitable[tuple[list[Entry], int]]:
+            return self.s.readers.run(lambda c: queries.query_page(
+                c, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key,
+                limit=limit, boosted=boosted), small=small)
 
         hits, total = await self.s.writer.with_recalls(read)
         page = hits[:limit]
         ts = store.now_ms()
-        recalled: Callable[[sqlite3.Connection], None] | None = None
+        recalled: Callable[[Tx], None] | None = None
         if session_id is not None:  # only a query that names its session leaves a ledger row
             stamp = Stamp(origin=self.s.pipeline.who(ctx.peer), session_id=session_id)
 
-            def recalled(conn: sqlite3.Connection) -> None:
-                stamp.audit(conn, "recalled", track=track, scope=scope, entry_id=None,
+            def recalled(tx: Tx) -> None:
+                stamp.audit(tx, "recalled", track=track, scope=scope, entry_id=None,
                             text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
 
         # Recall counters and the recalled row are bookkeeping, not an acknowledged write:

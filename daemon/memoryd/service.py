@@ -16,7 +16,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,15 +53,14 @@ from . import __version__, store
 from .approvals import Approvals
 from .config import Config
 from .context import Handler, RequestContext
-from .owned import Owned
 from .pipeline import Pipeline
+from .readers import LOOP_READ_UNITS, Readers
 from .sessions import Sessions
+from .tx import Usage
 from .watchers import Watchers
-from .writer import Usage, Writer
+from .writer import Writer
 
 if TYPE_CHECKING:
-    import aiosqlite
-
     from .connection import Connection
 
 log = logging.getLogger("memoryd.service")
@@ -81,20 +80,11 @@ def stderr_file() -> str | None:
 
 
 class Service:
-    def __init__(self, config: Config, writer: Writer, reader: aiosqlite.Connection, approvals: Approvals,
-                 loop_reader: sqlite3.Connection, scanner: Owned) -> None:
+    def __init__(self, config: Config, writer: Writer, readers: Readers, approvals: Approvals) -> None:
         self.config = config
         self.writer = writer
-        self.reader = reader
-        #: Whole-ledger scans (audit/verify, audit/explain: seconds and hundreds of MiB on a
-        #: large ledger) run on a connection and thread of their own, never queueing the
-        #: reader's audit/list and export behind them; one scan of each kind at a time, and
-        #: verifies asked while one runs share the next run (``Shared``).
-        self.scanner = scanner
-        #: Entry reads run right here on the event loop: the entries table is bounded by
-        #: the budgets (a few thousand rows at most), and such a read costs less than the
-        #: thread hop would add. The unbounded audit ledger is read on ``reader``'s thread.
-        self.loop_reader = loop_reader
+        #: every read of the store (readers.py)
+        self.readers = readers
         self.approvals = approvals
         #: which open connection each session id belongs to (sessions.py)
         self.sessions = Sessions()
@@ -116,17 +106,15 @@ class Service:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """A bounded read on the loop's own connection, after queued recall bookkeeping."""
+    async def read(self, fn: Callable[[sqlite3.Connection], T], *, entries: bool = True) -> T:
+        """A read of the store (readers.py), after the recall bookkeeping queued so far.
+        ``entries``: it reads the entries (bounded by the budgets), not the ledger."""
         await self.writer.settled()
-        return fn(self.loop_reader)
+        return await self.readers.run(fn, small=entries and self.small())
 
-    async def read_rows(self, sql: str, args: Sequence[Any] = ()) -> Iterable[Sequence[Any]]:
-        """The rows of one statement of unbounded size (the audit ledger, an export), read on
-        aiosqlite's thread after queued recall bookkeeping. (Whole-ledger scans, which need
-        one read transaction over several tables plus the hashing, run on ``scanner``.)"""
-        await self.writer.settled()
-        return await self.reader.execute_fetchall(sql, args)
+    def small(self) -> bool:
+        """Whether the entries are few enough to read on the event loop (readers.py)."""
+        return sum(self.writer.usage.values()) <= LOOP_READ_UNITS
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]

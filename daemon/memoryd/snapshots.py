@@ -18,7 +18,7 @@ from memoryd_protocol.validation import session_view
 from . import store
 from .context import Handler, RequestContext
 from .service import Service
-from .writer import Usage
+from .tx import Tx
 
 
 class Snapshots:
@@ -52,13 +52,13 @@ class Snapshots:
 
         stamp = self.s.pipeline.stamp(ctx.peer, view)
 
-        def job(conn: sqlite3.Connection, _usage: Usage) -> tuple[str, bool]:
-            existing = store.frozen_snapshot(conn, session_id)
+        def job(tx: Tx) -> tuple[str, bool]:
+            existing = store.frozen_snapshot(tx.conn, session_id)
             if existing is not None:
                 return existing, False
             ts = store.now_ms()
-            store.freeze_snapshot(conn, session_id, text, language, ts)
-            stamp.audit(conn, "snapshot", track=None, scope=None, entry_id=None, text=text, source=None, ts=ts)
+            store.freeze_snapshot(tx.conn, session_id, text, language, ts)
+            stamp.audit(tx, "snapshot", track=None, scope=None, entry_id=None, text=text, source=None, ts=ts)
             return text, True
 
         final, first = await self.s.writer.submit(job)

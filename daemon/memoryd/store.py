@@ -1,21 +1,13 @@
-"""The SQLite store: layout, opening (validate → migrate → WAL), and the SQL of every
-operation. Synchronous on purpose: each function runs on the thread its caller uses the
-connection on (the writer's statements on the event loop, its large batches and COMMITs on
-its own thread; the readers'), inside a transaction the caller opened.
-
-The layout is dsh-memento's ``memory.db`` schema v4, so either program can open the file.
-memoryd's own table (``memoryd_snapshots``) is versioned by ``meta.memoryd_schema``; the
-reference ignores both, and ``meta.schema_version`` stays 4.
+"""The SQL of every operation on the store, and its faults (storefile.py has its layout and
+opening). Synchronous: each function runs inside a transaction its caller opened, on the
+caller's connection; a write takes the transaction's :class:`~memoryd.tx.Tx`.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import os
 import sqlite3
-import stat
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -25,19 +17,14 @@ from typing import Any
 import msgspec
 from memoryd_protocol import ledger as ledger_format
 from memoryd_protocol.constants import (
-    DEFAULT_BUSY_TIMEOUT_MS,
     GRID,
-    MEMORYD_SCHEMA_VERSION,
-    STORE_SCHEMA_VERSION,
     StoreFault,
 )
-from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsupportedVersion
+from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable
 from memoryd_protocol.text import utf16_len
 from memoryd_protocol.types import AuditRow, Entry, Proposal
 
-from .atomic import atomic
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
+from .tx import Tx
 
 ENTRY_COLUMNS = (
     "id, track, scope, workspace_key, text, source, created_at, updated_at, session_id, "
@@ -46,111 +33,6 @@ ENTRY_COLUMNS = (
 PROPOSAL_COLUMNS = ledger_format.PROPOSAL_COLUMNS
 AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source, session_id"
 
-# Step n creates schema n from schema n-1 (0 = empty file). Each runs in one transaction
-# together with the meta row that records it.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE IF NOT EXISTS entries (
-            id TEXT PRIMARY KEY,
-            track TEXT NOT NULL,
-            scope TEXT NOT NULL,
-            workspace_key TEXT NOT NULL DEFAULT '',
-            text TEXT NOT NULL,
-            source TEXT NOT NULL,
-            created_at INTEGER NOT NULL,
-            updated_at INTEGER NOT NULL,
-            session_id TEXT
-        )""",
-        """CREATE TABLE IF NOT EXISTS audit (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            ts INTEGER NOT NULL,
-            action TEXT NOT NULL,
-            track TEXT,
-            scope TEXT,
-            entry_id TEXT,
-            text TEXT,
-            outcome TEXT,
-            source TEXT,
-            session_id TEXT
-        )""",
-        "CREATE INDEX IF NOT EXISTS entries_track_scope ON entries (track, scope)",
-    ),
-    2: (
-        """CREATE TABLE IF NOT EXISTS proposals (
-            id TEXT PRIMARY KEY,
-            kind TEXT NOT NULL,
-            track TEXT NOT NULL,
-            scope TEXT NOT NULL,
-            workspace_key TEXT NOT NULL DEFAULT '',
-            text TEXT NOT NULL,
-            source TEXT NOT NULL,
-            session_id TEXT,
-            status TEXT NOT NULL,
-            created_at INTEGER NOT NULL,
-            decided_at INTEGER,
-            UNIQUE (session_id, kind)
-        )""",
-    ),
-    3: (
-        "ALTER TABLE entries ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE entries ADD COLUMN last_recalled INTEGER",
-        "ALTER TABLE entries ADD COLUMN recall_count INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE proposals ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
-    ),
-    4: (
-        "ALTER TABLE entries ADD COLUMN tags TEXT NOT NULL DEFAULT '[]'",
-        "ALTER TABLE entries ADD COLUMN version INTEGER NOT NULL DEFAULT 1",
-    ),
-}
-
-MEMORYD_TABLES = (
-    """CREATE TABLE IF NOT EXISTS memoryd_snapshots (
-        session_id TEXT PRIMARY KEY,
-        text TEXT NOT NULL,
-        language TEXT NOT NULL,
-        created_at INTEGER NOT NULL
-    )""",
-    # memoryd_schema 2: the hash-chained ledger beside the reference's audit table
-    ledger_format.TABLE,
-    ledger_format.INDEX,
-    # memoryd_schema 3: a trigram index of the entries' text, for query candidates. External
-    # content (the text lives once, in entries) and no triggers: dsh-memento's SQLite need
-    # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
-    # index in step in its own write jobs (its adds in a tail, memoryd_schema 5: see
-    # TEXT_MARK_KEY), and rebuilds it at start unless the store is ``trusted``, i.e. after
-    # another program wrote the entries.
-    # memoryd_schema 4: columnsize=0, no row per entry in memoryd_fts_docsize (nothing
-    # here ranks by length): one B-tree page less per write (see MEMORYD_MIGRATIONS).
-    "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
-    "text, content='entries', content_rowid='rowid', tokenize='trigram', columnsize=0)",
-    # ... and what memoryd knows of the entries without reading them all: their number and
-    # each cell's usage (UTF-16 units), kept in step by memoryd's own writes in the same
-    # transactions. A start trusts them (no index rebuild, no usage scan, no tags scan)
-    # while nobody else wrote: see ``trusted``.
-    "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
-    "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
-    # A query's rank order as an index: a page without a text walks it, and stops at the
-    # page's end. A plain index: dsh-memento's SQLite keeps it up to date unknowingly.
-    # memoryd_schema 6: ascending, walked backwards for ORDER BY recall_count DESC,
-    # updated_at DESC, id (the same order). A new entry (no recalls, the newest updated_at)
-    # lands at the end of the recall_count = 0 run, next to the last add, instead of at its
-    # head in the middle of the B-tree: fewer split and half-full pages per add.
-    "CREATE INDEX IF NOT EXISTS memoryd_entries_rank ON entries (recall_count, updated_at, id DESC)",
-)
-
-#: What a store of memoryd_schema n-1 drops on its way to n, before MEMORYD_TABLES creates
-#: the new definitions; a step that drops the text index rebuilds it from the entries.
-MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    # memoryd_fts with columnsize=0, memoryd_ledger_ref partial: two B-tree pages less per write
-    4: ("DROP TABLE IF EXISTS memoryd_fts", "DROP INDEX IF EXISTS memoryd_ledger_ref"),
-    # memoryd_schema 5: the text index's mark (TEXT_MARK_KEY), which ``migrate`` sets for a
-    # store from before it: a store of schema 4 has every entry in the index.
-    5: (),
-    # memoryd_entries_rank ascending (see MEMORYD_TABLES)
-    6: ("DROP INDEX IF EXISTS memoryd_entries_rank",),
-}
-
 #: memoryd_schema 5: the ``meta`` row of the text index's mark, the highest entries rowid it
 #: covers. Every entry up to the mark is in memoryd_fts with its current text; the entries
 #: above it (the tail) are in no index, and a query takes them all as candidates. An add
@@ -158,19 +40,12 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 #: transaction of its own once it holds TAIL_MERGE_AT entries (``index_tail``), and the mark
 #: moves in that transaction: a crash between the two loses nothing.
 TEXT_MARK_KEY = "memoryd_fts_mark"
-#: The first memoryd_schema with the tail.
-TAIL_SCHEMA = 5
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
 #: The tail the writer indexes at once: indexing a tail costs well under a WAL page per
 #: add at any of the sizes measured (bench/results/PER-WRITE.md), and a smaller tail keeps
 #: the wait of writes queued behind its merge short.
 TAIL_MERGE_AT = 256
-
-REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
-    1: {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}},
-}
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -229,241 +104,6 @@ def store_fault(exc: BaseException, path: Path) -> StoreUnavailable | None:
 def os_fault(exc: OSError, path: Path) -> StoreUnavailable:
     reason = _ERRNO_REASONS.get(exc.errno or 0, "io")
     return unavailable(reason, path, f"{FAULT_MESSAGES[reason]}: {exc.strerror or exc}")
-
-
-# --- opening -----------------------------------------------------------------------------
-
-
-def _no_write(p: Path, st: os.stat_result) -> bool:
-    """A mode without any write bit is read-only even for root, who may write it anyway:
-    it says what the owner meant, and memoryd never changes another's modes."""
-    return not os.access(p, os.W_OK) or st.st_mode & 0o222 == 0
-
-
-def refuse_read_only(path: Path) -> None:
-    """Raise STORE_UNAVAILABLE (reason readonly) for a store memoryd must not write: its
-    file, the directory it lives in (SQLite creates the -wal and -shm files there) or their
-    file system is read-only. Checked before anything is created, opened or locked."""
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the store's directory will be made in here
-    for p, what in ((path, "file"), (parent, "directory")):
-        try:
-            st = p.stat()
-            ro_mount = os.statvfs(p).f_flag & os.ST_RDONLY
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise os_fault(exc, path) from None
-        if ro_mount:
-            raise unavailable("readonly", path, "the store is read-only: its file system is mounted read-only")
-        if what == "directory" and not os.access(p, os.X_OK):
-            raise unavailable("readonly", path, f"the store is read-only: its directory {p} cannot be entered")
-        if _no_write(p, st):
-            raise unavailable("readonly", path,
-                              f"the store is read-only: its {what} {'' if p == path else f'{p} '}"
-                              f"has mode {stat.S_IMODE(st.st_mode):04o}")
-
-
-def prepare_path(path: Path) -> None:
-    """Create the directory (0700) and the file (0600) when they do not exist yet. An
-    existing store keeps its modes: memoryd never changes them."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        return
-    except OSError as exc:
-        raise os_fault(exc, path) from None
-    os.close(fd)
-
-
-def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
-    """The store's schema version (0 for a new, empty file), read without writing a byte.
-
-    Raises StoreCorrupt for anything that is not a readable memory store and
-    StoreUnsupportedVersion for a newer schema.
-    """
-    details = {"path": str(path)}
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    if size == 0:
-        return 0
-    try:
-        with path.open("rb") as f:
-            magic = f.read(len(SQLITE_MAGIC))
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM):  # a file we may not read is not a corrupt one
-            raise unavailable("io", path, f"the store cannot be read: {exc.strerror}") from None
-        raise StoreCorrupt(f"store is unreadable: {exc.strerror}", details) from None
-    if magic != SQLITE_MAGIC:
-        raise StoreCorrupt("store is not an SQLite database", details)
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
-    except sqlite3.Error as exc:
-        raise _unreadable(exc, path) or StoreCorrupt(f"store cannot be opened: {exc}", details) from None
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            return 0
-        if "meta" not in tables:
-            raise StoreCorrupt("store has no meta table", details)
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            raise StoreCorrupt("store has no schema_version", details)
-        try:
-            version = int(row[0])
-        except (TypeError, ValueError):
-            raise StoreCorrupt("store schema_version is not a number", details) from None
-        if version > STORE_SCHEMA_VERSION:
-            raise StoreUnsupportedVersion(
-                f"store schema version {version} is newer than supported version {STORE_SCHEMA_VERSION}", details
-            )
-        if version < 1:
-            raise StoreCorrupt(f"store schema_version {version} is invalid", details)
-        # memoryd's own tables too: a newer memoryd's store may hold what this one would get
-        # wrong (an index tail it does not know is unindexed), so it is refused, not
-        # written over with this version's number
-        own = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
-        if own is not None and str(own[0]).isdigit() and int(own[0]) > MEMORYD_SCHEMA_VERSION:
-            raise StoreUnsupportedVersion(
-                f"store memoryd_schema {own[0]} is newer than supported version {MEMORYD_SCHEMA_VERSION}", details
-            )
-        for table, cols in REQUIRED_COLUMNS[1].items():
-            if table not in tables:
-                raise StoreCorrupt(f"store has no {table} table", details)
-            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-            if not cols <= have:
-                raise StoreCorrupt(f"store table {table} lacks columns {sorted(cols - have)}", details)
-        if trusted(conn):
-            # Nobody but memoryd wrote since its last run: its rows need no second reading.
-            # The full checks below cost a pass over the whole file (a 100,000-entry store's
-            # start would take them many times over).
-            return version
-        if version >= 4:
-            for (raw,) in conn.execute("SELECT tags FROM entries"):
-                if parse_tags(raw) is None:
-                    raise StoreCorrupt("store has an entry whose tags column is not a JSON array of strings", details)
-        check = conn.execute("PRAGMA quick_check").fetchone()
-        if check is None or check[0] != "ok":
-            raise StoreCorrupt("store failed its integrity check", details)
-        return version
-    except sqlite3.DatabaseError as exc:
-        # Busy, I/O and can't-open (a -shm that a read-only directory cannot hold) are the
-        # machine's state, not the file's: STORE_UNAVAILABLE, never STORE_CORRUPT.
-        raise _unreadable(exc, path) or StoreCorrupt(f"store is unreadable: {exc}", details) from None
-    finally:
-        conn.close()
-
-
-def _unreadable(exc: sqlite3.Error, path: Path) -> StoreUnavailable | None:
-    """A store fault met while inspecting: a -shm that cannot be made beside a WAL store
-    (SQLITE_CANTOPEN) in a read-only directory is reason readonly, as it is at start."""
-    fault = store_fault(exc, path)
-    if fault is not None:
-        try:
-            refuse_read_only(path)
-        except StoreUnavailable as readonly:
-            return readonly
-    return fault
-
-
-def configure(conn: sqlite3.Connection, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
-    # How long a write waits for another process's write lock (dsh-memento's, say) before
-    # it fails with STORE_UNAVAILABLE reason busy.
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    # An acknowledged write must survive power loss: fsync the WAL at every commit.
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("PRAGMA foreign_keys = OFF")
-
-
-def connect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves (group commit, savepoints).
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        configure(conn, busy_timeout_ms)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def migrate(conn: sqlite3.Connection, from_version: int) -> None:
-    """Bring the store to schema v4 one step at a time, each step atomic with its record."""
-    for target in range(from_version + 1, STORE_SCHEMA_VERSION + 1):
-        with atomic(conn):
-            for sql in MIGRATIONS[target]:
-                conn.execute(sql)
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(target),),
-            )
-    row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
-    if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
-        return  # nothing to do: opening an up-to-date store writes nothing
-    # None: memoryd never opened it (its tables are all new)
-    was = int(row[0]) if row is not None and str(row[0]).isdigit() else None
-    with atomic(conn):
-        steps = [] if was is None else [MEMORYD_MIGRATIONS.get(v, ()) for v in range(was + 1, MEMORYD_SCHEMA_VERSION + 1)]
-        for step in steps:
-            for sql in step:
-                conn.execute(sql)
-        for sql in MEMORYD_TABLES:
-            conn.execute(sql)
-        # Before the tail (memoryd_schema 5) every entry was indexed as written. A mark in
-        # such a store: a memoryd of schema 4 or older wrote over a store of 5+, and never
-        # indexed the tail it found above the mark.
-        before_tail = was is not None and was < TAIL_SCHEMA
-        rebuild = any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps) or (
-            before_tail and text_mark(conn) is not None)
-        if rebuild:
-            # the counts and the ledger may be trusted (sync_text_index would not rebuild)
-            conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-        if was is None or before_tail or rebuild:
-            # The index holds every entry now: a store of schema 4 indexed each as written,
-            # one rebuilt just now holds them all, and a store memoryd never opened (an empty
-            # index beside its entries) is not ``trusted``, so sync_text_index rebuilds it
-            # next. (A store of schema 5+ keeps its mark, and its tail.)
-            _save_mark(conn, rebuilt=True)
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('memoryd_schema', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(MEMORYD_SCHEMA_VERSION),),
-        )
-
-
-def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:
-    """Open a store that ``inspect`` found at ``version`` for writing, migrating it forward.
-    A store fault on the way (busy, full, read-only, I/O) is STORE_UNAVAILABLE."""
-    try:
-        conn = connect(path, busy_timeout_ms)
-    except sqlite3.Error as exc:
-        raise store_fault(exc, path) or exc from None
-    try:
-        migrate(conn, version)
-        with atomic(conn):
-            sync_text_index(conn)
-        if tail_full(conn):  # left by a bulk write, or a daemon killed before its merge
-            try:
-                with atomic(conn):
-                    index_tail(conn)
-            except sqlite3.Error as exc:
-                # Optional, as the writer's merge is: queries find the tail where it is, and
-                # the writer indexes it after its next commit. A store that is busy (or full)
-                # right now still opens, as it would with a shorter tail.
-                if fault_reason(exc) is None:
-                    raise
-    except sqlite3.Error as exc:
-        conn.close()
-        raise store_fault(exc, path) or exc from None
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 # --- rows --------------------------------------------------------------------------------
@@ -592,7 +232,7 @@ def sync_text_index(conn: sqlite3.Connection) -> bool:
     if trusted(conn):
         return False
     conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-    _save_mark(conn, rebuilt=True)
+    save_mark(conn, rebuilt=True)
     conn.execute("DELETE FROM memoryd_usage")
     counts: dict[tuple[str, str], list[int]] = {}
     for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
@@ -635,67 +275,21 @@ def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
 # --- writes (inside the writer's transaction) --------------------------------------------
 
 
-class Batch:
-    """A transaction of the writer's batch, on the thread running it (``with Batch(conn):``), so that
-    what its writes keep beside the entries costs one statement per batch, not one per
-    write: the counts (``_count``) are added up here and written once per cell by
-    ``flush``, before COMMIT, and the text index's mark (``text_mark``) is read once.
-    Outside a batch (start-up, tests, the bench's seeding) each is its statement, as written.
-
-    A savepoint rolled back takes its writes' counts back out too (``save``, ``restore``).
-    Two statements less per add after a batch's first, each of them one more release and
-    retake of the GIL while the event loop is busy."""
-
-    __slots__ = ("_conn", "_counts", "_mark", "_mark_read")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._counts: dict[tuple[str, str], tuple[int, int]] = {}
-        self._mark: int | None = None
-        self._mark_read = False
-
-    def __enter__(self) -> Batch:
-        _batch.current = self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _batch.current = None
-
-    def save(self) -> dict[tuple[str, str], tuple[int, int]]:
-        return dict(self._counts)
-
-    def restore(self, saved: dict[tuple[str, str], tuple[int, int]]) -> None:
-        self._counts = dict(saved)
-
-    def flush(self) -> None:
-        """Write the counts added up so far (one upsert per cell), in the transaction."""
-        counts = [(t, s, n, u) for (t, s), (n, u) in self._counts.items() if n or u]
-        self._counts = {}
-        if counts:
-            self._conn.executemany(_COUNT_SQL, counts)
-
-
-_batch = threading.local()
-
-
-def _in_batch(conn: sqlite3.Connection) -> Batch | None:
-    b: Batch | None = getattr(_batch, "current", None)
-    return b if b is not None and b._conn is conn else None
-
-
 def text_mark(conn: sqlite3.Connection) -> int | None:
     """The text index's mark (TEXT_MARK_KEY); None in a store without one."""
-    b = _in_batch(conn)
-    if b is not None and b._mark_read:
-        return b._mark
     row = conn.execute(f"SELECT {TEXT_MARK_SQL}").fetchone()
-    mark = None if row[0] is None else int(row[0])
-    if b is not None:
-        b._mark, b._mark_read = mark, True
-    return mark
+    return None if row[0] is None else int(row[0])
 
 
-def _save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
+def _mark_of(tx: Tx) -> int | None:
+    """The mark, read once per transaction: only ``index_tail`` and a rebuild move it, each
+    in a transaction of its own."""
+    if not tx.mark_read:
+        tx.mark, tx.mark_read = text_mark(tx.conn), True
+    return tx.mark
+
+
+def save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
     """The index covers every entry now: the mark moves to the highest rowid. Only a rebuild
     moves it back (the index holds exactly the entries then); otherwise an entry inserted at
     or below it later, once the highest ones are gone, is indexed as written. Written only
@@ -705,9 +299,6 @@ def _save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
     if mark is None or top > mark or (rebuilt and top != mark):
         conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
                      "excluded.value", (TEXT_MARK_KEY, str(top)))
-        b = _in_batch(conn)
-        if b is not None:
-            b._mark_read = False
 
 
 def text_tail(conn: sqlite3.Connection) -> int:
@@ -736,7 +327,7 @@ def index_tail(conn: sqlite3.Connection) -> int:
     n = conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE rowid > ?",
                      (mark,)).rowcount
     if n:
-        _save_mark(conn)
+        save_mark(conn)
     return n
 
 
@@ -745,21 +336,21 @@ def _indexed(rowid: int, mark: int | None) -> bool:
     return mark is None or rowid <= mark
 
 
-def _unindex(conn: sqlite3.Connection, entry_id: str, mark: int | None) -> int | None:
+def _unindex(tx: Tx, entry_id: str, mark: int | None) -> int | None:
     """Take the entry out of the text index (unless it is in the tail) and the counts; its
     rowid (None: no such entry). External content: FTS5's 'delete' needs the indexed text,
     i.e. the entry's text before this write."""
-    row = conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
+    row = tx.conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
     if row is None:
         return None
     rowid, text, track, scope = row
     if _indexed(rowid, mark):
-        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
-    _count(conn, track, scope, -1, -utf16_len(text))
+        tx.conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
+    _count(tx, track, scope, -1, -utf16_len(text))
     return int(rowid)
 
 
-def _index(conn: sqlite3.Connection, rowid: int, e: Entry, mark: int | None) -> None:
+def _index(tx: Tx, rowid: int, e: Entry, mark: int | None) -> None:
     # An entry in the tail (above the mark) waits for ``index_tail``. One at or below it (a
     # rowid reused: entries has no AUTOINCREMENT, so once the highest are deleted SQLite
     # hands out their rowids again) is indexed now, as are all of a store without a mark.
@@ -768,8 +359,8 @@ def _index(conn: sqlite3.Connection, rowid: int, e: Entry, mark: int | None) -> 
     # new segment at every savepoint. The text is the one the row was just written with.
     # Measured in batches of 16 adds: half the index's CPU, a quarter fewer WAL pages.
     if _indexed(rowid, mark):
-        conn.execute("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", (rowid, e.text))
-    _count(conn, e.track, e.scope, 1, utf16_len(e.text))
+        tx.conn.execute("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", (rowid, e.text))
+    _count(tx, e.track, e.scope, 1, utf16_len(e.text))
 
 
 _COUNT_SQL = ("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?) "
@@ -777,17 +368,23 @@ _COUNT_SQL = ("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?
               "used = used + excluded.used")
 
 
-def _count(conn: sqlite3.Connection, track: str, scope: str, entries: int, used: int) -> None:
-    b = _in_batch(conn)
-    if b is None:
-        conn.execute(_COUNT_SQL, (track, scope, entries, used))
-        return
-    n, u = b._counts.get((track, scope), (0, 0))
-    b._counts[(track, scope)] = (n + entries, u + used)
+def _count(tx: Tx, track: str, scope: str, entries: int, used: int) -> None:
+    """Counted in the transaction, written once per cell by ``flush_counts``: one statement
+    per batch, not one per write."""
+    n, u = tx.counts.get((track, scope), (0, 0))
+    tx.counts[(track, scope)] = (n + entries, u + used)
 
 
-def insert_entry(conn: sqlite3.Connection, e: Entry) -> None:
-    _index(conn, _insert_row(conn, e), e, text_mark(conn))
+def flush_counts(tx: Tx) -> None:
+    """Add the counts the transaction has gathered to memoryd_usage, before its COMMIT."""
+    counts = [(t, s, n, u) for (t, s), (n, u) in tx.counts.items() if n or u]
+    tx.counts = {}
+    if counts:
+        tx.conn.executemany(_COUNT_SQL, counts)
+
+
+def insert_entry(tx: Tx, e: Entry) -> None:
+    _index(tx, _insert_row(tx.conn, e), e, _mark_of(tx))
 
 
 def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
@@ -815,20 +412,20 @@ def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
     return cur.lastrowid
 
 
-def update_entry(conn: sqlite3.Connection, e: Entry) -> None:
-    mark = text_mark(conn)
-    rowid = _unindex(conn, e.id, mark)
-    conn.execute(
+def update_entry(tx: Tx, e: Entry) -> None:
+    mark = _mark_of(tx)
+    rowid = _unindex(tx, e.id, mark)
+    tx.conn.execute(
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
     if rowid is not None:
-        _index(conn, rowid, e, mark)
+        _index(tx, rowid, e, mark)
 
 
-def delete_entry(conn: sqlite3.Connection, entry_id: str) -> None:
-    _unindex(conn, entry_id, text_mark(conn))
-    conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+def delete_entry(tx: Tx, entry_id: str) -> None:
+    _unindex(tx, entry_id, _mark_of(tx))
+    tx.conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
 
 
 def bump_recalls(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:

@@ -76,7 +76,7 @@ class Transfer:
         return get_adapter(self.adapters, adapter_id)
 
     async def export(self, ctx: RequestContext, p: ExportParams) -> Any:
-        entries = [store.row_to_entry(r) for r in await self.s.read_rows(store.LIST_ENTRIES_SQL)]
+        entries = await self.s.read(store.list_entries)
         if p.adapter is not None:
             return export_entries(self.adapter(p.adapter), entries)
         exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -47,10 +47,15 @@ from . import store
 from .context import Handler, RequestContext
 from .ledger import Stamp
 from .pipeline import WritePlan
-from .writer import Usage
+from .tx import Tx
+from .writer import Steps
 
 if TYPE_CHECKING:
     from .service import Service
+
+#: A write of many entries (a seed, a large consolidate) yields after each part of this
+#: many: the writer lets the event loop turn there (writer.TURN_AFTER_S).
+ROWS_PER_PART = 16
 
 
 class Writes:
@@ -105,13 +110,13 @@ class Writes:
         wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=True)
         cell = (i.track, i.scope)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> WriteResult:
+        def commit(tx: Tx, stamp: Stamp) -> WriteResult:
             e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
                                workspace_key=wk, agent_key=ak, ts=store.now_ms())
-            store.insert_entry(conn, e)
-            stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=source,
+            store.insert_entry(tx, e)
+            stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=source,
                         entry=e, ts=e.created_at)
-            return WriteResult(entry=e, usage=self.s.row(usage, *cell))
+            return WriteResult(entry=e, usage=self.s.row(tx.usage, *cell))
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
             action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
@@ -142,18 +147,18 @@ class Writes:
         target = await self.s.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ReplaceResult:
-            previous = self.still_same(conn, target, match)
+        def commit(tx: Tx, stamp: Stamp) -> ReplaceResult:
+            previous = self.still_same(tx.conn, target, match)
             e = Entry(**{f: getattr(previous, f) for f in Entry.__struct_fields__})
             e.text = text
             e.tags = tags if tags is not None else list(previous.tags)
             e.version = previous.version + 1
             e.updated_at = max(store.now_ms(), previous.updated_at)
             e.session_id = view.session_id
-            store.update_entry(conn, e)
-            stamp.audit(conn, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
+            store.update_entry(tx, e)
+            stamp.audit(tx, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
                         entry=e, ts=e.updated_at)
-            return ReplaceResult(previous=previous, entry=e, usage=self.s.row(usage, *cell))
+            return ReplaceResult(previous=previous, entry=e, usage=self.s.row(tx.usage, *cell))
 
         # A replacement keeps the target's source: that one source is the old text's and the new one's.
         return await self.s.pipeline.run(ctx, view, WritePlan(
@@ -171,12 +176,12 @@ class Writes:
         target = await self.s.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> WriteResult:
-            previous = self.still_same(conn, target, match)
-            store.delete_entry(conn, previous.id)
-            stamp.audit(conn, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
+        def commit(tx: Tx, stamp: Stamp) -> WriteResult:
+            previous = self.still_same(tx.conn, target, match)
+            store.delete_entry(tx, previous.id)
+            stamp.audit(tx, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
                         text=previous.text, source=previous.source)
-            return WriteResult(entry=previous, usage=self.s.row(usage, *cell))
+            return WriteResult(entry=previous, usage=self.s.row(tx.usage, *cell))
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
             action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
@@ -205,19 +210,21 @@ class Writes:
         wk = view.workspace_key if i.scope == "workspace" else ""
         source = check_source(None)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> ConsolidateResult:
-            removed = [self.still_same(conn, t, m) for t, m in zip(targets, matches, strict=True)]
+        def commit(tx: Tx, stamp: Stamp) -> Steps[ConsolidateResult]:
+            removed = [self.still_same(tx.conn, t, m) for t, m in zip(targets, matches, strict=True)]
             ts = store.now_ms()
-            for r in removed:
-                store.delete_entry(conn, r.id)
-                stamp.audit(conn, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
+            for n, r in enumerate(removed, 1):
+                store.delete_entry(tx, r.id)
+                stamp.audit(tx, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
                             source=r.source, ts=ts)
+                if n % ROWS_PER_PART == 0:
+                    yield
             e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
                                workspace_key=wk, agent_key=ak, ts=ts)
-            store.insert_entry(conn, e)
-            stamp.audit(conn, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
+            store.insert_entry(tx, e)
+            stamp.audit(tx, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
                         source=source, entry=e, ts=ts)
-            return ConsolidateResult(removed=removed, entry=e, usage=self.s.row(usage, *cell))
+            return ConsolidateResult(removed=removed, entry=e, usage=self.s.row(tx.usage, *cell))
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
             action="consolidate", track=i.track, scope=i.scope,
@@ -226,7 +233,7 @@ class Writes:
             deltas={cell: utf16_len(text) - sum(utf16_len(t.text) for t in targets)}, commit=commit,
             events=lambda r: [*(("memory/removed", MemoryRemoved(entry=x)) for x in r.removed),
                               ("memory/added", MemoryAdded(entry=r.entry))],
-            lands=(wk, ak, tags), rows=len(targets) + 1))
+            lands=(wk, ak, tags)))
 
     def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None,
                   *, restricted: bool = True) -> list[Entry]:
@@ -257,21 +264,23 @@ class Writes:
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
 
-        def commit(conn: sqlite3.Connection, stamp: Stamp, usage: Usage) -> SeedResult:
+        def commit(tx: Tx, stamp: Stamp) -> Steps[SeedResult]:
             ts = store.now_ms()
-            stamp.audit(conn, "seed", track="batch", scope="batch", entry_id=None, text=text, source=source, ts=ts)
-            for e in planned:
+            stamp.audit(tx, "seed", track="batch", scope="batch", entry_id=None, text=text, source=source, ts=ts)
+            for n, e in enumerate(planned, 1):
                 e.created_at = e.updated_at = ts
-                store.insert_entry(conn, e)
-                stamp.audit(conn, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
+                store.insert_entry(tx, e)
+                stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
                             entry=e, ts=ts)
+                if n % ROWS_PER_PART == 0:
+                    yield
             return SeedResult(added=len(planned), entries=planned)
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
             action="seed", track="batch", scope="batch", text=text, source=source,
             layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
             commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
-            count=len(planned), entries=planned, rows=len(planned)))
+            count=len(planned), entries=planned))
 
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write)

@@ -1,0 +1,101 @@
+"""Reads (memoryd.readers): a large store's entries and the ledger are read on the readers'
+threads, so a long read in flight there holds up nothing on the event loop; a small
+store's entries are read on the loop's own connection."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from e2e_helpers import entry_input, write_ctx
+from inprocess import memory_daemon
+from memoryd import ledger, queries, readers, store
+from test_query_plans import chain_newest_audit_row, entry, opened
+
+pytestmark = pytest.mark.anyio
+
+BIG = 100_000
+
+
+def uuid_of(k: int) -> str:
+    return f"00000000-0000-4000-8000-{k:012d}"
+
+
+def seed(path: Path, n: int) -> None:
+    """``n`` entries of agent/user-global, written as memoryd's own writes leave them (a
+    trusted store); user/user-global stays empty, with room for a write."""
+    with opened(path) as conn:
+        with ledger.transaction(conn) as tx:
+            for k in range(n):
+                e = entry(k, f"fact number {k} of a large store", "agent")
+                e.id = uuid_of(k)
+                store.insert_entry(tx, e)
+        chain_newest_audit_row(conn)
+
+
+async def test_a_scan_of_100000_entries_in_flight_holds_up_no_approval_and_no_small_query(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan is held inside its read on a reader's thread. Meanwhile another connection's
+    write asks for an approval, gets it and commits, and a small query on a third is
+    answered: had the scan run on the event loop, neither could be. Once let go, the scan
+    answers with every entry counted, the new one too."""
+    db = tmp_path / "big.db"
+    seed(db, BIG)
+    scanning, release = threading.Event(), threading.Event()
+    real = queries.query_page
+
+    def held(conn: Any, **kw: Any) -> Any:
+        if kw["text"] == "fact number":
+            scanning.set()
+            release.wait(60)
+        return real(conn, **kw)
+
+    monkeypatch.setattr(queries, "query_page", held)
+    async with memory_daemon(["--db", str(db), "--write-policy", "ask"]) as d, \
+            d.connect() as scanner, d.connect() as writer, d.connect() as other:
+        async def allow(params: dict[str, Any]) -> str:
+            return "allowed-once"
+
+        writer.on_approval = allow
+        scan: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            async def run_scan() -> None:
+                scan["reply"] = await scanner.ok("memory/query", {"filter": {"text": "fact number", "limit": 5}})
+
+            tg.start_soon(run_scan)
+            try:
+                with anyio.fail_after(30):
+                    await anyio.to_thread.run_sync(scanning.wait)
+                added = await writer.ok("memory/add", {"input": entry_input("written while the scan runs"),
+                                                      "write": write_ctx()})
+                small = await other.ok("memory/query", {"filter": {"text": "number 4242 of", "limit": 1}})
+                assert "reply" not in scan  # still held on its reader's thread
+            finally:
+                release.set()
+        assert added["entry"]["text"] == "written while the scan runs"
+        assert [e["id"] for e in small["entries"]] == [uuid_of(4242)]
+        assert scan["reply"]["total"] == BIG and len(scan["reply"]["entries"]) == 5  # the add has no "fact number"
+
+
+async def test_a_small_stores_entries_are_read_on_the_loop_and_the_ledger_on_a_reader(tmp_path: Path) -> None:
+    """Where each read runs: the entries of a store that holds at most LOOP_READ_UNITS of
+    text on the loop's own connection, the ledger always on a reader's thread. (A large
+    store's entries go to a reader too: the test above would hang otherwise.)"""
+    loop_thread = threading.get_ident()
+    seen: list[tuple[str, bool]] = []
+
+    def where(name: str) -> Any:
+        def read(conn: Any) -> None:
+            seen.append((name, threading.get_ident() == loop_thread))
+        return read
+
+    async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
+        await raw.ok("memory/add", {"input": entry_input("a small store"), "write": write_ctx()})
+        service = d.daemon.service
+        await service.read(where("entries, small"))
+        await service.read(where("ledger"), entries=False)
+        assert sum(service.writer.usage.values()) <= readers.LOOP_READ_UNITS
+    assert seen == [("entries, small", True), ("ledger", False)]
