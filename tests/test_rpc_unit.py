@@ -19,7 +19,7 @@ from memoryd.config import Config
 from memoryd.context import RequestContext
 from memoryd.mcp_host import McpFront
 from memoryd.service import Service
-from memoryd_protocol.errors import EntryNotFound, InvalidInput, StoreUnavailable, WriteDenied
+from memoryd_protocol.errors import EntryNotFound, InvalidInput, RpcError, StoreUnavailable, WriteDenied
 from memoryd_protocol.methods import METHODS
 from memoryd_protocol.types import AddParams, ApprovalAsked, ApprovalOrigin, ConnectionInfo, QueryParams
 from rawclient import write_ctx
@@ -213,6 +213,42 @@ async def test_a_batch_is_answered_item_by_item_each_with_its_own_context() -> N
     assert r["error"]["message"] == "Invalid request: a batch may hold at most 4 calls" and ids == []
 
 
+async def library_reply(handlers: dict[str, Any], call: rpc.Call) -> dict[str, Any] | None:
+    """jsonrpcserver's reply to ``call`` (its public ``async_dispatch_to_serializable``), with
+    the table's methods as it calls them: the reference our dispatch is held to."""
+    from jsonrpcserver import Error, Success, async_dispatch_to_serializable
+    from memoryd.context import RequestContext as Ctx
+    from memoryd_protocol.methods import METHODS
+
+    def as_method(name: str, handler: Any) -> Any:
+        decode = rpc.ParamsDecoder(METHODS[name])
+
+        async def call_(ctx: Ctx, params: Any, /) -> Any:
+            try:
+                result = await handler(ctx, decode(params))
+            except Exception as exc:
+                return Error(**rpc.error_object(exc, name))
+            return Success(result)
+
+        return call_
+
+    request: dict[str, Any] = {"jsonrpc": "2.0", "method": call.method, "params": [call.params]}
+    if call.id is not msgspec.UNSET:
+        request["id"] = call.id
+    reply = await async_dispatch_to_serializable(
+        "", {n: as_method(n, h) for n, h in handlers.items()}, context=Ctx(FakePeer(), call.reply_id(), None),
+        deserializer=lambda _: request, validator=lambda r: r)
+    assert not isinstance(reply, list)
+    if reply is None:
+        return None
+    error = reply.get("error")
+    if error is None:
+        return {"jsonrpc": "2.0", "id": reply["id"], "result": reply["result"]}
+    if not isinstance(error.get("data"), dict):  # the library's own: only an unknown method gets one
+        error = rpc.error_object(RpcError(-32601, "Method not found", {"method": call.method}))
+    return {"jsonrpc": "2.0", "id": reply["id"], "error": error}
+
+
 async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
     """The table's methods go through our own dispatch (its cost per request, rpc.py); the
     library, which answers methods outside the table, gives the same reply to each kind of
@@ -223,9 +259,10 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
     async def fails(ctx: RequestContext, p: Any) -> Any:
         raise failure
 
-    d = rpc.Dispatcher({"memory/budgets": ok, "memory/list": fails, "memory/add": ok})
+    handlers = {"memory/budgets": ok, "memory/list": fails, "memory/add": ok}
+    d = rpc.Dispatcher(handlers)
     failure: Exception = EntryNotFound("gone", {"entryId": "e"})
-    cases = [line("memory/budgets", id_=i) for i in (1, "s", 2.5, 0, -3)]
+    cases = [*(line("memory/budgets", id_=i) for i in (1, "s", 2.5, 0, -3)), line("nope/x", id_=10)]
     cases += [b'{"jsonrpc":"2.0","id":null,"method":"memory/budgets"}', line("memory/budgets", id_=None),
               line("memory/budgets", {}, 4), line("memory/add", ADD, 5), line("memory/add", {"input": "x"}, 6),
               line("memory/add", [1], 7),
@@ -237,7 +274,7 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does() -> None:
         for data in cases:
             call = rpc.parse(data)
             assert isinstance(call, rpc.Call)
-            library = await d.via_library(FakePeer(), call)
+            library = await library_reply(handlers, call)
             assert await d.handle(FakePeer(), call) == (None if library is None else rpc.encode(library)), data
         del cases[-2:]
 
@@ -249,20 +286,18 @@ def run_alone(script: str) -> None:
     assert (r.returncode, r.stderr) == (0, "")
 
 
-def test_jsonrpcserver_is_imported_only_when_a_method_outside_the_table_comes() -> None:
-    """A daemon's start and the table's methods do without it (its import, with jsonschema,
-    is a quarter of a standalone start); a method outside the table brings it in."""
+def test_the_daemon_never_imports_jsonrpcserver() -> None:
+    """A start, the table's methods and a method outside it do without it (its import, with
+    jsonschema, is a quarter of a standalone start); the unknown method gets -32601."""
     script = (
         "import asyncio, sys\n"
         "from memoryd import rpc\n"
         "from memoryd.app import method_handlers\n"
         "async def ok(ctx, p): return 1\n"
         "d = rpc.Dispatcher({'memory/budgets': ok})\n"
-        "assert 'jsonrpcserver' not in sys.modules, 'at start'\n"
         "asyncio.run(d.handle(None, rpc.parse(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"memory/budgets\"}')))\n"
-        "assert 'jsonrpcserver' not in sys.modules, 'after a method of the table'\n"
         "r = asyncio.run(d.handle(None, rpc.parse(b'{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"nope/x\"}')))\n"
-        "assert b'-32601' in r and 'jsonrpcserver' in sys.modules, r\n"
+        "assert b'-32601' in r and 'jsonrpcserver' not in sys.modules, r\n"
     )
     run_alone(script)
 
@@ -297,7 +332,7 @@ def test_bind_handlers_wants_exactly_one_handler_per_method_of_the_table() -> No
 
 
 def test_the_daemon_binds_a_handler_to_every_method() -> None:
-    service = Service(Config(), None, None, Approvals(), None, None)  # type: ignore[arg-type]
+    service = Service(Config(), None, None, Approvals())  # type: ignore[arg-type]
     handlers = method_handlers(service, {}, McpFront(service))
     assert list(handlers) == list(METHODS)
     assert handlers["memory/add"].__qualname__ == "Writes.add"  # type: ignore[attr-defined]
@@ -344,7 +379,8 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does_for_odd_ids_params_and
     async def fails(ctx: RequestContext, p: Any) -> Any:
         raise failure
 
-    d = rpc.Dispatcher({"memory/budgets": ok, "memory/list": fails, "memory/add": ok})
+    handlers = {"memory/budgets": ok, "memory/list": fails, "memory/add": ok}
+    d = rpc.Dispatcher(handlers)
     failure: Exception = EntryNotFound("gone", {"entryId": "e"})
     cases: list[bytes] = []
     for i in ODD_IDS:
@@ -357,19 +393,19 @@ async def test_our_dispatch_answers_as_jsonrpcserver_does_for_odd_ids_params_and
         for data in cases:
             call = rpc.parse(data)
             assert isinstance(call, rpc.Call)
-            library = await d.via_library(FakePeer(), call)
+            library = await library_reply(handlers, call)
             assert await d.handle(FakePeer(), call) == (None if library is None else rpc.encode(library)), data
         # In a batch, each item is answered as it would be alone (the library's reply to it).
         batch = rpc.parse(b"[" + b",".join(cases) + b"]")
         assert isinstance(batch, list)
-        alone = [await d.via_library(FakePeer(), c) for c in batch]
+        alone = [await library_reply(handlers, c) for c in batch]
         assert await d.handle(FakePeer(), batch) == rpc.encode([r for r in alone if r is not None])
 
 
-def test_a_batch_is_the_first_to_bring_in_jsonrpcserver() -> None:
-    """The first method outside the table comes inside a batch, twice, between the table's
-    methods (each item in a task of its own): each gets its -32601 with its own id, the
-    others their results, in order."""
+def test_methods_outside_the_table_in_a_batch_get_their_own_errors() -> None:
+    """Methods outside the table inside a batch, twice, between the table's methods (each
+    item in a task of its own): each gets its -32601 with its own id, the others their
+    results, in order."""
     script = (
         "import asyncio, json, sys\n"
         "from memoryd import rpc\n"
@@ -377,7 +413,6 @@ def test_a_batch_is_the_first_to_bring_in_jsonrpcserver() -> None:
         "d = rpc.Dispatcher({'memory/budgets': ok})\n"
         "line = b'[' + b','.join(json.dumps({'jsonrpc': '2.0', 'id': i, 'method': m}).encode() for i, m in\n"
         "    [(1, 'memory/budgets'), (2, 'nope/x'), (3, 'memory/budgets'), (4, 'nope/y')]) + b']'\n"
-        "assert 'jsonrpcserver' not in sys.modules\n"
         "r = json.loads(asyncio.run(d.handle(None, rpc.parse(line))))\n"
         "assert [x['id'] for x in r] == [1, 2, 3, 4], r\n"
         "assert [x.get('result') for x in r] == [1, None, 3, None], r\n"

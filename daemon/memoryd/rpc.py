@@ -10,22 +10,21 @@ Who does what:
   half the budget of a write at the floor), the ordering of a connection's requests
   (connection.py), and :func:`error_object`, the one place where an exception becomes a
   wire error.
-- jsonrpcserver, through its public API (``async_dispatch_to_serializable``), answers a
-  method the table does not have, and is the reference our dispatch is tested against
-  (tests/test_rpc_unit.py): the same reply for every kind of request. Methods as it calls
-  them return its ``Success``/``Error`` results. It is imported on the first such request,
-  not at start (see :meth:`Dispatcher.via_library`). Protocol errors keep their code and details; msgspec
-  validation failures become INVALID_INPUT with the ``$.path`` of the bad field; anything
-  unexpected becomes -32603 with a fixed message, and its traceback goes to the log, never
-  onto the wire.
+- A method outside the table is answered METHOD_NOT_FOUND. jsonrpcserver is not called:
+  its dispatch cost the event loop about 140 µs per request, half of what a write at the
+  commit floor has in all (bench/results/PER-REQUEST.md). It stays the reference our
+  dispatch is tested against (tests/test_rpc_unit.py): the same reply for every kind of
+  request. Protocol errors keep their code and details; msgspec validation failures become
+  INVALID_INPUT with the ``$.path`` of the bad field; anything unexpected becomes -32603
+  with a fixed message, and its traceback goes to the log, never onto the wire.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -40,9 +39,6 @@ from memoryd_protocol.errors import InvalidInput, ProtocolError, RpcError, Store
 from memoryd_protocol.methods import METHODS, Method
 
 from .context import Handler, RequestContext
-
-if TYPE_CHECKING:
-    from jsonrpcserver import Result
 
 log = logging.getLogger("memoryd.rpc")
 
@@ -258,30 +254,6 @@ class ParamsDecoder:
 # --- dispatch ----------------------------------------------------------------------------
 
 
-def _as_method(method: Method, handler: Handler) -> Callable[[RequestContext, Any], Awaitable[Result]]:
-    """``handler`` as jsonrpcserver calls it: the context, then the params (one argument,
-    still undecoded: msgspec's decoder takes the place of the library's binding of JSON
-    params to Python arguments)."""
-    from jsonrpcserver import Error, Success
-
-    decode = ParamsDecoder(method)
-    name = method.name
-
-    async def call(ctx: RequestContext, params: Any, /) -> Result:
-        try:
-            result = await handler(ctx, decode(params))
-        except Exception as exc:  # cancellation is not an Exception: it goes on up
-            return Error(**error_object(exc, name))
-        return Success(result)
-
-    return call
-
-
-def _checked_already(request: Any) -> Any:
-    """jsonrpcserver's validator: the shape was checked before dispatch (_shape_error)."""
-    return request
-
-
 def bind_handlers(*groups: Mapping[str, Handler]) -> dict[str, Handler]:
     """The daemon's handlers, one per method of the table: a method without a handler, one
     with two, or a handler for a method the table does not have stops the daemon at
@@ -323,10 +295,6 @@ class Dispatcher:
         unknown = sorted(set(handlers) - METHODS.keys())
         if unknown:
             raise ValueError(f"handlers for methods outside the table: {', '.join(unknown)}")
-        self._handlers = dict(handlers)
-        #: the methods as jsonrpcserver calls them (``via_library``), made on its first use
-        self._library_methods: dict[str, Callable[[RequestContext, Any], Awaitable[Result]]] | None = None
-        #: the same methods as our own dispatch calls them
         self._bound = {name: _Bound(METHODS[name], h) for name, h in handlers.items()}
 
     async def handle(self, peer: Any, message: Message, release_turn: Callable[[], None] | None = None) -> bytes | None:
@@ -363,54 +331,14 @@ class Dispatcher:
             return {"jsonrpc": "2.0", "id": call.reply_id(), "error": error_object(RpcError(INVALID_REQUEST,
                                                                                            "Invalid request"))}
         bound = self._bound.get(call.method)
-        if bound is None:
-            return await self.via_library(peer, call, release_turn)
-        # Ours for the table's methods, not jsonrpcserver's ``async_dispatch_to_serializable``:
-        # the library's dispatch (a task and ``asyncio.gather`` per request,
-        # ``inspect.Signature.bind``, its ``Either`` results) costs the event loop about half
-        # of what a write at the raw FULL commit floor has in all (bench/results/PER-REQUEST.md).
-        # The reply is the one the library gives: the request's id, the ``result`` or the
-        # ``error`` of error_object, nothing for a notification (tests/test_rpc_unit.py
-        # compares the two for every kind of request).
-        ctx = RequestContext(peer, call.reply_id(), release_turn)
         try:
-            result = await bound.handler(ctx, bound.decode(call.params))
+            if bound is None:
+                raise RpcError(METHOD_NOT_FOUND, "Method not found", {"method": call.method})
+            result = await bound.handler(RequestContext(peer, call.reply_id(), release_turn), bound.decode(call.params))
         except Exception as exc:  # cancellation is not an Exception: it goes on up
-            error = error_object(exc, bound.name)
+            error = error_object(exc, call.method if bound is not None else None)
             return None if call.id is msgspec.UNSET else {"jsonrpc": "2.0", "id": call.id, "error": error}
         return None if call.id is msgspec.UNSET else {"jsonrpc": "2.0", "id": call.id, "result": result}
-
-    async def via_library(self, peer: Any, call: Call, release_turn: Callable[[], None] | None = None
-                          ) -> dict[str, Any] | None:
-        """A request of a valid shape dispatched by jsonrpcserver: the path of a method
-        outside the table, and the reference ``_dispatch`` is tested against."""
-        # Imported on first use, not at start: jsonrpcserver imports jsonschema, a quarter of
-        # a standalone start, and the table's methods never need it.
-        from jsonrpcserver import async_dispatch_to_serializable
-
-        if self._library_methods is None:
-            self._library_methods = {name: _as_method(METHODS[name], h) for name, h in self._handlers.items()}
-        request: dict[str, Any] = {"jsonrpc": "2.0", "method": call.method, "params": [call.params]}
-        if call.id is not msgspec.UNSET:
-            request["id"] = call.id
-        ctx = RequestContext(peer, call.reply_id(), release_turn)
-        # The line is parsed already (the connection orders requests by method, batches are
-        # split above), so the deserializer hands over the request built from it.
-        reply = await async_dispatch_to_serializable("", self._library_methods, context=ctx, deserializer=lambda _: request,
-                                                     validator=_checked_already)
-        assert not isinstance(reply, list)  # one request in, at most one response out
-        if reply is None:
-            return None
-        # Written id first, as the documentation shows replies.
-        error = reply.get("error")
-        if error is None:
-            return {"jsonrpc": "2.0", "id": reply["id"], "result": reply["result"]}
-        if not isinstance(error.get("data"), dict):
-            # jsonrpcserver's own error (its data a bare string, not our {code, message,
-            # details}): for our methods, only an unknown method gets one.
-            error = error_object(RpcError(METHOD_NOT_FOUND, "Method not found", {"method": call.method})
-                                 if error.get("code") == METHOD_NOT_FOUND else RpcError(INTERNAL_ERROR, "Internal error"))
-        return {"jsonrpc": "2.0", "id": reply["id"], "error": error}
 
 
 def failure_line(message: Message | Any, exc: BaseException) -> bytes | None:
