@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from memoryd_protocol import methods, types
@@ -91,3 +93,44 @@ def test_the_node_client_is_generated_from_the_table_and_calls_every_method() ->
     source = (js / "index.js").read_text(encoding="utf-8")
     missing = [name for name, m in METHODS.items() if m.in_clients and f"'{name}'" not in source]
     assert missing == [], f"the Node client never calls {missing}"
+
+
+#: The Node client's method for each wire method, where the rule (``group/name`` →
+#: ``groupName``; ``memory/`` dropped) does not give it.
+JS_METHOD_NAMES = {"daemon/status": "status", "initialize": "initialize"}
+#: What the declarations say where the table's result is Any: the export envelope without
+#: an adapter, an adapter's own payload with one.
+JS_ANY_RESULTS = {"memory/export": ["ExportEnvelope", "unknown"]}
+
+
+def _ts_result(result: Any) -> str:
+    """The TypeScript return type the declarations must give a result type of the table."""
+    import types as pytypes
+    import typing
+
+    if typing.get_origin(result) is list:
+        return f"{_ts_result(typing.get_args(result)[0])}[]"
+    if isinstance(result, pytypes.UnionType):
+        return " | ".join("null" if a is type(None) else _ts_result(a) for a in typing.get_args(result))
+    return str(result.__name__)
+
+
+def test_the_node_declarations_give_every_method_of_the_table_its_result_type() -> None:
+    """index.d.ts declares one client method per method of the table, and its Promise's type
+    is the table's result type: a method added, renamed or retyped in one and not the other
+    fails here."""
+    import re
+    from pathlib import Path
+
+    declared: dict[str, list[str]] = {}
+    source = (Path(__file__).resolve().parents[1] / "client" / "js" / "index.d.ts").read_text(encoding="utf-8")
+    for name, result in re.findall(r"^  (\w+)\(.*\): Promise<(.+)>;$", source, re.M):
+        declared.setdefault(name, []).append(result)
+    expected: dict[str, list[str]] = {}
+    for wire, m in METHODS.items():
+        if not m.in_clients:
+            continue
+        group, _, rest = wire.partition("/")
+        js = JS_METHOD_NAMES.get(wire) or (rest if group == "memory" else group + rest[:1].upper() + rest[1:])
+        expected[js] = JS_ANY_RESULTS.get(wire) or [_ts_result(m.result)]
+    assert {k: declared.get(k) for k in expected} == expected

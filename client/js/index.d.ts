@@ -499,72 +499,21 @@ export type NotificationMethod = keyof NotificationMap;
 
 // --- errors -----------------------------------------------------------------------------------
 
-// Generated from the protocol package's error and methods tables (protocol.d.ts).
-import type { ProtocolErrorCode, RpcLevelErrorCode } from './protocol.js';
-export type { MethodInfo, MethodName, ProtocolErrorCode, RpcLevelErrorCode } from './protocol.js';
-export { METHODS } from './protocol.js';
+// Generated from the protocol package's error and methods tables (protocol.d.ts): the
+// codes, their constants, their classes and each error's details.
+import type { ErrorDetails, ProtocolErrorCode, RpcLevelErrorCode } from './protocol.js';
+export * from './protocol.js';
 export type ClientErrorCode = 'CONNECTION_CLOSED' | 'CONNECTION_FAILED' | 'TIMEOUT' | 'ABORTED' | 'PROTOCOL_ERROR';
 export type ErrorCode = ProtocolErrorCode | RpcLevelErrorCode | ClientErrorCode | 'RPC_ERROR' | (string & {});
 
-export interface BudgetExceededDetails {
-  track: Track;
-  scope: Scope;
-  used: number;
-  limit: number;
-  /** the total the layer would need with this write: `used` + the write's size (not the
-   *  increment; `needed - used` is how many more characters it needs) */
-  needed: number;
-}
+export type BudgetExceededDetails = ErrorDetails['BUDGET_EXCEEDED'];
+export type EntryNotFoundDetails = ErrorDetails['ENTRY_NOT_FOUND'];
+export type AmbiguousMatchDetails = ErrorDetails['AMBIGUOUS_MATCH'];
+export type StoreUnavailableDetails = ErrorDetails['STORE_UNAVAILABLE'];
+export type WriteDeniedDetails = ErrorDetails['WRITE_DENIED'];
 
-export interface EntryNotFoundDetails {
-  track: Track;
-  scope: Scope;
-  /** the match that found nothing (a target named by match) */
-  match?: string;
-  /** the id that names no visible entry (a target named by id), or the approved entry that changed */
-  entryId?: string;
-}
-
-export interface AmbiguousMatchDetails {
-  track: Track;
-  scope: Scope;
-  match: string;
-  candidates: number;
-  sample: string[];
-}
-
-export interface StoreUnavailableDetails {
-  /** busy: another process held the write lock past the busy timeout; full: no space left;
-   *  readonly: the store, its directory or its mount is read-only; io: any other I/O error */
-  reason: 'busy' | 'full' | 'readonly' | 'io';
-  path: string;
-}
-
-export interface WriteDeniedDetails {
-  outcome: ApprovalOutcome;
-}
-
-export declare const ERROR_CODES: Readonly<Record<ProtocolErrorCode, number>>;
-export declare const RPC_LEVEL_CODES: Readonly<Record<RpcLevelErrorCode, number>>;
 export declare const CLIENT_CODES: Readonly<{ [K in ClientErrorCode]: K }>;
 
-export declare const INVALID_INPUT: 'INVALID_INPUT';
-export declare const WRITE_REQUIRES_AGENT: 'WRITE_REQUIRES_AGENT';
-export declare const BUDGET_EXCEEDED: 'BUDGET_EXCEEDED';
-export declare const ENTRY_NOT_FOUND: 'ENTRY_NOT_FOUND';
-export declare const AMBIGUOUS_MATCH: 'AMBIGUOUS_MATCH';
-export declare const WRITE_DENIED: 'WRITE_DENIED';
-export declare const PROPOSAL_NOT_FOUND: 'PROPOSAL_NOT_FOUND';
-export declare const STORE_CORRUPT: 'STORE_CORRUPT';
-export declare const STORE_UNSUPPORTED_VERSION: 'STORE_UNSUPPORTED_VERSION';
-export declare const ADAPTER_NOT_FOUND: 'ADAPTER_NOT_FOUND';
-export declare const ADAPTER_PAYLOAD: 'ADAPTER_PAYLOAD';
-export declare const STORE_UNAVAILABLE: 'STORE_UNAVAILABLE';
-export declare const STORE_LOCKED: 'STORE_LOCKED';
-export declare const PARSE_ERROR: 'PARSE_ERROR';
-export declare const INVALID_REQUEST: 'INVALID_REQUEST';
-export declare const METHOD_NOT_FOUND: 'METHOD_NOT_FOUND';
-export declare const INTERNAL_ERROR: 'INTERNAL_ERROR';
 export declare const CONNECTION_CLOSED: 'CONNECTION_CLOSED';
 export declare const CONNECTION_FAILED: 'CONNECTION_FAILED';
 export declare const TIMEOUT: 'TIMEOUT';
@@ -596,23 +545,6 @@ export declare class MemorydError<D extends object = Record<string, unknown>> ex
   static fromWire(error: unknown): MemorydError;
 }
 
-export declare class InvalidInputError extends MemorydError<{ field?: string }> {}
-export declare class WriteRequiresAgentError extends MemorydError {}
-export declare class BudgetExceededError extends MemorydError<BudgetExceededDetails> {}
-export declare class EntryNotFoundError extends MemorydError<EntryNotFoundDetails> {}
-export declare class AmbiguousMatchError extends MemorydError<AmbiguousMatchDetails> {}
-export declare class WriteDeniedError extends MemorydError<WriteDeniedDetails> {}
-export declare class ProposalNotFoundError extends MemorydError<{ id: string }> {}
-export declare class StoreCorruptError extends MemorydError<{ path: string }> {}
-export declare class StoreUnsupportedVersionError extends MemorydError<{ path: string }> {}
-export declare class AdapterNotFoundError extends MemorydError<{ adapterId: string }> {}
-export declare class AdapterPayloadError extends MemorydError<{ adapterId: string }> {}
-export declare class StoreUnavailableError extends MemorydError<StoreUnavailableDetails> {}
-export declare class StoreLockedError extends MemorydError<{ path: string; pid?: number; socket?: string | null }> {}
-export declare class ParseError extends MemorydError {}
-export declare class InvalidRequestError extends MemorydError {}
-export declare class MethodNotFoundError extends MemorydError {}
-export declare class InternalError extends MemorydError {}
 export declare class ConnectionClosedError extends MemorydError {}
 export declare class ConnectionFailedError extends MemorydError {}
 export declare class CallTimeoutError extends MemorydError<{ method: string; timeoutMs: number }> {}

@@ -40,6 +40,7 @@ from .constants import (
 )
 from .methods import METHODS
 from .schema_patches import (
+    ERROR_DETAILS,
     ERROR_MESSAGES,
     FIELD_PATCHES,
     RESULT_PATCHES,
@@ -378,20 +379,55 @@ def _js_object(items: Sequence[tuple[str, str]], indent: str = "  ") -> str:
     return "Object.freeze({\n" + body + indent[:-2] + "})"
 
 
+def js_error_class(code: str) -> str:
+    """The Node client's class of an error code: ``BUDGET_EXCEEDED`` → ``BudgetExceededError``."""
+    name = "".join(word.capitalize() for word in code.split("_"))
+    return name if name.endswith("Error") else name + "Error"
+
+
+def _ts_type(schema: JSON) -> str:
+    """The TypeScript type of an error detail's JSON Schema (the few forms ERROR_DETAILS uses)."""
+    if "enum" in schema:
+        return " | ".join(json.dumps(v).replace(chr(34), chr(39)) for v in schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(_ts_type({"type": k}) for k in kind)
+    if kind == "array":
+        return f"{_ts_type(schema['items'])}[]"
+    return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+            "null": "null"}[str(kind)]
+
+
+def _ts_details(details: JSON) -> str:
+    props = details.get("properties", {})
+    if not props:
+        return "Record<string, never>"
+    required = set(details.get("required", []))
+    fields = [f"{k}{'' if k in required else '?'}: {_ts_type(v)}" for k, v in props.items()]
+    return "{ " + "; ".join(fields) + " }"
+
+
 def generate_js() -> dict[str, str]:
     """File name → text of the Node client's generated module and its types: the error
-    codes and every method (kind, whether it can wait for an approval, whether it needs an
-    agent), so the Node client derives from the same table as the daemon."""
-    from .methods import METHODS
-
+    codes, their string constants and classes, each error's details, and every method
+    (kind, whether it can wait for an approval, whether it needs an agent), so the Node
+    client derives from the same tables as the daemon."""
     rpc_level = {name: code for code, name in RPC_LEVEL_CODES.items()}
+    every = [*ERROR_CODES, *rpc_level]
     methods = [(name, f"Object.freeze({{ kind: {json.dumps(m.kind)}, parks: {json.dumps(m.parks)}, "
                       f"needsAgent: {json.dumps(m.needs_agent)} }})") for name, m in METHODS.items()]
     js = (_JS_HEADER + "\n"
+          "import { MemorydError } from './error-base.js';\n\n"
           "/** Protocol error codes (`error.data.code` on the wire) → JSON-RPC error code. */\n"
           f"export const ERROR_CODES = {_js_object([(k, str(v)) for k, v in ERROR_CODES.items()])};\n\n"
           "/** JSON-RPC-level failures (they also carry `data.code` on the wire). */\n"
           f"export const RPC_LEVEL_CODES = {_js_object([(k, str(v)) for k, v in rpc_level.items()])};\n\n"
+          "// Every code as a string constant: `import { BUDGET_EXCEEDED } from 'memoryd-client'`.\n"
+          + "".join(f"export const {c} = '{c}';\n" for c in every) + "\n"
+          "// One class per code: `err instanceof BudgetExceededError`.\n"
+          + "".join(f"export class {js_error_class(c)} extends MemorydError {{}}\n" for c in every) + "\n"
+          "/** Code → its class. */\n"
+          f"export const ERROR_CLASSES = {_js_object([(c, js_error_class(c)) for c in every])};\n\n"
           "/** Every method of the wire contract: its kind, whether it can wait for an approval (a write\n"
           " * through the gate), and whether it needs `write.agent`. */\n"
           f"export const METHODS = {_js_object(methods)};\n")
@@ -399,10 +435,17 @@ def generate_js() -> dict[str, str]:
     def union(names: Sequence[str]) -> str:
         return "".join(f"\n  | {json.dumps(n).replace(chr(34), chr(39))}" for n in names)
 
+    def details(code: str) -> str:
+        return f"ErrorDetails['{code}']" if code in ERROR_DETAILS else "Record<string, unknown>"
+
     dts = (_JS_HEADER + "\n"
+           "import type { MemorydError } from './index.js';\n\n"
            f"export type ProtocolErrorCode ={union(list(ERROR_CODES))};\n"
            f"export type RpcLevelErrorCode ={union(list(rpc_level))};\n"
            f"export type MethodName ={union(list(METHODS))};\n\n"
+           "/** `error.data.details` of each protocol error (wire-v1 §7). */\n"
+           "export interface ErrorDetails {\n"
+           + "".join(f"  {c}: {_ts_details(d)};\n" for c, d in ERROR_DETAILS.items()) + "}\n\n"
            "export interface MethodInfo {\n"
            "  readonly kind: 'read' | 'write' | 'lifecycle';\n"
            "  readonly parks: boolean;\n"
@@ -410,6 +453,11 @@ def generate_js() -> dict[str, str]:
            "}\n\n"
            "export declare const ERROR_CODES: Readonly<Record<ProtocolErrorCode, number>>;\n"
            "export declare const RPC_LEVEL_CODES: Readonly<Record<RpcLevelErrorCode, number>>;\n"
+           + "".join(f"export declare const {c}: '{c}';\n" for c in every) + "\n"
+           + "".join(f"export declare class {js_error_class(c)} extends MemorydError<{details(c)}> {{}}\n"
+                     for c in every) + "\n"
+           "export declare const ERROR_CLASSES: Readonly<Record<ProtocolErrorCode | RpcLevelErrorCode, "
+           "typeof MemorydError>>;\n"
            "export declare const METHODS: Readonly<Record<MethodName, MethodInfo>>;\n")
     return {JS_PROTOCOL_FILE: js, JS_PROTOCOL_TYPES_FILE: dts}
 
@@ -486,6 +534,7 @@ __all__ = [
     "error_schema",
     "generate",
     "generate_js",
+    "js_error_class",
     "json_schema_document",
     "main",
     "openrpc_document",
