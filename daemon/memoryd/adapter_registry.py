@@ -5,14 +5,11 @@ A third-party package registers an adapter in the ``memoryd.adapters`` entry-poi
     [project.entry-points."memoryd.adapters"]
     my-store = "my_package.memoryd_adapter:MyStoreAdapter"
 
-The entry point may load to an adapter instance, or to a class or zero-argument factory
-that returns one (see ``memoryd_protocol.adapters.Adapter``; subclassing ``AdapterBase`` is
-the easy way). Adapters are loaded once, at start-up, and a bad one is refused loudly: a
-load failure, a missing or mistyped attribute or method, an id that does not match
-``^[a-z0-9][a-z0-9._-]{0,63}$``, an ``info()`` that disagrees with the attributes, or an id
-that is already taken (by a built-in or another entry point) raises
-:class:`AdapterRegistryError` naming the entry point and the reason. The daemon does not
-start with an adapter set it was not asked for.
+It may load to an adapter instance, or a class or zero-argument factory that returns one
+(``memoryd_protocol.adapters.Adapter``). Adapters are loaded once, at start-up, and a bad
+one (a load failure, a wrong attribute, a bad or taken id, a disagreeing ``info()``) raises
+:class:`AdapterRegistryError`: the daemon does not start with an adapter set it was not
+asked for.
 """
 
 from __future__ import annotations
@@ -52,12 +49,8 @@ class EntryPointLike(Protocol):
 
 
 def discovered_entry_points() -> list[EntryPointLike]:
-    """The installed ``memoryd.adapters`` entry points.
-
-    importlib.metadata finds them, but only once a plain look at ``sys.path``
-    (``may_register``) has found somewhere one could be: its import (email, zipfile, csv)
-    and its scan of every distribution were a tenth of every daemon start, and almost no
-    installation has a third-party adapter."""
+    """The installed ``memoryd.adapters`` entry points. importlib.metadata, dear to import and
+    to run, is asked only once ``may_register`` found somewhere one could be."""
     if not may_register():
         return []
     from importlib.metadata import entry_points
@@ -70,10 +63,8 @@ _GROUP_HEADER: Final = f"[{ENTRY_POINT_GROUP}]".encode()
 
 def may_register(path: Iterable[str] | None = None) -> bool:
     """Whether anything on ``path`` (``sys.path``) could hold a ``memoryd.adapters`` entry
-    point. It errs towards yes: a distribution (``*.dist-info``, ``*.egg-info``) whose
-    ``entry_points.txt`` names the group, and anything this look does not read as
-    importlib.metadata would (a path entry that is a zip file or an egg, a meta-path
-    finder other than the standard one that has distributions of its own)."""
+    point, erring towards yes: a distribution whose ``entry_points.txt`` names the group, or
+    anything this look cannot read as importlib.metadata would (a zip, an egg, another finder)."""
     if any(hasattr(f, "find_distributions") and f is not PathFinder for f in sys.meta_path):
         return True
     for entry in sys.path if path is None else path:
@@ -157,13 +148,9 @@ def check_adapter(obj: object, where: str) -> Adapter:
 
 
 def load_adapters(sources: Iterable[EntryPointLike] | None = None) -> dict[str, Adapter]:
-    """The built-in adapters followed by the third-party ones, keyed by id.
-
-    ``sources`` defaults to the installed ``memoryd.adapters`` entry points; tests pass
-    their own (anything with ``name``, ``value`` and ``load()``). Third-party adapters are
-    added in entry-point name order so the ``adapters/list`` order does not depend on
-    installation order.
-    """
+    """The built-in adapters followed by the third-party ones, keyed by id. ``sources``
+    defaults to the installed entry points; they are added in name order, so the
+    ``adapters/list`` order does not depend on installation order."""
     registry = builtin_adapters()
     origin = {adapter_id: "the built-in adapter" for adapter_id in registry}
     eps = discovered_entry_points() if sources is None else list(sources)
@@ -179,12 +166,5 @@ def load_adapters(sources: Iterable[EntryPointLike] | None = None) -> dict[str, 
     return registry
 
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "AdapterRegistryError",
-    "EntryPointLike",
-    "check_adapter",
-    "discovered_entry_points",
-    "load_adapters",
-    "may_register",
-]
+__all__ = ["ENTRY_POINT_GROUP", "AdapterRegistryError", "EntryPointLike", "check_adapter", "discovered_entry_points",
+           "load_adapters", "may_register"]

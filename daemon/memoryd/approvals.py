@@ -1,9 +1,8 @@
 """Pending approvals: the daemon → client half of the write gate.
 
-The shape is a pending table keyed by approval id (as MCP's server-to-client requests):
-each waiter has a timeout, a ``finally`` removes it on every path so a late decision is
-refused rather than leaked, and a closing connection wakes every waiter it was asked of.
-Waiting here never holds the writer: the single writer only sees approved work.
+A table keyed by approval id: each waiter has a timeout and is removed on every path, so a
+late decision is refused rather than leaked, and a closing connection wakes every waiter it
+was asked of. Waiting here never holds the writer, which only sees approved work.
 """
 
 from __future__ import annotations
@@ -77,11 +76,7 @@ class Approvals:
 
     def full(self, origin: Peer) -> bool:
         """``origin`` already has max_pending_approvals writes waiting for a decision."""
-        n = 0
-        for p in self.pending.values():
-            if p.origin is origin:
-                n += 1
-        return n >= self.max_per_connection
+        return sum(p.origin is origin for p in self.pending.values()) >= self.max_per_connection
 
     def unsubscribe(self, peer: Peer) -> None:
         if peer in self.approvers:
@@ -90,8 +85,7 @@ class Approvals:
     async def ask(self, ctx: RequestContext, asked: ApprovalAsked, wait_s: float,
                   on_asked: Callable[[ApprovalAsked], None]) -> Pending:
         """Send ``approval/asked`` for the write ``ctx`` serves and wait for the outcome
-        (never raises for a denial); the request parks meanwhile. ``on_asked`` sees the
-        payload as the approvers get it, once it is really asked."""
+        (never raises for a denial), the request parked; ``on_asked`` sees what approvers get."""
         origin = ctx.peer
         # A subscribed approver never decides a write of its own process: a model's tool
         # cannot approve its own write by subscribing a second connection.

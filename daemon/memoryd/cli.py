@@ -8,10 +8,9 @@ Three ways to run ``serve``:
 - ``memoryd serve --stdio --standalone`` owns a store privately and serves one client on
   stdin/stdout (tests, sandboxes).
 
-Only the daemon paths import the daemon's stack (anyio, sqlite3, jsonrpcserver); the
-relay and ``--detach`` start with the standard library and the config loader. The relay
-does not even build the parser when its command line is a plain one (:func:`quick_words`),
-and without a config file it loads no config and makes no Path (:func:`_lean_relay`).
+Only the daemon paths import the daemon's stack; the relay, spawned for every harness
+session, skips the parser for a plain command line (:func:`quick_words`) and, without a
+config file, the config and pathlib too (:func:`_lean_relay`).
 """
 
 from __future__ import annotations
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from . import config as config_mod
-
-# pathlib and memoryd.config are imported where they are used: the relay's plain start
-# (_lean_relay) needs neither, and pathlib (with urllib.parse) was a third of python -c pass.
 
 #: serve's options that take a value, and the values each allows (None: any). The parser
 #: and :func:`quick_args` both read them.
@@ -52,8 +48,7 @@ def _print_version() -> type[argparse.Action]:
     import argparse
 
     class PrintVersion(argparse.Action):
-        """``--version``, reading the version only when asked: package metadata costs the
-        relay (every harness spawn) a noticeable part of its start-up."""
+        """``--version``, reading the version only when asked (it is not free to import)."""
 
         def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
             super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
@@ -120,10 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: serve's options whose value is a path (the parser makes a Path of it)
-PATH_OPTIONS = ("socket", "db", "config")
-
-
 def quick_args(argv: list[str]) -> SimpleNamespace | None:
     """:func:`quick_words` as the parser's Namespace has them (paths as Path)."""
     from pathlib import Path
@@ -132,22 +123,17 @@ def quick_args(argv: list[str]) -> SimpleNamespace | None:
     values = quick_words(argv)
     if values is None:
         return None
-    for name in (*PATH_OPTIONS, "cwd"):
+    for name in ("socket", "db", "config", "cwd"):  # the parser makes a Path of these
         if values.get(name) is not None:
             values[name] = Path(values[name])
     return SimpleNamespace(**values)
 
 
 def quick_words(argv: list[str]) -> dict[str, Any] | None:
-    """``serve``'s arguments, read without argparse when ``argv`` is a plain ``serve
-    --stdio`` (or ``serve --stdio --standalone``) command line: each word one of
-    :data:`SERVE_FLAGS`, or an option of
-    :data:`SERVE_VALUES` with its value (``--db PATH`` or ``--db=PATH``, a value not
-    starting with ``-``, one of its choices). None for anything else (help, an
-    abbreviation, an error, another command): the parser reads that. Importing argparse
-    and building the parser (its help formatter imports shutil) was a fifth of the relay's
-    start-up, paid on every harness spawn, and a tenth of a standalone one. Paths stay
-    strings here (:func:`quick_args` makes the parser's Paths of them)."""
+    """``serve``'s (or ``mcp``'s) arguments read without argparse, which is costly to import
+    on every harness spawn, when ``argv`` is a plain ``--stdio`` command line: each word a
+    flag, or an option with an allowed value. None for anything else (help, an
+    abbreviation, an error, another command): the parser reads that. Paths stay strings."""
     if argv[:1] not in (["serve"], ["mcp"]):
         return None
     mcp = argv[0] == "mcp"
@@ -178,11 +164,10 @@ def quick_words(argv: list[str]) -> dict[str, Any] | None:
 
 
 def _lean_relay(values: dict[str, Any]) -> tuple[str, str | None, list[str]] | None:
-    """What :func:`serve_config` and :func:`_forwarded` make of plain relay arguments
-    (:func:`quick_words`), as strings: the socket, the store the relay insists on, the
-    daemon's options. None when a config file would be read (``--config``, or the default
-    one exists or cannot be looked at, or it is not Linux): the Config then decides, as it
-    does for every other command line. tests/test_e2e_relay_lean.py keeps the two equal."""
+    """What :func:`serve_config` and :func:`_forwarded` make of plain relay arguments, as
+    strings: the socket, the store the relay insists on, the daemon's options. None when a
+    config file may be read: the Config then decides (tests/test_e2e_relay_lean.py keeps
+    the two equal)."""
     from memoryd_protocol.paths import absolute_str, default_config_str, default_socket
 
     if values["config"] is not None:
@@ -195,7 +180,7 @@ def _lean_relay(values: dict[str, Any]) -> tuple[str, str | None, list[str]] | N
     except (FileNotFoundError, NotADirectoryError):
         pass  # no default config file: Config's defaults, which --socket and --db override
     except (OSError, ValueError):
-        return None  # Path.exists() decides, as it always did
+        return None  # Path.exists() decides
     else:
         return None
     db = None if values["db"] is None else absolute_str(values["db"])
@@ -233,9 +218,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | None, config_mod.Config]:
-    """The config file ``serve`` reads (None: none) and the Config it runs with: that
-    file, then ``--db``, ``--socket`` and ``--write-policy`` over it. (The in-process test
-    tier builds its daemons' Config here too.)"""
+    """The config file ``serve`` reads (or None) and the Config it runs with: that file,
+    then ``--db``, ``--socket`` and ``--write-policy`` over it."""
     from . import config as config_mod
 
     config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
@@ -319,8 +303,7 @@ def _mcp_session(values: dict[str, Any]) -> tuple[str, str | None] | None:
 
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
-    ready. Exit status: 0 (also when one already answers, then nothing is printed), else
-    the daemon's own, with its one-line reason on stderr."""
+    ready. Exit status 0 (also when one already answers), else the daemon's own."""
     import signal
 
     from . import launch

@@ -58,10 +58,8 @@ _POLICY_RANK = {"auto": 0, "ask": 1, "off": 2}
 
 
 class Config:
-    """Every setting, at its default until the file or a command-line option changes it.
-
-    A plain class rather than a dataclass: ``dataclasses`` imports ``inspect``, which was a
-    fifth of the stdio relay's start-up, and the relay loads the config too."""
+    """Every setting, at its default until the file or a command-line option changes it. A
+    plain class: ``dataclasses`` imports ``inspect``, too dear for the relay, which loads it too."""
 
     def __init__(self) -> None:
         self.db_path: Path = default_db_path()
@@ -96,9 +94,8 @@ class Config:
 
     @property
     def socket_path(self) -> Path:
-        """The socket: the per-user default until the file or ``--socket`` sets one, computed
-        when first read (without $XDG_RUNTIME_DIR it imports tempfile, which a relay given
-        ``--socket`` never needs)."""
+        """The per-user default until the file or ``--socket`` sets one, computed when first
+        read (it may import tempfile, which a relay given ``--socket`` never needs)."""
         if self._socket_path is None:
             self._socket_path = default_socket_path()
         return self._socket_path
@@ -108,16 +105,12 @@ class Config:
         self._socket_path = value
 
     def policy_for(self, layers: Iterable[tuple[str, str]], sources: Iterable[str]) -> str:
-        """The effective write policy of one write, the only place it is computed.
-
-        It starts from the policy of each layer (track, scope) the write lands in: the
-        ``track/scope`` override where there is one, else ``write_policy``. So a layer
-        override may loosen the default (``"agent/workspace" = "auto"`` under ``ask``). Then
-        the ``source:<name>`` override of every source the write touches (the new text's
-        and that of every entry it replaces or removes) can only make it stricter
-        (``off`` > ``ask`` > ``auto``), never looser: a client picks its own source label,
-        so a label must never open what the layer's policy closes."""
-        if not self.write_policies:  # no override: every layer's policy is the default, without the walk
+        """The effective write policy of one write, the only place it is computed: the
+        strictest of each layer's (its ``track/scope`` override, else ``write_policy``, so an
+        override may loosen the default) and of every touched source's ``source:<name>``
+        override, which can only make it stricter: a client picks its own source label, so
+        a label must never open what the layer's policy closes."""
+        if not self.write_policies:  # every layer's policy is the default
             for _ in layers:
                 return self.write_policy
             raise ValueError("a write lands in at least one layer")
@@ -177,9 +170,35 @@ def load(path: Path | None) -> Config:
     return cfg
 
 
+#: the integer keys, and their bounds
+_INTS: dict[str, tuple[int, int]] = {
+    "max_entries_per_query": (1, QUERY_HARD_CAP),
+    "max_message_bytes": (1024, 256 * 1024 * 1024),
+    "proposal_max_text": (1, 100_000),
+    "proposal_max_pending": (1, 1000),
+    "busy_timeout_ms": (0, 600_000),
+    "max_connections": (1, 65536),
+    "max_batch_calls": (1, 10_000),
+    "max_buffered_bytes": (65536, 1024 * 1024 * 1024),
+    "max_pending_approvals": (1, 10_000),
+}
+_SECONDS = ("approval_timeout_s", "half_line_timeout_s")
+_CHOICES: dict[str, tuple[str, ...]] = {"language": ("en", "zh"), "approvers": APPROVERS, "mcp_approvals": MCP_APPROVALS}
+
+
 def apply(cfg: Config, raw: dict[str, Any]) -> None:
     for key, value in raw.items():
-        if key == "db_path":
+        if key in _INTS:
+            setattr(cfg, key, _int(key, value, *_INTS[key]))
+        elif key in _SECONDS:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+                raise ConfigError(f"config: {key} must be a number of seconds in (0, 86400], got {value!r}")
+            setattr(cfg, key, float(value))
+        elif key in _CHOICES:
+            if value not in _CHOICES[key]:
+                raise ConfigError(f"config: {key} must be {' or '.join(_CHOICES[key])}, got {value!r}")
+            setattr(cfg, key, value)
+        elif key == "db_path":
             cfg.db_path = _path(key, value)
             cfg.db_path_configured = True
         elif key == "socket_path":
@@ -187,44 +206,6 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             cfg.socket_configured = True
         elif key == "write_policy":
             cfg.write_policy = _policy(key, value)
-        elif key == "approval_timeout_s":
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
-                raise ConfigError(f"config: approval_timeout_s must be a number of seconds in (0, 86400], got {value!r}")
-            cfg.approval_timeout_s = float(value)
-        elif key == "language":
-            if value not in ("en", "zh"):
-                raise ConfigError(f"config: language must be en or zh, got {value!r}")
-            cfg.language = value
-        elif key == "max_entries_per_query":
-            cfg.max_entries_per_query = _int(key, value, 1, QUERY_HARD_CAP)
-        elif key == "max_message_bytes":
-            cfg.max_message_bytes = _int(key, value, 1024, 256 * 1024 * 1024)
-        elif key == "proposal_max_text":
-            cfg.proposal_max_text = _int(key, value, 1, 100_000)
-        elif key == "proposal_max_pending":
-            cfg.proposal_max_pending = _int(key, value, 1, 1000)
-        elif key == "busy_timeout_ms":
-            cfg.busy_timeout_ms = _int(key, value, 0, 600_000)
-        elif key == "approvers":
-            if value not in APPROVERS:
-                raise ConfigError(f"config: approvers must be interactive or any, got {value!r}")
-            cfg.approvers = value
-        elif key == "mcp_approvals":
-            if value not in MCP_APPROVALS:
-                raise ConfigError(f"config: mcp_approvals must be elicitation or approvers, got {value!r}")
-            cfg.mcp_approvals = value
-        elif key == "max_connections":
-            cfg.max_connections = _int(key, value, 1, 65536)
-        elif key == "max_batch_calls":
-            cfg.max_batch_calls = _int(key, value, 1, 10_000)
-        elif key == "max_buffered_bytes":
-            cfg.max_buffered_bytes = _int(key, value, 65536, 1024 * 1024 * 1024)
-        elif key == "half_line_timeout_s":
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
-                raise ConfigError(f"config: half_line_timeout_s must be a number of seconds in (0, 86400], got {value!r}")
-            cfg.half_line_timeout_s = float(value)
-        elif key == "max_pending_approvals":
-            cfg.max_pending_approvals = _int(key, value, 1, 10_000)
         elif key == "budgets":
             _budgets(cfg, value)
         elif key == "write_policies":

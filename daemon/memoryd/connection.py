@@ -6,10 +6,8 @@ sees its requests applied in the order it sent them, while a write waiting for a
 never stops the connection from reading the ``approval/decided`` that releases it.
 
 The ordering is plain asyncio (a task and an ``asyncio.Event`` per request), not anyio's
-task group and Event: it is our own code on every request's path, and anyio's versions
-cost several times as much there (a task handle, a cancel scope and an event each). The
-connection still waits for every request it read before ``serve`` returns, and cancels
-them if it is cancelled itself.
+task group and Event, which cost a cancel scope and more on every request's path. ``serve``
+still waits for every request it read before it returns, and cancels them if cancelled.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ _ids = itertools.count(1)
 
 class Connection:
     def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
-                 max_bytes: int, name: str = "socket", peer: PeerProcess | None = None, *,
+                 max_bytes: int, name: str = "socket", *,
                  max_buffered: int = DEFAULT_MAX_BUFFERED_BYTES,
                  half_line_s: float = DEFAULT_HALF_LINE_TIMEOUT_S) -> None:
         self.id = next(_ids)
@@ -70,9 +68,8 @@ class Connection:
         #: when it was accepted (ms since the epoch)
         self.opened_at = int(time.time() * 1000)
         self.can_approve = True
-        #: the peer process (socket peer credentials, or stdio's parent); transports
-        #: expose it as ``sink.peer``
-        self.peer = peer if peer is not None else getattr(sink, "peer", None)
+        #: the peer process (socket peer credentials, or stdio's parent), as the sink has it
+        self.peer: PeerProcess | None = getattr(sink, "peer", None)
         #: ``initialize``'s ``client``, as the peer names itself
         self.client: ClientInfo | None = None
         self.closed = False
@@ -97,13 +94,9 @@ class Connection:
         self.handoff: Callable[[list[bytes], Framer, AsyncIterator[bytes]], Awaitable[None]] | None = None
 
     def post_line(self, data: bytes, *, hold: bool = False) -> bool:
-        """Queue one line for the peer, never waiting (each line is queued whole, so lines
-        from concurrent requests never interleave). False once the peer is gone.
-
-        ``hold`` keeps a notification back until the reply that follows it in the same
-        step (or the end of this loop iteration), so an event and its reply leave in one
-        write and wake the peer once.
-        """
+        """Queue one line whole, never waiting, so concurrent requests' lines never interleave;
+        False once the peer is gone. ``hold`` keeps a notification back until the next line
+        or the end of this loop iteration, so an event and its reply leave in one write."""
         if self.closed:
             return False
         if hold:
@@ -157,9 +150,8 @@ class Connection:
         self.post_line(encode_notification(method, params), hold=True)
 
     def stop_reading(self) -> None:
-        """Read no further line (shutdown). Only the wait for the next line ends (the
-        chunks end, or the wait is cancelled): ``serve`` returns once every request already
-        read has been answered."""
+        """Read no further line (shutdown); ``serve`` returns once every request already read
+        has been answered."""
         self._stop_reading = True
         if self._end_chunks is not None:
             self._end_chunks()
@@ -168,10 +160,8 @@ class Connection:
 
     async def serve(self, chunks: AsyncIterable[bytes], end_chunks: Callable[[], None] | None = None) -> None:
         """Read and serve lines until EOF or ``stop_reading``. ``end_chunks`` (a
-        StreamProtocol's) makes ``chunks`` end at once, as at EOF: ``stop_reading`` calls it
-        instead of cancelling the wait for the next chunk, so no read needs a cancel scope
-        of its own (anyio's, entered and left on every read, was a noticeable part of a
-        request's own path: bench/results/PER-REQUEST.md)."""
+        StreamProtocol's) ends ``chunks`` at once: ``stop_reading`` calls it instead of
+        cancelling the wait for the next chunk, so no read needs a cancel scope of its own."""
         log.debug("connection %d (%s) opened", self.id, self.name)
         self._end_chunks = end_chunks
         loop = asyncio.get_running_loop()
@@ -193,8 +183,7 @@ class Connection:
                     while not self._stop_reading:
                         chunk: bytes | None = None
                         timed_out = False
-                        # stop_reading (shutdown) ends only this wait for more bytes: it ends
-                        # the chunks (end_chunks), or else cancels this scope
+                        # stop_reading ends only this wait: by end_chunks, or else this scope
                         with contextlib.nullcontext() if end_chunks is not None else anyio.CancelScope() \
                                 as self._read_scope:
                             if framer.partial:
@@ -265,9 +254,8 @@ class Connection:
                     t.cancel()
                 raise
             finally:
-                # Every request read is answered (or cancelled) before serve returns. A
-                # cancel that arrives while serve waits for them (the drain's DRAIN_S run
-                # out, say, with a reply waiting for a peer that does not read) cancels them.
+                # Every request read is answered (or cancelled) before serve returns; a cancel
+                # while waiting for them (the drain ran out of time) cancels them.
                 try:
                     if tasks and not cancelled:
                         await asyncio.wait(set(tasks))

@@ -1,8 +1,6 @@
-"""The request context: what a handler knows of the request it serves.
-
-The dispatcher (rpc.py) makes one per request and passes it to the handler, which passes
-it on to whatever needs it: the write pipeline, the approval gate. Nothing reaches for
-per-request state any other way.
+"""The request context: what a handler knows of the request it serves. The dispatcher
+makes one per request and the handler passes it on; nothing reaches for per-request state
+any other way.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ class Peer(Protocol):
         ...
 
     async def notify(self, method: str, params: object) -> None:
-        """Queue a notification for the peer; never waits for the peer to read it (approvals
-        and watchers.py call it on other requests' paths)."""
+        """Queue a notification; never waits for the peer (it runs on other requests' paths)."""
         ...
 
 
@@ -49,9 +46,8 @@ class RequestContext:
     #: its JSON-RPC id: ``approval/asked`` carries it as ``requestId`` to this connection.
     #: None for a notification (and for an id of null).
     id: str | int | float | None = None
-    #: Called when the request parks on an approval, so that the connection may serve
-    #: its next line (the decision) meanwhile. None when the request was served inline:
-    #: it never parks.
+    #: Called when the request parks on an approval, so the connection may serve its next
+    #: line (the decision) meanwhile; None when served inline, which never parks.
     release_turn: Callable[[], None] | None = None
 
     async def notify(self, method: str, params: object) -> None:

@@ -1,16 +1,10 @@
 """Start a detached daemon and wait until it is ready, without polling.
 
-The child gets a private ``NOTIFY_SOCKET`` (an abstract datagram socket), as systemd gives a
-``Type=notify`` service, and we wait on two descriptors at once: that socket for the
-daemon's ``READY=1`` (accepted only from the child's own pid, read from the datagram's
-credentials) and a pidfd for its exit. Readiness therefore means what it means under
-systemd: the store is open and the socket accepts connections.
-
-The stdio relay starts the shared daemon this way when none answers, and so does
-``memoryd serve --detach``, and so do the tests and the benchmark: this is the one "start a
-daemon and wait until it is ready" helper. memoryctl's autostart reaches it by running
-``serve --detach``, since the client package does not import the daemon's; it is not in
-memoryd_protocol either, which holds no I/O. Stdlib only: this is on the relay's start-up path.
+The child gets a private ``NOTIFY_SOCKET``, as systemd gives a ``Type=notify`` service, and
+we wait on that socket for ``READY=1`` (accepted only from the child's pid, by the
+datagram's credentials) and on a pidfd for its exit: ready means the store is open and the
+socket accepts. The one such helper, for the relay, ``serve --detach`` (memoryctl's
+autostart runs that), the tests and the benchmark; stdlib only, on the relay's start-up path.
 """
 
 from __future__ import annotations
@@ -44,9 +38,8 @@ class LaunchFailed(Exception):
     """The daemon exited or stayed silent before it was ready; the message is one line
     (the daemon's own last stderr line when it left one)."""
 
-    def __init__(self, message: str, log: Path | None = None, returncode: int | None = None) -> None:
+    def __init__(self, message: str, returncode: int | None = None) -> None:
         super().__init__(message)
-        self.log = log
         self.returncode = returncode
 
 
@@ -62,10 +55,8 @@ def answers(path: Path) -> bool:
 
 @contextlib.contextmanager
 def start_lock(runtime_dir: Path) -> Iterator[None]:
-    """Serialize starters of one runtime directory. The holder keeps it for at most its
-    own readiness wait, so a blocking flock cannot hang for longer than that. Only in a
-    private directory (raises :class:`memoryd.rundir.UnsafeDir`): the lock file is created
-    there, and so is the daemon's log."""
+    """Serialize starters of one runtime directory; the holder keeps it for at most its
+    readiness wait. Only in a private directory (else :class:`memoryd.rundir.UnsafeDir`)."""
     check_private_dir(runtime_dir)
     fd = os.open(runtime_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -155,13 +146,10 @@ def spawn_ready(
     env: dict[str, str] | None = None,
     cancel_on: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Run ``python -m memoryd serve <serve_args>`` in its own session (stdin and stdout
-    on /dev/null, stderr appended to ``log``) and return once it said ``READY=1``.
-
-    Raises :class:`LaunchFailed` when it exits first or is not ready within ``wait_s``
-    (it is stopped then). A signal in ``cancel_on`` that arrives before it is ready stops
-    it as well: whoever sent it gave up waiting (a client's own timeout), and a daemon that
-    nobody waits for must not linger half-started in its own session."""
+    """Run ``python -m memoryd serve <serve_args>`` in its own session (stderr appended to
+    ``log``) and return once it said ``READY=1``. :class:`LaunchFailed` when it exits first,
+    is not ready within ``wait_s``, or a signal in ``cancel_on`` arrives first: then it is
+    stopped, since a daemon nobody waits for must not linger half-started."""
 
     def run(child_env: dict[str, str], stderr: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -182,8 +170,7 @@ def start_ready(
     cancel_on: Sequence[int] = (),
 ) -> C:
     """The readiness wait of :func:`spawn_ready`, for a daemon that ``start(env, stderr)``
-    starts in a process of its own with that environment (which names the private
-    ``NOTIFY_SOCKET``) and that stderr descriptor (``subprocess.DEVNULL`` without a log)."""
+    starts in a process of its own with that environment and stderr descriptor."""
     name = f"memoryd-launch-{os.getpid()}-{os.urandom(8).hex()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
             _signals_as_fd(cancel_on) as (wake, got):
@@ -213,7 +200,7 @@ def start_ready(
                     _stop(proc)
                     signame = signal.Signals(got[0]).name
                     raise LaunchFailed(f"interrupted by {signame} before memoryd was ready; stopped it",
-                                       log, 128 + got[0])
+                                       128 + got[0])
                 if wake is not None and wake in readable:
                     os.read(wake, 512)  # another signal with a Python handler: not ours
                     continue
@@ -222,10 +209,10 @@ def start_ready(
                 if pidfd in readable:
                     code = proc.wait()
                     reason = (_last_line(log, offset) if log is not None else "") or f"exit status {code}"
-                    raise LaunchFailed(reason, log, code)
+                    raise LaunchFailed(reason, code)
                 if not readable:
                     _stop(proc)
-                    raise LaunchFailed(f"memoryd was not ready within {wait_s:g}s; stopped it", log)
+                    raise LaunchFailed(f"memoryd was not ready within {wait_s:g}s; stopped it")
         finally:
             os.close(pidfd)
 

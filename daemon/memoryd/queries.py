@@ -29,16 +29,14 @@ IndexPage = Literal["auto", "keys", "walk", "sorted"]
 
 def like_pattern(text: str) -> str:
     """``text`` as a LIKE pattern matching it anywhere, with ``\\``, ``%`` and ``_`` escaped.
-    SQLite's LIKE folds ASCII letters only (no ICU here), exactly the protocol's rule, and
-    costs about half of ``instr(lower(text), lower(?))``."""
+    SQLite's LIKE folds ASCII letters only (no ICU here), exactly the protocol's rule."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
-#: LIKE reads its pattern, and FTS5 its query, only up to a NUL (a character of the text
-#: like any other, JSON's ``\\u0000``): ``%\\x00x%`` is ``%``, and the phrase an unterminated
-#: string. A needle with one is matched whole, ``instr(lower(text), lower(?))`` (the same
-#: ASCII-only folding), by a scan: a needle nobody types, on no hot path.
+#: LIKE reads its pattern, and FTS5 its query, only up to a NUL (JSON's ``\\u0000``), so a
+#: needle with one is matched by a scan with ``instr(lower(text), lower(?))`` (the same
+#: ASCII-only folding): a needle nobody types, on no hot path.
 WHOLE = "\x00"
 
 
@@ -47,29 +45,22 @@ def fts_phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-#: How much of the store file a reading connection maps (SQLite's upper bound, not an
-#: allocation: a 100,000-entry store is about 70 MB).
+#: How much of the store file a reading connection maps (an upper bound, not an allocation).
 READER_MMAP_BYTES = 256 << 20
 
 
 def prepare_reader(conn: sqlite3.Connection) -> None:
-    """A reading connection's settings: the store memory-mapped. Every commit by another
-    connection (a query's recall bookkeeping commits soon after it) empties a connection's
-    page cache, so that the next query would read each page again with a system call and a
-    copy; a mapped page is read in place (pages still in the WAL are read as before), and
-    selective queries got faster for it (bench/results/PER-QUERY.md). The price: SQLite
-    unmaps the file at such a commit too, so a whole-store scan faults its pages in again;
-    and the hazard SQLite documents for mapping: a read error of the disk under a mapped
-    page is a SIGBUS that ends the daemon, not a STORE_UNAVAILABLE answer (writes, on the
-    writer's own unmapped connection, keep their answers; the service restarts it)."""
+    """A reading connection's settings: the store memory-mapped, since every commit by
+    another connection (the recall bookkeeping's, after each query) empties its page cache,
+    and a mapped page is read in place. The hazard SQLite documents: a disk read error under
+    a mapped page is a SIGBUS that ends the daemon, not STORE_UNAVAILABLE (the writer's own
+    connection is not mapped; the service restarts the daemon)."""
     conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
 
 
-#: The index plan's candidates: the index's matches, and every entry of its tail (above its
-#: mark: in no index yet, see store.TEXT_MARK_KEY), a rowid range. One statement, so the
-#: mark and the index are read at one moment (they move in one transaction). A store
-#: without a mark has no tail. SQLite builds the list once and looks each rowid up
-#: (tests/test_query_plans.py checks the plan: no scan of entries).
+#: The index plan's candidates: the index's matches, and its tail (the rowids above its mark,
+#: in no index yet; see store.TEXT_MARK_KEY). One statement, so the mark and the index,
+#: which move in one transaction, are read at one moment.
 INDEX_CANDIDATES = ("rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ? UNION ALL "
                     f"SELECT rowid FROM entries WHERE rowid > {TEXT_MARK_SQL})")
 
@@ -116,9 +107,8 @@ def _filters(conn: sqlite3.Connection, track: str | None, scope: str | None, tex
             where.append("instr(lower(text), lower(?)) > 0")
             args.append(text)
         else:
-            # ``+?``, not ``?``: a bound pattern of LIKE marks the statement to be prepared
-            # again whenever it is bound (for the LIKE optimization, which no index of text
-            # could use here), a cost on every query. The unary plus leaves the value as it is.
+            # ``+?``, not ``?``: a bound LIKE pattern makes SQLite prepare the statement again
+            # on every bind (for a LIKE optimization no index here could use).
             where.append("text LIKE +? ESCAPE '\\'")
             args.append(like_pattern(text))
     if track is not None:
@@ -149,10 +139,9 @@ def query(
     workspace_key: str | None,
     plan: QueryPlan = "auto",
 ) -> list[Entry]:
-    """All hits in rank order. A text matches as a substring with ASCII letters folded (the
-    protocol's rule): LIKE does exactly that. With an index plan, the trigram index gives the
-    candidates (a superset: it folds more than ASCII) and the same LIKE keeps the exact hits,
-    so both plans return the same rows (tests/test_query_plans.py compares them)."""
+    """All hits in rank order. With an index plan the trigram index gives the candidates (a
+    superset: it folds more than ASCII) and the same LIKE keeps the exact hits, so both
+    plans return the same rows."""
     where, args, _ = _filters(conn, track, scope, text, agent_key, workspace_key, plan)
     return [row_to_entry(r) for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries{where}{RANK_ORDER}",
                                                   args).fetchall()]
@@ -172,14 +161,10 @@ def query_page(
     page: IndexPage = "auto",
 ) -> tuple[list[Entry], int]:
     """What a page of ``limit`` hits can come from, and the number of all hits: the first
-    ``limit`` hits by stored rank, and the hits among ``boosted`` (entries whose queued
-    recalls may lift them; the caller ranks again). Any other hit has ``limit`` hits ahead
-    of it that stay ahead (a recall only lifts, and it is not lifted), so it is on no page. Rows are
-    built for these only: a query costs in proportion to its page, not to the store (apart
-    from matching itself, which a text without the index plan scans for).
-
-    ``plan`` and ``page`` force a plan and, for the index plan, how its page is read (see
-    IndexPage): for tests, which compare them all. By default the probe decides both."""
+    ``limit`` hits by stored rank, and the hits among ``boosted`` (whose queued recalls may
+    lift them; the caller ranks again). Any other hit has ``limit`` hits that stay ahead of
+    it, so rows are built for these only. ``plan`` and ``page`` force a plan and how its
+    page is read, for tests; by default the probe decides both."""
     take = limit
     candidates: int | None = None
     stored = entry_count(conn) if text else 0  # read once: the probe and both walk choices use it
@@ -199,10 +184,8 @@ def query_page(
                 chosen.extend(k[0] for k in keys[take:] if k[1] in lifted)
             rows = _rows_in(conn, "rowid", chosen, "", [])
             return sorted((row_to_entry(r) for r in rows), key=rank), len(keys)
-        # Many candidates: the hits counted in C from the candidates' rows; then, if the
-        # hits are as dense (the other filters may leave few), the page is the scan plan's:
-        # the rank index walked until the page is full, each row's text checked, a short
-        # walk where sorting would read every hit's row. Otherwise the few hits, sorted.
+        # Many candidates: count the hits; if they are dense, walk the rank index as the scan
+        # plan does until the page is full, else sort the few hits.
         (total,) = conn.execute(f"SELECT count(*) FROM entries NOT INDEXED{where}", args).fetchone()
         if page == "auto":
             page = "walk" if walks(int(total), take, stored) else "sorted"
@@ -236,13 +219,9 @@ def _with_boosted(conn: sqlite3.Connection, entries: list[Entry], total: int, bo
     return entries, total
 
 
-#: The index plan's page walks the rank index (checking each row's text, as the scan plan
-#: does) when its candidates are at least this dense: the walk reads about ``take ×
-#: entries / hits`` cheap rows, where the sorted path reads every hit's row with the
-#: candidate list, several times dearer each; on the bench's needles the walk wins from
-#: hits² ≥ about take × entries / 7 (bench/results/PER-QUERY.md). A walk whose hits all
-#: rank last reads the whole rank index: at worst it costs the scan it stands in for (the
-#: count alone stays the index's).
+#: The index plan's page walks the rank index when its hits are at least this dense: the
+#: walk reads about ``take × entries / hits`` cheap rows, the sorted path every hit's row at
+#: a higher cost each. At worst (every hit ranks last) the walk costs the scan it replaces.
 WALK_DENSITY = 1 / 7
 
 

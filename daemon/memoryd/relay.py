@@ -1,22 +1,15 @@
 """``memoryd serve --stdio``: a harness's way in to the one daemon that owns the store.
 
 The relay connects to the daemon's socket (starting the daemon, detached, when none
-answers), checks that it serves the store this process was configured with, then copies
-bytes both ways: stdin → socket, socket → stdout. It never parses what it relays, so
-approvals, events, errors and ordering pass through unchanged, byte for byte.
+answers), checks that it serves the configured store, then copies bytes both ways without
+parsing them, so approvals, events, errors and ordering pass through unchanged. EOF on
+stdin half-closes the connection: the daemon answers what was sent, and the relay exits 0.
+The daemon closing first gives the harness EOF, one line on stderr, and exit status 1.
 
-- EOF on stdin half-closes the connection: the daemon answers what was sent, denies the
-  approvals still pending as ``unavailable``, then closes, and the relay exits 0.
-- The daemon closing first (it stopped or died) gives the harness EOF on stdout and one
-  line on stderr, and the relay exits 1.
-
-Stdlib only, imported without the daemon's stack: a harness spawns one per session. Its
-start is measured against ``python -c pass`` (bench ``start``), so what an attach to a
-running daemon imports is kept to ``socket`` and ``select``: paths are plain strings here
-(pathlib, with urllib.parse, cost it a third of ``python -c pass``) and are always those
-``str(Path)`` would give; the probe's answer is read by :mod:`memoryd_protocol.leanjson` (json
-and the ``re`` it imports cost a fifth); the stdin half runs on a ``_thread`` thread
-(threading's import was another few percent). Starting a daemon imports the rest.
+A harness spawns one per session, so attaching to a running daemon imports little beyond
+``socket`` and ``select``: paths stay strings (as ``str(Path)`` gives them), the probe's
+answer is read by :mod:`memoryd_protocol.leanjson`, and the stdin half runs on a
+``_thread`` thread. Starting a daemon imports the rest.
 """
 
 from __future__ import annotations
@@ -54,8 +47,8 @@ def _parent(path: str) -> str:
 
 
 def _as_path_str(value: Any) -> str:
-    """``str(Path(value))`` for a value read from JSON: TypeError unless a string, pathlib
-    only when the string is not already in the form a Path prints."""
+    """``str(Path(value))`` for a value read from JSON (TypeError unless a string), importing
+    pathlib only for a relative one."""
     if not isinstance(value, str):
         raise TypeError(f"not a path: {value!r}")
     from memoryd_protocol.paths import pathlib_str
@@ -101,16 +94,13 @@ def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
 
 def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *,
            follow_owner: bool = False) -> tuple[socket.socket, str, str | None]:
-    """A connection to the daemon on ``socket_path`` (as ``str(Path)`` has it), started
-    with ``serve_args`` when nothing answers there; the socket it is on; and, when it was
-    found by a store's owner record, that store. Never through a directory another user
-    controls: whoever does could have put their own socket there (:mod:`memoryd.rundir`).
+    """A connection to the daemon on ``socket_path``, started with ``serve_args`` when none
+    answers; the socket it is on; and the store whose owner record found it, if one did.
+    Never through a directory another user controls, who could have put their own socket there.
 
-    ``follow_owner`` (the socket is the default one, not chosen): before starting a daemon,
-    one that already owns the store (``db``, else the default one) on another socket is
-    used. A host that starts its MCP servers with a trimmed environment (no
-    ``XDG_RUNTIME_DIR`` or ``TMPDIR``) computes another default socket than the shell that
-    started the daemon; starting a second daemon there would only fail with STORE_LOCKED."""
+    ``follow_owner`` (nobody chose the socket): before starting a daemon, use one that owns
+    the store on another socket. A host with a trimmed environment (no ``XDG_RUNTIME_DIR``)
+    computes another default socket, where a second daemon would fail with STORE_LOCKED."""
     runtime = _parent(socket_path)
     try:
         check_private_dir(runtime, missing_ok=True)
@@ -197,9 +187,8 @@ def _ask(sock: socket.socket, socket_path: str, request: bytes) -> tuple[bytes, 
 
 
 def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None) -> bytes:
-    """Ask the daemon what it serves before relaying anything; the reply is ours, not the
-    harness's. Returns any bytes read past that reply (none in practice). ``db`` is as
-    ``str(Path)`` has it."""
+    """Ask the daemon what it serves before relaying anything (the reply is ours, not the
+    harness's); returns any bytes read past that reply."""
     line, rest = _ask(sock, socket_path, PROBE)
     try:
         status = _loads(line)["result"]
@@ -301,9 +290,8 @@ def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> 
 
 
 def _open_std_fds() -> None:
-    """A harness may start us with fd 0, 1 or 2 closed; the next socket would take that
-    number, and the relay would read its own daemon connection as stdin, or write to it as
-    stdout. A closed descriptor reads as EOF and writes into /dev/null instead."""
+    """Open /dev/null on a closed fd 0, 1 or 2: else the daemon connection would take that
+    number, and the relay would read it as stdin or write to it as stdout."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -312,8 +300,7 @@ def _open_std_fds() -> None:
 
 
 def _say(message: str) -> None:
-    """One line on fd 2. Not print(): with fd 2 closed at start, sys.stderr is None and
-    print() would write to stdout, the harness's protocol stream."""
+    """One line on fd 2. Not print(): with fd 2 closed at start, sys.stderr is None."""
     try:
         _write_all(2, f"memoryd: {message}\n".encode())
     except OSError:
@@ -345,10 +332,8 @@ def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
 def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None,
                   attach_line: bytes) -> bytes:
     """Send ``mcp/attach`` and check its answer, which says what the daemon serves as
-    ``daemon/status`` does: one round trip, where ``serve --stdio`` probes first. (The
-    daemon imports the MCP SDK on its first MCP session, which can take a second.) When the
-    check refuses, the connection closes before a byte of the host's is relayed. Returns
-    the bytes read past the answer: MCP."""
+    ``daemon/status`` does, before a byte of the host's is relayed. Returns the bytes read
+    past the answer: MCP."""
     line, rest = _ask(sock, socket_path, attach_line)
     try:
         answer = _loads(line)
@@ -366,10 +351,9 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_p
 
 def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str],
         mcp: tuple[str, str | None] | None = None, *, default_socket: bool = False) -> int:
-    """Relay for the harness; ``socket_path`` and ``db`` as ``str(Path)`` has them. With
-    ``mcp`` (the workspace and the agent, ``memoryd mcp``), the connection is switched to
-    MCP before the first byte is relayed. ``default_socket``: nobody chose the socket, so
-    the daemon that owns the store may be found by its owner record (:func:`attach`)."""
+    """Relay for the harness. With ``mcp`` (``memoryd mcp``'s workspace and agent) the
+    connection is switched to MCP first; ``default_socket``: nobody chose the socket
+    (:func:`attach`'s ``follow_owner``)."""
     _open_std_fds()
     try:
         line = None if mcp is None else mcp_attach_line(*mcp)

@@ -1,14 +1,10 @@
-"""Sessions belong to the connection that first names them.
+"""Sessions belong to the connection that first names them (in a write context, a
+snapshot, a proposal or a query's options), until it closes.
 
-A connection binds a session id the first time it sends one: in a write context
-(``write.agent.session.id``), a snapshot or a proposal (``session.id``), or a query's
-``opts.sessionId``. While that connection is open, no other connection may take the
-session's first snapshot or create proposals for it: otherwise any local process could
-decide what memory another live session's system prompt shows. Reading a snapshot that is
-already frozen stays open to everyone, and a write that carries another connection's
-session id is allowed (the id is only its label). The binding ends when the connection
-closes. Nothing here is stored: after a restart, the first connection to name a session
-binds it again.
+Meanwhile no other connection may take the session's first snapshot or create proposals
+for it: otherwise any local process could decide what another live session's system prompt
+shows. A frozen snapshot stays readable by all, and a write may carry any session id (it
+is only a label). Nothing is stored: after a restart, the first to name a session binds it.
 """
 
 from __future__ import annotations
@@ -69,9 +65,6 @@ class Sessions:
     def release(self, peer: Peer) -> None:
         for session_id in self._bound.pop(peer.id, ()):
             self._owner.pop(session_id, None)
-
-    def owner(self, session_id: str) -> int | None:
-        return self._owner.get(session_id)
 
     def binding(self, handler: Handler) -> Handler:
         """``handler``, after the session its params name is bound to the calling connection."""

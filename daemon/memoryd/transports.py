@@ -32,8 +32,7 @@ READ_CHUNK = 65536
 @dataclass(frozen=True)
 class PeerProcess:
     """The process on the other end of a connection, as the kernel reports it (not as the
-    client claims): shown to the human who approves that connection's writes, and listed
-    by ``daemon/status``. ``pid`` is None when the peer lives in another pid namespace."""
+    client claims). ``pid`` is None when the peer lives in another pid namespace."""
 
     pid: int | None
     exe: str | None = None
@@ -43,7 +42,7 @@ class PeerProcess:
 
     @classmethod
     def of(cls, pid: int, uid: int | None = None, via: int | None = None) -> PeerProcess | None:
-        if pid <= 0:  # 0: the peer lives in another pid namespace
+        if pid <= 0:
             return None if uid is None else cls(None, None, uid)
         try:
             exe: str | None = os.readlink(f"/proc/{pid}/exe")
@@ -53,8 +52,7 @@ class PeerProcess:
                    via if via is not None and via > 0 and via != pid else None)
 
     def pids(self) -> frozenset[int]:
-        """Every process this connection is: the one shown, and the relay it came through
-        (empty when the kernel gave no pid)."""
+        """The pid shown and the relay's it came through (empty when the kernel gave none)."""
         return frozenset(p for p in (self.pid, self.via) if p is not None)
 
     def interactive(self) -> bool:
@@ -74,12 +72,15 @@ def _proc_uid(pid: int) -> int | None:
     return None
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after "pid (comm)", which may contain spaces and parens: state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
 def has_terminal(pid: int) -> bool:
-    """``/proc/<pid>/stat`` field 7 (tty_nr) is not 0: the process has a controlling terminal."""
+    """The process has a controlling terminal (tty_nr is not 0)."""
     try:
-        # "pid (comm) state ppid pgrp session tty_nr ..."; comm may contain spaces and parens
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        return int(fields[4]) != 0
+        return int(_stat_fields(pid)[4]) != 0
     except (OSError, ValueError, IndexError):
         return False
 
@@ -90,11 +91,9 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
     """SO_PEERCRED of a connected Unix socket (or asyncio's wrapper of one): the peer's
     (pid, uid, gid) at connect time, or None when the kernel cannot say."""
-    if sock is None:
-        return None
     try:
         pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except (OSError, AttributeError, struct.error):  # not a Unix socket, or not Linux
+    except (OSError, AttributeError, struct.error):  # no socket, not a Unix one, or not Linux
         return None
     return pid, uid, gid
 
@@ -105,9 +104,8 @@ def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
 
 
 class RefusalLog:
-    """One warning per refused connection, but at most ``burst`` per ``window_s``
-    seconds: the rest are counted and summed up in one line once the window is over, so
-    a peer that connects in a loop cannot flood the log."""
+    """One warning per refused connection, at most ``burst`` per ``window_s`` seconds, the
+    rest summed up in one line: a peer that connects in a loop cannot flood the log."""
 
     def __init__(self, burst: int = 10, window_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -155,8 +153,7 @@ def _behind_relay(pid: int) -> int:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
         if not _is_stdio_relay(argv):
             return pid
-        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces and parens
-        ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        ppid = int(_stat_fields(pid)[1])
     except (OSError, ValueError, IndexError):
         return pid
     return ppid if ppid > 1 else pid
@@ -171,8 +168,6 @@ def _is_live(path: Path) -> bool:
         probe.settimeout(1.0)
         try:
             probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
         except OSError as exc:
             if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
                 return False
@@ -190,9 +185,8 @@ def _temporary(path: Path) -> Path:
 
 
 def refuse_taken(path: Path) -> None:
-    """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket, and short
-    enough to bind (with the temporary name it is bound under first); :class:`UnsafeDir`
-    when its directory exists and is not private to us."""
+    """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket and short enough
+    to bind under its temporary name; :class:`UnsafeDir` when its directory is not private."""
     check_private_dir(path.parent, missing_ok=True)
     length = len(os.fsencode(_temporary(path)))
     if length > MAX_SOCKET_PATH:
@@ -206,8 +200,7 @@ def refuse_taken(path: Path) -> None:
 
 
 def _sweep_temporaries(path: Path) -> None:
-    """Remove the temporary names that daemons killed before moving their socket into
-    place left behind (``.<name>.<pid>`` of a pid that no longer runs)."""
+    """Remove the ``.<name>.<pid>`` left by daemons killed before moving their socket into place."""
     prefix = f".{path.name}."
     try:
         names = os.listdir(path.parent)
@@ -229,10 +222,8 @@ def _sweep_temporaries(path: Path) -> None:
 
 
 def bind_unix(path: Path) -> tuple[socket.socket, Path]:
-    """Bind and listen under a temporary name, returned with the socket: the caller moves
-    it into place (``os.replace``) once it serves, so the path appears only then. A stale
-    socket file is replaced at that moment; a live daemon is refused, and so is a socket
-    directory that is not private (:mod:`memoryd.rundir`)."""
+    """Bind and listen under a temporary name, returned with the socket: the caller moves it
+    into place (``os.replace``) once it serves, so the path never names a socket nobody serves."""
     ensure_private_dir(path.parent)
     refuse_taken(path)
     _sweep_temporaries(path)
@@ -287,18 +278,15 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
-#: The default max_buffered_bytes: a connection whose peer has not read this much of what
-#: we sent is dropped (a stalled approver must not make the daemon buffer without bound),
-#: and at most this much of its unread input is queued before the daemon stops reading it.
+#: The default max_buffered_bytes, both ways: unsent output past it drops the connection (a
+#: stalled peer must not make the daemon buffer without bound), unread input past it pauses reading.
 MAX_UNREAD = DEFAULT_MAX_BUFFERED_BYTES
 
 
 class _ReadBuffer(threading.local):
-    """The buffer a socket reads into, one per thread (per event loop), shared by all the
-    connections that loop serves: asyncio's socket transport calls ``get_buffer``,
-    ``recv_into`` and ``buffer_updated`` back to back in one callback on the loop's
-    thread, and ``buffer_updated`` copies the bytes out, so no two reads ever use it at
-    once. (One per connection would cost 64 KiB of RSS per idle connection.)"""
+    """The buffer sockets read into, one per thread (event loop) rather than per connection:
+    asyncio calls ``get_buffer``, ``recv_into`` and ``buffer_updated`` back to back on the
+    loop's thread and ``buffer_updated`` copies the bytes out, so no two reads share it."""
 
     def __init__(self) -> None:
         self.view = memoryview(bytearray(READ_CHUNK))
@@ -308,41 +296,24 @@ _read_buffer = _ReadBuffer()
 
 
 class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
-    """A connection as an asyncio Protocol: bytes arrive by callback, replies go out
-    through the transport's buffer. One class for both transports, with one flow control
-    both ways: pause_reading when unread chunks pile up past max_buffered_bytes,
-    pause_writing (the transport's high-water mark) when the peer does not read, and a
-    peer that stops reading altogether is dropped.
+    """A connection as an asyncio Protocol, for both transports, with flow control both ways:
+    reading pauses once unread chunks pass max_buffered, writing waits at the transport's
+    high-water mark, and a peer that stops reading altogether is dropped.
 
-    A socket is one transport both ways (``loop.connect_accepted_socket``). stdio is two
-    (:func:`stdio_stream`): a read pipe and a write pipe, each calling ``connection_made``
-    and ``connection_lost`` on this same instance, so each direction is told apart by its
-    transport (``transport`` reads, ``out`` writes).
-
-    anyio's UNIX socket stream re-registers the socket with epoll on every receive and
-    yields on every send; on a 2-core machine that was a third of a query's round trip.
-    This keeps one registration for the connection's life and never yields to write a
-    reply.
-
-    A socket reads through the buffered half of the protocol (``get_buffer`` and
-    ``buffer_updated``, into one buffer per event loop: ``_ReadBuffer``): for a plain
-    Protocol, asyncio's socket transport allocates a new 256 KiB bytes object for every
-    ``recv`` and shrinks it to what arrived, and a block that large comes from ``mmap``
-    and goes back with ``munmap`` each time, which doubled an asyncio echo's round trip
-    (bench/results/PER-REQUEST.md). Pipes (stdio) have no buffered path in asyncio and
-    still call ``data_received``.
-
-    Failures are OSErrors (asyncio's own: ``BrokenPipeError`` once the peer is gone).
+    A socket is one transport both ways; stdio is two pipes (:func:`stdio_stream`), each
+    calling ``connection_made``/``connection_lost`` here, told apart as ``transport`` (reads)
+    and ``out`` (writes). Unlike anyio's streams this keeps one epoll registration per
+    connection and never yields to write. Sockets read through the buffered half
+    (:class:`_ReadBuffer`), so asyncio does not allocate a large bytes object per ``recv``;
+    pipes have no buffered path and call ``data_received``. Failures are OSErrors.
     """
 
     def __init__(self, on_connect: Callable[[StreamProtocol], None] | None, max_buffered: int = MAX_UNREAD,
                  *, peer: PeerProcess | None = None) -> None:
-        """``on_connect`` runs once both directions are connected (a socket: once its peer
-        credentials let it in). ``peer``: who is on the other end when no socket can say
-        (stdio: our parent); without it the socket's peer credentials decide, and another
-        user's connection is refused."""
+        """``on_connect`` runs once both directions are connected and the peer is let in.
+        ``peer`` is given when no socket can say (stdio: our parent); without it the socket's
+        credentials decide, and another user's connection is refused."""
         self._on_connect = on_connect
-        #: max_buffered_bytes: unread input queued here, and unsent output, per connection
         self.max_buffered = max_buffered
         self._chunks: deque[bytes] = deque()
         self._queued = 0
@@ -352,15 +323,12 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         #: the writing side is gone (closed, flushed, or aborted)
         self._sent = asyncio.Event()
         self._eof = False
-        #: ``end_chunks``: nothing more is read
-        self._ended = False
+        self._ended = False  # end_chunks was called
         self._paused = False
         self._check_peer = peer is None
         #: no more bytes can go out
         self.closed = False
-        #: where bytes come from
         self.transport: asyncio.ReadTransport | None = None
-        #: where bytes go (a socket: the same transport)
         self.out: asyncio.WriteTransport | None = None
         self.peer: PeerProcess | None = peer
 
@@ -384,10 +352,9 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
             self._on_connect(self)
 
     def _refuse(self, transport: asyncio.Transport, sock: Any, creds: tuple[int, int, int] | None) -> None:
-        """Another user's connection: never served, nothing of it parsed. Both directions
-        are shut first, so the peer can send no more and reads EOF; whatever it sent before
-        is discarded, since closing a Unix socket with unread input would reset the peer
-        instead of ending its stream."""
+        """Another user's connection: never served, nothing of it parsed. Shut both ways and
+        discard its input first: closing a Unix socket with unread input resets the peer
+        instead of giving it EOF."""
         refusals.refused(creds[0] if creds else None, creds[1] if creds else None)
         self.closed = True
         with contextlib.suppress(OSError):
@@ -417,8 +384,7 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         return True  # a socket stays half-open: replies to what was sent can still go out
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # Whichever transport is lost is closing by now: a socket is both directions, and
-        # a stdio pipe is one of them (stdin's EOF must not stop the replies).
+        # A stdio pipe is one direction only: stdin's EOF must not stop the replies.
         if self.transport is None or self.transport.is_closing():
             self._eof = True
             self._readable.set()
@@ -434,8 +400,7 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         self._writable.set()
 
     def end_chunks(self) -> None:
-        """``chunks`` ends at once, as at EOF, whatever is still queued: the daemon's drain
-        reads no further line (``Connection.stop_reading``). Replies still go out."""
+        """End ``chunks`` at once, as at EOF, whatever is queued (the drain); replies still go out."""
         self._ended = True
         self._readable.set()
 
@@ -454,9 +419,8 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
             await self._readable.wait()
 
     def post(self, data: bytes) -> None:
-        """Queue bytes for the peer without waiting; a peer that stops reading altogether
-        is disconnected once more than max_buffered bytes wait for it (one line, however
-        long, always goes out). Raises BrokenPipeError once the peer is gone."""
+        """Queue bytes without waiting; a peer with more than max_buffered bytes unsent is
+        dropped (one line, however long, always goes out). BrokenPipeError once it is gone."""
         out = self.out
         if self.closed or out is None or out.is_closing():
             raise BrokenPipeError("the peer is gone")
@@ -495,8 +459,7 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
 
 
 def _pollable(fd: int) -> bool:
-    """epoll watches ``fd`` (a pipe, a socket, a terminal), so asyncio's pipe transports can
-    serve it: not a regular file, nor /dev/null (epoll refuses those with EPERM)."""
+    """epoll can watch ``fd`` (not a regular file, nor /dev/null), so asyncio's pipes can serve it."""
     with selectors.DefaultSelector() as probe:
         try:
             probe.register(fd, selectors.EVENT_READ)
@@ -506,9 +469,8 @@ def _pollable(fd: int) -> bool:
 
 
 class FileReader(asyncio.ReadTransport):
-    """The regular-file fallback for stdin (``serve --stdio < requests.ndjson``), which
-    asyncio's pipe transports refuse: reads run in a worker thread, one chunk at a time,
-    and stop while the protocol has paused reading."""
+    """The regular-file fallback for stdin, which asyncio's pipe transports refuse: reads run
+    in a worker thread, one chunk at a time, and stop while reading is paused."""
 
     def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
         super().__init__()
@@ -557,8 +519,7 @@ class FileReader(asyncio.ReadTransport):
 
 
 class FileWriter(asyncio.WriteTransport):
-    """The regular-file fallback for stdout (``serve --stdio > out``): a file takes every
-    write whole, so nothing is ever buffered and the peer is never behind."""
+    """The regular-file fallback for stdout: a file takes every write whole, so nothing is buffered."""
 
     def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
         super().__init__()
@@ -602,8 +563,7 @@ async def _connect_stdio(proto: StreamProtocol, in_fd: int, out_fd: int) -> None
     loop = asyncio.get_running_loop()
     a, b = os.fstat(in_fd), os.fstat(out_fd)
     if stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
-        # One socket both ways (inetd style): one socket transport, as for the listener's
-        # connections (a write pipe on it would take incoming bytes for its peer closing).
+        # One socket both ways (inetd style): a write pipe on it would take input for EOF.
         await loop.connect_accepted_socket(lambda: proto, socket.socket(fileno=os.dup(in_fd)))
         return
     if _pollable(in_fd):
@@ -618,11 +578,9 @@ async def _connect_stdio(proto: StreamProtocol, in_fd: int, out_fd: int) -> None
 
 @contextlib.asynccontextmanager
 async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD) -> AsyncIterator[StreamProtocol]:
-    """stdio as a :class:`StreamProtocol` whose peer is our parent: asyncio's pipe
-    transports, or the regular-file fallback (:class:`FileReader`, :class:`FileWriter`)
-    for a side that epoll cannot watch. On exit, unsent bytes are dropped (``finish``
-    first to send them) and the descriptors get their blocking mode back, since the
-    parent shares them; they stay open."""
+    """stdio as a :class:`StreamProtocol` whose peer is our parent. On exit unsent bytes are
+    dropped (``finish`` first to send them), and the descriptors, shared with the parent,
+    stay open and get their blocking mode back."""
     saved = [(fd, os.get_blocking(fd)) for fd in (in_fd, out_fd)]
     proto = StreamProtocol(None, max_buffered, peer=PeerProcess.of(os.getppid()))
     try:

@@ -1,36 +1,12 @@
 """``memoryd systemd-units``: the two systemd user units for *this* installed memoryd.
 
-The units are generated, not shipped: ``ExecStart=`` must name the ``memoryd`` of the
-environment it was installed into (pipx, a venv, ``pip --user``), and the sandbox must leave
-exactly the store directory writable, which depends on the user's XDG dirs and config.
-
-- ``memoryd.socket`` listens on ``%t/memoryd/memoryd.sock`` (``%t`` is ``$XDG_RUNTIME_DIR``:
-  the path ``memoryctl`` looks at first), 0600 in a 0700 directory.
-- ``memoryd.service`` runs ``memoryd serve``, which takes the inherited listening socket
-  (``LISTEN_FDS``, fd 3) and reports ``READY=1`` once the store is open (``Type=notify``).
-
-Sandbox, measured with systemd 252 (Debian 12): ``systemd-analyze security --user
---offline=true memoryd.service`` rates the generated service **1.2 OK** (1.3 when memoryd or
-its store lives under /tmp, where ``PrivateTmp=`` must stay off); tests/test_systemd_units.py
-fails above 4.0. What still counts against it, and why it stays:
-
-- ``User=``/``DynamicUser=``, ``RootDirectory=``: not available to a user unit, or pointless
-  for a program that runs from the user's own install;
-- ``ProtectControlGroups=``, ``ProtectProc=``, ``ProcSubset=``: systemd.exec(5) of 252 says a
-  user manager does not support them, so the unit does not pretend to set them;
-- ``IPAddressDeny=``: needs BPF, which a user manager cannot attach; ``PrivateNetwork=``
-  already leaves the service with only a loopback device;
-- ``RestrictAddressFamilies=AF_UNIX``, ``ProtectHome=read-only``: the daemon needs Unix
-  sockets, and reads its install and config under ``$HOME``;
-- ``DeviceAllow=char-rtc:r``: added by ``ProtectClock=`` itself.
-
-The store directory and ``%t/memoryd`` stay writable (``ReadWritePaths=``); everything else
-is read-only (``ProtectSystem=strict``). Checked by hand under a real ``systemd --user``
-(252): socket activation, ``READY=1``, writes to the store, re-creation of a deleted store
-directory, and a clean stop (status 0) all work with the full sandbox.
-
-Stdlib only and cheap to import: the configuration is read (to find ``db_path``) only when
-the units are rendered.
+They are generated, not shipped: ``ExecStart=`` must name the ``memoryd`` of the
+environment it was installed into, and the sandbox must leave exactly the store directory
+and ``%t/memoryd`` writable, which depends on the user's config. ``memoryd.socket`` listens
+where memoryctl looks first; ``memoryd.service`` inherits that listener and reports
+``READY=1`` once the store is open. Hardening a user manager cannot apply (``User=``,
+``ProtectControlGroups=``, ``ProtectProc=``, ``IPAddressDeny=``) is left out rather than
+pretended. Cheap to import: the config is read (for ``db_path``) only when rendering.
 """
 
 from __future__ import annotations
@@ -60,8 +36,8 @@ class UnitError(DaemonError, ValueError):
 
 
 class Install:
-    """What the units depend on; everything else in them is fixed. (A plain class: the
-    memoryd command line imports this module, and dataclasses is not free to import.)"""
+    """What the units depend on; everything else in them is fixed. A plain class: the
+    command line imports this module, and dataclasses is not free to import."""
 
     __slots__ = ("documentation", "exec_start", "mkdir", "private_tmp", "store_dir")
 
@@ -78,11 +54,8 @@ class Install:
 
 
 def memoryd_command(executable: str | None = None) -> tuple[str, ...]:
-    """The installed console script next to the interpreter, else ``python -m memoryd``.
-
-    The interpreter path is made absolute but not resolved: a venv's ``bin/python`` is a
-    symlink, and only the unresolved path finds the venv's site-packages.
-    """
+    """The installed script next to the interpreter, else ``python -m memoryd``. The path is
+    absolute but not resolved: only a venv's unresolved ``bin/python`` finds its site-packages."""
     python = Path(os.path.abspath(executable or sys.executable))
     script = python.parent / "memoryd"
     if script.is_file() and os.access(script, os.X_OK):
@@ -91,18 +64,9 @@ def memoryd_command(executable: str | None = None) -> tuple[str, ...]:
 
 
 def documentation(package_root: Path | None = None) -> tuple[str, ...]:
-    """``Documentation=`` URIs for this install, most useful first.
-
-    The project publishes no URL (no ``Project-URL`` in its metadata) and ships no man page,
-    and a wheel does not install README.md as a file. So:
-
-    1. a source checkout or editable install (README.md and pyproject.toml beside the
-       package directories): that README, the one that describes this very code;
-    2. otherwise the distribution's ``METADATA`` file in site-packages: its body *is* the
-       README (``readme = "README.md"`` in pyproject.toml), it is local, and it matches the
-       installed version;
-    3. plus any ``Project-URL`` the metadata does carry (none today).
-    """
+    """``Documentation=`` URIs for this install: a source checkout's README, else the
+    installed distribution's ``METADATA`` (whose body is the README, of this very version),
+    plus any ``Project-URL`` the metadata carries."""
     if package_root is None:
         package_root = Path(__file__).resolve().parents[2]
     readme = package_root / "README.md"

@@ -1,11 +1,7 @@
-"""The MCP front-end's way in: ``mcp/attach``.
-
-``memoryd mcp`` relays bytes into the daemon (:mod:`memoryd.relay`); its connection asks
-``mcp/attach`` and from then on speaks MCP, served here by the official SDK
-(:mod:`memoryd.mcp_host.session`). The SDK, with pydantic, is imported once, on the first
-MCP session and off the event loop, so a daemon that never serves MCP never pays for it.
-Every tool call goes through the daemon's own method handlers: the budgets, the approval
-gate and the ledger are the same for MCP as for every other client.
+"""The MCP front-end's way in: ``mcp/attach``, after which the connection speaks MCP,
+served by the official SDK (:mod:`memoryd.mcp_host.session`). The SDK is imported on the
+first MCP session, off the event loop. Every tool call goes through the daemon's own method
+handlers, so budgets, the approval gate and the ledger are the same as for any client.
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ class McpFront:
             if self._session is None:
                 import importlib
 
-                # About a second of imports: on a thread, so that every other connection
-                # is served meanwhile.
+                # slow imports: on a thread, so every other connection is served meanwhile
                 self._session = await anyio.to_thread.run_sync(importlib.import_module, "memoryd.mcp_host.session")
             return self._session
 

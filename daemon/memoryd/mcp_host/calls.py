@@ -1,11 +1,7 @@
-"""A tool call as the daemon serves it: the model's arguments, the session's context, the
-method handler of the methods table, and the result as MCP carries it.
-
-The arguments are decoded with the wire's own types (strict: an unknown field or a wrong
-type is ``INVALID_INPUT``, as on the socket); the session supplies what a model must not
-choose: the write context, the query's session options, the proposal's session. A failure
-is a tool result with ``isError`` and ``{code, message, details}``, so a model can branch
-on the code.
+"""A tool call as the daemon serves it: the model's arguments decoded strictly with the
+wire's types, the session supplying what a model must not choose (the write context, the
+query's session options, the proposal's session), the method's handler, and the result as
+MCP carries it. A failure is an ``isError`` result with ``{code, message, details}``.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ from .peer import McpPeer
 log = logging.getLogger("memoryd.mcp")
 
 
-#: A ``tools/call`` result in its wire form. Handlers return it as a dict, not as the SDK's
-#: ``CallToolResult``: the SDK validates and dumps a handler's result for the negotiated
-#: era either way, and a model would be dumped once more before that.
+#: A ``tools/call`` result in wire form: a dict, not the SDK's ``CallToolResult``, which the
+#: SDK would dump once more before validating and dumping it for the negotiated era.
 ToolResult = dict[str, Any]
 
 

@@ -1,13 +1,9 @@
 """An MCP session as the daemon's approvals and events see it: a :class:`~memoryd.context.Peer`.
 
-The gate sends ``approval/asked`` to the connection that wrote, when that connection can
-approve. For an MCP session "can approve" means that the host declared elicitation and
-the config lets MCP ask through it (``mcp_approvals = "elicitation"``): the question then
-becomes the host's elicitation dialog (the 2025-11-25 era: a server-to-client
-``elicitation/create``) or an input-required result that the host answers on its retry
-(2026-07-28). Otherwise the write is asked of subscribed approvers, as for any headless
-connection. Changes (``memory/*`` events, the session's own and, through the watch
-registry, everyone else's) become MCP resource updates.
+It can approve when the host declared elicitation and ``mcp_approvals = "elicitation"``:
+the question becomes the host's dialog (2025-11-25: ``elicitation/create``) or an
+input-required result answered on the retry (2026-07-28); otherwise subscribed approvers
+are asked. ``memory/*`` events become MCP resource updates.
 """
 
 from __future__ import annotations
@@ -49,8 +45,8 @@ class McpPeer:
                  on_asked: Callable[[Call, ApprovalAsked], None], on_resolved: Callable[[str], None]) -> None:
         self.conn = conn
         self.id = conn.id
-        #: one-way, as ``initialize``'s approvals: false is: once a request of this session
-        #: comes from a host without elicitation, its writes go to the approvers for good
+        #: one-way: once a request comes from a host without elicitation, its writes go to
+        #: the approvers for good
         self.can_approve = can_elicit
         self.gone = False
         self.peer: PeerProcess | None = conn.peer

@@ -1,16 +1,9 @@
-"""One MCP session inside the daemon, served by the official SDK's low-level ``Server``.
+"""One MCP session inside the daemon, served by the official SDK's low-level ``Server``,
+which serves both eras (2025-11-25, 2026-07-28) over :class:`~memoryd.mcp_host.wire.Wire`.
 
-Where a request's work runs:
-
-- the connection's bytes are framed by :class:`~memoryd.mcp_host.wire.Wire` and handed to
-  the SDK's server loop, which serves both eras (the 2025-11-25 handshake, the 2026-07-28
-  per-request envelope); its replies go back through the wire, never waiting on a peer;
-- a ``tools/call`` becomes one call of the daemon's own method handler
-  (:meth:`~memoryd.mcp_host.calls.McpCalls.call`), in a task of this session's, so a write
-  parked on an approval outlives the SDK's request when the 2026-07-28 era answers it on a
-  retry.
-
-The server's ``instructions``, the resource ``memory://snapshot`` and the prompt
+A ``tools/call`` runs the daemon's own method handler in a task of this session's, so a
+write parked on an approval outlives the SDK's request when the 2026-07-28 era answers it
+on a retry. The ``instructions``, the resource ``memory://snapshot`` and the prompt
 ``memory-snapshot`` are the session's frozen snapshot, taken once, at its first request.
 """
 
@@ -51,10 +44,8 @@ log = logging.getLogger("memoryd.mcp")
 
 
 class _Withheld(logging.Filter):
-    """The SDK's log lines, without what they carry: its messages can hold what a host sent
-    (a result's body, memory text), which stays out of the log above debug level. An
-    operator still sees each warning and error, and the exception's type; below warning the
-    SDK's lines are kept only when memoryd logs at debug."""
+    """The SDK's log lines without their arguments, which can hold memory text: only
+    warnings and errors, with the exception's type, unless memoryd logs at debug."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
@@ -118,8 +109,7 @@ def _tool(t: McpTool) -> types.Tool:
                                           idempotent_hint=t.read_only or None, open_world_hint=False))
 
 
-#: ``tools/list``'s result: the same for every session, so made once, when the daemon
-#: imports this module for its first MCP session (on a thread).
+#: ``tools/list``'s result, the same for every session: made once, at import (on a thread).
 _TOOLS_LISTED: Final = types.ListToolsResult(tools=[_tool(t) for t in TOOLS]).model_dump(
     by_alias=True, mode="json", exclude_none=True)
 
@@ -165,8 +155,7 @@ class McpSession:
         # Results in wire form (calls.ToolResult): the handler's own types are the SDK's.
         self.server.add_request_handler("tools/list", types.PaginatedRequestParams, self._list_tools)
         self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
-        # memoryd sends no telemetry: the SDK's default middleware (an OpenTelemetry span
-        # per message) goes, and ours alone wraps each request.
+        # memoryd sends no telemetry: the SDK's default middleware (OpenTelemetry) goes.
         self.server.middleware.clear()
         self.server.middleware.append(self._identify)
         # The 2026-07-28 retry's requestState is sealed to this session, the tool and its
@@ -178,10 +167,9 @@ class McpSession:
     # --- identity and the frozen snapshot ----------------------------------------------
 
     async def _identify(self, ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
-        """The session's agent layer is fixed by the first request that names the host;
-        the snapshot is taken at the session's start: its handshake, else its first request.
-        (A 2026-07-28 host may discover on another process and send this one none: the
-        TypeScript SDK's stdio client probes ``server/discover`` on a short-lived sibling.)"""
+        """Fix the agent layer at the first request that names the host, and take the
+        snapshot at the handshake, else the first request (a 2026-07-28 host may discover
+        on a sibling process and send this one no handshake)."""
         if self.calls.agent is None:
             client = self._client_of(ctx)
             if client is not None or ctx.method != "initialize":

@@ -1,15 +1,10 @@
 """An MCP session's connection as the SDK's message streams, with the daemon's caps.
 
-Lines are framed as on the socket (``max_message_bytes``, ``half_line_timeout_s``), each
-parsed into the SDK's ``SessionMessage``; a line that is no JSON-RPC message is answered
-here. Replies go out without waiting: a host that stops reading is dropped once more than
-``max_buffered_bytes`` wait for it (the transport's rule for every connection), so its
-unsent results never pile up in the daemon.
-
-At most ``MAX_INFLIGHT`` requests of a session are read and not yet settled (answered, or
-cancelled by the host, which the SDK reports through ``on_request_unanswered``): beyond
-that no further line is read. At EOF, what was read is answered
-before the streams close, as on the socket.
+Lines are framed as on the socket, each parsed into the SDK's ``SessionMessage``; a line
+that is no JSON-RPC message is answered here. Replies go out without waiting (a host that
+stops reading is dropped by the transport). Beyond ``MAX_INFLIGHT`` requests read and not
+yet answered or cancelled, no further line is read; at EOF, what was read is answered
+before the streams close.
 """
 
 from __future__ import annotations
@@ -92,10 +87,8 @@ class Wire:
             tg.cancel_scope.cancel()
 
     def _settle(self, request_id: Any, token: object | None = None) -> None:
-        """One request with ``request_id`` is settled: ``token``'s (the SDK settled it without
-        a reply: cancelled), else the oldest one (a reply went out; the SDK writes each
-        request exactly one reply or settles it unanswered, so the count is right whichever
-        of two requests with one id a reply answers)."""
+        """One request with ``request_id`` is settled: ``token``'s (cancelled, no reply), else
+        the oldest (a reply went out; whichever of two with one id it answers, the count is right)."""
         tokens = self._open.get(request_id)
         if not tokens:
             return
