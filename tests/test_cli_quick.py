@@ -1,12 +1,15 @@
-"""memoryctl's read commands' quick path (memoryd_client.quick, cli.run_quick): what it
-imports, that it prints what the async path prints, byte for byte, that the shapes it
-checks results against are the wire Structs', and the stdlib stand-ins it uses
-(cleandoc, the terminal width, pathlib's string form) against the originals.
+"""memoryctl's read commands' quick path (memoryd_client.quick): what it imports, that it
+prints what the async path prints, byte for byte, that it reads a command line as the
+parser does, that the shapes it checks results against are the wire Structs', and the
+stdlib stand-ins it uses (cleandoc, the terminal width, pathlib's string form, the ASCII
+escapes) against the originals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import shutil
 import socket
@@ -20,8 +23,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from memoryd_client import cli, commands, running, shapes
-from memoryd_protocol import paths
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from memoryd_client import cli, commands, quick, running
+from memoryd_protocol import approval_text, paths
 from memoryd_protocol import types as T
 
 pytestmark = pytest.mark.inprocess
@@ -276,18 +281,89 @@ def test_no_answer_is_the_same_timeout(tmp_path: Path, capsys: pytest.CaptureFix
     assert quick[0] == 3 and quick[2] == "error: TIMEOUT: memory/query: no answer from memoryd within 0.2s\n"
 
 
+# --- the command line, read without argparse ----------------------------------------------
+
+
+def parsed(argv: list[str]) -> dict[str, Any] | None:
+    """What argparse makes of ``argv`` (None: it refused it, or printed help)."""
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return vars(cli._parse(cli.build_parser(), argv))
+        except SystemExit:
+            return None
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "postgres"], ["query"], ["status"], ["budgets"], ["list"], ["query", ""],
+    ["--socket", "/s.sock", "--no-autostart", "query", "postgres"],
+    ["query", "postgres", "--socket", "/s.sock", "--no-autostart"],
+    ["--socket=/a", "query", "--socket", "/b", "x"],
+    ["query", "--limit", "5", "--track", "user", "--scope", "workspace", "--as-session", "x"],
+    ["query", "--limit= 7", "x", "--agent", "", "--session", "s-1", "--workspace", "~/proj"],
+    ["--cwd", "/w", "-y", "--yes", "--via-approver", "--timeout", "1e3", "status", "--timeout=2.5"],
+    ["--db", "d.db", "--config", "c.toml", "budgets"], ["list", "--track", "agent", "--scope", "user-global"],
+    ["--agent", "query", "query", "list"], ["query", "--limit", "5_0", "status"],
+])
+def test_a_plain_read_command_is_read_as_the_parser_reads_it(argv: list[str]) -> None:
+    args = quick.quick_args(argv)
+    assert args is not None
+    assert vars(args) == parsed(argv)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["--help"], ["query", "-h"], ["--version"], ["query", "--json", "x"], ["--json", "status"], ["add", "x"],
+    ["query", "a", "b"], ["list", "x"], ["status", "x"], ["query", "--lim", "5"], ["--sock", "/s", "status"],
+    ["query", "--limit", "-5"], ["query", "--limit", "five"], ["--timeout", "0", "status"], ["--timeout", "nan", "status"],
+    ["query", "--track", "users"], ["--track", "user", "query"], ["query", "--", "x"], ["query", "-x"],
+    ["--socket", "status"], ["status", "--socket"], ["--agent=", "status"], ["--no-autostart=1", "status"],
+    ["-yh", "status"], ["status", "--as-session"], ["socket"], ["x", "status"],
+])
+def test_anything_else_is_the_parsers(argv: list[str]) -> None:
+    assert quick.quick_args(argv) is None
+
+
+WORDS = st.sampled_from([
+    "query", "list", "status", "budgets", "add", "socket", "--socket", "--db", "--config", "--no-autostart",
+    "--timeout", "--json", "-y", "--yes", "--via-approver", "--workspace", "--cwd", "--agent", "--session",
+    "--track", "--scope", "--limit", "--as-session", "--tag", "-h", "--", "--lim", "--socket=/s", "--limit=3",
+    "--timeout=0", "--agent=", "user", "agent", "user-global", "workspace", "5", " 7", "x", "", "-1", "1e3", "0",
+    "nan", "inf", "/tmp/s.sock", "~/w",
+])
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(WORDS, max_size=8))
+def test_what_quick_args_reads_the_parser_reads_the_same(argv: list[str]) -> None:
+    args = quick.quick_args(argv)
+    if args is not None:
+        assert vars(args) == parsed(argv)
+
+
+def test_memoryctl_query_imports_no_argparse(daemon: Any, tmp_path: Path) -> None:
+    """A read command in a fresh interpreter: no argparse, gettext or locale (argparse's
+    messages), no parser classes, no importlib, no json or re (leanjson reads its lines)."""
+    code = ("import sys\n"
+            "from memoryd_client.cli import main\n"
+            f"rc = main(['--socket', {str(daemon.socket_path)!r}, '--no-autostart', 'query', 'x'])\n"
+            "lean = ('argparse', 'gettext', 'locale', 'memoryd_client.parsing', 'importlib', 'pathlib', 'json', 're')\n"
+            "print(rc, [m for m in lean if m in sys.modules], file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.stderr.splitlines()[-1] == "0 []", r.stderr
+
+
 # --- the shapes are the Structs' ---------------------------------------------------------
 
 
 def _kind(t: Any) -> Any:
-    """A msgspec.inspect type as a shapes kind."""
+    """A msgspec.inspect type as a quick path shape's kind."""
     mi = msgspec.inspect
     if isinstance(t, mi.StrType):
-        return shapes.STR
+        return quick.STR
     if isinstance(t, mi.BoolType):
-        return shapes.BOOL
+        return quick.BOOL
     if isinstance(t, mi.FloatType):
-        return shapes.FLOAT
+        return quick.FLOAT
     if isinstance(t, mi.IntType):
         assert t.gt is None and t.le is None and t.lt is None and t.multiple_of is None
         return ("int", t.ge)
@@ -305,7 +381,7 @@ def _kind(t: Any) -> Any:
 
 
 def _shape(kind: Any) -> Any:
-    if isinstance(kind, shapes.Shape):
+    if isinstance(kind, quick.Shape):
         return (kind.name, [(attr, wire, _shape(sub), required) for attr, wire, sub, required in kind.fields])
     if kind[0] in ("list", "null"):
         return (kind[0], _shape(kind[1]))
@@ -314,14 +390,14 @@ def _shape(kind: Any) -> Any:
     return kind
 
 
-@pytest.mark.parametrize("method", sorted(shapes.RESULTS))
+@pytest.mark.parametrize("method", sorted(quick.RESULTS))
 def test_every_shape_is_its_struct(method: str) -> None:
-    assert _shape(shapes.RESULTS[method]) == _kind(msgspec.inspect.type_info(T.RESULTS[method]))
+    assert _shape(quick.RESULTS[method]) == _kind(msgspec.inspect.type_info(T.RESULTS[method]))
 
 
 def test_a_converted_result_reads_as_the_struct_does() -> None:
     wire = {"entries": [ENTRY], "total": 7, "truncated": True}
-    got = shapes.convert(shapes.RESULTS["memory/query"], wire)
+    got = quick.convert(quick.RESULTS["memory/query"], wire)
     want = msgspec.convert(wire, T.QueryResult)
     assert (got.total, got.truncated) == (want.total, want.truncated)
     assert vars(got.entries[0]) == msgspec.structs.asdict(want.entries[0])
@@ -430,5 +506,16 @@ def test_default_socket_is_default_socket_paths(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_the_lean_verbs_are_verbs() -> None:
-    assert {"list", "query", "status", "budgets"} == cli.LEAN_VERBS
-    assert cli.LEAN_VERBS <= set(cli.verbs())
+    assert {"list", "query", "status", "budgets"} == quick.LEAN_VERBS
+    assert quick.LEAN_VERBS <= set(cli.verbs())
+
+
+def test_ascii_escapes_are_the_regular_expressions() -> None:
+    """render.visible's ASCII path (str.translate) escapes what the pattern it replaced did."""
+    import re
+
+    from memoryd_client import render
+
+    pattern = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+    text = "".join(chr(c) for c in range(128)) * 2
+    assert render.visible(text) == pattern.sub(lambda m: approval_text._escape_char(m.group()), text).replace("\r", "\\r")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from memoryd_protocol import types
 
+    from .calls import __version__, make_session
     from .client import (
         DECIDED,
         EVENT_METHODS,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
         WriteRequiresAgent,
         from_wire,
     )
-    from .quick import __version__, make_session
     from .sync import SyncClient, SyncEventStream, connect_sync
 
 #: Where each name lives. They load on first use (PEP 562): ``memoryctl``'s read commands
@@ -73,7 +73,7 @@ _HOMES = {
                      "ClientError", "ConnectFailed", "ConnectionClosed", "EntryNotFound", "InvalidInput",
                      "ProposalNotFound", "ProtocolError", "RpcError", "StoreCorrupt", "StoreLocked", "StoreUnavailable",
                      "StoreUnsupportedVersion", "Timeout", "WriteDenied", "WriteRequiresAgent", "from_wire"), ".errors"),
-    **dict.fromkeys(("__version__", "make_session"), ".quick"),
+    **dict.fromkeys(("__version__", "make_session"), ".calls"),
     **dict.fromkeys(("SyncClient", "SyncEventStream", "connect_sync"), ".sync"),
 }
 

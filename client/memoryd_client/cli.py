@@ -11,28 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
+from memoryd_protocol import __version__
 from memoryd_protocol.constants import PROTOCOL, SCOPES, TRACKS
 
-from .errors import ClientError, ConnectFailed, ProtocolError
-from .quick import Connection, __version__, make_session, query_params
-from .running import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    PROG,
-    Ctx,
-    _error,
-    _Partial,
-    _seconds,
-    _socket,
-    _workspace,
-    autostart,
-    fail,
-    only_layer,
-    prepare,
-    query_request,
-    warn_db,
-)
+from .quick import LEAN_VERBS, quick_args, run_quick
+from .running import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, Ctx, _error, _Partial, _socket
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
@@ -46,11 +29,11 @@ if TYPE_CHECKING:
     #: a command line read: by argparse, or by quick_args (a read command's plain one)
     Args = argparse.Namespace | SimpleNamespace
 
-# This module is memoryctl's front: the command line, the read commands' quick path
-# (quick_args and run_quick: socket and json, no argparse, no anyio, no msgspec) and the
-# exit statuses. Every other verb runs in memoryd_client.commands, imported only then (see
-# LEAN_VERBS); argparse and the parser classes (memoryd_client.parsing) only when a
-# command line is not a plain read command's.
+# This module is memoryctl's front: the command line and the exit statuses. A plain read
+# command takes the quick path (memoryd_client.quick); every other verb runs in
+# memoryd_client.commands, imported only then; argparse and the parser classes
+# (memoryd_client.parsing) are imported only when a command line is not a plain read
+# command's.
 
 def _layer(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument(
@@ -511,159 +494,6 @@ def verbs(parser: Parser | None = None) -> dict[str, Parser]:
 
     parser = parser or build_parser()
     return {name: p.complete() if isinstance(p, Verb) else p for name, p in parser.verb_parsers.items()}
-
-
-# --- the read commands' quick path ---------------------------------------------------
-
-#: The read commands that run here, over :class:`memoryd_client.quick.Connection`, unless
-#: --json is given (the JSON is msgspec's rendering of the Structs, so it goes through the
-#: async client): ``memoryctl query`` is then about 3× ``python -c pass`` instead of 13×.
-LEAN_VERBS = frozenset({"list", "query", "status", "budgets"})
-
-
-#: the global options that take a value, by option word: the parser's dest
-_GLOBAL_VALUES = {"--socket": "socket", "--db": "db", "--config": "config", "--timeout": "timeout",
-                  "--workspace": "workspace", "--cwd": "workspace", "--agent": "agent", "--session": "session"}
-#: the global flags, by option word: the parser's dest
-_GLOBAL_FLAGS = {"--no-autostart": "no_autostart", "--json": "json", "-y": "yes", "--yes": "yes",
-                 "--via-approver": "via_approver"}
-#: each lean verb's own options that take a value (their choices; None: an int), its own
-#: flags, and the defaults its parser sets
-_VERB_VALUES: dict[str, dict[str, tuple[str, ...] | None]] = {
-    "list": {"--track": TRACKS, "--scope": SCOPES}, "query": {"--track": TRACKS, "--scope": SCOPES, "--limit": None},
-    "status": {}, "budgets": {}}
-_VERB_FLAGS = {"query": ("--as-session",)}
-_VERB_DEFAULTS: dict[str, dict[str, Any]] = {
-    "list": {"track": None, "scope": None},
-    "query": {"text": None, "track": None, "scope": None, "limit": None, "as_session": False},
-    "status": {}, "budgets": {}}
-
-
-def quick_args(argv: Sequence[str]) -> SimpleNamespace | None:
-    """The Namespace the parser makes of ``argv``, read without argparse when ``argv`` is a
-    plain read command of :data:`LEAN_VERBS` without --json: each word a global option (as
-    spelled in full, with its value as the next word or after ``=``, not starting with
-    ``-``), the verb, the verb's own options after it, and for query at most one TEXT. None
-    for anything else (help, an abbreviation, another verb, an error): the parser reads
-    that. Importing argparse and building a parser (gettext looks for translations on
-    disk for its messages, and parsing compiles regular expressions) was a sixth of
-    ``memoryctl query``'s start-up. tests/test_cli_quick.py compares both on random
-    command lines."""
-    from types import SimpleNamespace
-
-    values: dict[str, Any] = {"socket": None, "db": None, "config": None, "no_autostart": False, "timeout": 30.0,
-                              "json": False, "yes": False, "via_approver": False, "workspace": None, "agent": "",
-                              "session": None}
-    verb: str | None = None
-    words = iter(argv)
-    for word in words:
-        if not word.startswith("-"):
-            if verb is None:
-                if word not in _VERB_DEFAULTS:
-                    return None
-                verb = word
-                values["verb"] = verb
-                values.update(_VERB_DEFAULTS[verb])
-            elif verb == "query" and values["text"] is None:
-                values["text"] = word
-            else:
-                return None
-            continue
-        if word in _GLOBAL_FLAGS:
-            values[_GLOBAL_FLAGS[word]] = True
-            continue
-        if verb is not None and word in _VERB_FLAGS.get(verb, ()):
-            values[word[2:].replace("-", "_")] = True
-            continue
-        name, eq, value = word.partition("=")
-        own = _VERB_VALUES[verb] if verb is not None else {}
-        if name not in _GLOBAL_VALUES and name not in own:
-            return None
-        if not eq:
-            value = next(words, "-")
-        if value.startswith("-") or (eq and not value):
-            return None
-        if name in _GLOBAL_VALUES:
-            dest = _GLOBAL_VALUES[name]
-            if dest == "timeout":
-                seconds = _seconds(value)
-                if seconds is None:
-                    return None
-                values[dest] = seconds
-            else:
-                values[dest] = value
-            continue
-        choices = own[name]
-        if choices is None:
-            try:
-                values[name[2:]] = int(value)
-            except ValueError:
-                return None
-        elif value in choices:
-            values[name[2:]] = value
-        else:
-            return None
-    if verb is None or values["json"]:
-        return None
-    return SimpleNamespace(**values)
-
-
-def _result(conn: Connection, method: str, params: dict[str, Any]) -> Any:
-    """``method``'s result, checked against its wire Struct's shape (memoryd_client.shapes);
-    one that does not fit is decoded by msgspec itself, as the async client decodes it
-    (BAD_RESPONSE, or the Struct when the shape was stricter than msgspec)."""
-    from .shapes import RESULTS, Mismatch, convert
-
-    raw = conn.call(method, params)
-    try:
-        return convert(RESULTS[method], raw)
-    except Mismatch:
-        from .client import decode_result
-
-        return decode_result(method, conn.answer_result())
-
-
-def _quick(ctx: Ctx, conn: Connection) -> str:
-    """A lean verb's call and its human output (the same render functions as
-    memoryd_client.commands')."""
-    from . import render
-
-    a = ctx.args
-    if a.verb == "query":
-        return render.query_result(_result(conn, "memory/query", query_params(*query_request(ctx, conn.session))),
-                                   fit=ctx.fit)
-    if a.verb == "list":
-        return render.entry_list(only_layer(_result(conn, "memory/list", {}), a), fit=ctx.fit)
-    if a.verb == "budgets":
-        return render.budgets_table(_result(conn, "memory/budgets", {}))
-    assert a.verb == "status", a.verb
-    return render.status_lines(_result(conn, "daemon/status", {}), socket=ctx.socket)
-
-
-def run_quick(ctx: Ctx) -> int:
-    """A verb of :data:`LEAN_VERBS`, without --json: connect (autostarting a daemon as
-    memoryd_client.commands.run does), one call, its table."""
-    a = ctx.args
-    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
-    autostarted = False
-    try:
-        prepare(ctx)
-        while True:
-            try:
-                with Connection(ctx.socket, timeout=a.timeout, session=session, client_name=PROG,
-                                approvals=not a.via_approver) as conn:
-                    if a.db and not autostarted:
-                        try:
-                            warn_db(ctx, _result(conn, "daemon/status", {}).store.path)
-                        except (ProtocolError, ClientError):
-                            pass  # as the async path: no answer, no warning
-                    ctx.out(_quick(ctx, conn))
-                    return EXIT_OK
-            except ConnectFailed as exc:
-                autostart(ctx, exc, autostarted)
-            autostarted = True
-    except Exception as exc:
-        return fail(ctx, exc)
 
 
 def _parse_all(words: list[str]) -> argparse.Namespace | int:

@@ -41,8 +41,7 @@ from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.methods import METHODS
 from memoryd_protocol.paths import default_socket_path
 
-from .errors import BadResponse, ClientError, ConnectionClosed, Timeout
-from .quick import (
+from .calls import (
     MAX_LINE_BYTES,
     __version__,
     connect_failed,
@@ -53,6 +52,7 @@ from .quick import (
     query_opts,
     query_params,
 )
+from .errors import BadResponse, ClientError, ConnectionClosed, Timeout
 
 log = logging.getLogger("memoryd_client")
 

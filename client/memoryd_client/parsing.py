@@ -1,7 +1,7 @@
 """memoryctl's argparse classes, imported only when a command line is parsed with argparse.
 
 memoryctl's read commands read a plain command line without argparse
-(:func:`memoryd_client.cli.quick_args`): importing argparse, and building a parser (its
+(:func:`memoryd_client.quick.quick_args`): importing argparse, and building a parser (its
 messages go through gettext, which imports locale and looks for translations on disk, and
 its parse compiles regular expressions), was a sixth of ``memoryctl query``'s start-up. So
 the classes that extend argparse's live here, not in :mod:`memoryd_client.cli`.

@@ -1,102 +1,148 @@
-"""The client's standard-library half: what a call sends, and a blocking connection that
-reads plain JSON, for ``memoryctl``'s read commands.
+"""memoryctl's quick path: the read commands (:data:`LEAN_VERBS`) without --json, run on the
+standard library alone. argparse, anyio and msgspec are most of memoryctl's start-up, and a
+read command needs none of them.
 
-``memoryctl query`` does a few milliseconds of work. Through the async client it first
-imports anyio, asyncio, msgspec and every wire Struct, which made it 13× ``python -c pass``.
-So the read commands (:data:`memoryd_client.cli.LEAN_VERBS`) take this path
-instead: ``socket`` only, with :mod:`memoryd_protocol.leanjson` for the JSON of short
-lines (``json``, with the ``re`` it imports, was a tenth of ``python -c pass``; it is
-imported for a line leanjson leaves to it). The async :class:`~memoryd_client.client.Client`
-builds its requests with the same functions (:func:`make_session`,
-:func:`initialize_params`, :func:`query_opts`, :func:`query_params`), so both paths send the
-same requests, and both frame lines with :class:`memoryd_protocol.framing.Framer`.
-
-Results come back as plain JSON (wire names); :mod:`memoryd_client.shapes` checks them and
-gives them the Structs' attribute names, so one renderer serves both paths.
+:func:`quick_args` reads a plain command line as the parser does, :class:`Connection` makes
+the call over a blocking socket (with the requests of :mod:`memoryd_client.calls`, as the
+async client), the shapes check its result as msgspec checks the wire Struct, and
+:func:`run_quick` prints it with the async path's render functions. tests/test_cli_quick.py
+holds each part to its counterpart.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Mapping
+from types import SimpleNamespace
 
-from memoryd_protocol import __version__ as __version__
 from memoryd_protocol import leanjson
+from memoryd_protocol.constants import SCOPES, TRACKS
 from memoryd_protocol.framing import OVERSIZE, Framer
 
-from .errors import ConnectFailed, ConnectionClosed, Timeout
+from .calls import (
+    MAX_LINE_BYTES,
+    connect_failed,
+    default_client,
+    initialize_params,
+    make_session,
+    no_answer,
+    query_params,
+)
+from .errors import ClientError, ConnectFailed, ConnectionClosed, ProtocolError
+from .running import (
+    EXIT_OK,
+    PROG,
+    Ctx,
+    _seconds,
+    _workspace,
+    autostart,
+    fail,
+    only_layer,
+    prepare,
+    query_request,
+    warn_db,
+)
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Final
 
-    from memoryd_protocol.errors import ProtocolError
+# --- the command line ------------------------------------------------------------------
 
-#: The longest line the client buffers. The daemon's own limit is 4 MiB per message it
-#: accepts; its answers (an export of 1000 entries) can be larger, so the client allows more.
-MAX_LINE_BYTES: Final = 64 * 1024 * 1024
-CHUNK: Final = 65536
-
-
-def make_session(id: str, *, cwd: str | None = None, agent_preset: str | None = None) -> dict[str, Any]:
-    """A session object ``{id, header: {cwd, agentPreset}}`` for ``connect(session=...)``."""
-    header: dict[str, Any] = {}
-    if cwd is not None:
-        header["cwd"] = cwd
-    if agent_preset is not None:
-        header["agentPreset"] = agent_preset
-    return {"id": id, "header": header} if header else {"id": id}
+#: The read commands the quick path runs, unless --json is given: that JSON is msgspec's
+#: rendering of the Structs, so it goes through the async client.
+LEAN_VERBS = frozenset({"list", "query", "status", "budgets"})
 
 
-def initialize_params(protocol: str, client: Any, capabilities: Any) -> dict[str, Any]:
-    """``initialize``'s params; ``client`` and ``capabilities`` as plain JSON."""
-    return {"protocol": protocol, "client": client, "capabilities": capabilities}
+#: the global options that take a value, by option word: the parser's dest
+_GLOBAL_VALUES = {"--socket": "socket", "--db": "db", "--config": "config", "--timeout": "timeout",
+                  "--workspace": "workspace", "--cwd": "workspace", "--agent": "agent", "--session": "session"}
+#: the global flags, by option word: the parser's dest
+_GLOBAL_FLAGS = {"--no-autostart": "no_autostart", "--json": "json", "-y": "yes", "--yes": "yes",
+                 "--via-approver": "via_approver"}
+#: each lean verb's own options that take a value (their choices; None: an int), its own
+#: flags, and the defaults its parser sets
+_VERB_VALUES: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "list": {"--track": TRACKS, "--scope": SCOPES}, "query": {"--track": TRACKS, "--scope": SCOPES, "--limit": None},
+    "status": {}, "budgets": {}}
+_VERB_FLAGS = {"query": ("--as-session",)}
+_VERB_DEFAULTS: dict[str, dict[str, Any]] = {
+    "list": {"track": None, "scope": None},
+    "query": {"text": None, "track": None, "scope": None, "limit": None, "as_session": False},
+    "status": {}, "budgets": {}}
 
 
-def default_client(name: str) -> dict[str, Any]:
-    """The ``client`` an ``initialize`` names by default: ``name`` at this package's version."""
-    return {"name": name, "version": __version__}
-
-
-def query_opts(session: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The ``opts`` a query sends by default: the session's visible set (``agentKey`` = its
-    ``agentPreset`` or ``''``, ``workspaceKey`` = its ``cwd`` or ``''``) and, when the session
-    has an id, ``sessionId`` (the daemon then audits the recall and sends
-    ``memory/recalled``). None without a session: the whole store."""
-    if session is None:
+def quick_args(argv: Sequence[str]) -> SimpleNamespace | None:
+    """The Namespace the parser makes of ``argv``, read without argparse when ``argv`` is a
+    plain read command of :data:`LEAN_VERBS` without --json: each word a global option (as
+    spelled in full, with its value as the next word or after ``=``, not starting with
+    ``-``), the verb, the verb's own options after it, and for query at most one TEXT. None
+    for anything else (help, an abbreviation, another verb, an error): the parser reads
+    that. Building a parser imports argparse and gettext and compiles regular expressions,
+    a large part of a read command's start-up."""
+    values: dict[str, Any] = {"socket": None, "db": None, "config": None, "no_autostart": False, "timeout": 30.0,
+                              "json": False, "yes": False, "via_approver": False, "workspace": None, "agent": "",
+                              "session": None}
+    verb: str | None = None
+    words = iter(argv)
+    for word in words:
+        if not word.startswith("-"):
+            if verb is None:
+                if word not in _VERB_DEFAULTS:
+                    return None
+                verb = word
+                values["verb"] = verb
+                values.update(_VERB_DEFAULTS[verb])
+            elif verb == "query" and values["text"] is None:
+                values["text"] = word
+            else:
+                return None
+            continue
+        if word in _GLOBAL_FLAGS:
+            values[_GLOBAL_FLAGS[word]] = True
+            continue
+        if verb is not None and word in _VERB_FLAGS.get(verb, ()):
+            values[word[2:].replace("-", "_")] = True
+            continue
+        name, eq, value = word.partition("=")
+        own = _VERB_VALUES[verb] if verb is not None else {}
+        if name not in _GLOBAL_VALUES and name not in own:
+            return None
+        if not eq:
+            value = next(words, "-")
+        if value.startswith("-") or (eq and not value):
+            return None
+        if name in _GLOBAL_VALUES:
+            dest = _GLOBAL_VALUES[name]
+            if dest == "timeout":
+                seconds = _seconds(value)
+                if seconds is None:
+                    return None
+                values[dest] = seconds
+            else:
+                values[dest] = value
+            continue
+        choices = own[name]
+        if choices is None:
+            try:
+                values[name[2:]] = int(value)
+            except ValueError:
+                return None
+        elif value in choices:
+            values[name[2:]] = value
+        else:
+            return None
+    if verb is None or values["json"]:
         return None
-    header = session.get("header")
-    header = header if isinstance(header, Mapping) else {}
-    opts: dict[str, Any] = {}
-    session_id = session.get("id")
-    if session_id is not None:
-        opts["sessionId"] = session_id
-    agent = header.get("agentPreset")
-    opts["agentKey"] = agent if agent is not None else ""
-    cwd = header.get("cwd")
-    opts["workspaceKey"] = cwd if cwd is not None else ""
-    return opts
+    return SimpleNamespace(**values)
 
 
-def query_params(filter: Any, opts: Any) -> dict[str, Any]:
-    """``memory/query``'s params (``filter`` and ``opts`` as given, None: left out)."""
-    params: dict[str, Any] = {}
-    if filter is not None:
-        params["filter"] = filter
-    if opts is not None:
-        params["opts"] = opts
-    return params
+# --- the connection --------------------------------------------------------------------
 
-
-def connect_failed(path: str, exc: OSError) -> ConnectFailed:
-    """The :class:`ConnectFailed` for a connect to ``path`` that raised ``exc``."""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    return ConnectFailed(f"cannot connect to memoryd at {path}: {reason}", {"path": path, "errno": exc.errno})
-
-
-def no_answer(method: str, timeout: float) -> Timeout:
-    return Timeout(f"{method}: no answer from memoryd within {timeout}s", {"method": method, "timeout": timeout})
+CHUNK: Final = 65536
 
 
 def _from_wire(error: Any) -> ProtocolError:
@@ -261,4 +307,208 @@ class Connection:
         return bytes(msgspec.json.decode(line, type=dict[str, msgspec.Raw])["result"])
 
 
-__all__ = ["Connection", "default_client", "initialize_params", "make_session", "query_opts", "query_params"]
+# --- the shapes ------------------------------------------------------------------------
+# A result comes as plain JSON (wire names). It is checked field by field against its wire
+# Struct's shape (memoryd_protocol.types), as msgspec's decoder checks it, and turned into
+# objects with the Structs' attribute names, so one renderer reads both paths' results. A
+# kind is ("str",), ("int", minimum), ("float",), ("bool",), ("literal", values),
+# ("list", kind), ("null", kind) (the kind or null), or a Shape.
+
+
+class Mismatch(Exception):
+    """A value that does not fit its kind."""
+
+
+class Shape:
+    """A Struct's fields: ``(attribute, wire name, kind, required)``; a field that is not
+    required is None when absent."""
+
+    __slots__ = ("fields", "name")
+
+    def __init__(self, name: str, fields: list[tuple[str, str, Any, bool]]) -> None:
+        self.name = name
+        self.fields = fields
+
+
+STR = ("str",)
+INT = ("int", None)
+BOOL = ("bool",)
+FLOAT = ("float",)
+
+
+def _null(kind: Any) -> tuple[str, Any]:
+    return ("null", kind)
+
+
+def _list(kind: Any) -> tuple[str, Any]:
+    return ("list", kind)
+
+
+def _literal(*values: str) -> tuple[str, tuple[str, ...]]:
+    return ("literal", values)
+
+
+def _required(name: str, *fields: tuple[str, str, Any]) -> Shape:
+    return Shape(name, [(attr, wire, kind, True) for attr, wire, kind in fields])
+
+
+TRACK = _literal("user", "agent")
+SCOPE = _literal("user-global", "workspace")
+
+ENTRY = _required(
+    "Entry",
+    ("id", "id", STR), ("track", "track", TRACK), ("scope", "scope", SCOPE),
+    ("workspace_key", "workspaceKey", STR), ("agent_key", "agentKey", STR), ("text", "text", STR),
+    ("source", "source", STR), ("tags", "tags", _list(STR)), ("version", "version", ("int", 1)),
+    ("created_at", "createdAt", INT), ("updated_at", "updatedAt", INT),
+    ("last_recalled", "lastRecalled", _null(INT)), ("recall_count", "recallCount", ("int", 0)),
+    ("session_id", "sessionId", _null(STR)),
+)
+QUERY_RESULT = _required(
+    "QueryResult", ("entries", "entries", _list(ENTRY)), ("total", "total", INT), ("truncated", "truncated", BOOL))
+BUDGET_ROW = _required(
+    "BudgetRow", ("track", "track", TRACK), ("scope", "scope", SCOPE), ("used", "used", ("int", 0)),
+    ("limit", "limit", ("int", 0)))
+STORE_INFO = _required("StoreInfo", ("path", "path", STR), ("schema_version", "schemaVersion", INT))
+CLIENT_INFO = Shape("ClientInfo", [("name", "name", _null(STR), False), ("version", "version", _null(STR), False)])
+CONNECTION_INFO = _required(
+    "ConnectionInfo",
+    ("id", "id", INT), ("transport", "transport", _literal("socket", "stdio", "mcp")), ("pid", "pid", _null(INT)),
+    ("uid", "uid", _null(INT)), ("exe", "exe", _null(STR)), ("client", "client", _null(CLIENT_INFO)),
+    ("approver", "approver", BOOL), ("opened_at", "openedAt", INT),
+)
+DAEMON_STATUS = _required(
+    "DaemonStatus",
+    ("version", "version", STR), ("uptime_s", "uptimeS", FLOAT), ("connections", "connections", INT),
+    ("pending_approvals", "pendingApprovals", INT), ("queue_depth", "queueDepth", INT),
+    ("store", "store", STORE_INFO), ("pid", "pid", INT), ("write_policy", "writePolicy", _literal("ask", "auto", "off")),
+    ("socket", "socket", _null(STR)), ("config", "config", _null(STR)), ("log", "log", _null(STR)),
+    ("connection_list", "connectionList", _list(CONNECTION_INFO)),
+)
+
+#: The result kind of each method the quick path calls (``memoryd_protocol.types.RESULTS``).
+RESULTS: dict[str, Any] = {
+    "memory/query": QUERY_RESULT,
+    "memory/list": _list(ENTRY),
+    "memory/budgets": _list(BUDGET_ROW),
+    "daemon/status": DAEMON_STATUS,
+}
+
+
+_INF = float("inf")
+
+
+def _utf8(value: str) -> bool:
+    """Whether ``value`` is text msgspec decodes: json gives a lone surrogate for its UTF-8
+    bytes (``surrogatepass``), msgspec refuses them."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def convert(kind: Any, value: Any) -> Any:
+    """``value`` checked against ``kind``, objects turned into attribute objects; raises
+    :class:`Mismatch` where it does not fit."""
+    if isinstance(kind, Shape):
+        if not isinstance(value, dict):
+            raise Mismatch(kind.name)
+        out = SimpleNamespace()
+        for attr, wire, sub, required in kind.fields:
+            if wire in value:
+                setattr(out, attr, convert(sub, value[wire]))
+            elif required:
+                raise Mismatch(f"{kind.name}.{wire}")
+            else:
+                setattr(out, attr, None)
+        return out
+    tag = kind[0]
+    if tag == "str":
+        ok = isinstance(value, str) and (value.isascii() or _utf8(value))
+    elif tag == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and (kind[1] is None or value >= kind[1])
+    elif tag == "bool":
+        ok = isinstance(value, bool)
+    elif tag == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        try:
+            value = float(value) if ok else value
+        except OverflowError:  # an int past float's range
+            raise Mismatch(tag) from None
+        ok = ok and -_INF < value < _INF  # json's reading of 1e400 (msgspec: out of range)
+    elif tag == "literal":
+        ok = isinstance(value, str) and value in kind[1]
+    elif tag == "null":
+        return None if value is None else convert(kind[1], value)
+    elif tag == "list":
+        if not isinstance(value, list):
+            raise Mismatch("list")
+        return [convert(kind[1], v) for v in value]
+    else:  # pragma: no cover - a kind this module does not define
+        raise Mismatch(f"unknown kind {tag!r}")
+    if not ok:
+        raise Mismatch(tag)
+    return value
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def _result(conn: Connection, method: str, params: dict[str, Any]) -> Any:
+    """``method``'s result, checked against its shape (:data:`RESULTS`); one that does not
+    fit is decoded by msgspec itself, as the async client decodes it (BAD_RESPONSE, or the
+    Struct when the shape was stricter than msgspec)."""
+    raw = conn.call(method, params)
+    try:
+        return convert(RESULTS[method], raw)
+    except Mismatch:
+        from .client import decode_result
+
+        return decode_result(method, conn.answer_result())
+
+
+def _quick(ctx: Ctx, conn: Connection) -> str:
+    """A lean verb's call and its human output (the same render functions as
+    memoryd_client.commands')."""
+    from . import render
+
+    a = ctx.args
+    if a.verb == "query":
+        return render.query_result(_result(conn, "memory/query", query_params(*query_request(ctx, conn.session))),
+                                   fit=ctx.fit)
+    if a.verb == "list":
+        return render.entry_list(only_layer(_result(conn, "memory/list", {}), a), fit=ctx.fit)
+    if a.verb == "budgets":
+        return render.budgets_table(_result(conn, "memory/budgets", {}))
+    assert a.verb == "status", a.verb
+    return render.status_lines(_result(conn, "daemon/status", {}), socket=ctx.socket)
+
+
+def run_quick(ctx: Ctx) -> int:
+    """A verb of :data:`LEAN_VERBS`, without --json: connect (autostarting a daemon as
+    memoryd_client.commands.run does), one call, its table."""
+    a = ctx.args
+    session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
+    autostarted = False
+    try:
+        prepare(ctx)
+        while True:
+            try:
+                with Connection(ctx.socket, timeout=a.timeout, session=session, client_name=PROG,
+                                approvals=not a.via_approver) as conn:
+                    if a.db and not autostarted:
+                        try:
+                            warn_db(ctx, _result(conn, "daemon/status", {}).store.path)
+                        except (ProtocolError, ClientError):
+                            pass  # as the async path: no answer, no warning
+                    ctx.out(_quick(ctx, conn))
+                    return EXIT_OK
+            except ConnectFailed as exc:
+                autostart(ctx, exc, autostarted)
+            autostarted = True
+    except Exception as exc:
+        return fail(ctx, exc)
+
+
+__all__ = ["LEAN_VERBS", "RESULTS", "Connection", "Mismatch", "Shape", "convert", "quick_args", "run_quick"]

@@ -1,8 +1,8 @@
 """What one memoryctl run shares, on the quick path and off it: the exit statuses, the run's
 context (:class:`Ctx`), the local checks before any connection (:func:`prepare`), and the one
-line every failure prints (:func:`fail`). :mod:`memoryd_client.cli` (the front and the read
-commands' quick path), :mod:`memoryd_client.commands` and :mod:`memoryd_client.watching` import
-it; it imports none of them. Lean as the quick path is: no argparse, json or re at import.
+line every failure prints (:func:`fail`). :mod:`memoryd_client.cli` (the front), :mod:`memoryd_client.quick`
+(the read commands' quick path), :mod:`memoryd_client.commands` and
+:mod:`memoryd_client.watching` import it; it imports none of them. Lean as the quick path is: no argparse, json or re at import.
 """
 
 from __future__ import annotations
