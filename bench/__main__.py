@@ -1,7 +1,7 @@
 """memoryd's benchmark suite: real daemons, each figure beside its floor and the peer,
 measured in one run.
 
-    python -m bench [--quick] [--only NAME[,NAME]] [--out DIR] [--profile]
+    python -m bench [--quick] [--only NAME[,NAME]] [--out DIR] [--base DIR] [--profile]
 
 Suites (``--only`` takes their names):
   floors   raw sqlite3 FULL one-row transactions, a Unix-socket echo round trip,
@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="NAME[,NAME]", help=f"run only these suites ({', '.join(SUITES)})")
     ap.add_argument("--out", metavar="DIR", type=Path, default=ROOT / "bench" / "results",
                     help="where the results go (default bench/results/)")
+    ap.add_argument("--base", metavar="DIR", type=Path,
+                    help="a checkout of the build to compare with (its protocol/ and daemon/): the query and "
+                         "write suites measure it beside this tree's, alternating")
     ap.add_argument("--profile", action="store_true",
                     help="record py-spy profiles of the daemon under the 16-client writes and 2,000-entry queries")
     args = ap.parse_args(argv)
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mdb-", dir="/tmp") as d:
-        ctx = suites.Ctx(Path(d), params, results)
+        ctx = suites.Ctx(Path(d), params, results, base=None if args.base is None else args.base.resolve())
         if args.profile:
             from .profile import Profiler
 

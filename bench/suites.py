@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -53,6 +55,8 @@ class Params:
     peer_query_reps: dict[int, int]
     write_store_size: int
     ready_reps: int
+    #: blocks of each write run: the FULL floor and every build's writes, in turn
+    write_blocks: int
 
 
 FULL = Params(
@@ -69,6 +73,7 @@ FULL = Params(
     peer_query_reps={50: 100, 2_000: 40, 100_000: 4},
     write_store_size=2_000,
     ready_reps=5,
+    write_blocks=6,
 )
 QUICK = Params(
     sizes=(50, 2_000),
@@ -84,6 +89,7 @@ QUICK = Params(
     peer_query_reps={50: 5, 2_000: 3},
     write_store_size=2_000,
     ready_reps=1,
+    write_blocks=2,
 )
 
 
@@ -95,6 +101,9 @@ class Ctx:
     stores: dict[int, Path] = field(default_factory=dict)
     #: set by --profile: ``profiler(label, daemon pid, load)`` runs ``load`` under py-spy
     profiler: Callable[[str, int, Callable[[], object]], None] | None = None
+    #: set by --base: the checkout of the "before" build, measured beside this tree's in
+    #: the query and write suites
+    base: Path | None = None
 
     def store(self, n: int) -> Path:
         """The seeded store of ``n`` facts (made once per run; suites use copies)."""
@@ -115,8 +124,8 @@ def log(msg: str) -> None:
 
 
 @contextmanager
-def daemon(ctx: Ctx, name: str, db: Path, policy: str = "auto") -> Iterator[Daemon]:
-    d = start_daemon(ctx.tmp, name, db, policy)
+def daemon(ctx: Ctx, name: str, db: Path, policy: str = "auto", base: Path | None = None) -> Iterator[Daemon]:
+    d = start_daemon(ctx.tmp, name, db, policy, base=base)
     try:
         yield d
     finally:
@@ -187,6 +196,8 @@ def sqlite_commit_floor(tmp: Path, n: int) -> tuple[float, float]:
     from .anatomy import wal_pages
 
     path = tmp / "floor-commit.db"
+    for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        stale.unlink(missing_ok=True)  # taken again in every block of the write suite
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -265,9 +276,14 @@ def query(ctx: Ctx) -> None:
     for n in ctx.p.sizes:
         seed = ctx.store(n)
         db = ctx.copy(n, f"query-{n}")
-        with daemon(ctx, f"q{n}", db) as d:
+        with daemon(ctx, f"q{n}", db) as d, contextlib.ExitStack() as stack:
             log(f"query: {n} entries, each needle beside its in-process scans")
             c = Line(d.sock)
+            before: Line | None = None
+            if ctx.base is not None:
+                b = stack.enter_context(daemon(ctx, f"q{n}-before", ctx.copy(n, f"query-{n}-before"), base=ctx.base))
+                before = Line(b.sock)
+                stack.callback(before.close)
             reps = ctx.p.query_reps[n]
             row: dict[str, Any] = {}
             scans[str(n)], instr[str(n)] = {}, {}
@@ -283,11 +299,15 @@ def query(ctx: Ctx) -> None:
                     fns: dict[str, Callable[[], object]] = {"daemon": one, "scan": floors_[0]}
                     if needle is not None:
                         fns["instr"] = floors_[1]
+                    if before is not None:
+                        fns["before"] = lambda b=before, params=params: b.call("memory/query", params)
                     times = alternating(fns, reps, warmup=min(reps, 5))
                 finally:
                     for f in floors_:
                         f.close()
                 row[label] = {**summary(times["daemon"]), "hits": total}
+                if "before" in times:
+                    ctx.results.setdefault("query_before", {}).setdefault(str(n), {})[label] = summary(times["before"])
                 scans[str(n)][label] = summary(times["scan"])
                 if "instr" in times:
                     instr[str(n)][label] = summary(times["instr"])
@@ -350,17 +370,48 @@ def _cpu_s(pid: int) -> float:
 
 
 def writes(ctx: Ctx) -> None:
+    """Each policy × clients in blocks: the FULL commit floor, then every build's writes (in
+    turn, the order swapped every block), so each block's ratio compares figures of the
+    same minute; the row is the median over the blocks, with the ratio's spread."""
     out: dict[str, Any] = {"store_starts_at": ctx.p.write_store_size}
+    before_out: dict[str, Any] = {}
+    builds: list[tuple[str, Path | None]] = [("after", None)] + ([("before", ctx.base)] if ctx.base else [])
+    blocks = ctx.p.write_blocks
     for policy, clients_list in (("auto", ctx.p.clients), ("ask", ctx.p.ask_clients)):
         for clients in clients_list:
-            db = ctx.copy(ctx.p.write_store_size, f"w-{policy}-{clients}")
-            with daemon(ctx, f"w{policy}{clients}", db, policy) as d:
-                log(f"writes: {policy}, {clients} clients")
-                write_rate(d, clients, max(clients, 20), policy == "ask")  # warm up
-                out[f"{policy}/{clients}"] = write_rate(d, clients, ctx.p.writes_total, policy == "ask")
+            key, ask = f"{policy}/{clients}", policy == "ask"
+            with contextlib.ExitStack() as stack:
+                ds = {build: stack.enter_context(daemon(ctx, f"w{policy}{clients}{build}", ctx.copy(
+                    ctx.p.write_store_size, f"w-{policy}-{clients}-{build}"), policy, base)) for build, base in builds}
+                log(f"writes: {policy}, {clients} clients, {blocks} blocks of the floor and {len(ds)} build(s)")
+                for d in ds.values():
+                    write_rate(d, clients, max(clients, 20), ask)  # warm up
+                rows: dict[str, list[dict[str, float]]] = {build: [] for build in ds}
+                floors_: list[float] = []
+                for k in range(blocks):
+                    floors_.append(sqlite_commit_floor(ctx.tmp, max(20, ctx.p.floor_commits // blocks))[0])
+                    for build in (list(ds) if k % 2 == 0 else list(ds)[::-1]):
+                        rows[build].append(write_rate(ds[build], clients, max(clients, ctx.p.writes_total // blocks), ask))
+                for build, target in (("after", out), ("before", before_out)):
+                    if build in rows:
+                        target[key] = _blocks_summary(rows[build], floors_)
                 if ctx.profiler is not None and policy == "auto" and clients == 16:
-                    ctx.profiler("writes", d.pid, lambda: write_rate(d, 16, 2 * ctx.p.writes_total))
+                    d = ds["after"]
+                    ctx.profiler("writes", d.pid, lambda d=d: write_rate(d, 16, 2 * ctx.p.writes_total))
     ctx.results["writes"] = out
+    if before_out:
+        ctx.results["writes_before"] = before_out
+
+
+def _blocks_summary(rows: list[dict[str, float]], floors_: list[float]) -> dict[str, Any]:
+    ratios = [r["per_s"] / f for r, f in zip(rows, floors_, strict=True)]
+    return {"writes": sum(int(r["writes"]) for r in rows),
+            "per_s": round(statistics.median(r["per_s"] for r in rows), 1),
+            "daemon_cpu_us_per_write": round(statistics.median(r["daemon_cpu_us_per_write"] for r in rows), 1),
+            "floor_per_s": round(statistics.median(floors_), 1),
+            "x_floor": round(statistics.median(ratios), 3),
+            "x_floor_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+            "blocks": [{"per_s": r["per_s"], "floor_per_s": round(f, 1)} for r, f in zip(rows, floors_, strict=True)]}
 
 
 # --- starts and the CLI --------------------------------------------------------------

@@ -72,11 +72,11 @@ def test_every_explained_miss_names_a_target_and_a_miss_is_listed_with_it() -> N
     names = [what for what, _, _ in report.targets(results)]
     assert all(any(name.startswith(key) for name in names) for key in report.WHY_NOT)
     table = "\n".join(report.target_lines(results))
-    one_client = next(n for n in names if n.startswith("acked writes, 1 client(s) ≥ 0.4×"))
+    one_client = next(n for n in names if n.startswith("acked writes, 1 client(s) ≥ 0.3×"))
     standalone = next(n for n in names if n.startswith("--standalone start"))
     assert f"- **{one_client}**: {report.WHY_NOT[one_client]}" in table
     assert f"- **{standalone}**: {report.WHY_NOT[standalone]}" in table
-    sixteen = next(n for n in names if n.startswith("acked writes, 16 client(s) ≥ 1.0×"))
+    sixteen = next(n for n in names if n.startswith("acked writes, 16 client(s) ≥ 0.9×"))
     assert f"| {sixteen} | 2.00× | yes |" in table and f"- **{sixteen}**" not in table
 
 
