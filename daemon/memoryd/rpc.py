@@ -11,10 +11,8 @@ Who does what:
   (connection.py), and :func:`error_object`, the one place where an exception becomes a
   wire error.
 - A method outside the table is answered METHOD_NOT_FOUND. jsonrpcserver is not called:
-  its dispatch cost the event loop about 140 µs per request, half of what a write at the
-  commit floor has in all (bench/results/PER-REQUEST.md). It stays the reference our
-  dispatch is tested against (tests/test_rpc_unit.py): the same reply for every kind of
-  request. Protocol errors keep their code and details; msgspec validation failures become
+  its dispatch costs too much per request (the README's design notes); it stays the
+  reference our dispatch is tested against (tests/test_rpc_unit.py). Protocol errors keep their code and details; msgspec validation failures become
   INVALID_INPUT with the ``$.path`` of the bad field; anything unexpected becomes -32603
   with a fixed message, and its traceback goes to the log, never onto the wire.
 """

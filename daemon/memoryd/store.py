@@ -42,9 +42,8 @@ AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source,
 TEXT_MARK_KEY = "memoryd_fts_mark"
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
-#: The tail the writer indexes at once: indexing a tail costs well under a WAL page per
-#: add at any of the sizes measured (bench/results/PER-WRITE.md), and a smaller tail keeps
-#: the wait of writes queued behind its merge short.
+#: The tail the writer indexes at once: long enough that indexing costs well under a WAL
+#: page per add, short enough that writes queued behind its merge wait little.
 TAIL_MERGE_AT = 256
 
 def now_ms() -> int:
@@ -357,7 +356,6 @@ def _index(tx: Tx, rowid: int, e: Entry, mark: int | None) -> None:
     # One row of VALUES, not INSERT ... SELECT FROM entries: a statement that may write
     # several rows opens a statement savepoint, and FTS5 flushes its pending terms to a
     # new segment at every savepoint. The text is the one the row was just written with.
-    # Measured in batches of 16 adds: half the index's CPU, a quarter fewer WAL pages.
     if _indexed(rowid, mark):
         tx.conn.execute("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", (rowid, e.text))
     _count(tx, e.track, e.scope, 1, utf16_len(e.text))
