@@ -1,0 +1,69 @@
+"""Values to and from the wire: a ``result`` decoded into its protocol Struct, and any Struct
+(or a session given loosely) back to plain JSON for sending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, TypeAlias
+
+import msgspec
+from memoryd_protocol import types as T
+
+from .errors import BadResponse
+
+JSON: TypeAlias = Any
+#: A session: ``{"id": ..., "header": {"cwd": ..., "agentPreset": ...}}``, a ``types.Session``,
+#: or just the id.
+SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
+
+_ANY: Final = msgspec.json.Decoder()
+_RESULT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
+    method: msgspec.json.Decoder(rtype) for method, rtype in T.RESULTS.items()
+}
+
+
+def decode_result(method: str, raw: bytes | msgspec.Raw) -> Any:
+    """A ``result`` as ``method``'s protocol Struct (``types.RESULTS``; plain JSON for a
+    method it does not name); :class:`BadResponse` when it does not fit."""
+    try:
+        return _RESULT_DECODERS.get(method, _ANY).decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise BadResponse(
+            f"{method} result does not fit the wire contract: {exc}",
+            {"method": method, "result": bytes(raw).decode("utf-8", "replace")[:2000]},
+        ) from None
+
+
+def plain(value: Any) -> Any:
+    """A protocol Struct (or anything containing one) as plain JSON data, ``None`` fields left
+    out; dicts and lists pass through with their Structs converted."""
+    if isinstance(value, msgspec.Struct):
+        return _drop_none(msgspec.to_builtins(value))
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def _session(value: SessionLike | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return {"id": value}
+    out = plain(value)
+    if not isinstance(out, dict):
+        raise TypeError(f"session must be a mapping, a types.Session or an id string, not {type(value).__name__}")
+    return out
+
+
+__all__ = ["JSON", "SessionLike", "decode_result", "plain"]
