@@ -685,8 +685,10 @@ def held_commit(monkeypatch: pytest.MonkeyPatch, *, committed_first: bool) -> tu
     ``release``: before it commits, or (``committed_first``) once it has committed, before
     the writer learns of it."""
     holding, release = threading.Event(), threading.Event()
+    loop_thread = threading.get_ident()
 
     def held(conn: sqlite3.Connection) -> None:
+        assert threading.get_ident() != loop_thread, "COMMIT on the event loop"  # would block it for good
         if committed_first:
             commit(conn)
         holding.set()
@@ -713,8 +715,9 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
             writer.record_recalls([e for e in first if e.id == a], 1000)
             writer.record_recalls([e for e in first if e.id == a], 1000)
             holding, release = held_commit(monkeypatch, committed_first=False)
-            try:
-                async with anyio.create_task_group() as tg:
+            waited: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                try:  # released before the task group waits for the commit, whatever happens
                     tg.start_soon(writer.settled)
                     await anyio.to_thread.run_sync(holding.wait)
                     hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
@@ -727,17 +730,14 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
                                 e.last_recalled = 1000  # the row as the commit leaves it, but for its count
                         return hits, total
 
-                    waited: list[Any] = []
-
                     async def ambiguous() -> None:
                         waited.append(await writer.with_recalls(committed_look))
 
                     tg.start_soon(ambiguous)
                     await anyio.wait_all_tasks_blocked()
                     assert waited == []  # it waits for the commit
+                finally:
                     release.set()
-            finally:
-                release.set()
             hits = waited[0][0]
             assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
 
@@ -769,24 +769,22 @@ async def test_a_query_reads_again_when_a_recalls_commit_began_or_ended_during_i
             async def query() -> None:
                 got.append((await writer.with_recalls(read))[0])
 
-            release = threading.Event()
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(query)
-                    await anyio.wait_all_tasks_blocked()
-                    if ends:
-                        await writer.settled()
-                        gate.set()
-                    else:
-                        holding, release = held_commit(monkeypatch, committed_first=True)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(query)
+                await anyio.wait_all_tasks_blocked()
+                if ends:
+                    await writer.settled()
+                    gate.set()
+                else:
+                    holding, release = held_commit(monkeypatch, committed_first=True)
+                    try:  # released before the task group waits for the commit, whatever happens
                         tg.start_soon(writer.settled)
                         await anyio.to_thread.run_sync(holding.wait)  # committed; the writer not told yet
                         gate.set()
                         await anyio.wait_all_tasks_blocked()
                         assert got == [] and len(reads) == 2  # read again: the row shows the commit's ts
+                    finally:
                         release.set()
-            finally:
-                release.set()
     assert len(reads) == (2 if ends else 3)
     assert [(e.id, e.recall_count, e.last_recalled) for e in got[0]] == [(a, 1, 1000), (b, 0, None)]
 
