@@ -38,7 +38,7 @@ from memoryd.writer import Steps, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
 from memoryd_protocol.ledger import chain_hash, consistent, read_report
 from memoryd_protocol.types import Entry, LedgerConnection
-from test_store_faults import fill, run_batch, tmpfs
+from test_store_faults import fill, read_only_job, run_batch, tmpfs
 
 pytestmark = pytest.mark.anyio
 
@@ -1110,15 +1110,6 @@ def recalled(text: str, ts: int) -> Callable[[Tx], None]:
                                   ts=ts)
 
 
-def read_only(tx: Tx) -> None:
-    """A statement SQLite refuses with SQLITE_READONLY: a fault confined to it."""
-    tx.conn.execute("PRAGMA query_only = ON")
-    try:
-        tx.conn.execute("INSERT INTO meta VALUES ('ro', 'x')")
-    finally:
-        tx.conn.execute("PRAGMA query_only = OFF")
-
-
 async def seed_one(db: Path) -> Entry:
     """A store with one entry (inserted without audit rows: the start row lists it)."""
     seeded = _entry("recalled one")
@@ -1169,7 +1160,7 @@ async def test_a_long_flush_serves_queries_and_a_write_and_keeps_a_row_a_fault_l
                             tg.start_soon(write)
                         if n == fault_at and not faulted:  # once
                             faulted.append(n)
-                            read_only(tx)
+                            read_only_job(tx)
                         kept_row(f"kept {n}")(tx)
 
                     return run
@@ -1210,7 +1201,7 @@ def fails_after_its_rows(how: str) -> Callable[[Tx], Any]:
     def job(tx: Tx) -> None:
         add_job("doomed", 1000)(tx)
         if how == "store-fault":
-            read_only(tx)
+            read_only_job(tx)
         raise BudgetExceeded("memory budget exceeded", {})
 
     def parts(tx: Tx) -> Steps[None]:
