@@ -12,7 +12,7 @@ import anyio
 import pytest
 from e2e_helpers import entry_input, write_ctx
 from inprocess import memory_daemon
-from memoryd import ledger, queries, readers, store
+from memoryd import ledger, queries, store
 from test_query_plans import chain_newest_audit_row, entry, opened
 
 pytestmark = pytest.mark.anyio
@@ -80,10 +80,10 @@ async def test_a_scan_of_100000_entries_in_flight_holds_up_no_approval_and_no_sm
         assert scan["reply"]["total"] == BIG and len(scan["reply"]["entries"]) == 5  # the add has no "fact number"
 
 
-async def test_a_small_stores_entries_are_read_on_the_loop_and_the_ledger_on_a_reader(tmp_path: Path) -> None:
-    """Where each read runs: the entries of a store that holds at most LOOP_READ_UNITS of
-    text on the loop's own connection, the ledger always on a reader's thread. (A large
-    store's entries go to a reader too: the test above would hang otherwise.)"""
+async def test_a_small_stores_query_runs_on_the_loop_and_every_other_read_on_a_reader(tmp_path: Path) -> None:
+    """Where each read runs: a query of a store of at most LOOP_READ_ENTRIES entries and
+    LOOP_READ_UNITS of text on the loop's own connection (its page's worth of work costs less
+    than the hop); a read that builds every entry (a list) and the ledger's on a reader."""
     loop_thread = threading.get_ident()
     seen: list[tuple[str, bool]] = []
 
@@ -95,7 +95,8 @@ async def test_a_small_stores_entries_are_read_on_the_loop_and_the_ledger_on_a_r
     async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
         await raw.ok("memory/add", {"input": entry_input("a small store"), "write": write_ctx()})
         service = d.daemon.service
-        await service.read(where("entries, small"))
-        await service.read(where("ledger"), entries=False)
-        assert sum(service.writer.usage.values()) <= readers.LOOP_READ_UNITS
-    assert seen == [("entries, small", True), ("ledger", False)]
+        assert service.small() and service.writer.entries == 1
+        await service.readers.run(where("a query"), small=service.small())
+        await service.read(where("every entry"))
+        await service.read(where("the ledger"))
+    assert seen == [("a query", True), ("every entry", False), ("the ledger", False)]

@@ -47,7 +47,7 @@ CELL = ("user", "user-global")
 HEAD_READ = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
 #: a connection row looked up before it is written
 LOOKUP = "SELECT 1 FROM memoryd_ledger WHERE kind = 'connection'"
-Read = Callable[[Collection[str]], Awaitable[tuple[list[Entry], int]]]
+Read = Callable[[Collection[str]], Awaitable[tuple[list[Entry], int, int]]]
 
 
 def rows(db: Path, sql: str = "SELECT key, value FROM meta WHERE key LIKE 't:%' ORDER BY key",
@@ -158,9 +158,11 @@ async def wakers(names: list[str]) -> AsyncIterator[tuple[list[str], Callable[[s
 
 def page(reader: sqlite3.Connection) -> Read:
     """A query's read (every entry, rank order) as ``with_recalls`` takes it."""
-    async def read(boosted: Collection[str]) -> tuple[list[Entry], int]:
-        return queries.query_page(reader, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
-                                  limit=50, boosted=boosted)
+    async def read(boosted: Collection[str]) -> tuple[list[Entry], int, int]:
+        with atomic(reader, immediate=False):  # one snapshot, as readers.run takes it
+            hits, total = queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
+                                             workspace_key=None, limit=50, boosted=boosted)
+            return hits, total, store.recall_seq(reader)
 
     return read
 
@@ -673,7 +675,7 @@ async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp
             await writer.settled()
     updates = [s for s in statements if s.startswith("UPDATE entries")]
     assert len(updates) == 3  # a and b for the first two queries, a for the third
-    inserts = [s.split("'t:")[1].split("'")[0] for s in statements if "INSERT INTO meta" in s]
+    inserts = [s.split("'t:")[1].split("'")[0] for s in statements if "INSERT INTO meta VALUES" in s]
     assert inserts == ["1", "2", "between", "3"]
     assert statements.count("COMMIT") == 1
     assert sorted(rows(db, "SELECT id, recall_count, last_recalled FROM entries")) == sorted([(a, 3, 1002),
@@ -688,7 +690,9 @@ def held_commit(monkeypatch: pytest.MonkeyPatch, *, committed_first: bool) -> tu
     loop_thread = threading.get_ident()
 
     def held(conn: sqlite3.Connection) -> None:
-        assert threading.get_ident() != loop_thread, "COMMIT on the event loop"  # would block it for good
+        if threading.get_ident() == loop_thread:  # waiting here would block the event loop for good
+            holding.set()
+            raise AssertionError("COMMIT on the event loop")
         if committed_first:
             commit(conn)
         holding.set()
@@ -700,11 +704,12 @@ def held_commit(monkeypatch: pytest.MonkeyPatch, *, committed_first: bool) -> tu
     return holding, release
 
 
+@pytest.mark.parametrize("committed_first", [False, True], ids=["before-commit", "after-commit"])
 async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While the commit carrying recalls is in flight (held before its COMMIT): a row the
-    store does not show it in counts its recalls at once; a row that shows its
-    last_recalled may already be in it, and that query waits for the commit."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, committed_first: bool) -> None:
+    """While the commit carrying recalls is in flight (held before its COMMIT, or after it
+    before the writer learns of it), a query counts each recall exactly once, without
+    waiting: the sequence number its read sees says whether the store holds them."""
     db = tmp_path / "w.db"
     async with running(db) as writer:
         a, b = store.new_id(), store.new_id()
@@ -714,41 +719,26 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
             first = (await writer.with_recalls(read))[0]
             writer.record_recalls([e for e in first if e.id == a], 1000)
             writer.record_recalls([e for e in first if e.id == a], 1000)
-            holding, release = held_commit(monkeypatch, committed_first=False)
-            waited: list[Any] = []
+            holding, release = held_commit(monkeypatch, committed_first=committed_first)
             async with anyio.create_task_group() as tg:
                 try:  # released before the task group waits for the commit, whatever happens
                     tg.start_soon(writer.settled)
                     await anyio.to_thread.run_sync(holding.wait)
-                    hits, _ = await writer.with_recalls(read)  # not in the store yet: counted
+                    hits, _ = await writer.with_recalls(read)
                     assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
-
-                    async def committed_look(boosted: Collection[str]) -> tuple[list[Entry], int]:
-                        hits, total = await read(boosted)
-                        for e in hits:
-                            if e.id == a and e.recall_count == 0:
-                                e.last_recalled = 1000  # the row as the commit leaves it, but for its count
-                        return hits, total
-
-                    async def ambiguous() -> None:
-                        waited.append(await writer.with_recalls(committed_look))
-
-                    tg.start_soon(ambiguous)
-                    await anyio.wait_all_tasks_blocked()
-                    assert waited == []  # it waits for the commit
                 finally:
                     release.set()
-            hits = waited[0][0]
-            assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
+            monkeypatch.undo()
+            hits, _ = await writer.with_recalls(read)  # committed: the store counts them, the overlay no more
+            assert [(e.id, e.recall_count) for e in hits] == [(a, 2), (b, 0)]
 
 
 @pytest.mark.parametrize("ends", [False, True], ids=["began", "began-and-ended"])
-async def test_a_query_reads_again_when_a_recalls_commit_began_or_ended_during_its_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ends: bool) -> None:
+async def test_a_recalls_commit_during_a_read_is_counted_once_and_the_read_is_not_repeated(
+        tmp_path: Path, ends: bool) -> None:
     """A read (async: on a reader's thread in the daemon) during which the commit carrying
-    queued recalls began, or began and ended, may have seen them committed: counting them
-    from the overlay as well would count them twice. The query reads again, and counts each
-    recall once."""
+    queued recalls began, or began and ended: the read happens once, and each recall counts
+    once, whether the snapshot it took holds the commit or not."""
     db = tmp_path / "w.db"
     async with running(db) as writer:
         a, b = store.new_id(), store.new_id()
@@ -760,10 +750,9 @@ async def test_a_query_reads_again_when_a_recalls_commit_began_or_ended_during_i
             reads: list[int] = []
             got: list[list[Entry]] = []
 
-            async def read(boosted: Collection[str]) -> tuple[list[Entry], int]:
+            async def read(boosted: Collection[str]) -> tuple[list[Entry], int, int]:
                 reads.append(len(reads))
-                if len(reads) == 1:
-                    await gate.wait()  # the read's statements run once the gate opens
+                await gate.wait()  # the read's snapshot is taken once the gate opens
                 return await page(reader)(boosted)
 
             async def query() -> None:
@@ -773,19 +762,13 @@ async def test_a_query_reads_again_when_a_recalls_commit_began_or_ended_during_i
                 tg.start_soon(query)
                 await anyio.wait_all_tasks_blocked()
                 if ends:
-                    await writer.settled()
+                    await writer.settled()  # the commit began and ended: the snapshot holds it
                     gate.set()
                 else:
-                    holding, release = held_commit(monkeypatch, committed_first=True)
-                    try:  # released before the task group waits for the commit, whatever happens
-                        tg.start_soon(writer.settled)
-                        await anyio.to_thread.run_sync(holding.wait)  # committed; the writer not told yet
-                        gate.set()
-                        await anyio.wait_all_tasks_blocked()
-                        assert got == [] and len(reads) == 2  # read again: the row shows the commit's ts
-                    finally:
-                        release.set()
-    assert len(reads) == (2 if ends else 3)
+                    tg.start_soon(writer.settled)
+                    await anyio.wait_all_tasks_blocked()  # begun; its COMMIT on the thread
+                    gate.set()
+    assert reads == [0]
     assert [(e.id, e.recall_count, e.last_recalled) for e in got[0]] == [(a, 1, 1000), (b, 0, None)]
 
 

@@ -26,17 +26,18 @@ class Atomic:
     """What ``atomic`` returns: a context manager; ``lost`` says, after an error, that the
     enclosing transaction is gone too (see the module's docstring)."""
 
-    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool) -> None:
+    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool, busy_timeout_ms: int | None) -> None:
         self._conn = conn
         self._name = name
         self._immediate = immediate
+        self._busy_ms = busy_timeout_ms
         self._outer = False
         self.lost = False
 
     def __enter__(self) -> Atomic:
         self._outer = not self._conn.in_transaction
         if self._outer:
-            begin(self._conn, immediate=self._immediate)
+            begin(self._conn, immediate=self._immediate, busy_timeout_ms=self._busy_ms)
         else:
             self._conn.execute(f"SAVEPOINT {self._name}")
         return self
@@ -107,7 +108,9 @@ def commit(conn: sqlite3.Connection) -> None:
         raise
 
 
-def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> Atomic:
+def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True,
+           busy_timeout_ms: int | None = None) -> Atomic:
     """A transaction (outside one) or a savepoint named ``name`` (inside one) around a
-    ``with`` block; ``immediate=False`` for a read transaction."""
-    return Atomic(conn, name, immediate)
+    ``with`` block; ``immediate=False`` for a read transaction; ``busy_timeout_ms`` for its
+    BEGIN (see ``begin``)."""
+    return Atomic(conn, name, immediate, busy_timeout_ms)

@@ -82,7 +82,7 @@ class Proposals:
         return await self.s.writer.submit(job)
 
     async def proposals_list(self, ctx: RequestContext, p: ProposalListParams) -> list[Proposal]:
-        return await self.s.read(lambda c: store.proposals(c, p.status), entries=False)
+        return await self.s.read(lambda c: store.proposals(c, p.status))
 
     async def _pending(self, proposal_id: str) -> Proposal:
         proposal = await self.s.read(lambda c: store.get_proposal(c, proposal_id))

@@ -1,12 +1,12 @@
-"""Every read of the store: ``await readers.run(fn, small=...)`` runs ``fn(conn)`` inside
-one read transaction on a read-only connection.
+"""Every read of the store: ``await readers.run(fn)`` runs ``fn(conn)`` inside one read
+transaction on a read-only connection and the thread that owns it (owned.py), one of a few,
+so that a long read (a whole-ledger verify, a 100,000-entry scan) holds one of them while
+queries and approvals go on through the others.
 
-A read that the caller knows to be small (the entries of a store that holds at most
-LOOP_READ_UNITS of text, well under a millisecond) runs right on the event loop's own
-connection: a thread hop costs more than such a read (the README's design notes give the
-measurement). Every other read (the ledger, a large store's entries) runs on one of a few
-connections, each owned by its thread (owned.py), so that a long read (a whole-ledger
-verify, a 100,000-entry scan) holds one of them while queries and approvals go on.
+One exception, ``small=True``: a query of a store small enough (Service.small) runs on the
+event loop's own connection, because for it the thread hop costs more than the read (the
+README's design notes give the measurement). A query does a page's worth of work; reads
+that build every entry (a list, an export, a replace's candidates) always take a thread.
 
 Why not aiosqlite: its public API is statement-level, a thread hop for every statement,
 where one hop per read runs the whole function.
@@ -29,8 +29,9 @@ T = TypeVar("T")
 
 #: How many read connections with a thread of their own a daemon keeps.
 READERS = 3
-#: The text (UTF-16 units, all cells together) up to which the store's entries are read on
-#: the event loop: below it a scan costs less than a thread hop (the README says how much).
+#: The store (its entries, and their text in UTF-16 units) up to which a query runs on the
+#: event loop: below both, its scan costs less than a thread hop (the README says how much).
+LOOP_READ_ENTRIES = 4_000
 LOOP_READ_UNITS = 200_000
 
 

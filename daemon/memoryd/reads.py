@@ -115,8 +115,7 @@ class Reads:
 
     async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))],
-                                 entries=False)
+        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
 
     async def audit_verify(self, ctx: RequestContext, p: Any) -> LedgerReport:
         return await self._verify()
@@ -152,10 +151,10 @@ class Reads:
 
         small = self.s.small()
 
-        def read(boosted: Collection[str]) -> Awaitable[tuple[list[Entry], int]]:
-            return self.s.readers.run(lambda c: queries.query_page(
+        def read(boosted: Collection[str]) -> Awaitable[tuple[list[Entry], int, int]]:
+            return self.s.readers.run(lambda c: (*queries.query_page(
                 c, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key,
-                limit=limit, boosted=boosted), small=small)
+                limit=limit, boosted=boosted), store.recall_seq(c)), small=small)
 
         hits, total = await self.s.writer.with_recalls(read)
         page = hits[:limit]

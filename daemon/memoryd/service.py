@@ -54,7 +54,7 @@ from .approvals import Approvals
 from .config import Config
 from .context import Handler, RequestContext
 from .pipeline import Pipeline
-from .readers import LOOP_READ_UNITS, Readers
+from .readers import LOOP_READ_ENTRIES, LOOP_READ_UNITS, Readers
 from .sessions import Sessions
 from .tx import Usage
 from .watchers import Watchers
@@ -106,15 +106,16 @@ class Service:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T], *, entries: bool = True) -> T:
-        """A read of the store (readers.py), after the recall bookkeeping queued so far.
-        ``entries``: it reads the entries (bounded by the budgets), not the ledger."""
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read of the store on a reader's thread (readers.py), after the recall
+        bookkeeping queued so far."""
         await self.writer.settled()
-        return await self.readers.run(fn, small=entries and self.small())
+        return await self.readers.run(fn)
 
     def small(self) -> bool:
-        """Whether the entries are few enough to read on the event loop (readers.py)."""
-        return sum(self.writer.usage.values()) <= LOOP_READ_UNITS
+        """Whether a query's read may run on the event loop: a page's worth of work over a
+        store this small costs less than the thread hop (readers.py)."""
+        return self.writer.entries <= LOOP_READ_ENTRIES and sum(self.writer.usage.values()) <= LOOP_READ_UNITS
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]

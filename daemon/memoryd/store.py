@@ -300,6 +300,21 @@ def save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
                      "excluded.value", (TEXT_MARK_KEY, str(top)))
 
 
+#: The ``meta`` row of the last committed recalls' sequence number: a read that sees it
+#: knows which of the writer's pending recalls its snapshot already holds (``Writer.with_recalls``).
+RECALL_SEQ_KEY = "memoryd_recall_seq"
+
+
+def recall_seq(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (RECALL_SEQ_KEY,)).fetchone()
+    return int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+
+
+def save_recall_seq(conn: sqlite3.Connection, seq: int) -> None:
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                 (RECALL_SEQ_KEY, str(seq)))
+
+
 def text_tail(conn: sqlite3.Connection) -> int:
     """How many entries are above the mark (in no index yet)."""
     (n,) = conn.execute(f"SELECT count(*) FROM entries WHERE rowid > {TEXT_MARK_SQL}").fetchone()

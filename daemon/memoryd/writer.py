@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import GeneratorType
 from typing import Any, Generic, TypeVar
@@ -100,6 +100,17 @@ class _Job(Generic[T]):
     end_waiter: asyncio.Future[None] | None = None
 
 
+@dataclass(eq=False)
+class _Overlay:
+    """Recalls not committed yet: per entry, how many and the last one's ts."""
+
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    #: the sequence number its commit saves (store.RECALL_SEQ_KEY), once that commit began
+    seq: int | None = None
+    #: its commit failed: its recalls are lost, in the store and here alike
+    failed: bool = False
+
+
 class _Recalls:
     """One bookkeeping step for the recalls of queries in a row: per entry, how many and the
     last one's ts; and each recall's ledger row, in order."""
@@ -122,7 +133,7 @@ class _Recalls:
 
 class Writer:
     def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
-                 anchor: ledger.Anchor | None = None) -> None:
+                 anchor: ledger.Anchor | None = None, recall_seq: int = 0, entries: int = 0) -> None:
         #: the write connection and its one thread (a bare connection gets a thread here)
         self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
@@ -130,6 +141,8 @@ class Writer:
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
+        #: how many entries the committed store holds (as memoryd's own writes count them)
+        self.entries = entries
         #: queued jobs, and what wakes ``run`` for them (plain asyncio: one append and one
         #: future per job, where anyio's memory stream and Event cost several calls each)
         self._queue: deque[_Job[Any]] = deque()
@@ -145,10 +158,11 @@ class Writer:
         #: set while no commit carrying deferred bookkeeping is between BEGIN and its end
         self._bookkeeping_idle = anyio.Event()
         self._bookkeeping_idle.set()
-        #: id → [recalls, the last one's ts] queued for a commit not begun yet, and those
-        #: of the commit in flight (``with_recalls``)
-        self._queued: dict[str, list[int]] = {}
-        self._flying: dict[str, list[int]] = {}
+        #: recalls queued for a commit not begun yet, and those of the commit in flight
+        #: (``with_recalls``); the sequence number of the last recalls' commit begun
+        self._queued = _Overlay()
+        self._flying = _Overlay()
+        self._recall_seq = recall_seq
         #: the text index's tail was full after the last commit of a write (store.tail_full)
         self._tail_full = False
         #: when the batch in progress last let the event loop turn (``_turn``)
@@ -171,10 +185,12 @@ class Writer:
                 raise store.store_fault(exc, path) or exc from None
             usage = await owned.run(store.stored_usage)
             head = await owned.run(ledger.head)
+            seq = await owned.run(store.recall_seq)
+            entries = await owned.run(queries.entry_count)
         except BaseException:
             await owned.aclose()
             raise
-        return cls(owned, usage, path, ledger.Anchor(head))
+        return cls(owned, usage, path, ledger.Anchor(head), seq, entries)
 
     @property
     def usage(self) -> Usage:
@@ -242,30 +258,23 @@ class Writer:
 
     # --- recall bookkeeping -----------------------------------------------------------
 
-    async def with_recalls(self, read: Callable[[Collection[str]], Awaitable[tuple[list[Entry], int]]]
+    async def with_recalls(self, read: Callable[[Collection[str]], Awaitable[tuple[list[Entry], int, int]]]
                            ) -> tuple[list[Entry], int]:
-        """``read(boosted)`` (entries off the store, and a count) with every recall not
-        committed yet counted in, ranked again if any is. ``boosted`` are the ids with such
-        recalls, which ``read`` must include if they match (``queries.query_page``).
+        """``read(boosted)`` (entries off the store, a count, and the store's
+        store.recall_seq, all from one read transaction) with every recall the read did not
+        see counted in, ranked again if any is. ``boosted`` are the ids with such recalls,
+        which ``read`` must include if they match (``queries.query_page``).
 
-        Recalls queued for a commit not begun yet are not in the store: each counts. Those
-        of the commit in flight may be in what ``read`` saw or not. A row that shows another
-        ``last_recalled`` than that commit sets has not seen it, so they count too; only a
-        row that shows that very one is unsure, and then the query waits for the commit
-        and reads again (rare: the store has usually not taken it yet). So does a query
-        during whose read such a commit began or ended."""
-        while True:
-            queued, flying = self._queued, self._flying
-            hits, total = await read(queued.keys() | flying.keys())
-            if queued is not self._queued or flying is not self._flying:
-                continue
-            if not any((f := flying.get(e.id)) is not None and e.last_recalled == f[1] for e in hits):
-                break
-            await self._bookkeeping_committed()
+        A pending set of recalls is in what the read saw exactly when its commit saved a
+        sequence number the read saw: never waited for, never read twice."""
+        overlays = (self._flying, self._queued)
+        hits, total, seen = await read(overlays[0].counts.keys() | overlays[1].counts.keys())
         moved = False
-        for e in hits:
-            for overlay in (flying, queued):
-                pending = overlay.get(e.id)
+        for overlay in overlays:
+            if overlay.failed or (overlay.seq is not None and overlay.seq <= seen) or not overlay.counts:
+                continue
+            for e in hits:
+                pending = overlay.counts.get(e.id)
                 if pending is not None:
                     moved = True
                     e.recall_count += pending[0]
@@ -286,7 +295,7 @@ class Writer:
         if not isinstance(shared, _Recalls):
             shared = _Recalls()
             self.defer(shared)
-        bumps, queued = shared.bumps, self._queued
+        bumps, queued = shared.bumps, self._queued.counts
         for e in entries:
             e.recall_count += 1
             e.last_recalled = ts
@@ -390,7 +399,7 @@ class Writer:
     def _run_index_tail(self, conn: sqlite3.Connection) -> None:
         self._sync(conn, False)
         started = time.perf_counter()
-        with atomic(conn):
+        with atomic(conn, busy_timeout_ms=self._busy_ms):
             n = store.index_tail(conn)
         log.debug("indexed the text index's tail of %d entries in %.1f ms", n, (time.perf_counter() - started) * 1e3)
 
@@ -411,7 +420,11 @@ class Writer:
         if deferred:
             self._bookkeeping_idle = anyio.Event()
             # every queued recall is in this commit (its steps are never kept)
-            self._flying, self._queued = self._queued, {}
+            self._flying, self._queued = self._queued, _Overlay()
+            if self._flying.counts:
+                self._recall_seq += 1
+                self._flying.seq = self._recall_seq
+        flying = self._flying
         conn = self._owned.conn
         try:
             with anyio.CancelScope(shield=True):
@@ -420,6 +433,8 @@ class Writer:
                 self._since = time.perf_counter()
                 for d in deferred:
                     error = (await self._step(tx, d.fn))[1]
+                    if error is not None and isinstance(d.fn, _Recalls):
+                        flying.failed = True
                     if error is not None:
                         fault = store_fault(error, self._path)
                         if fault is None:
@@ -437,11 +452,15 @@ class Writer:
                             log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], error)
                         # Not logged otherwise: submit raises it to the caller, who reports it.
                         job.error = fault if fault is not None else error
+                if flying.seq is not None:
+                    store.save_recall_seq(conn, flying.seq)
+                added = sum(n for n, _ in tx.counts.values())
                 store.flush_counts(tx)
                 full = durable and self._tail_is_full(conn)
                 await self._owned.run(commit)
             self.anchor.committed(tx)
             self._usage = tx.usage
+            self.entries += added
             self._tail_full = full
         except BaseException as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
@@ -449,6 +468,7 @@ class Writer:
             # ``except Exception`` lets through (a job's SystemExit, say), which then ends
             # ``run``: answered with its result, a caller would think its write committed.
             rollback(conn, "of a failed batch")
+            flying.failed = True
             fault = store_fault(exc, self._path)
             if fault is None:
                 log.exception("group commit of %d job(s) failed", len(batch))
@@ -471,7 +491,7 @@ class Writer:
                     d.on_done()
             if deferred:
                 # committed (the store counts them now) or failed (lost): no longer counted here
-                self._flying = {}
+                self._flying = _Overlay()
                 self._bookkeeping_idle.set()
             for j in batch:
                 self._end(j)
