@@ -733,6 +733,38 @@ async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
             assert [(e.id, e.recall_count) for e in hits] == [(a, 2), (b, 0)]
 
 
+async def test_a_failed_recall_step_takes_only_its_own_recalls_out_of_the_overlay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two recall steps in one commit (a row queued between them starts the second); the
+    second fails and is rolled back. While the commit is in flight a query counts the first
+    step's recall, which commits, and not the second's, which is lost."""
+    db = tmp_path / "w.db"
+    async with running(db) as writer:
+        a, b = store.new_id(), store.new_id()
+        await writer.submit(lambda tx: two_entries(tx, (a, b)))
+        with contextlib.closing(storefile.connect(db, 0)) as reader:
+            read = page(reader)
+            hits = (await writer.with_recalls(read))[0]
+            writer.record_recalls([e for e in hits if e.id == a], 1000)
+            writer.defer(lambda tx: None)
+
+            def broken(tx: Tx) -> None:
+                raise RuntimeError("a bug of ours")
+
+            writer.record_recalls([e for e in hits if e.id == b], 1001, broken)
+            holding, release = held_commit(monkeypatch, committed_first=False)
+            async with anyio.create_task_group() as tg:
+                try:
+                    tg.start_soon(writer.settled)
+                    await anyio.to_thread.run_sync(holding.wait)
+                    during = {e.id: e.recall_count for e in (await writer.with_recalls(read))[0]}
+                finally:
+                    release.set()
+            monkeypatch.undo()
+            after = {e.id: e.recall_count for e in (await writer.with_recalls(read))[0]}
+    assert during == after == {a: 1, b: 0}
+
+
 @pytest.mark.parametrize("ends", [False, True], ids=["began", "began-and-ended"])
 async def test_a_recalls_commit_during_a_read_is_counted_once_and_the_read_is_not_repeated(
         tmp_path: Path, ends: bool) -> None:

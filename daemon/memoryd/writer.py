@@ -110,6 +110,15 @@ class _Overlay:
     #: its commit failed: its recalls are lost, in the store and here alike
     failed: bool = False
 
+    def lose(self, step: _Recalls) -> None:
+        """A step of its commit was rolled back: that step's recalls are lost."""
+        for entry_id, (n, _ts) in step.bumps.items():
+            pending = self.counts.get(entry_id)
+            if pending is not None:
+                pending[0] -= n
+                if pending[0] <= 0:
+                    del self.counts[entry_id]
+
 
 class _Recalls:
     """One bookkeeping step for the recalls of queries in a row: per entry, how many and the
@@ -434,7 +443,7 @@ class Writer:
                 for d in deferred:
                     error = (await self._step(tx, d.fn))[1]
                     if error is not None and isinstance(d.fn, _Recalls):
-                        flying.failed = True
+                        flying.lose(d.fn)
                     if error is not None:
                         fault = store_fault(error, self._path)
                         if fault is None:
