@@ -244,6 +244,10 @@ class ParamsDecoder:
             if self._needs_agent and _lacks_agent(_probe_decoder.decode(params).write if raw else params.get("write")):
                 raise WriteRequiresAgent() from None
             raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
+        except msgspec.DecodeError:
+            # The envelope leaves params undecoded, so bytes that are not UTF-8 inside them
+            # are first seen here: the client's bad input, not our failure.
+            raise InvalidInput("invalid params: a string is not valid UTF-8", "params") from None
         if self._needs_agent and decoded.write.agent is None:  # type: ignore[attr-defined]
             raise WriteRequiresAgent()
         return decoded

@@ -45,6 +45,7 @@ from memoryd_protocol.types import (
 from memoryd_protocol.validation import (
     SessionView,
     Target,
+    check_label,
     resolve_one,
     session_view,
 )
@@ -158,6 +159,10 @@ class Service:
     async def initialize(self, ctx: RequestContext, p: InitializeParams) -> InitializeResult:
         if p.protocol is not None and p.protocol != PROTOCOL:
             raise InvalidInput(f"unsupported protocol {p.protocol!r}; this daemon speaks {PROTOCOL}", "protocol")
+        if p.client is not None:
+            for field, value in (("client.name", p.client.name), ("client.version", p.client.version)):
+                if value is not None:
+                    check_label(value, field)
         peer = ctx.peer
         if p.capabilities is not None and not p.capabilities.approvals:
             # One-way: a connection that cannot approve never becomes one that can, or a

@@ -51,6 +51,8 @@ MAX_BY_NAME: Final = 128
 MAX_KEY_UNITS: Final = 4096
 MAX_AGENT_KEY_UNITS: Final = 256
 MAX_SESSION_ID_UNITS: Final = 256
+#: client.name and client.version: each stored in the ledger's row of every connection
+MAX_LABEL_UNITS: Final = 256
 #: Longest memory/query filter.text, in UTF-16 units.
 MAX_QUERY_TEXT_UNITS: Final = 2000
 #: A ``recalled`` audit row keeps at most this many units of the query text (then "…").

@@ -16,6 +16,7 @@ from .constants import (
     AMBIGUOUS_SAMPLE_COUNT,
     AMBIGUOUS_SAMPLE_UNITS,
     DEFAULT_SOURCE,
+    MAX_LABEL_UNITS,
     MAX_QUERY_TEXT_UNITS,
     MAX_SESSION_ID_UNITS,
     MAX_SOURCE_UNITS,
@@ -69,6 +70,18 @@ def check_session_id(session_id: str, field: str) -> str:
     if utf16_len(session_id) > MAX_SESSION_ID_UNITS:
         raise InvalidInput(f"{field} longer than {MAX_SESSION_ID_UNITS} characters", field)
     return session_id
+
+
+def check_label(value: str, field: str) -> str:
+    """A name a client gives itself (``client.name``, ``client.version``): stored in a ledger
+    row per connection and shown to approvers, so storable, without control characters,
+    and at most MAX_LABEL_UNITS long."""
+    check_storable(value, field)
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise InvalidInput(f"{field} contains a control character", field)
+    if utf16_len(value) > MAX_LABEL_UNITS:
+        raise InvalidInput(f"{field} longer than {MAX_LABEL_UNITS} characters", field)
+    return value
 
 
 def check_query_text(text: str, field: str = "filter.text") -> str:
