@@ -79,3 +79,25 @@ def _big_messages(tmp_path: Path) -> Path:
     cfg = tmp_path / "memoryd.toml"
     cfg.write_text("max_message_bytes = 4194304\n")
     return cfg
+
+
+async def test_a_connection_binds_at_most_max_sessions_per_connection(tmp_path: Path) -> None:
+    """Each session id a connection names is bound to it; one beyond the config's cap is
+    refused with INVALID_INPUT naming the key, changes nothing, and the ids it holds go on
+    working. Closing the connection lets go of them."""
+    cfg = tmp_path / "memoryd.toml"
+    cfg.write_text("max_sessions_per_connection = 2\n")
+    async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto",
+                              "--config", str(cfg)]) as d:
+        async with d.connect() as raw:
+            await raw.ok("memory/snapshot", {"session": {"id": "s-a"}})
+            await raw.ok("memory/query", {"opts": {"sessionId": "s-b"}})
+            before = await state(raw)
+            err = await raw.fail("memory/snapshot", {"session": {"id": "s-c"}})
+            assert (err.code, err.details) == ("INVALID_INPUT", {"field": "session.id"})
+            assert err.error["message"] == ("this connection already holds 2 sessions; reuse one of their ids, open another "
+                                            "connection, or raise max_sessions_per_connection in the daemon's config")
+            assert await state(raw) == before
+            await raw.ok("memory/snapshot", {"session": {"id": "s-a"}})  # held already: not counted again
+        async with d.connect() as other:
+            await other.ok("memory/snapshot", {"session": {"id": "s-c"}})

@@ -19,6 +19,7 @@ from memoryd_protocol.constants import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_PENDING_APPROVALS,
+    DEFAULT_MAX_SESSIONS_PER_CONNECTION,
     GRID,
     PROPOSAL_MAX_PENDING,
     PROPOSAL_MAX_TEXT,
@@ -85,6 +86,7 @@ class Config:
         self.max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
         self.half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
         self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
+        self.max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: the config file set ``socket_path`` (a relay then never looks for another socket)
@@ -181,6 +183,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_batch_calls": (1, 10_000),
     "max_buffered_bytes": (65536, 1024 * 1024 * 1024),
     "max_pending_approvals": (1, 10_000),
+    "max_sessions_per_connection": (1, 1_000_000),
 }
 _SECONDS = ("approval_timeout_s", "half_line_timeout_s")
 _CHOICES: dict[str, tuple[str, ...]] = {"language": ("en", "zh"), "approvers": APPROVERS, "mcp_approvals": MCP_APPROVALS}

@@ -88,7 +88,7 @@ class Service:
         self.readers = readers
         self.approvals = approvals
         #: which open connection each session id belongs to (sessions.py)
-        self.sessions = Sessions()
+        self.sessions = Sessions(config.max_sessions_per_connection)
         self.started = time.monotonic()
         self.connections = 0
         #: the live connections, for ``daemon/status`` (the Daemon's own set)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memoryd_protocol.constants import DEFAULT_MAX_SESSIONS_PER_CONNECTION
 from memoryd_protocol.errors import InvalidInput
 
 from .context import Handler, Peer, RequestContext
@@ -19,11 +20,6 @@ from .context import Handler, Peer, RequestContext
 #: so a watcher (memoryctl watch, say) must not keep the session's own harness from taking
 #: its first snapshot.
 UNBOUND_METHODS = frozenset({"memory/watch"})
-
-#: Session ids one connection binds at most; the ids it names beyond that stay unbound
-#: (its writes still work), so a connection cannot grow this table without bound.
-MAX_BOUND_PER_CONNECTION = 1024
-
 
 def named_session(params: Any) -> str | None:
     """The session id a request's params name, wherever the method carries it."""
@@ -41,18 +37,24 @@ def named_session(params: Any) -> str | None:
 
 
 class Sessions:
-    def __init__(self) -> None:
+    def __init__(self, max_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION) -> None:
         self._owner: dict[str, int] = {}
         self._bound: dict[int, set[str]] = {}
+        #: session ids one connection may bind (max_sessions_per_connection): a request
+        #: naming one more is refused, so no connection grows this table without bound
+        self.max_per_connection = max_per_connection
 
     def bind(self, peer: Peer, session_id: str) -> None:
         """``session_id`` becomes ``peer``'s unless an open connection holds it already."""
         if session_id in self._owner:
             return
         mine = self._bound.setdefault(peer.id, set())
-        if len(mine) < MAX_BOUND_PER_CONNECTION:
-            mine.add(session_id)
-            self._owner[session_id] = peer.id
+        if len(mine) >= self.max_per_connection:
+            raise InvalidInput(f"this connection already holds {self.max_per_connection} sessions; reuse one of "
+                               "their ids, open another connection, or raise max_sessions_per_connection in the "
+                               "daemon's config", "session.id")
+        mine.add(session_id)
+        self._owner[session_id] = peer.id
 
     def require_own(self, peer: Peer, session_id: str, action: str) -> None:
         """Refuse ``action`` on a session that another open connection holds."""

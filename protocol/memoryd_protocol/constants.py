@@ -79,6 +79,9 @@ DEFAULT_MAX_BATCH_CALLS: Final = 100
 DEFAULT_MAX_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_HALF_LINE_TIMEOUT_S: Final = 30.0
 DEFAULT_MAX_PENDING_APPROVALS: Final = 16
+#: session ids one connection may bind (sessions.py): a harness that multiplexes its
+#: sessions over one connection binds one each
+DEFAULT_MAX_SESSIONS_PER_CONNECTION: Final = 1024
 
 WRITE_POLICIES: Final[tuple[WritePolicy, ...]] = ("ask", "auto", "off")
 #: The only approval outcome that lets a write through.
