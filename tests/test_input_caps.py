@@ -101,3 +101,26 @@ async def test_a_connection_binds_at_most_max_sessions_per_connection(tmp_path: 
             await raw.ok("memory/snapshot", {"session": {"id": "s-a"}})  # held already: not counted again
         async with d.connect() as other:
             await other.ok("memory/snapshot", {"session": {"id": "s-c"}})
+
+
+async def test_every_query_that_names_its_session_leaves_its_recalled_row(tmp_path: Path) -> None:
+    """A query's recall bookkeeping cannot fail for anything its request passed validation
+    for: from connections whose names are as odd as initialize admits (non-ASCII, 256
+    units, astral characters), every query naming a session has its ``recalled`` row."""
+    names = ["é" * 256, "工具🧠" * 60, "x"]
+    async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d:
+        async with d.connect() as writer:
+            await add(writer, "a fact to recall")
+        queries = 0
+        for n, name in enumerate(names):
+            async with d.connect(initialize=False) as raw:
+                await raw.send_line(initialize({"name": name, "version": name[:16]}))
+                assert "result" in await raw.raw_reply()
+                for k in range(3):
+                    await raw.ok("memory/query", {"filter": {"text": "fact"}, "opts": {"sessionId": f"s-{n}-{k}"}})
+                    queries += 1
+        async with d.connect() as reader:
+            rows = await reader.ok("audit/list", {"limit": 1000})
+    recalled = sorted(r["sessionId"] for r in rows if r["action"] == "recalled")
+    assert recalled == sorted(f"s-{n}-{k}" for n in range(len(names)) for k in range(3))
+    assert len(recalled) == queries
