@@ -329,3 +329,53 @@ async def test_a_ledger_wiped_while_the_daemon_was_stopped_is_logged_when_it_res
         assert report["note"] == "the chain starts with the 2 entries the store held and no audit rows"
     assert ("the ledger's chain begins on a store that already holds 2 entries and 0 audit rows: nothing "
             "proves what came before") in again.stderr()
+
+
+# --- the audit rows from before the chain ----------------------------------------------------
+
+
+PRE_CHAIN = {
+    "insert-0": "INSERT INTO audit (seq, ts, action, outcome) VALUES (0, 1, 'add', 'allowed-once')",
+    "insert-negative": "INSERT INTO audit (seq, ts, action, outcome) VALUES (-7, 1, 'add', 'allowed-once')",
+    "edit": "UPDATE audit SET outcome = 'allowed-once (via approval, writePolicy ask)' WHERE seq = 2",
+    "delete": "DELETE FROM audit WHERE seq = 1",
+}
+
+
+@pytest.mark.parametrize("tamper", list(PRE_CHAIN))
+async def test_audit_rows_from_before_the_chain_are_covered_by_its_start(
+        daemon_factory: Any, tmp_path: Path, tamper: str) -> None:
+    """A dsh-memento store's two audit rows carry no hashes; the chain's start records how
+    many there were and a digest of them, so an insert (a seq of 0 or below too), an edit
+    or a deletion at or below afterAuditSeq fails verify, while a write the daemon makes
+    after them does not."""
+    from test_e2e_store import make_store
+
+    db = tmp_path / "memory.db"
+    make_store(db, 4)
+    for seq in (1, 2):
+        sql(db, "INSERT INTO audit (seq, ts, action, track, scope, text, outcome, source) VALUES "
+                "(?, 1, 'add', 'user', 'user-global', 'Prefers tabs', 'allowed (policy auto)', 'dsh-memento')", seq)
+    d = daemon_factory(db=db)
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "written through memoryd")
+        report = await raw.ok("audit/verify")
+        assert (report["problems"], report["afterAuditSeq"]) == ([], 2)
+        sql(db, PRE_CHAIN[tamper])
+        report = await raw.ok("audit/verify")
+        count = {"insert-0": 3, "insert-negative": 3, "edit": 2, "delete": 1}[tamper]
+        assert report["problems"] == [{"n": 1, "reason": (
+            "the audit rows at or below seq 2, from before the chain began, were inserted, changed or deleted: "
+            f"the chain's start recorded 2, the store now has {count}" + (", not as recorded" if count == 2 else ""))}]
+
+
+async def test_a_row_inserted_below_a_fresh_chain_fails_verify(daemon: Any) -> None:
+    """A store memoryd began: nothing before its chain, so any audit row at seq 0 or below
+    is an insertion."""
+    async with socket_client(daemon.socket_path) as raw:
+        await add(raw, "a fact")
+        sql(daemon.db_path, "INSERT INTO audit (seq, ts, action) VALUES (0, 1, 'add')")
+        report = await raw.ok("audit/verify")
+        assert report["problems"] == [{"n": 1, "reason": (
+            "the audit rows at or below seq 0, from before the chain began, were inserted, changed or deleted: "
+            "the chain's start recorded 0, the store now has 1")}]

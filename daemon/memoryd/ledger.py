@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from memoryd_protocol.ledger import (
+    SELECT_AUDIT,
     SELECT_ENTRIES,
     SELECT_SNAPSHOTS,
     AskedBody,
@@ -25,6 +26,8 @@ from memoryd_protocol.ledger import (
     Kind,
     ProposalBody,
     StartBody,
+    audit_digest,
+    audit_from,
     canonical,
     chain_hash,
     entries_from,
@@ -71,8 +74,8 @@ def ensure_start(tx: Tx) -> None:
     conn = tx.conn
     if conn.execute("SELECT 1 FROM memoryd_ledger LIMIT 1").fetchone() is not None:
         return
-    (after,) = conn.execute("SELECT coalesce(max(seq), 0) FROM audit").fetchone()
-    (earlier,) = conn.execute("SELECT count(*) FROM audit").fetchone()
+    before = audit_from(conn.execute(SELECT_AUDIT))
+    after, earlier = max((a.seq for a in before), default=0), len(before)
     entries = entries_from(conn.execute(SELECT_ENTRIES))
     snapshots = {sid: text_hash(text) for sid, text in snapshots_from(conn.execute(SELECT_SNAPSHOTS))}
     proposals = store.proposals(conn, None)
@@ -84,7 +87,7 @@ def ensure_start(tx: Tx) -> None:
     else:
         note = "the chain starts with the store"
     append(tx, "start", StartBody(after_audit_seq=after, note=note, entries=entries, snapshots=snapshots,
-                                    proposals=proposals))
+                                    proposals=proposals, earlier_audit=audit_digest(before)))
     if entries or earlier:
         # A store new to memoryd, or one whose ledger was deleted: only the log, beside the
         # last run's "ledger head at stop", can tell the two apart.

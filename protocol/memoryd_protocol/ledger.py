@@ -92,6 +92,15 @@ class _Body(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=
     pass
 
 
+class PreChain(_Body):
+    """The audit rows the store held when the chain began: how many, and the sha256 of
+    them all in seq order (:func:`audit_digest`), so that none can later be inserted,
+    changed or deleted below ``after_audit_seq`` unnoticed."""
+
+    count: int
+    digest: str
+
+
 class StartBody(_Body):
     #: audit rows up to this seq predate the chain
     after_audit_seq: int
@@ -102,6 +111,9 @@ class StartBody(_Body):
     snapshots: dict[str, str] = msgspec.field(default_factory=dict)
     #: the proposals the store already had
     proposals: list[Proposal] = msgspec.field(default_factory=list)
+    #: the audit rows before the chain (absent in a start row of an older memoryd: those
+    #: rows are then not covered)
+    earlier_audit: PreChain | None = None
 
 
 class ProposalBody(_Body):
@@ -217,6 +229,12 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def audit_digest(rows: Iterable[AuditRow]) -> PreChain:
+    """The :class:`PreChain` of ``rows`` (taken in seq order)."""
+    ordered = sorted(rows, key=lambda a: a.seq)
+    return PreChain(count=len(ordered), digest=hashlib.sha256(_encoder.encode(ordered)).hexdigest())
+
+
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
            snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
            provenance: Iterable[Provenance] | None = None, proposals: Iterable[Proposal] | None = None
@@ -306,6 +324,13 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 recorded[body.session_id] = (row.n, body.seq, body.text or "")
     assert start is not None or broken
     after = start.after_audit_seq if start is not None else 0
+    if start is not None and start.earlier_audit is not None:
+        now = audit_digest(a for seq, a in audit_by_seq.items() if seq <= after)
+        if now != start.earlier_audit:
+            was = start.earlier_audit.count
+            v.problem(f"the audit rows at or below seq {after}, from before the chain began, were inserted, changed "
+                      f"or deleted: the chain's start recorded {was}, the store now has {now.count}"
+                      + ("" if now.count != was else ", not as recorded"), 1)
     if not broken:
         for seq in sorted(audit_by_seq):
             if seq > after and seq not in chained:
