@@ -124,8 +124,17 @@ async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
             conn.execute("DELETE FROM audit WHERE seq = ?", (seq,))
             (eid,) = conn.execute("SELECT id FROM entries WHERE text = 'imported'").fetchone()
             conn.execute("UPDATE entries SET text = 'imported!' WHERE id = ?", (eid,))
+            track, scope = conn.execute("SELECT track, scope FROM entries WHERE id = ?", (eid,)).fetchone()
+            kept = conn.execute("SELECT entries, used FROM memoryd_usage WHERE track = ? AND scope = ?",
+                                (track, scope)).fetchone()
+            texts = [t for (t,) in conn.execute("SELECT text FROM entries WHERE track = ? AND scope = ?", (track, scope))]
         report = await raw.ok("audit/verify")
-        assert report["problems"] == [{"reason": f"entry {eid} differs from the ledger in text"}]
+        # the text was edited without its count: the budgets' counter no longer matches either
+        assert report["problems"] == [
+            {"reason": f"entry {eid} differs from the ledger in text"},
+            {"reason": f"memoryd_usage says {track}/{scope} holds {kept[0]} entries of {kept[1]} characters; the "
+                       f"entries are {len(texts)} of {sum(len(t.encode('utf-16-le')) // 2 for t in texts)}: the store "
+                       f"was changed outside memoryd"}]
 
 
 async def test_a_memento_store_starts_its_chain_at_the_first_memoryd_row(daemon_factory: Any, tmp_path: Path) -> None:

@@ -130,8 +130,11 @@ async def test_a_truncated_ledger_is_caught_by_the_daemon_that_wrote_it(daemon: 
         sql(daemon.db_path, "DELETE FROM memoryd_ledger WHERE audit_seq = ?", seq)
         report = await raw.ok("audit/verify")
         assert report["ok"] is False
-        assert report["problems"] == [{"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, is "
-                                                              f"missing: the ledger was truncated"}]
+        assert report["problems"] == [
+            {"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, is missing: the ledger was "
+                                    f"truncated"},
+            {"reason": "memoryd_usage says user/user-global holds 2 entries of 21 characters; the entries are 1 of 4: "
+                       "the store was changed outside memoryd"}]  # the entry went without its count
 
 
 @pytest.mark.process
@@ -163,8 +166,11 @@ async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: A
         await add(raw, "after the rewrite")
         report = await raw.ok("audit/verify")
         assert report["ok"] is False
-        assert report["problems"] == [{"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, was "
-                                                              f"changed: the ledger was rewritten"}]
+        assert report["problems"] == [
+            {"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, was changed: the ledger was "
+                                    f"rewritten"},
+            {"reason": "memoryd_usage says user/user-global holds 3 entries of 33 characters; the entries are 3 of 32: "
+                       "the store was changed outside memoryd"}]  # the text was edited without its count
     assert "ledger row" in daemon.stderr() and "is changed outside memoryd" in daemon.stderr()
 
 
@@ -379,3 +385,17 @@ async def test_a_row_inserted_below_a_fresh_chain_fails_verify(daemon: Any) -> N
         assert report["problems"] == [{"n": 1, "reason": (
             "the audit rows at or below seq 0, from before the chain began, were inserted, changed or deleted: "
             "the chain's start recorded 0, the store now has 1")}]
+
+
+async def test_a_lowered_budget_counter_fails_verify(daemon: Any) -> None:
+    """memoryd_usage is what budgets are enforced against: verify recomputes it from the
+    entries, so a counter lowered in the file (to sneak a layer past its budget) is a
+    problem, named by cell."""
+    async with socket_client(daemon.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        assert (await raw.ok("audit/verify"))["problems"] == []
+        sql(daemon.db_path, "UPDATE memoryd_usage SET used = 1 WHERE track = 'user' AND scope = 'user-global'")
+        report = await raw.ok("audit/verify")
+        assert not report["ok"]
+        assert report["problems"] == [{"reason": "memoryd_usage says user/user-global holds 1 entries of 1 characters; "
+                                                 "the entries are 1 of 12: the store was changed outside memoryd"}]

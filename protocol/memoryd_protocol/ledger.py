@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import msgspec
 
 from .errors import InvalidInput
+from .text import utf16_len
 from .types import (
     ApprovalAsked,
     ApprovalBy,
@@ -505,13 +506,46 @@ def consistent(conn: Executes, read: Callable[[Fetch], T]) -> T:
         conn.execute("COMMIT")
 
 
+#: memoryd's own counts of each cell's entries and used units (absent from a store it never
+#: opened), and what they count
+SELECT_USAGE_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memoryd_usage'"
+SELECT_USAGE = "SELECT track, scope, entries, used FROM memoryd_usage"
+SELECT_CELL_TEXTS = "SELECT track, scope, text FROM entries"
+
+
+def usage_problems(kept: Iterable[Sequence[Any]], texts: Iterable[Sequence[Any]]) -> list[LedgerProblem]:
+    """Where memoryd_usage (what the budgets are enforced against) differs from the entries'
+    own count and units: a lowered counter would let a layer grow past its budget."""
+    counted: dict[tuple[str, str], list[int]] = {}
+    for track, scope, text in texts:
+        c = counted.setdefault((str(track), str(scope)), [0, 0])
+        c[0] += 1
+        c[1] += utf16_len(str(text))
+    stored = {(str(t), str(sc)): [int(n), int(u)] for t, sc, n, u in kept}
+    problems = []
+    for cell in sorted(counted.keys() | stored.keys()):
+        want, have = counted.get(cell, [0, 0]), stored.get(cell, [0, 0])
+        if want != have:
+            problems.append(LedgerProblem(reason=(
+                f"memoryd_usage says {cell[0]}/{cell[1]} holds {have[0]} entries of {have[1]} characters; the "
+                f"entries are {want[0]} of {want[1]}: the store was changed outside memoryd")))
+    return problems
+
+
 def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerReport:
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
-    runs inside one read transaction so that all four reads see the same moment."""
-    return verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
-                  snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
-                  [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
-                   for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)))
+    runs inside one read transaction so that all its reads see the same moment; and the
+    budgets' counter recomputed from the entries (:func:`usage_problems`)."""
+    report = verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
+                    snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
+                    [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
+                     for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)))
+    if fetch(SELECT_USAGE_TABLE):
+        extra = usage_problems(fetch(SELECT_USAGE), fetch(SELECT_CELL_TEXTS))
+        if extra:
+            report.problems = [*report.problems, *extra][:MAX_PROBLEMS]
+            report.ok = False
+    return report
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
