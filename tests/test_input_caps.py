@@ -23,8 +23,8 @@ def initialize(client: dict[str, Any]) -> bytes:
 @pytest.mark.parametrize(("client", "field", "message"), [
     ({"name": "x" * 257}, "client.name", "client.name longer than 256 characters"),
     ({"name": "n" * 3_000_000}, "client.name", "client.name longer than 256 characters"),
-    ({"name": "tool\nname"}, "client.name", "client.name contains a control character"),
-    ({"name": "tool", "version": "1\u0085"}, "client.version", "client.version contains a control character"),
+    ({"name": "tool\nname"}, "client.name", "client.name must not contain control characters"),
+    ({"name": "tool", "version": "1\u0085"}, "client.version", "client.version must not contain control characters"),
     ({"name": "\ud800"}, "client.name", "client.name contains a lone UTF-16 surrogate"),
 ], ids=["257-units", "3-MB", "newline", "C1-control", "lone-surrogate"])
 async def test_a_client_name_or_version_that_cannot_be_stored_is_invalid_input(

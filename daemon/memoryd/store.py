@@ -233,11 +233,7 @@ def sync_text_index(conn: sqlite3.Connection) -> bool:
     conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
     save_mark(conn, rebuilt=True)
     conn.execute("DELETE FROM memoryd_usage")
-    counts: dict[tuple[str, str], list[int]] = {}
-    for track, scope, text in conn.execute("SELECT track, scope, text FROM entries"):
-        c = counts.setdefault((track, scope), [0, 0])
-        c[0] += 1
-        c[1] += utf16_len(text)
+    counts = ledger_format.cell_usage(conn.execute(ledger_format.SELECT_CELL_TEXTS))
     conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
                      [(t, sc, n, u) for (t, sc), (n, u) in counts.items()])
     return True
@@ -296,8 +292,13 @@ def save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
     (top,) = conn.execute("SELECT coalesce(max(rowid), 0) FROM entries").fetchone()
     mark = text_mark(conn)
     if mark is None or top > mark or (rebuilt and top != mark):
-        conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
-                     "excluded.value", (TEXT_MARK_KEY, str(top)))
+        set_meta(conn, TEXT_MARK_KEY, str(top))
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
+    """Write one row of ``meta``, the key/value table both programs keep."""
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                 (key, value))
 
 
 #: The ``meta`` row of the last committed recalls' sequence number: a read that sees it
@@ -311,8 +312,7 @@ def recall_seq(conn: sqlite3.Connection) -> int:
 
 
 def save_recall_seq(conn: sqlite3.Connection, seq: int) -> None:
-    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                 (RECALL_SEQ_KEY, str(seq)))
+    set_meta(conn, RECALL_SEQ_KEY, str(seq))
 
 
 def text_tail(conn: sqlite3.Connection) -> int:

@@ -298,11 +298,7 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         with atomic(conn):
             for sql in MIGRATIONS[target]:
                 conn.execute(sql)
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(target),),
-            )
+            store.set_meta(conn, "schema_version", str(target))
     row = conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone()
     if row is not None and row[0] == str(MEMORYD_SCHEMA_VERSION):
         return  # nothing to do: opening an up-to-date store writes nothing
@@ -330,11 +326,7 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
             # index beside its entries) is not ``trusted``, so store.sync_text_index rebuilds it
             # next. (A store of schema 5+ keeps its mark, and its tail.)
             store.save_mark(conn, rebuilt=True)
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('memoryd_schema', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(MEMORYD_SCHEMA_VERSION),),
-        )
+        store.set_meta(conn, "memoryd_schema", str(MEMORYD_SCHEMA_VERSION))
 
 
 def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:

@@ -513,14 +513,21 @@ SELECT_USAGE = "SELECT track, scope, entries, used FROM memoryd_usage"
 SELECT_CELL_TEXTS = "SELECT track, scope, text FROM entries"
 
 
-def usage_problems(kept: Iterable[Sequence[Any]], texts: Iterable[Sequence[Any]]) -> list[LedgerProblem]:
-    """Where memoryd_usage (what the budgets are enforced against) differs from the entries'
-    own count and units: a lowered counter would let a layer grow past its budget."""
+def cell_usage(texts: Iterable[Sequence[Any]]) -> dict[tuple[str, str], list[int]]:
+    """Each cell's [entries, used UTF-16 units], from the rows of :data:`SELECT_CELL_TEXTS`:
+    what memoryd_usage must hold."""
     counted: dict[tuple[str, str], list[int]] = {}
     for track, scope, text in texts:
         c = counted.setdefault((str(track), str(scope)), [0, 0])
         c[0] += 1
         c[1] += utf16_len(str(text))
+    return counted
+
+
+def usage_problems(kept: Iterable[Sequence[Any]], texts: Iterable[Sequence[Any]]) -> list[LedgerProblem]:
+    """Where memoryd_usage (what the budgets are enforced against) differs from the entries'
+    own count and units: a lowered counter would let a layer grow past its budget."""
+    counted = cell_usage(texts)
     stored = {(str(t), str(sc)): [int(n), int(u)] for t, sc, n, u in kept}
     problems = []
     for cell in sorted(counted.keys() | stored.keys()):

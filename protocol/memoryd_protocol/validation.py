@@ -77,8 +77,8 @@ def check_label(value: str, field: str) -> str:
     row per connection and shown to approvers, so storable, without control characters,
     and at most MAX_LABEL_UNITS long."""
     check_storable(value, field)
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
-        raise InvalidInput(f"{field} contains a control character", field)
+    if _CONTROL.search(value):
+        raise InvalidInput(f"{field} must not contain control characters", field)
     if utf16_len(value) > MAX_LABEL_UNITS:
         raise InvalidInput(f"{field} longer than {MAX_LABEL_UNITS} characters", field)
     return value
