@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memoryd_protocol.ledger import read_report
+from memoryd_protocol.ledger_check import read_report
 
 #: a trial that takes longer than this is a failure (a hung daemon or client)
 TRIAL_TIMEOUT_S = 60.0

@@ -36,7 +36,8 @@ from memoryd.config import Config
 from memoryd.tx import Tx
 from memoryd.writer import Steps, Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
-from memoryd_protocol.ledger import chain_hash, consistent, read_report
+from memoryd_protocol.ledger import chain_hash, consistent
+from memoryd_protocol.ledger_check import read_report
 from memoryd_protocol.types import Entry, LedgerConnection
 from test_store_faults import fill, read_only_job, run_batch, tmpfs
 

@@ -153,7 +153,7 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
 
 def audit_offline(ctx: Ctx) -> int:
     """``audit verify|explain --db PATH``: read the store itself, read-only, no daemon."""
-    from memoryd_protocol.ledger import read_life, read_report
+    from memoryd_protocol.ledger_check import read_life, read_report
 
     from . import offline
 

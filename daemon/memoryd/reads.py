@@ -16,7 +16,7 @@ from memoryd_protocol.constants import (
     QUERY_HARD_CAP,
     RECALLED_TEXT_UNITS,
 )
-from memoryd_protocol.ledger import read_life, read_report
+from memoryd_protocol.ledger_check import read_life, read_report
 from memoryd_protocol.text import (
     cut_units,
     js_trim,
