@@ -48,6 +48,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Every daemon a test starts witnesses its ledger's heads in $XDG_STATE_HOME/memoryd:
+    # a directory of this run's, never the user's own.
+    import tempfile
+
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="memoryd-test-state-")
     config.addinivalue_line("markers", "inprocess: daemon_factory's daemons run in the test process")
     config.addinivalue_line("markers", "process: this test needs a real daemon process (overrides inprocess)")
     config.addinivalue_line("markers", "exec: this test's daemons are `python -m memoryd` children of the test "

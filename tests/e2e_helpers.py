@@ -54,3 +54,9 @@ async def arrived(gate: Gate) -> None:
     """Wait (bounded) until ``gate`` has been asked."""
     with anyio.fail_after(10):
         await gate.arrived.wait()
+
+
+def unaccepted(n: int, note: str) -> dict[str, Any]:
+    """audit/verify's problem for the foreign row ``n`` that nobody accepted yet."""
+    return {"n": n, "reason": f"ledger row {n} records a change another program made to the store, not accepted "
+                              f"yet: {note}. Check it, then run memoryctl audit accept {n}"}

@@ -76,3 +76,55 @@ def foreign_socket(path: Path | str) -> socket.socket:
                        pass_fds=[theirs.fileno()], check=True, timeout=30)
         _, fds, _, _ = socket.recv_fds(ours, 1, 1)
     return socket.socket(fileno=fds[0])
+
+
+_DETACHED = (
+    "import os, select, socket, sys\n"
+    "theirs = socket.socket(fileno=int(sys.argv[2]))\n"
+    "middle = os.getpid()\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "try:\n"
+    "    pidfd = os.pidfd_open(middle)\n"
+    "except ProcessLookupError:\n"
+    "    pass\n"
+    "else:\n"
+    "    select.select([pidfd], [], [])  # the middle process exited: this one was reparented\n"
+    "    os.close(pidfd)\n"
+    "assert os.getppid() != middle\n"
+    "daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "daemon.connect(sys.argv[1])\n"
+    "other = {theirs: daemon, daemon: theirs}\n"
+    "reading = {theirs, daemon}\n"
+    "while reading:\n"
+    "    for s in select.select(list(reading), [], [])[0]:\n"
+    "        try:\n"
+    "            data = s.recv(65536)\n"
+    "        except OSError:\n"
+    "            data = b''\n"
+    "        if data:\n"
+    "            try:\n"
+    "                other[s].sendall(data)\n"
+    "                continue\n"
+    "            except OSError:\n"
+    "                pass\n"
+    "        reading.discard(s)\n"
+    "        try:\n"
+    "            other[s].shutdown(socket.SHUT_WR)\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+def detached_socket(path: Path | str) -> socket.socket:
+    """A connection to the Unix socket ``path`` that a live process of its own holds: a
+    grandchild, reparented once its parent exited, so neither this process's ancestor nor
+    its descendant, connects and copies bytes between that connection and the returned
+    socket (EOF and half-close too). The daemon sees that process on the connection, as it
+    would a headless agent or an approver in another terminal; it exits when both ends
+    are closed."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        subprocess.run([sys.executable, "-I", "-S", "-c", _DETACHED, str(path), str(theirs.fileno())],
+                       pass_fds=[theirs.fileno()], check=True, timeout=30)
+    return ours

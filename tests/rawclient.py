@@ -195,13 +195,14 @@ async def _socket_lines(stream: Any) -> AsyncIterator[bytes]:
 @asynccontextmanager
 async def socket_client(path: Path | str, *, approvals: bool = True, initialize: bool = True,
                         foreign: bool = False) -> AsyncIterator[Raw]:
-    """``foreign``: the connection is made by another process (processes.foreign_socket),
-    as a headless agent's would be; a subscribed approver never decides a write of its own
-    process."""
+    """``foreign``: the connection is made and held by a live process of its own, neither
+    this one's ancestor nor its descendant (processes.detached_socket), as a headless
+    agent's or an approver's in another terminal would be; a subscribed approver never
+    decides a write of its own process, an ancestor's or a descendant's."""
     if foreign:
-        from processes import foreign_socket
+        from processes import detached_socket
 
-        sock = await anyio.to_thread.run_sync(foreign_socket, path)
+        sock = await anyio.to_thread.run_sync(detached_socket, path)
         stream: Any = await anyio.abc.UNIXSocketStream.from_socket(sock)
     else:
         stream = await anyio.connect_unix(str(path))

@@ -28,12 +28,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import anyio
+import anyio.abc
 import memoryd_client as mc
 import pytest
 from memoryd_client.cli import build_parser, main, verbs
 from memoryd_protocol.constants import ALLOWED_ONCE
-from processes import peer_pid, stop
+from processes import detached_socket, peer_pid, stop
 
 #: daemon_factory's daemons run in the test process (conftest); tests marked process need one of their own
 pytestmark = pytest.mark.inprocess
@@ -604,6 +607,12 @@ def test_a_300_entry_import_prompt_stays_readable(ask_daemon: Any, tmp_path: Pat
     assert len(r.stderr.splitlines()) < 80
 
 
+async def detached_unix(path: Any) -> anyio.abc.UNIXSocketStream:
+    """anyio.connect_unix, the connection held by a process of its own (processes.detached_socket)."""
+    sock = await anyio.to_thread.run_sync(detached_socket, path)
+    return await anyio.abc.UNIXSocketStream.from_socket(sock)
+
+
 class Approver:
     """``memoryctl approve ...`` as a subprocess, known to be subscribed before use."""
 
@@ -625,25 +634,60 @@ class Approver:
         self.proc.communicate(timeout=10)
 
 
+#: A headless agent's write through the Python client, in a process of its own (an approver
+#: never decides a write of its own process, an ancestor's or a descendant's, and the
+#: approvers here are this test's children): prints its pid, then the entry's text or the
+#: denial's outcome.
+HEADLESS_ADD = """
+import json, os, sys
+import memoryd_client as mc
+print(os.getpid(), flush=True)
+with mc.connect_sync(sys.argv[1], session=sys.argv[2], approvals=False, timeout=30) as c:
+    try:
+        r = c.add({"track": "user", "scope": "user-global", "text": sys.argv[3]})
+    except mc.WriteDenied as exc:
+        print(json.dumps({"denied": exc.details["outcome"]}))
+    else:
+        print(json.dumps({"text": r.entry.text}))
+"""
+
+
+class HeadlessAdd:
+    """:data:`HEADLESS_ADD` as a subprocess: ``pid`` once it runs, ``result()`` once it is done."""
+
+    def __init__(self, d: Any, session: str, text: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HEADLESS_ADD, str(d.socket_path), session, text],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.pid = int(self.proc.stdout.readline())
+
+    def result(self) -> dict[str, Any]:
+        out, err = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, err
+        reply: dict[str, Any] = json.loads(out)
+        return reply
+
+
 @pytest.mark.process
 def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon
     approver = Approver(ask_daemon, "--yes", "--count", "1")
     try:
-        with mc.connect_sync(ask_daemon.socket_path, session="agent-1", approvals=False, timeout=30) as c:
-            r = c.add({"track": "user", "scope": "user-global", "text": "From a headless agent"})
+        writer = HeadlessAdd(ask_daemon, "agent-1", "From a headless agent")
+        r = writer.result()
         code, out, err = approver.finish()
     finally:
         approver.kill()
     assert code == 0, err
     assert "| From a headless agent" in err and "session: agent-1" in err
-    # where it lands and who asked: this process, through the Python client
+    # where it lands and who asked: the writing process, through the Python client
     assert "  layer:   user/user-global\n           workspace: (none: every workspace)\n" \
            "           agent:     (shared: every agent)\n           tags:      -\n" in err
     assert f"  client:  memoryd-client {mc.__version__}\n" \
-           f"  process: pid {os.getpid()} ({os.path.realpath(sys.executable)})\n" in err
+           f"  process: pid {writer.pid} ({os.path.realpath(sys.executable)})\n" in err
     assert re.fullmatch(r"approved [0-9a-f-]{36}\n", out)
-    assert r.entry.text == "From a headless agent"
+    assert r == {"text": "From a headless agent"}
     assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims script 'memoryctl --yes')"]
 
 
@@ -670,13 +714,11 @@ def test_approve_verb_reject_and_no_tty(ask_any_daemon: Any) -> None:
     for args, notice in [(["--reject"], "rejected (--reject)"), ([], "fail closed")]:
         approver = Approver(ask_daemon, "--count", "1", "--json", *args)
         try:
-            with mc.connect_sync(ask_daemon.socket_path, session="agent-2", approvals=False, timeout=30) as c:
-                with pytest.raises(mc.WriteDenied) as info:
-                    c.add({"track": "user", "scope": "user-global", "text": "Denied"})
+            r = HeadlessAdd(ask_daemon, "agent-2", "Denied").result()
             code, out, err = approver.finish()
         finally:
             approver.kill()
-        assert info.value.details["outcome"] == "rejected"
+        assert r == {"denied": "rejected"}
         assert code == 0 and notice in err
         assert json.loads(out)["outcome"] == "rejected"
     assert texts(ask_daemon) == []
@@ -694,7 +736,10 @@ def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_any_daemon: An
             assert prompted.wait(30)
             return ALLOWED_ONCE
 
-        with mc.connect_sync(ask_daemon.socket_path, on_approval=approve_once_prompted, timeout=30) as other:
+        # The other approver's connection is held by a process of its own: the writer below
+        # is this test's child, and an approver never decides a descendant's write.
+        with mock.patch("anyio.connect_unix", detached_unix), \
+                mc.connect_sync(ask_daemon.socket_path, on_approval=approve_once_prompted, timeout=30) as other:
             other.approval_subscribe()
             # the writer is another process: no approver is asked about its own process's writes
             writer = subprocess.Popen([*MEMORYCTL, *sock(ask_daemon), "--via-approver", "--session", "agent-3",
@@ -720,14 +765,10 @@ def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
     try:
         read_until(master, "approving writes")
-        with mc.connect_sync(ask_daemon.socket_path, session="agent-4", approvals=False, timeout=30) as writer:
-            with pytest.raises(mc.WriteDenied):
-                t = threading.Thread(target=lambda: (read_until(master, "Approve? [y/N]"), os.write(master, b"\x04")))
-                t.start()
-                try:
-                    writer.add({"track": "user", "scope": "user-global", "text": "EOF"})
-                finally:
-                    t.join(30)
+        writer = HeadlessAdd(ask_daemon, "agent-4", "EOF")
+        read_until(master, "Approve? [y/N]")
+        os.write(master, b"\x04")
+        assert writer.result() == {"denied": "rejected"}
         assert proc.wait(30) == 0
     finally:
         reap(proc, master)

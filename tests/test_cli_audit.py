@@ -104,12 +104,16 @@ def test_verify_through_the_daemon_ok_then_broken(capsys: pytest.CaptureFixture[
            "INSERT INTO audit (ts, action, text) VALUES (1, 'add', 'forged')")
     forged = good.audit_rows + 1
     bad = report(daemon)
-    changed = bad.problems[0]
+    changed, foreign = bad.problems
     assert (changed.seq, changed.reason) == (2, "audit row 2 was changed after it was written")
+    # the forged row is found as another program's write, and recorded as such
+    assert foreign.n == good.rows + 1
     code, out, err = cli(capsys, daemon, "audit", "verify")
     assert (code, err) == (1, "")
     assert out == (f"ledger BROKEN at row {changed.n} (audit row 2): audit row 2 was changed after it was written\n"
-                   f"  audit row {forged}: audit row {forged} {NOT_IN_CHAIN}\n")
+                   f"  row {foreign.n}: ledger row {foreign.n} records a change another program made to the store, "
+                   f"not accepted yet: 1 audit rows written (seq {forged}) (while memoryd ran). Check it, then run "
+                   f"memoryctl audit accept {foreign.n}\n")
     code, out, _ = cli(capsys, daemon, "--json", "audit", "verify")
     assert (code, msgspec.json.decode(out, type=T.LedgerReport)) == (1, bad)
 
@@ -207,9 +211,9 @@ def test_verify_offline_on_what_is_not_a_memoryd_store(capsys: pytest.CaptureFix
 def test_audit_usage_errors(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
     for args, message in [(["explain"], "audit explain needs TEXT or ID: the entry's id, or a text that one entry "
                                         "contains"),
-                          (["verify", "pnpm"], "audit verify takes no TEXT|ID (only audit explain does)"),
+                          (["verify", "pnpm"], "audit verify takes no TEXT|ID (only audit explain and audit accept do)"),
                           (["pnpm"], "argument action: invalid choice: 'pnpm' (choose from 'list', 'verify', "
-                                     "'explain') (see 'memoryctl audit --help')"),
+                                     "'explain', 'accept', 'heads') (see 'memoryctl audit --help')"),
                           (["verify", "--limit", "3"], "--limit goes with audit list, not audit verify"),
                           (["explain", "--db", "x.db", "a", "b"], "unrecognized arguments: a b (see 'memoryctl --help')")]:
         code, out, err = cli(capsys, daemon, "audit", *args)
@@ -222,10 +226,16 @@ def test_audit_usage_errors(capsys: pytest.CaptureFixture[str], daemon: Any) -> 
 # --- memoryctl audit explain ---------------------------------------------------------------
 
 
-def event_line(ev: T.LedgerEvent, action: str, text: str, *, who: str = "the asking connection") -> str:
+def event_line(ev: T.LedgerEvent, action: str, text: str) -> str:
+    """An event memoryctl --yes approved at its own prompt: the kernel's facts of the deciding
+    process (this one), then its claim."""
+    assert ev.decision is not None and ev.decision.decider is not None
+    decider = ev.decision.decider
+    assert (decider.pid, decider.exe) == (os.getpid(), EXE)
     return (f"  {render.when(ev.ts)}  {action}  allowed-once (via approval, writePolicy ask)  session s-1  "
-            f"asked by memoryctl {mc.__version__} (pid {os.getpid()}, {EXE})  decided allowed-once by {who}, "
-            f'who claims script "memoryctl --yes"  text {json.dumps(text)}')
+            f"asked by memoryctl {mc.__version__} (pid {os.getpid()}, {EXE})  approved by memoryctl pid "
+            f"{os.getpid()} ({EXE}, tty {decider.tty or 'none'}), the asking connection, "
+            f'claimed script "memoryctl --yes"  text {json.dumps(text)}')
 
 
 def test_explain_through_the_daemon_and_offline(capsys: pytest.CaptureFixture[str], daemon_factory: Any) -> None:

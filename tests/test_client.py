@@ -22,7 +22,7 @@ import memoryd_client as mc
 import pytest
 from memoryd_client import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE, PROTOCOL
-from processes import foreign_socket
+from processes import detached_socket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
@@ -55,11 +55,11 @@ async def client(daemon: Any, **kwargs: Any) -> AsyncIterator[mc.Client]:
 
 @asynccontextmanager
 async def foreign_client(daemon: Any, **kwargs: Any) -> AsyncIterator[mc.Client]:
-    """client(), over a connection that another process made (processes.foreign_socket): a
-    subscribed approver is never asked about a write of its own process."""
+    """client(), over a connection that a live process of its own holds (processes.detached_socket):
+    a subscribed approver is never asked about a write of its own process or its relatives'."""
 
     async def connect_unix(path: Any) -> anyio.abc.UNIXSocketStream:
-        sock = await anyio.to_thread.run_sync(foreign_socket, path)
+        sock = await anyio.to_thread.run_sync(detached_socket, path)
         return await anyio.abc.UNIXSocketStream.from_socket(sock)
 
     async with AsyncExitStack() as stack:

@@ -15,10 +15,9 @@ from typing import Any
 import anyio
 import pytest
 from e2e_helpers import Gate, arrived, entry_input, start_held, state
-from memoryd.approvals import same_process
 from memoryd.config import Config as DaemonConfig
 from memoryd.config import ConfigError, apply
-from memoryd.transports import PeerProcess
+from memoryd.peers import PeerProcess, related
 from rawclient import relay_client, socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -192,32 +191,45 @@ async def test_a_bad_by_is_invalid_input_and_decides_nothing(ask_daemon: Any) ->
 # --- pure rules ----------------------------------------------------------------------------
 
 
-class _Peer:
-    def __init__(self, peer: PeerProcess | None) -> None:
-        self.peer = peer
+#: Prints its pid, then waits for EOF on stdin: a live process that is not ours to relate to
+#: (a grandchild whose parent exited at once, so it was reparented).
+ORPHAN = ("import os, sys\n"
+          "if os.fork():\n"
+          "    os._exit(0)\n"
+          "print(os.getpid(), flush=True)\n"
+          "sys.stdin.read()\n")
 
 
-def test_same_process_compares_the_shown_and_the_relay_pid() -> None:
-    def same(a: PeerProcess | None, b: PeerProcess | None) -> bool:
-        return same_process(_Peer(a), _Peer(b))  # type: ignore[arg-type]
-
-    harness, relay, other = PeerProcess(100), PeerProcess(100, via=200), PeerProcess(300)
-    assert same(harness, relay) and same(relay, harness)
-    assert same(PeerProcess(200), relay)  # the relay's own pid counts too
-    assert same(PeerProcess(300, via=200), relay)
-    assert not same(harness, other) and not same(relay, other)
-    # unknown pids (another pid namespace): two unknowns may be one process; a known pid is
-    # never the same as an unknown one
-    assert same(None, None)
-    assert not same(None, harness) and not same(other, None)
-    me = PeerProcess.of(os.getpid(), via=os.getpid())  # not through a relay: via is the pid itself
+def test_related_compares_the_shown_and_the_relay_pid_and_follows_the_parent_chain() -> None:
+    me = PeerProcess.of(os.getpid())
     assert me is not None and me.via is None and me.exe == os.path.realpath(sys.executable)
+    assert me.facts is not None and me.facts.pid == os.getpid() and me.facts.ppid == os.getppid()
     assert PeerProcess.of(0) is None
-    assert relay.pids() == {100, 200} and harness.pids() == {100}
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    orphan = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert orphan.stdout is not None
+        stranger = PeerProcess.of(int(orphan.stdout.readline()))
+        kid = PeerProcess.of(child.pid)
+        assert related(me, me)
+        assert related(me, kid) and related(kid, me)  # an ancestor, a descendant
+        assert not related(me, stranger) and not related(stranger, kid)
+        # a relay's connection is its harness and the relay: either pid counts
+        relay = PeerProcess(os.getpid(), via=child.pid)
+        assert relay.pids() == {os.getpid(), child.pid}
+        assert related(PeerProcess(child.pid), relay) and not related(stranger, relay)
+        # unknown pids (another pid namespace): two unknowns may be one process; a known pid
+        # is never an unknown one's
+        assert related(None, None) and related(PeerProcess(None, uid=0), None)
+        assert not related(None, me) and not related(stranger, None)
+    finally:
+        with child, orphan:  # closing their stdin ends both (and the orphan, which holds it too)
+            pass
 
 
 def test_has_terminal_reads_the_controlling_terminal() -> None:
-    code = "import os; from memoryd.transports import has_terminal; print(has_terminal(os.getpid()))"
+    code = "import os; from memoryd.peers import has_terminal; print(has_terminal(os.getpid()))"
     import pty
 
     master, slave = pty.openpty()
@@ -239,7 +251,7 @@ def test_approvers_config_key() -> None:
     apply(cfg, {"approvers": "any"})
     assert cfg.approvers == "any"
     for bad in ("all", True, ""):
-        with pytest.raises(ConfigError, match="approvers must be interactive or any"):
+        with pytest.raises(ConfigError, match="approvers must be interactive or any or keyed"):
             apply(DaemonConfig(), {"approvers": bad})
 
 
@@ -249,5 +261,5 @@ def test_a_bad_approvers_value_refuses_to_start(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "memoryd", "serve", "--socket", str(tmp_path / "s.sock"), "--db",
                         str(tmp_path / "m.db"), "--config", str(cfg)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert "config: approvers must be interactive or any, got 'everyone'" in r.stderr
+    assert "config: approvers must be interactive or any or keyed, got 'everyone'" in r.stderr
     assert not (tmp_path / "m.db").exists()

@@ -3,6 +3,7 @@ and replayable, approvals and failures are recorded, and tampering is caught."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, arrived, entry_input, start_held
+from e2e_helpers import Gate, add, arrived, entry_input, start_held, unaccepted
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA
 from rawclient import Raw, socket_client, write_ctx
 from test_e2e_store import make_store
@@ -112,14 +113,17 @@ async def test_deleted_rows_are_caught(daemon: Any) -> None:
 
 
 async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
+    """Rows and entries written behind the running daemon's back are found before its next
+    batch (or verify), each change recorded as a foreign row that verify names until it is
+    accepted; a later edit of what such a row recorded is caught at that row."""
     async with socket_client(daemon.socket_path) as raw:
         await every_path(raw)
         seq = audit_count(daemon.db_path) + 1
         with sqlite3.connect(daemon.db_path) as conn:
             conn.execute("INSERT INTO audit (ts, action, text) VALUES (1, 'add', 'forged')")
         report = await raw.ok("audit/verify")
-        assert report["problems"] == [{"seq": seq, "reason": f"audit row {seq} is not in the chain: another program "
-                                                             f"wrote it, or it was forged"}]
+        [(first,)] = sql_rows(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
+        assert report["problems"] == [unaccepted(first, f"1 audit rows written (seq {seq}) (while memoryd ran)")]
         with sqlite3.connect(daemon.db_path) as conn:
             conn.execute("DELETE FROM audit WHERE seq = ?", (seq,))
             (eid,) = conn.execute("SELECT id FROM entries WHERE text = 'imported'").fetchone()
@@ -129,12 +133,21 @@ async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
                                 (track, scope)).fetchone()
             texts = [t for (t,) in conn.execute("SELECT text FROM entries WHERE track = ? AND scope = ?", (track, scope))]
         report = await raw.ok("audit/verify")
-        # the text was edited without its count: the budgets' counter no longer matches either
+        [_, (second,)] = sql_rows(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign' ORDER BY n")
+        units = sum(len(t.encode("utf-16-le")) // 2 for t in texts)
+        # the text was edited without its count: the counter is recounted, and both recorded
         assert report["problems"] == [
-            {"reason": f"entry {eid} differs from the ledger in text"},
-            {"reason": f"memoryd_usage says {track}/{scope} holds {kept[0]} entries of {kept[1]} characters; the "
-                       f"entries are {len(texts)} of {sum(len(t.encode('utf-16-le')) // 2 for t in texts)}: the store "
-                       f"was changed outside memoryd"}]
+            {"n": first, "reason": "the audit rows this change made outside memoryd wrote were changed or deleted "
+                                   "since"},
+            unaccepted(first, f"1 audit rows written (seq {seq}) (while memoryd ran)"),
+            unaccepted(second, f"1 entries changed ({eid}); memoryd_usage said {track}/{scope} holds {kept[0]} "
+                               f"entries of {kept[1]} characters, and they are {len(texts)} of {units} "
+                               f"(while memoryd ran)")]
+
+
+def sql_rows(db: Path, statement: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return conn.execute(statement).fetchall()
 
 
 async def test_a_memento_store_starts_its_chain_at_the_first_memoryd_row(daemon_factory: Any, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, arrived, entry_input, start_held
+from e2e_helpers import Gate, add, arrived, entry_input, start_held, unaccepted
 from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
@@ -130,11 +130,13 @@ async def test_a_truncated_ledger_is_caught_by_the_daemon_that_wrote_it(daemon: 
         sql(daemon.db_path, "DELETE FROM memoryd_ledger WHERE audit_seq = ?", seq)
         report = await raw.ok("audit/verify")
         assert report["ok"] is False
+        # the entry went without its count: recounted, and recorded as another program's change
+        [(foreign,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
         assert report["problems"] == [
+            unaccepted(foreign, "memoryd_usage said user/user-global holds 2 entries of 21 characters, and they are "
+                                "1 of 4 (while memoryd ran)"),
             {"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, is missing: the ledger was "
-                                    f"truncated"},
-            {"reason": "memoryd_usage says user/user-global holds 2 entries of 21 characters; the entries are 1 of 4: "
-                       "the store was changed outside memoryd"}]  # the entry went without its count
+                                    f"truncated"}]
 
 
 @pytest.mark.process
@@ -166,11 +168,13 @@ async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: A
         await add(raw, "after the rewrite")
         report = await raw.ok("audit/verify")
         assert report["ok"] is False
+        # the text was edited without its count: recounted before the write, and recorded
+        [(foreign,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
         assert report["problems"] == [
+            unaccepted(foreign, "memoryd_usage said user/user-global holds 2 entries of 16 characters, and they are "
+                                "2 of 15 (while memoryd ran)"),
             {"n": head_n, "reason": f"ledger row {head_n}, the last this daemon wrote, was changed: the ledger was "
-                                    f"rewritten"},
-            {"reason": "memoryd_usage says user/user-global holds 3 entries of 33 characters; the entries are 3 of 32: "
-                       "the store was changed outside memoryd"}]  # the text was edited without its count
+                                    f"rewritten"}]
     assert "ledger row" in daemon.stderr() and "is changed outside memoryd" in daemon.stderr()
 
 
@@ -199,12 +203,12 @@ async def test_a_snapshot_from_before_the_chain_is_kept_by_its_start(daemon_fact
 def build_ledger(db: Path, rows: int) -> None:
     """A store whose ledger holds ``rows`` recalled rows, a valid chain (written by hand
     with the daemon's own ledger functions: through a daemon it would take minutes)."""
-    from memoryd import ledger, storefile
+    from memoryd import foreign, ledger, storefile
     from memoryd_protocol.types import LedgerConnection
 
     conn = storefile.open_store(db, storefile.inspect(db))
     try:
-        ledger.open_chain(conn)
+        foreign.open_chain(conn)
         who = LedgerConnection(ref="run/1", run="run", id=1, transport="unix", pid=1, uid=0, exe=None, client=None,
                                opened_at=0)
         stamp = ledger.Stamp(origin=who, session_id="s-1")
@@ -293,11 +297,13 @@ async def test_proposals_are_in_the_ledger(daemon: Any) -> None:
         assert (await raw.ok("audit/verify"))["problems"] == []
         # a proposal planted, edited or deleted behind memoryd's back is caught
         sql(daemon.db_path, "UPDATE proposals SET text = 'planted' WHERE id = ?", second["id"])
-        assert (await raw.ok("audit/verify"))["problems"] == [
-            {"reason": f"proposal {second['id']} differs from the ledger in text"}]
+        [problem] = (await raw.ok("audit/verify"))["problems"]
+        [(n,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
+        assert problem == unaccepted(n, f"1 proposals written ({second['id']}) (while memoryd ran)")
         sql(daemon.db_path, "DELETE FROM proposals WHERE id = ?", second["id"])
-        assert (await raw.ok("audit/verify"))["problems"] == [
-            {"reason": f"proposal {second['id']} is in the ledger but not in the store: it was deleted outside memoryd"}]
+        problems = (await raw.ok("audit/verify"))["problems"]
+        [_, (m,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign' ORDER BY n")
+        assert problems == [problem, unaccepted(m, f"1 proposals deleted ({second['id']}) (while memoryd ran)")]
 
 
 async def test_an_entrys_session_and_times_are_replayed(daemon: Any) -> None:
@@ -397,5 +403,10 @@ async def test_a_lowered_budget_counter_fails_verify(daemon: Any) -> None:
         sql(daemon.db_path, "UPDATE memoryd_usage SET used = 1 WHERE track = 'user' AND scope = 'user-global'")
         report = await raw.ok("audit/verify")
         assert not report["ok"]
-        assert report["problems"] == [{"reason": "memoryd_usage says user/user-global holds 1 entries of 1 characters; "
-                                                 "the entries are 1 of 12: the store was changed outside memoryd"}]
+        [(n,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
+        assert report["problems"] == [unaccepted(n, "memoryd_usage said user/user-global holds 1 entries of 1 "
+                                                    "characters, and they are 1 of 12 (while memoryd ran)")]
+        # the counter is counted again, and that count is the one enforced
+        assert sql(daemon.db_path, "SELECT used FROM memoryd_usage WHERE track = 'user'") == [(12,)]
+        budgets = {(b["track"], b["scope"]): b["used"] for b in await raw.ok("memory/budgets")}
+        assert budgets[("user", "user-global")] == 12

@@ -17,6 +17,8 @@ NEVER_PARKED_BEFORE = {
     "memory/snapshot", "memory/export", "adapters/list", "proposals/create", "proposals/list", "proposals/dismiss",
     "approval/decided", "approval/subscribe", "daemon/status",
     "memory/watch",  # added after the table: it never waits, so it is served inline too
+    "approval/challenge", "approval/prove",  # the approver key's (approvers = "keyed"), served inline too
+    "audit/accept",  # a lifecycle method: it never waits for an approval, so it is served inline too
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memoryd import ledger, queries, store, storefile
+from memoryd import foreign, ledger, queries, store, storefile
 from memoryd.atomic import atomic
 from memoryd.tx import Tx
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
@@ -43,6 +43,7 @@ def opened(path: Path) -> Iterator[sqlite3.Connection]:
     storefile.prepare_path(path)
     conn = storefile.open_store(path, storefile.inspect(path))
     try:
+        foreign.open_chain(conn)  # as the daemon's start: the chain, and the counts
         yield conn
     finally:
         conn.close()

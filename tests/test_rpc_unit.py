@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from typing import Any
@@ -18,6 +19,7 @@ from memoryd.approvals import Approvals
 from memoryd.config import Config
 from memoryd.context import RequestContext
 from memoryd.mcp_host import McpFront
+from memoryd.peers import PeerProcess
 from memoryd.service import Service
 from memoryd_protocol.errors import EntryNotFound, InvalidInput, RpcError, StoreUnavailable, WriteDenied
 from memoryd_protocol.methods import METHODS
@@ -345,6 +347,7 @@ def test_the_daemon_binds_a_handler_to_every_method() -> None:
 async def test_an_approval_parks_the_request_and_names_its_id_to_its_own_connection() -> None:
     approvals = Approvals()
     peer = FakePeer()
+    peer.peer = PeerProcess.of(os.getpid())  # a decision counts only from a process memoryd sees
     released: list[bool] = []
     ctx = RequestContext(peer, "w-1", lambda: released.append(True))  # type: ignore[arg-type]
     asked = ApprovalAsked(id="ap", action="add", track="user", scope="user-global", text="x", source="s",

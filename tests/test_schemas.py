@@ -48,9 +48,12 @@ WIRE_METHODS = [
     "proposals/dismiss",
     "approval/decided",
     "approval/subscribe",
+    "approval/challenge",
+    "approval/prove",
     "daemon/status",
     "memory/watch",
     "audit/verify",
+    "audit/accept",
     "audit/explain",
     "mcp/attach",
 ]

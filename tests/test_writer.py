@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, ledger, queries, readers, store, storefile
+from memoryd import adapter_registry, foreign, ledger, queries, readers, store, storefile
 from memoryd import writer as writer_module
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
@@ -360,9 +360,10 @@ async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_nev
     assert on_thread == ["PRAGMA busy_timeout", "PRAGMA busy_timeout = 60000", "BEGIN IMMEDIATE",
                          "PRAGMA busy_timeout = 0", "COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
     on_loop = [sql for sql, t in statements if t == loop_thread]
-    # the BEGIN that gave up, then the batch: its Tx (the ledger's head), its one job, the tail count
-    assert on_loop[:4] == ["BEGIN IMMEDIATE", HEAD_READ, "SAVEPOINT step", "RELEASE step"]
-    assert len(on_loop) == 5 and on_loop[4].startswith("SELECT max(rowid)")
+    # the BEGIN that gave up, then the batch: its Tx (the ledger's head), whether another
+    # program wrote, its one job, the tail count
+    assert on_loop[:5] == ["BEGIN IMMEDIATE", HEAD_READ, "PRAGMA data_version", "SAVEPOINT step", "RELEASE step"]
+    assert len(on_loop) == 6 and on_loop[5].startswith("SELECT max(rowid)")
 
 
 async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
@@ -372,18 +373,18 @@ async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
     write lock); jobs run on the loop."""
     db = tmp_path / "w.db"
     where_: dict[str, int] = {}
-    open_store, open_chain = storefile.open_store, ledger.open_chain
+    open_store, open_chain = storefile.open_store, foreign.open_chain
 
     def opening(*args: Any) -> sqlite3.Connection:
         where_["open_store"] = threading.get_ident()
         return open_store(*args)
 
-    def chaining(conn: sqlite3.Connection) -> None:
+    def chaining(conn: sqlite3.Connection, witnessed: tuple[int, str] | None = None) -> None:
         where_["open_chain"] = threading.get_ident()
-        open_chain(conn)
+        open_chain(conn, witnessed)
 
     monkeypatch.setattr(storefile, "open_store", opening)
-    monkeypatch.setattr(ledger, "open_chain", chaining)
+    monkeypatch.setattr(foreign, "open_chain", chaining)
     writer = await Writer.open(db, storefile.inspect(db), 250)
     seen: list[int] = []
     try:
@@ -1018,7 +1019,7 @@ async def test_the_ledger_chains_in_memory_and_a_rolled_back_connection_row_is_w
     assert (first, last) == (1, 2) and isinstance(failed, BudgetExceeded)
     assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
                          (4, "connection", "run-1/2"), (5, "audit", None), (6, "audit", None), (7, "audit", None)]
-    assert writer.anchor.head is not None and writer.anchor.head[0] == 7 and not writer.anchor.lost
+    assert writer.anchor.head is not None and writer.anchor.head[0] == 7 and writer.anchor.lost is None
 
 
 @pytest.mark.parametrize("other", ["appended", "changed", "deleted"])
@@ -1049,7 +1050,7 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
         assert sum(s.startswith(LOOKUP) for s in statements) == 1
     finally:
         await writer.aclose()
-    assert writer.anchor.lost == (other != "appended")
+    assert writer.anchor.lost == {"appended": None, "changed": "changed", "deleted": "missing"}[other]
     if other == "appended":
         assert chain(db) == [(1, "start", None), (2, "connection", "run-1/1"), (3, "audit", None),
                              (4, "failed", None), (5, "audit", None)]

@@ -125,12 +125,22 @@ export class Client extends Connection {
   }
 
   /**
-   * `audit/verify` → LedgerReport: the daemon checks the ledger's hash chain, that every audit
-   * row since the chain's start is in it unchanged, and that replaying it gives the live
-   * entries. `ok` false names the breaks in `problems`, the first one first.
+   * `audit/verify` (`{heads?}`) → LedgerReport: the daemon checks the ledger's hash chain, that
+   * every audit row since the chain's start is in it unchanged, that replaying it gives the
+   * live entries, that every change made outside memoryd was accepted, and that each of
+   * `heads` ({n, hash} witnessed outside the store) is still in the chain. `ok` false names
+   * the breaks in `problems`, the first one first.
    */
-  auditVerify(call) {
-    return this.call('audit/verify', {}, call);
+  auditVerify(params = {}, call) {
+    return this.call('audit/verify', params ?? {}, call);
+  }
+
+  /**
+   * `audit/accept` (`{n}`) → `{n, foreign}`: accept the change another program made to the
+   * store that `foreign` ledger row `n` records; the `accepted` row names this connection.
+   */
+  auditAccept(n, call) {
+    return this.call('audit/accept', { n }, call);
   }
 
   /**
@@ -197,9 +207,23 @@ export class Client extends Connection {
     return this.call('approval/decided', isDecision(outcome) ? decidedParams(id, outcome) : { id, outcome }, call);
   }
 
-  /** `approval/subscribe` → `{}`: this connection becomes an approver for headless writers. */
-  approvalSubscribe(call) {
-    return this.call('approval/subscribe', {}, call);
+  /**
+   * `approval/subscribe` → `{}`: this connection becomes an approver for headless writers.
+   * Under approvers = "keyed" give `proof`, the approver key's answer to `approvalChallenge`.
+   */
+  approvalSubscribe(proof, call) {
+    if (call === undefined && proof !== null && typeof proof === 'object') return this.call('approval/subscribe', {}, proof);
+    return this.call('approval/subscribe', proof == null ? {} : { proof }, call);
+  }
+
+  /** `approval/challenge` → `{nonce, connection, pid}`: a fresh nonce to prove the approver key with, once. */
+  approvalChallenge(call) {
+    return this.call('approval/challenge', {}, call);
+  }
+
+  /** `approval/prove` → `{}`: `proof` answers this connection's last challenge with the approver key. */
+  approvalProve(proof, call) {
+    return this.call('approval/prove', { proof }, call);
   }
 
   /**

@@ -36,7 +36,10 @@ import type {
   LedgerConnection,
   LedgerProblem,
   LedgerReport,
+  AuditVerifyParams,
+  AuditAccepted,
   LedgerDecision,
+  ApprovalChallenge,
   LedgerEvent,
   EntryLife,
   AuditListParams,
@@ -349,7 +352,10 @@ export declare class Client extends EventEmitter {
   budgets(call?: CallOptions): Promise<BudgetRow[]>;
   list(call?: CallOptions): Promise<Entry[]>;
   auditList(params?: AuditListParams, call?: CallOptions): Promise<AuditRow[]>;
-  auditVerify(call?: CallOptions): Promise<LedgerReport>;
+  /** `params.heads`: heads witnessed outside the store (`memoryctl audit heads`) to check too */
+  auditVerify(params?: AuditVerifyParams, call?: CallOptions): Promise<LedgerReport>;
+  /** `n`: the `foreign` ledger row to accept; only a connection that may decide approvals may */
+  auditAccept(n: number, call?: CallOptions): Promise<AuditAccepted>;
   /** `target`: an entry id, or a text that exactly one entry contains */
   auditExplain(target: string, call?: CallOptions): Promise<EntryLife>;
   snapshot(session?: Session, params?: SnapshotParams, call?: CallOptions): Promise<SnapshotResult>;
@@ -362,7 +368,10 @@ export declare class Client extends EventEmitter {
   proposalsApprove(id: string, opts?: WriteOptions): Promise<ProposalApproveResult>;
   proposalsDismiss(id: string, call?: CallOptions): Promise<Proposal>;
   approvalDecided(id: string, outcome: ApprovalOutcome | ApprovalDecision, call?: CallOptions): Promise<Empty>;
-  approvalSubscribe(call?: CallOptions): Promise<Empty>;
+  /** `proof`: the approver key's answer to `approvalChallenge` (under approvers = "keyed"). */
+  approvalSubscribe(proof?: string | null, call?: CallOptions): Promise<Empty>;
+  approvalChallenge(call?: CallOptions): Promise<ApprovalChallenge>;
+  approvalProve(proof: string, call?: CallOptions): Promise<Empty>;
   /**
    * `memory/watch` → `{}`: this connection also gets `memory/added`, `memory/updated` and
    * `memory/removed` for other connections' writes of entries `session` (default: the

@@ -43,9 +43,12 @@ export type MethodName =
   | 'proposals/dismiss'
   | 'approval/decided'
   | 'approval/subscribe'
+  | 'approval/challenge'
+  | 'approval/prove'
   | 'daemon/status'
   | 'memory/watch'
   | 'audit/verify'
+  | 'audit/accept'
   | 'audit/explain'
   | 'mcp/attach';
 

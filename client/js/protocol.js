@@ -110,9 +110,12 @@ export const METHODS = Object.freeze({
   "proposals/dismiss": Object.freeze({ kind: "write", parks: false, needsAgent: false }),
   "approval/decided": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "approval/subscribe": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
+  "approval/challenge": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
+  "approval/prove": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "daemon/status": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "memory/watch": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/verify": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
+  "audit/accept": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/explain": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
   "mcp/attach": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
 });

@@ -194,6 +194,23 @@ export interface LedgerConnection {
   /** what the connection sent in `initialize` (its own claim) */
   client: ClientInfo | null;
   openedAt: number;
+  /** pid to session: the kernel's facts of the socket's process at connect (a relay's own) */
+  start?: number | null;
+  tty?: string | null;
+  session?: number | null;
+  /** the harness pid memoryd's stdio relay reported (its claim) */
+  harness?: number | null;
+}
+
+/** A process as the kernel showed memoryd: `start` (stat field 22) tells a reused pid apart. */
+export interface ProcessFacts {
+  pid: number;
+  start: number;
+  uid: number | null;
+  exe: string | null;
+  /** its controlling terminal, e.g. `pts/3`; null: none */
+  tty: string | null;
+  session: number;
 }
 
 /** One break that `audit/verify` found. */
@@ -221,6 +238,24 @@ export interface LedgerReport {
   problems: LedgerProblem[];
 }
 
+/** A ledger head witnessed outside the store (a line of `$XDG_STATE_HOME/memoryd/heads`). */
+export interface HeadRef {
+  n: number;
+  /** sha256, lower-case hex */
+  hash: string;
+}
+
+/** `audit/verify`'s params: heads witnessed outside the store, each of which must still be in the chain. */
+export interface AuditVerifyParams {
+  heads?: HeadRef[] | null;
+}
+
+/** `audit/accept`: the `accepted` ledger row (`n`) that records accepting the `foreign` row `foreign`. */
+export interface AuditAccepted {
+  n: number;
+  foreign: number;
+}
+
 /** How the approval of a ledger event went. */
 export interface LedgerDecision {
   approval: string;
@@ -234,6 +269,8 @@ export interface LedgerDecision {
   reason: string | null;
   /** the error code, when the approved write then failed to commit */
   failed: string | null;
+  /** the deciding process as the kernel showed it when the decision arrived */
+  decider?: ProcessFacts | null;
 }
 
 /** One ledger row that wrote an entry (or `present-at-start`: it was there when the chain began). */
@@ -305,6 +342,15 @@ export interface InitializeResult {
   schemaVersion: number;
   writePolicy: WritePolicy;
   budgets: BudgetRow[];
+  /** the daemon's `approvers`: under `'keyed'` an approver proves the approver key */
+  approvers?: 'interactive' | 'any' | 'keyed';
+}
+
+/** `approval/challenge`: prove with hex HMAC-SHA256(key, "memoryd-approver-v1\0" + nonce + "\0" + connection + "\0" + pid). */
+export interface ApprovalChallenge {
+  nonce: string;
+  connection: string;
+  pid: number;
 }
 
 export interface WriteResult {

@@ -306,13 +306,17 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
         p.add_argument(
             "action",
             nargs="?",
-            choices=("list", "verify", "explain"),
+            choices=("list", "verify", "explain", "accept", "heads"),
             default="list",
-            help="list (default), verify or explain",
+            help="list (default), verify, explain, accept or heads",
         )
-        p.add_argument("target", nargs="?", metavar="TEXT|ID",
-                       help="explain: an entry's id, or a text that exactly one entry contains")
+        p.add_argument("target", nargs="?", metavar="TEXT|ID|N",
+                       help="explain: an entry's id, or a text that exactly one entry contains; "
+                            "accept: the ledger row that records the change")
         p.add_argument("--limit", type=int, metavar="N", help="list: at most N rows (default 100)")
+        p.add_argument("--heads", metavar="FILE",
+                       help="verify: also check every head FILE witnessed for this store (memoryctl audit heads "
+                            "prints them; the daemon keeps them in $XDG_STATE_HOME/memoryd/heads)")
 
     _verb(
         sub,
@@ -326,9 +330,16 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
               entry's life: every write, who asked, who approved and how, and which sessions'
               snapshots showed it.
 
+              A change another program made to the store (dsh-memento writing it in place,
+              or an edit behind memoryd's back) is recorded as a 'foreign' ledger row, and
+              verify fails until 'audit accept N' records that you accepted it. 'audit heads'
+              prints the ledger heads the daemon witnessed outside the store; keep a copy
+              elsewhere and check it with 'audit verify --heads FILE'.
+
               verify and explain ask the daemon; with --db PATH they read that store
               themselves, read-only, without a daemon (refused while a daemon holds it).""",
         "memoryctl audit --limit 20\nmemoryctl audit verify\nmemoryctl audit verify --db ~/backup/memory.db\n"
+        "memoryctl audit heads > ~/memoryd-heads\nmemoryctl audit verify --heads ~/memoryd-heads\nmemoryctl audit accept 42\n"
         'memoryctl audit explain "Prefers tabs"\nmemoryctl audit explain 3f2a1b2c-5d6e-4f70-8a9b-0c1d2e3f4a5b',
         arguments=_audit_args,
     )
@@ -450,6 +461,9 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     def _approve_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--reject", action="store_true", help="reject every approval without asking")
         p.add_argument("--count", type=int, metavar="N", help="exit after N decisions")
+        p.add_argument("--init-key", action="store_true",
+                       help="create the approver key ($XDG_CONFIG_HOME/memoryd/approver.key, mode 0600) that "
+                            'approvers = "keyed" asks approvers to prove, print its path, and exit')
 
     _verb(
         sub,
@@ -458,8 +472,10 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
         """Become an approver: writes from clients that cannot approve themselves (a
               headless agent, a script) are asked here, one at a time, with their complete
               payload. Prints a notice when another approver decided first. Runs until
-              Ctrl-C or end of input.""",
-        "memoryctl approve\nmemoryctl approve --reject   # deny everything, e.g. while away",
+              Ctrl-C or end of input. When the daemon runs with approvers = "keyed", it
+              proves the approver key first (made once with --init-key).""",
+        "memoryctl approve\nmemoryctl approve --reject   # deny everything, e.g. while away\n"
+        "memoryctl approve --init-key   # once, before approvers = \"keyed\"",
         arguments=_approve_args,
     )
 

@@ -14,8 +14,16 @@ from typing import Any
 
 import anyio
 from memoryd_protocol import types as T
+from memoryd_protocol.approval_types import ApprovalChallenge
+from memoryd_protocol.audit_types import AuditAccepted
 from memoryd_protocol.constants import PROTOCOL
-from memoryd_protocol.paths import default_socket_path
+from memoryd_protocol.paths import (
+    ApproverKeyError,
+    approver_key_path,
+    approver_proof,
+    default_socket_path,
+    read_approver_key,
+)
 
 from .approvals import DECIDED, ApprovalCall, Decided, Decision
 from .approvals import ApprovalHandler as ApprovalHandler
@@ -30,6 +38,7 @@ from .calls import (
 )
 from .connection import _DEFAULT as _DEFAULT
 from .connection import WRITE_METHODS, Connection
+from .errors import ApproverKeyUnusable
 from .events import EVENT_BUFFER as EVENT_BUFFER
 from .events import EVENT_METHODS, Event, EventStream
 from .events import WATCH_EVENTS as WATCH_EVENTS
@@ -123,11 +132,19 @@ class Client(Connection):
     async def audit_list(self, limit: int | None = None) -> builtins.list[T.AuditRow]:
         return await self.call("audit/list", {} if limit is None else {"limit": limit})  # type: ignore[no-any-return]
 
-    async def audit_verify(self) -> T.LedgerReport:
+    async def audit_verify(self, heads: Sequence[tuple[int, str]] = ()) -> T.LedgerReport:
         """``audit/verify``: the daemon checks the ledger's hash chain, that every audit row
-        since the chain's start is in it unchanged, and that replaying it gives the live
-        entries. ``ok`` False names the breaks in ``problems``, the first one first."""
-        return await self.call("audit/verify", {})  # type: ignore[no-any-return]
+        since the chain's start is in it unchanged, that replaying it gives the live
+        entries, that every change made outside memoryd was accepted, and that each of
+        ``heads`` ((n, hash) witnessed outside the store) is still in the chain. ``ok``
+        False names the breaks in ``problems``, the first one first."""
+        params = {"heads": [{"n": n, "hash": h} for n, h in heads]} if heads else {}
+        return await self.call("audit/verify", params)  # type: ignore[no-any-return]
+
+    async def audit_accept(self, n: int) -> AuditAccepted:
+        """``audit/accept``: accept the change another program made to the store that ledger
+        row ``n`` (a ``foreign`` row) records; an ``accepted`` row names this connection."""
+        return await self.call("audit/accept", {"n": n})  # type: ignore[no-any-return]
 
     async def audit_explain(self, target: str) -> T.EntryLife:
         """``audit/explain``: one entry's life, from the ledger. ``target`` is the entry's id,
@@ -200,9 +217,35 @@ class Client(Connection):
     async def proposals_dismiss(self, id: str) -> T.Proposal:
         return await self.call("proposals/dismiss", {"id": id})  # type: ignore[no-any-return]
 
-    async def approval_subscribe(self) -> T.Empty:
-        """Make this connection an approver for writes from connections that cannot approve."""
-        return await self.call("approval/subscribe", {})  # type: ignore[no-any-return]
+    async def approval_subscribe(self, proof: str | None = None) -> T.Empty:
+        """Make this connection an approver for writes from connections that cannot approve.
+        Under ``approvers = "keyed"`` the connection must prove the approver key: with
+        ``proof`` here, or by :meth:`approval_prove` first (:meth:`prove_approver_key` does it)."""
+        return await self.call("approval/subscribe", {} if proof is None else {"proof": proof})  # type: ignore[no-any-return]
+
+    async def approval_challenge(self) -> ApprovalChallenge:
+        """A fresh nonce for this connection, to prove the approver key with, once."""
+        return await self.call("approval/challenge", {})  # type: ignore[no-any-return]
+
+    async def approval_prove(self, proof: str) -> T.Empty:
+        """Prove the approver key: ``proof`` answers this connection's last challenge."""
+        return await self.call("approval/prove", {"proof": proof})  # type: ignore[no-any-return]
+
+    async def prove_approver_key(self, key: str | Path | None = None, *, subscribe: bool = False) -> None:
+        """Answer a fresh challenge with the approver key (``key``, by default
+        ``$XDG_CONFIG_HOME/memoryd/approver.key``): by ``approval/prove``, or with
+        ``subscribe`` by ``approval/subscribe``, which makes this connection an approver too.
+        ApproverKeyUnusable when the key cannot be read here."""
+        try:
+            secret = read_approver_key(Path(key) if key is not None else approver_key_path())
+        except ApproverKeyError as exc:
+            raise ApproverKeyUnusable(str(exc)) from None
+        ch = await self.approval_challenge()
+        proof = approver_proof(secret, ch.nonce, ch.connection, ch.pid)
+        if subscribe:
+            await self.approval_subscribe(proof)
+        else:
+            await self.approval_prove(proof)
 
     async def status(self) -> T.DaemonStatus:
         return await self.call("daemon/status", {})  # type: ignore[no-any-return]

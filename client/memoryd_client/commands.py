@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,18 +25,17 @@ from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
 from memoryd_protocol.validation import SessionView
 
 from . import render
+from .auditing import audit_offline, cmd_audit
 from .autostart import NO_DAEMON_ERRNOS
 from .client import DECIDED, Client, connect, make_session
-from .errors import ClientError, ConnectFailed, ConnectionClosed, Timeout
+from .errors import ApproverKeyUnusable, ClientError, ConnectFailed, ConnectionClosed, Timeout
 from .prompt import Approver
 from .running import (
     EXIT_OK,
-    EXIT_PROTOCOL,
     FULL_ID_LENGTH,
     PROG,
     Ctx,
     UsageError,
-    _error,
     _workspace,
     _write_private,
     autostart,
@@ -128,51 +125,6 @@ async def cmd_consolidate(c: Client, ctx: Ctx) -> None:
 async def cmd_budgets(c: Client, ctx: Ctx) -> None:
     rows = await c.budgets()
     ctx.result(rows, lambda: render.budgets_table(rows))
-
-
-def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
-    ctx.result(report, lambda: render.ledger_report(report))
-    return EXIT_OK if report.ok else EXIT_PROTOCOL
-
-
-def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
-    ctx.result(life, lambda: render.entry_life(life))
-    return EXIT_OK
-
-
-async def cmd_audit(c: Client, ctx: Ctx) -> int:
-    a = ctx.args
-    if a.action == "verify":
-        return _ledger_report(ctx, await c.audit_verify())
-    if a.action == "explain":
-        return _entry_life(ctx, await c.audit_explain(a.target))
-    rows = await c.audit_list(a.limit)
-    ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
-    return EXIT_OK
-
-
-def audit_offline(ctx: Ctx) -> int:
-    """``audit verify|explain --db PATH``: read the store itself, read-only, no daemon."""
-    from memoryd_protocol.ledger_check import read_life, read_report
-
-    from . import offline
-
-    a, db = ctx.args, ctx.data["db"]
-    try:
-        if a.action == "verify":
-            return _ledger_report(ctx, offline.read(db, read_report))
-        target: str = a.target
-        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
-    except offline.StoreHeld as exc:
-        how = "run it without --db"
-        if exc.socket is not None and Path(exc.socket) != Path(ctx.socket):
-            how += f" and with --socket {shlex.quote(exc.socket)}"
-        raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
-    except offline.OfflineError as exc:
-        raise UsageError(str(exc)) from None
-    except offline.NoLedger as exc:
-        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
-        return EXIT_PROTOCOL
 
 
 async def _proposal_id(c: Client, prefix: str) -> str:
@@ -361,10 +313,52 @@ async def cmd_approve(c: Client, ctx: Ctx) -> int:
     return EXIT_OK
 
 
+def init_key(ctx: Ctx) -> int:
+    """``memoryctl approve --init-key``: make the approver key; no daemon is contacted."""
+    from memoryd_protocol.paths import approver_key_path, create_approver_key
+
+    path = approver_key_path()
+    try:
+        create_approver_key(path)
+    except FileExistsError:
+        raise UsageError(f"the approver key {path} exists already, and keyed approvers use it as it is; remove it "
+                         "first to make a new one") from None
+    except OSError as exc:
+        raise UsageError(f"cannot create the approver key {path}: {exc.strerror or exc}") from None
+    ctx.out(json.dumps({"key": str(path)}) if ctx.json else str(path))
+    return EXIT_OK
+
+
+#: The commands that answer their own prompt (memoryctl's Approve? [y/N]) or decide, and
+#: so, under approvers = "keyed", prove the approver key first: (verb, action or None).
+PROMPTING = frozenset({("add", None), ("replace", None), ("remove", None), ("consolidate", None),
+                       ("import", None), ("proposals", "approve"), ("audit", "accept")})
+
+
+async def _prove_for_prompt(c: Client, ctx: Ctx) -> None:
+    """Under approvers = "keyed", prove the approver key so that this command's own prompt
+    may decide its writes; without a readable key they are asked of a keyed approver."""
+    a = ctx.args
+    command = (a.verb, getattr(a, "action", None) if a.verb in ("proposals", "audit") else None)
+    if c.server is None or c.server.approvers != "keyed" or not c.approvals or command not in PROMPTING:
+        return
+    try:
+        await c.prove_approver_key()
+    except ApproverKeyUnusable as exc:
+        print(f"memoryctl: not answering approvals here: {exc.message}; this command's writes are asked of "
+              "a running 'memoryctl approve'", file=sys.stderr)
+
+
 async def _approve(c: Client, ctx: Ctx) -> int:
     a = ctx.args
     events = c.events("approval/resolved", DECIDED)
-    await c.approval_subscribe()
+    if c.server is not None and c.server.approvers == "keyed":
+        try:
+            await c.prove_approver_key(subscribe=True)  # approvers = "keyed": the challenge, answered
+        except ApproverKeyUnusable as exc:
+            raise UsageError(f'the daemon runs with approvers = "keyed": {exc.message}') from None
+    else:
+        await c.approval_subscribe()
     print(f"memoryctl: approving writes for memoryd at {ctx.socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     decided = 0
     async for ev in events:
@@ -425,6 +419,8 @@ async def run(ctx: Ctx) -> int:
     command = COMMANDS[a.verb]
     autostarted = False
     try:
+        if a.verb == "approve" and a.init_key:
+            return init_key(ctx)  # local only: no connection, no autostart
         prepare(ctx)
         if a.verb == "audit" and a.action != "list" and a.db:
             return audit_offline(ctx)  # the store itself, read-only: no connection, no autostart
@@ -442,6 +438,7 @@ async def run(ctx: Ctx) -> int:
                 ) as c:
                     if a.db and not autostarted:
                         await _warn_db(c, ctx)
+                    await _prove_for_prompt(c, ctx)
                     code = await command(c, ctx)
                     return code if isinstance(code, int) else EXIT_OK
             except ConnectFailed as exc:

@@ -79,10 +79,18 @@ class BadResponse(ClientError):
     CODE = "BAD_RESPONSE"
 
 
+class ApproverKeyUnusable(ClientError):
+    """The approver key (``approvers = "keyed"``) cannot be read here: missing, not private,
+    or no key; the message says which, and what to do."""
+
+    CODE = "APPROVER_KEY"
+
+
 __all__ = [
     "AdapterNotFound",
     "AdapterPayload",
     "AmbiguousMatch",
+    "ApproverKeyUnusable",
     "BadResponse",
     "BudgetExceeded",
     "ClientError",

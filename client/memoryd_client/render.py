@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from memoryd_protocol import types as T
+    from memoryd_protocol.approval_types import ProcessFacts
 
 # msgspec, the wire types, shutil and unicodedata (for text that is not ASCII) are imported
 # where they are used, not here: the read commands' quick path (memoryd_client.quick)
@@ -212,13 +213,39 @@ def _who(c: T.LedgerConnection | None) -> str:
         name += " through memoryd mcp"  # the name is the MCP host's clientInfo
     proc = ", ".join(x for x in (None if c.pid is None else f"pid {c.pid}",
                                  None if c.exe is None else one_line(c.exe)) if x)
+    if c.harness is not None:  # the pid and exe are the relay's own
+        proc += f"; memoryd's relay for harness pid {c.harness}, as the relay reports"
     return f"{name} ({proc})" if proc else name
+
+
+def _claim(by: T.ApprovalBy | None) -> str:
+    """A decider's ``by``, as what it is: its claim."""
+    if by is None:
+        return "claimed nothing"
+    return f"claimed {one_line(by.kind)}" + (f" {quoted(by.name, '')}" if by.name else "")
+
+
+def _decided_by(ev: T.LedgerEvent, d: T.LedgerDecision, by: T.LedgerConnection, f: ProcessFacts) -> str:
+    """"approved by memoryctl pid 812 (/usr/bin/python3, tty pts/3), claimed human": the
+    client's name (a claim), the kernel's facts of the deciding process, and its claim."""
+    name = "an unnamed client" if by.client is None or by.client.name is None else one_line(by.client.name)
+    if by.transport == "mcp":
+        name += " through memoryd mcp"
+    exe = "executable unreadable" if f.exe is None else one_line(f.exe)
+    word = "approved" if d.outcome == "allowed-once" else f"decided {one_line(d.outcome or '-')}"
+    same = ", the asking connection" if ev.asked_by is not None and by.ref == ev.asked_by.ref else ""
+    return (f"{word} by {name} pid {f.pid} ({exe}, tty {one_line(f.tty) if f.tty else 'none'}){same}, "
+            f"{_claim(d.by)}")
 
 
 def _decision(ev: T.LedgerEvent) -> str:
     d = ev.decision
     if d is None:
         return ""
+    if d.outcome is not None and d.decided_by is not None and d.decider is not None:
+        text = _decided_by(ev, d, d.decided_by, d.decider)
+        return text + (f"; its commit failed: {one_line(d.failed)}" if d.failed is not None else "")
+    # A decision row without the decider's facts (an older memoryd's), or no decider at all.
     if d.outcome is None:
         text = f"approval {one_line(d.approval)} has no decision row"
     elif d.decided_by is None:
@@ -236,6 +263,9 @@ def _decision(ev: T.LedgerEvent) -> str:
 def _event_line(ev: T.LedgerEvent) -> str:
     if ev.action == "present-at-start":
         parts = [when(ev.ts), "present-at-start", "in the store when the ledger's chain began"]
+    elif ev.action.endswith("-outside-memoryd"):
+        parts = [when(ev.ts), one_line(ev.action), f"by another program, never approved through memoryd (ledger row "
+                                                   f"{ev.n} records it)"]
     else:
         parts = [when(ev.ts), one_line(ev.action), one_line(ev.outcome or "-"),
                  f"session {one_line(ev.session_id or '-')}", f"asked by {_who(ev.asked_by)}"]

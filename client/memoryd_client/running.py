@@ -233,10 +233,14 @@ def prepare(ctx: Ctx) -> None:
     if a.verb == "audit":
         if a.action == "explain" and not a.target:
             raise UsageError("audit explain needs TEXT or ID: the entry's id, or a text that one entry contains")
-        if a.action != "explain" and a.target is not None:
-            raise UsageError(f"audit {a.action} takes no TEXT|ID (only audit explain does)")
+        if a.action == "accept" and not (a.target or "").isdigit():
+            raise UsageError("audit accept needs N: the ledger row that records the change (audit verify names it)")
+        if a.action not in ("explain", "accept") and a.target is not None:
+            raise UsageError(f"audit {a.action} takes no TEXT|ID (only audit explain and audit accept do)")
         if a.action != "list" and a.limit is not None:
             raise UsageError(f"--limit goes with audit list, not audit {a.action}")
+        if a.action not in ("verify", "heads") and a.heads is not None:
+            raise UsageError(f"--heads goes with audit verify and audit heads, not audit {a.action}")
     if a.verb == "approve" and a.reject and a.yes:
         raise UsageError("approve: --yes and --reject contradict each other")
     for name in ("limit", "count"):

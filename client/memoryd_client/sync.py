@@ -19,6 +19,8 @@ from typing import Any
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from memoryd_protocol import types as T
+from memoryd_protocol.approval_types import ApprovalChallenge
+from memoryd_protocol.audit_types import AuditAccepted
 
 from .client import _DEFAULT, Client, Event, EventStream, SessionLike, connect
 from .errors import ConnectionClosed
@@ -168,8 +170,11 @@ class SyncClient:
     def audit_list(self, limit: int | None = None) -> builtins.list[T.AuditRow]:
         return self._run(self._client.audit_list, limit)  # type: ignore[no-any-return]
 
-    def audit_verify(self) -> T.LedgerReport:
-        return self._run(self._client.audit_verify)  # type: ignore[no-any-return]
+    def audit_verify(self, heads: Sequence[tuple[int, str]] = ()) -> T.LedgerReport:
+        return self._run(self._client.audit_verify, heads)  # type: ignore[no-any-return]
+
+    def audit_accept(self, n: int) -> AuditAccepted:
+        return self._run(self._client.audit_accept, n)  # type: ignore[no-any-return]
 
     def audit_explain(self, target: str) -> T.EntryLife:
         return self._run(self._client.audit_explain, target)  # type: ignore[no-any-return]
@@ -215,8 +220,17 @@ class SyncClient:
     def approval_decided(self, id: str, outcome: str, by: T.ApprovalBy | Mapping[str, Any] | None = None) -> T.Empty:
         return self._run(self._client.approval_decided, id, outcome, by)  # type: ignore[no-any-return]
 
-    def approval_subscribe(self) -> T.Empty:
-        return self._run(self._client.approval_subscribe)  # type: ignore[no-any-return]
+    def approval_subscribe(self, proof: str | None = None) -> T.Empty:
+        return self._run(self._client.approval_subscribe, proof)  # type: ignore[no-any-return]
+
+    def approval_challenge(self) -> ApprovalChallenge:
+        return self._run(self._client.approval_challenge)  # type: ignore[no-any-return]
+
+    def approval_prove(self, proof: str) -> T.Empty:
+        return self._run(self._client.approval_prove, proof)  # type: ignore[no-any-return]
+
+    def prove_approver_key(self, key: str | Path | None = None, *, subscribe: bool = False) -> None:
+        self._run(self._client.prove_approver_key, key, subscribe=subscribe)
 
     def status(self) -> T.DaemonStatus:
         return self._run(self._client.status)  # type: ignore[no-any-return]

@@ -24,13 +24,16 @@ from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 
-from . import ledger, storefile
+from . import storefile
 from .adapter_registry import load_adapters
 from .approvals import Approvals
+from .audits import Audits
 from .config import Config
 from .connection import Connection, Sink
 from .context import Handler
+from .heads import Heads
 from .mcp_host import McpFront
+from .outbound import Outbound
 from .proposals import Proposals
 from .readers import Readers
 from .reads import Reads
@@ -178,7 +181,7 @@ def method_handlers(service: Service, adapters: dict[str, Any], mcp: McpFront) -
     """Every method's handler, in the methods table's order: the daemon does not start
     unless each method of the table has exactly one (rpc.bind_handlers)."""
     writes = Writes(service)
-    return bind_handlers(service.handlers(), Reads(service).handlers(), writes.handlers(),
+    return bind_handlers(service.handlers(), Reads(service).handlers(), Audits(service).handlers(), writes.handlers(),
                          Snapshots(service).handlers(), Proposals(service, writes).handlers(),
                          Transfer(service, writes, adapters).handlers(), mcp.handlers())
 
@@ -193,6 +196,8 @@ class Daemon:
     #: what ``close`` lets go of, last opened first: the store's connections and their
     #: threads, then the store's lock
     resources: contextlib.AsyncExitStack
+    #: where the ledger's heads are witnessed outside the store
+    heads: Heads
     connections: set[Connection] = field(default_factory=set)
     stopping: anyio.Event = field(default_factory=anyio.Event)
     #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
@@ -206,9 +211,12 @@ class Daemon:
     _slot_freed: anyio.Event = field(default_factory=anyio.Event)
     _accept_log: RateLimitedLog = field(default_factory=RateLimitedLog)
     _refuse_log: RateLimitedLog = field(default_factory=RateLimitedLog)
+    #: the cap on unsent output over every connection (max_unsent_bytes_total)
+    outbound: Outbound = field(init=False)
 
     def __post_init__(self) -> None:
         self.service.live = self.connections  # daemon/status lists them
+        self.outbound = Outbound(self.config.max_unsent_bytes_total)
 
     @classmethod
     async def open(cls, config: Config, *, endpoint: str | None = None) -> Daemon:
@@ -224,9 +232,11 @@ class Daemon:
         async with contextlib.AsyncExitStack() as resources:
             lock_fd = lock_store(path, endpoint)
             resources.callback(unlock_store, path, lock_fd)
-            writer = await Writer.open(path, version, busy_ms)
+            heads = Heads(path, config.heads_every_rows, config.heads_every_s)
+            writer = await Writer.open(path, version, busy_ms, heads.last_stop())
             resources.push_async_callback(writer.aclose)
-            log.info("ledger head at start: %s", _head(writer.anchor))
+            heads.witness(writer.anchor.head, "start")
+            writer.anchor.on_commit = heads.committed
             readers = await Readers.open(path, busy_ms)
             resources.push_async_callback(readers.aclose)
             approvals = Approvals(config.max_pending_approvals)
@@ -236,7 +246,7 @@ class Daemon:
                         for name, h in method_handlers(service, adapters, mcp).items()}
             mcp.methods = handlers  # an MCP tool call is served by the same handlers
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
-            return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), endpoint=endpoint)
+            return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), heads, endpoint=endpoint)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         cfg = self.config
@@ -320,7 +330,7 @@ class Daemon:
                     self.writer.close()
         finally:
             await self.close()  # shielded; a second close (``_serve``'s) does nothing
-        log.info("ledger head at stop: %s", _head(self.writer.anchor))
+        self.heads.witness(self.writer.anchor.head, "stop")
 
     async def serve_stream(self, sink: Sink, chunks: AsyncIterable[bytes], name: str = "socket") -> None:
         """Serve one connection until the peer's EOF or the drain, in ``running()``'s task
@@ -389,7 +399,8 @@ class Daemon:
                     continue
                 self._open_sockets += 1
                 try:
-                    await loop.connect_accepted_socket(lambda: StreamProtocol(accepted, buffered), client)
+                    await loop.connect_accepted_socket(
+                        lambda: StreamProtocol(accepted, buffered, outbound=self.outbound), client)
                 except OSError as exc:
                     self._open_sockets -= 1
                     client.close()
@@ -401,7 +412,7 @@ class Daemon:
         out_fd = os.dup(1)
         os.dup2(2, 1)
         try:
-            async with stdio_stream(0, out_fd, self.config.max_buffered_bytes) as proto:
+            async with stdio_stream(0, out_fd, self.config.max_buffered_bytes, outbound=self.outbound) as proto:
                 conn = self.new_connection(proto, "stdio")
                 try:
                     await self._serve_connection(conn, proto.chunks(), proto.end_chunks)
@@ -510,8 +521,3 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         await daemon.close()
         raise
     return 0
-
-
-def _head(anchor: ledger.Anchor) -> str:
-    """The ledger's head for the log, an anchor kept outside the store."""
-    return "none" if anchor.head is None else f"row {anchor.head[0]} hash {anchor.head[1]}"

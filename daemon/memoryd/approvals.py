@@ -1,21 +1,33 @@
-"""Pending approvals: the daemon → client half of the write gate.
+"""Pending approvals: the daemon → client half of the write gate, and who may decide.
 
 A table keyed by approval id: each waiter has a timeout and is removed on every path, so a
 late decision is refused rather than leaked, and a closing connection wakes every waiter it
 was asked of. Waiting here never holds the writer, which only sees approved work.
+
+A decision counts only from the process that opened the deciding connection, still running
+(:func:`check_decider`; its kernel facts go into the ledger), and a subscribed approver never
+decides a write of its own process, an ancestor's or a descendant's (peers.related). Under
+``approvers = "keyed"`` a connection decides only once it proved the approver key: an HMAC of
+a fresh nonce of this connection's (:func:`challenge`, :func:`prove`).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
+from memoryd_protocol.approval_types import ApprovalChallenge, ProcessFacts
 from memoryd_protocol.constants import DEFAULT_MAX_PENDING_APPROVALS
 from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.paths import ApproverKeyError, approver_key_path, approver_proof, read_approver_key
 from memoryd_protocol.payloads import normalize_outcome
 from memoryd_protocol.types import (
     ApprovalAsked,
@@ -23,23 +35,98 @@ from memoryd_protocol.types import (
     ApprovalResolved,
 )
 
+from .config import Config
 from .context import Peer
+from .peers import NotThatProcess, now, related
 
 if TYPE_CHECKING:
     from .context import RequestContext
 
 log = logging.getLogger("memoryd.approvals")
 
+#: how long a challenge may wait for its proof
+CHALLENGE_TTL_S = 60.0
+KEY_NOT_PROVEN = ('approvers = "keyed": this connection has not proved the approver key, so it cannot make '
+                  "decisions; send approval/challenge, then approval/prove with its proof (memoryctl does both)")
 
-def same_process(a: Peer, b: Peer) -> bool:
-    """Whether two connections may belong to one process: they share a pid (the one shown
-    or the relay's), or neither pid is known. A peer whose pid the kernel does not give us
-    (another pid namespace) is never one whose pid we know."""
-    pa = a.peer.pids() if a.peer is not None else frozenset()
-    pb = b.peer.pids() if b.peer is not None else frozenset()
-    if not pa or not pb:
-        return not pa and not pb
-    return not pa.isdisjoint(pb)
+
+@dataclass(eq=False)
+class _KeyState:
+    nonce: str | None = None
+    connection: str = ""
+    pid: int = 0
+    issued: float = 0.0
+    proven: bool = False
+
+
+#: per connection (held weakly: gone with it): its open challenge, and whether it proved the key
+_keys: weakref.WeakKeyDictionary[Peer, _KeyState] = weakref.WeakKeyDictionary()
+
+
+def _refused(peer: Peer, reason: str, field: str | None = None) -> InvalidInput:
+    """The INVALID_INPUT of a connection that may not do what it asked; logged, never with text."""
+    log.warning("connection %d refused: %s", peer.id, reason)
+    return InvalidInput(reason, field)
+
+
+def proven(peer: Peer) -> bool:
+    """``peer`` proved the approver key (approval/prove or approval/subscribe's proof)."""
+    state = _keys.get(peer)
+    return state is not None and state.proven
+
+
+def check_decider(peer: Peer, config: Config) -> ProcessFacts:
+    """Raise InvalidInput (logged as a warning) unless ``peer`` may make a decision now: the
+    process on its socket is the one that opened it, still running (not one it was handed
+    to), and under ``approvers = "keyed"`` the connection proved the approver key. Returns
+    that process as the kernel shows it now: what the decision's ledger row records."""
+    try:
+        facts = now(peer.peer)
+    except NotThatProcess as exc:
+        raise _refused(peer, str(exc)) from None
+    if config.approvers == "keyed" and not proven(peer):
+        raise _refused(peer, KEY_NOT_PROVEN)
+    return facts.wire()
+
+
+def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
+    """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one."""
+    try:
+        facts = now(peer.peer)
+    except NotThatProcess as exc:
+        raise _refused(peer, str(exc)) from None
+    state = _keys.setdefault(peer, _KeyState())
+    state.nonce, state.connection, state.pid, state.issued = secrets.token_hex(32), connection, facts.pid, \
+        time.monotonic()
+    return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid)
+
+
+def prove(peer: Peer, proof: str | None) -> None:
+    """``proof`` answers ``peer``'s open challenge with the approver key, which the daemon
+    reads itself (it runs as the same user); each challenge is answered once, right or wrong."""
+    if proof is None:
+        raise InvalidInput("approval/prove needs proof: the HMAC that answers approval/challenge", "proof")
+    state = _keys.get(peer)
+    nonce = state.nonce if state is not None else None
+    if state is None or nonce is None or time.monotonic() - state.issued > CHALLENGE_TTL_S:
+        raise _refused(peer, f"this connection has no challenge to answer (none was asked, it was answered, or it is "
+                             f"older than {CHALLENGE_TTL_S:g} s): send approval/challenge first", "proof")
+    state.nonce = None
+    try:
+        facts = now(peer.peer)
+    except NotThatProcess as exc:
+        raise _refused(peer, str(exc)) from None
+    path = approver_key_path()
+    try:
+        key = read_approver_key(path)
+    except ApproverKeyError as exc:
+        raise _refused(peer, f"the daemon cannot use its approver key: {exc}") from None
+    want = approver_proof(key, nonce, state.connection, state.pid).encode()
+    if facts.pid != state.pid or not hmac.compare_digest(want, proof.encode("utf-8", "replace")):
+        raise _refused(peer, f"the proof does not answer this connection's challenge with the approver key {path}: "
+                             "make sure the program reads that key, then send approval/challenge again", "proof")
+    state.proven = True
+    log.info("connection %d (pid %d) proved the approver key", peer.id, facts.pid)
 
 
 @dataclass(eq=False)
@@ -52,23 +139,29 @@ class Pending:
     decided_by: Peer | None = None
     #: what the deciding client claims it is (``approval/decided``'s ``by``)
     claimed: ApprovalBy | None = None
+    #: the deciding process as the kernel showed it when the decision arrived
+    decider: ProcessFacts | None = None
 
-    def resolve(self, outcome: str, by: Peer | None = None, claimed: ApprovalBy | None = None) -> None:
+    def resolve(self, outcome: str, by: Peer | None = None, claimed: ApprovalBy | None = None,
+                decider: ProcessFacts | None = None) -> None:
         if self.outcome is None:
             self.outcome = outcome
             self.decided_by = by
             self.claimed = claimed
+            self.decider = decider
             self.done.set()
 
 
 class Approvals:
-    def __init__(self, max_per_connection: int = DEFAULT_MAX_PENDING_APPROVALS) -> None:
+    def __init__(self, max_per_connection: int = DEFAULT_MAX_PENDING_APPROVALS, config: Config | None = None) -> None:
         self.pending: dict[str, Pending] = {}
         #: max_pending_approvals: a connection's next write beyond it is denied at once
         self.max_per_connection = max_per_connection
         self.approvers: list[Peer] = []
         #: set at shutdown: no new approval is asked, every new one is cancelled
         self.closing = False
+        #: the daemon's config: its ``approvers`` says who may decide (the Service sets it)
+        self.config = config if config is not None else Config()
 
     def subscribe(self, peer: Peer) -> None:
         if peer not in self.approvers:
@@ -87,10 +180,8 @@ class Approvals:
         """Send ``approval/asked`` for the write ``ctx`` serves and wait for the outcome
         (never raises for a denial), the request parked; ``on_asked`` sees what approvers get."""
         origin = ctx.peer
-        # A subscribed approver never decides a write of its own process: a model's tool
-        # cannot approve its own write by subscribing a second connection.
-        targets = [origin] if origin.can_approve else [
-            a for a in self.approvers if a is not origin and not same_process(a, origin)]
+        keyed = self.config.approvers == "keyed"
+        targets = [origin] if origin.can_approve and (not keyed or proven(origin)) else self._approvers_for(origin)
         if self.closing or not targets or origin.gone:
             p = Pending(asked, origin, [])
             p.resolve("cancelled" if self.closing else "unavailable")
@@ -124,16 +215,56 @@ class Approvals:
                 if target is not p.decided_by:
                     await target.notify("approval/resolved", note)
 
+    def _approvers_for(self, origin: Peer) -> list[Peer]:
+        """The subscribed approvers to ask about ``origin``'s write. A subscribed approver never
+        decides a write of its own process, an ancestor's or a descendant's: a model's tool
+        cannot approve its own write by subscribing a second connection, nor through a child
+        it gave a terminal. None at all when the writer's process is gone: nobody can tell
+        whose write it is then. Under keyed, only approvers that proved the key."""
+        if not self.approvers:
+            return []
+        writer = origin.peer
+        if writer is not None and writer.facts is not None:
+            try:
+                now(writer)
+            except NotThatProcess:
+                log.warning("connection %d: the process that opened it (pid %d) has exited or its pid was reused; "
+                            "no approver is asked about its write", origin.id, writer.facts.pid)
+                return []
+        keyed = self.config.approvers == "keyed"
+        return [a for a in self.approvers
+                if a is not origin and (not keyed or proven(a)) and not related(a.peer, writer)]
+
     def decide(self, peer: Peer, approval_id: str, outcome: object, claimed: ApprovalBy | None = None) -> None:
         p = self.pending.get(approval_id)
         if p is None or p.outcome is not None or peer not in p.targets:
             # One message for all three cases, so a foreign connection learns nothing.
             raise InvalidInput("no pending approval with this id was asked of this connection", "id")
-        p.resolve(normalize_outcome(outcome), peer, claimed)
-        log.info("approval %s decided %s by connection %d (%s, pid %s; claims %s%s)", approval_id, p.outcome,
-                 peer.id, "its own prompt" if peer is p.origin else "a subscribed approver",
-                 peer.peer.pid if peer.peer and peer.peer.pid else "unknown", claimed.kind if claimed else "nothing",
+        facts = check_decider(peer, self.config)
+        if peer is not p.origin:
+            self._check_writer(peer, p.origin)  # as things are now, not as they were when asked
+        p.resolve(normalize_outcome(outcome), peer, claimed, facts)
+        log.info("approval %s decided %s by connection %d (%s, pid %d; claims %s%s)", approval_id, p.outcome,
+                 peer.id, "its own prompt" if peer is p.origin else "a subscribed approver", facts.pid,
+                 claimed.kind if claimed else "nothing",
                  f" {claimed.name!r}" if claimed and claimed.name is not None else "")
+
+    @staticmethod
+    def _check_writer(approver: Peer, origin: Peer) -> None:
+        """InvalidInput unless the subscribed ``approver`` may decide ``origin``'s write now."""
+        writer = origin.peer
+        if writer is not None and writer.facts is not None:
+            try:
+                now(writer)
+            except NotThatProcess:
+                raise _refused(approver, f"the process that asked this write (pid {writer.facts.pid}) has exited or "
+                                         "its pid was reused: memoryd cannot tell whose write it is, so no approver "
+                                         "can decide it; the writer has to write again") from None
+        if related(approver.peer, writer):
+            pid = approver.peer.pid if approver.peer is not None else None
+            raise _refused(approver, f"this approver (pid {pid}) is the writing process, its ancestor or its "
+                                     "descendant, so it cannot decide this write; approve from a process of its own, "
+                                     "such as memoryctl approve in another terminal")
 
     def connection_closed(self, peer: Peer) -> None:
         if peer in self.approvers:

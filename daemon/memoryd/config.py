@@ -33,6 +33,13 @@ from memoryd_protocol.paths import default_config_path, default_db_path, default
 
 from .errors import DaemonError
 
+#: The default max_unsent_bytes_total: beside the largest reply (never counted), room for two
+#: more of the largest kind (an audit/list of a thousand snapshot rows), and a bound that the
+#: daemon's memory stays well within on a small machine (the allocator keeps more than this).
+DEFAULT_MAX_UNSENT_BYTES_TOTAL = 32 * 1024 * 1024
+#: The default max_snapshots: a year and more of a few hundred sessions a day.
+DEFAULT_MAX_SNAPSHOTS = 100_000
+
 TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -42,8 +49,10 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
 
-#: ``approvers``: who may subscribe as an approver (``approval/subscribe``).
-APPROVERS = ("interactive", "any")
+#: ``approvers``: who may subscribe as an approver (``approval/subscribe``): a process with a
+#: controlling terminal, anyone, or a connection that proved the approver key (which is then
+#: needed to answer a connection's own prompt too).
+APPROVERS = ("interactive", "any", "keyed")
 #: ``mcp_approvals``: how a ``memoryd mcp`` session's writes are asked: of the human through
 #: the MCP host's elicitation dialog, or always of subscribed approvers (``memoryctl approve``).
 MCP_APPROVALS = ("elicitation", "approvers")
@@ -77,7 +86,7 @@ class Config:
         #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
         self.busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
         #: who may subscribe as an approver: "interactive" (a process with a controlling
-        #: terminal) or "any"
+        #: terminal), "any", or "keyed" (proved $XDG_CONFIG_HOME/memoryd/approver.key)
         self.approvers: str = "interactive"
         self.mcp_approvals: str = "elicitation"
         # Resource caps: what one client can make the daemon hold.
@@ -87,6 +96,13 @@ class Config:
         self.half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
         self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
         self.max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
+        #: unsent output over all connections together before the longest behind are dropped
+        self.max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
+        #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
+        self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
+        #: how often the ledger's head is witnessed in the heads file while writes go on
+        self.heads_every_rows: int = 1000
+        self.heads_every_s: float = 600.0
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: the config file set ``socket_path`` (a relay then never looks for another socket)
@@ -184,8 +200,11 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_buffered_bytes": (65536, 1024 * 1024 * 1024),
     "max_pending_approvals": (1, 10_000),
     "max_sessions_per_connection": (1, 1_000_000),
+    "max_unsent_bytes_total": (1024 * 1024, 64 * 1024 * 1024 * 1024),
+    "max_snapshots": (1, 1_000_000_000),
+    "heads_every_rows": (1, 1_000_000_000),
 }
-_SECONDS = ("approval_timeout_s", "half_line_timeout_s")
+_SECONDS = ("approval_timeout_s", "half_line_timeout_s", "heads_every_s")
 _CHOICES: dict[str, tuple[str, ...]] = {"language": ("en", "zh"), "approvers": APPROVERS, "mcp_approvals": MCP_APPROVALS}
 
 

@@ -126,10 +126,15 @@ class Connection:
     async def send_line(self, data: bytes) -> None:
         """A reply: queued, then the request waits while the peer is behind (backpressure)."""
         if self.post_line(data):
-            try:
-                await self._sink.drain()
-            except OSError:
-                self.closed = True
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Until the peer has read what is queued: the connection's next request waits for
+        this, so a peer that does not read holds one reply, not one per line it sent."""
+        try:
+            await self._sink.drain()
+        except OSError:
+            self.closed = True
 
     def describe(self) -> ApprovalOrigin | None:
         c, p = self.client, self.peer
@@ -280,6 +285,8 @@ class Connection:
             turn.set()
 
     async def _serve_one(self, message: Message | Any, release_turn: Callable[[], None] | None = None) -> None:
+        if getattr(self._sink, "dropped", False):
+            return  # dropped for not reading (outbound.py): what it sent after is not served
         if message is UNPARSABLE:
             await self.send_line(PARSE_ERROR_LINE)
             return
@@ -292,5 +299,6 @@ class Connection:
             # is a bug of ours, and it must cost this one request, not the connection.
             log.error("connection %d: unhandled failure serving a request", self.id)
             reply = failure_line(message, exc)
-        if reply is not None:
-            await self.send_line(reply)
+        if reply is not None and self.post_line(reply):
+            del reply  # while the peer is behind, the line queued is the one copy kept
+            await self._drain()

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
-from .transports import PeerProcess
+from .peers import PeerProcess
 
 
 class Peer(Protocol):

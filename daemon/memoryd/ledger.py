@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from memoryd_protocol.approval_types import ProcessFacts
 from memoryd_protocol.ledger import (
     SELECT_AUDIT,
     SELECT_ENTRIES,
     SELECT_SNAPSHOTS,
+    AcceptedBody,
     AskedBody,
     AuditBody,
     Body,
@@ -68,12 +70,13 @@ def transaction(conn: sqlite3.Connection) -> Iterator[Tx]:
         store.flush_counts(tx)
 
 
-def ensure_start(tx: Tx) -> None:
-    """Begin the chain of a store that has none yet (inside the caller's transaction).
-    Audit rows already there carry no hashes: the chain starts after them, and says so."""
+def ensure_start(tx: Tx) -> bool:
+    """Begin the chain of a store that has none yet (inside the caller's transaction); True
+    when it did. Audit rows already there carry no hashes: the chain starts after them, and
+    says so."""
     conn = tx.conn
     if conn.execute("SELECT 1 FROM memoryd_ledger LIMIT 1").fetchone() is not None:
-        return
+        return False
     before = audit_from(conn.execute(SELECT_AUDIT))
     after, earlier = max((a.seq for a in before), default=0), len(before)
     entries = entries_from(conn.execute(SELECT_ENTRIES))
@@ -93,12 +96,7 @@ def ensure_start(tx: Tx) -> None:
         # last run's "ledger head at stop", can tell the two apart.
         log.warning("the ledger's chain begins on a store that already holds %d entries and %d audit rows: nothing "
                     "proves what came before", len(entries), earlier)
-
-
-def open_chain(conn: sqlite3.Connection) -> None:
-    """At start-up, on the writer's connection: begin the chain if the store has none."""
-    with transaction(conn) as tx:
-        ensure_start(tx)
+    return True
 
 
 def _ensure_connection(tx: Tx, who: LedgerConnection | None) -> str | None:
@@ -132,11 +130,13 @@ class Anchor:
 
     head: tuple[int, str] | None = None
     #: set once the store's row ``head`` was found missing or changed
-    lost: bool = False
+    lost: Literal["missing", "changed"] | None = None
     #: the connection rows this daemon committed (their refs), while the ledger's newest
     #: row is the one its last commit left (``_left``): anyone else's write forgets them
     _connections: set[str] = field(default_factory=set)
     _left: tuple[int, str] | None = None
+    #: called with the head after every commit (heads.Heads.committed)
+    on_commit: Callable[[tuple[int, str] | None], None] | None = None
 
     def begin(self, conn: sqlite3.Connection, usage: Usage) -> Tx:
         """The Tx of the writer's transaction, just begun: the store's newest ledger row
@@ -149,7 +149,7 @@ class Anchor:
             n, want = self.head
             row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (n,)).fetchone()
             if row is None or row[0] != want:
-                self.lost = True
+                self.lost = "missing" if row is None else "changed"
                 log.error("ledger row %d, the last this daemon wrote, is %s outside memoryd; audit/verify reports it",
                           n, "missing: deleted" if row is None else "changed")
         return Tx(conn, dict(usage), tip, self._connections)
@@ -160,6 +160,8 @@ class Anchor:
         self._connections |= tx.written
         if not self.lost:
             self.head = tx.tip
+        if self.on_commit is not None:
+            self.on_commit(self.head)
 
 
 @dataclass(frozen=True)
@@ -196,24 +198,33 @@ def asked(tx: Tx, origin: LedgerConnection | None, payload: ApprovalAsked) -> No
 
 @dataclass(frozen=True)
 class Decision:
-    """How an asked approval ended, as the gate learned it."""
+    """How an asked approval ended, as the gate learned it: ``by`` is the decider's claim,
+    ``decider`` its process as the kernel showed it when the decision arrived."""
 
     approval: str
     outcome: str
     policy: str
     decided_by: LedgerConnection | None
     by: ApprovalBy | None
+    decider: ProcessFacts | None = None
 
     def record(self, tx: Tx) -> None:
         ref = _ensure_connection(tx, self.decided_by)
         append(tx, "decided", DecidedBody(approval=self.approval, outcome=self.outcome, connection=ref,
-                                            by=self.by, policy=self.policy), ref=self.approval)
+                                            by=self.by, policy=self.policy, decider=self.decider), ref=self.approval)
 
 
 def proposal(tx: Tx, origin: LedgerConnection | None, event: Literal["created", "dismissed",
              "approved"], p: Proposal, replaces: str | None = None) -> None:
     ref = _ensure_connection(tx, origin)
     append(tx, "proposal", ProposalBody(connection=ref, event=event, proposal=p, replaces=replaces), ref=p.id)
+
+
+def accepted(tx: Tx, who: LedgerConnection | None, foreign: int, decider: ProcessFacts) -> None:
+    """A person accepted the ``foreign`` row ``foreign`` over connection ``who``, whose
+    process the kernel showed as ``decider`` when the acceptance arrived."""
+    ref = _ensure_connection(tx, who)
+    append(tx, "accepted", AcceptedBody(foreign=foreign, connection=ref, decider=decider))
 
 
 def failed(tx: Tx, stamp: Stamp, action: str, code: str, message: str,

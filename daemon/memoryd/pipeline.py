@@ -89,10 +89,19 @@ class Pipeline:
     stopping: bool = field(default=False)
 
     def who(self, peer: Peer) -> LedgerConnection:
+        """``peer`` as the ledger records it: the kernel's facts of its socket's process at
+        connect (a relay's own), and what it claims (its client; a relay's harness)."""
         info = peer.listing(approver=False)
+        p = peer.peer
+        f = p.facts if p is not None else None
+        if f is None:  # memoryd saw no process: what the listing has
+            return LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id,
+                                    transport=info.transport, pid=info.pid, uid=info.uid, exe=info.exe,
+                                    client=info.client, opened_at=info.opened_at)
         return LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id, transport=info.transport,
-                                pid=info.pid, uid=info.uid, exe=info.exe, client=info.client,
-                                opened_at=info.opened_at)
+                                pid=f.pid, uid=f.uid, exe=f.exe, client=info.client, opened_at=info.opened_at,
+                                start=f.start, tty=f.tty, session=f.session,
+                                harness=p.pid if p is not None and p.via is not None else None)
 
     def stamp(self, peer: Peer, view: SessionView) -> ledger.Stamp:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""
@@ -186,7 +195,8 @@ class Pipeline:
         outcome = "cancelled" if self.stopping else said
         decided_by = self.who(pending.decided_by) if pending.decided_by is not None else None
         # an approval nobody could be asked was never asked: it has no rows of its own
-        decision = ledger.Decision(asked.id, said, policy, decided_by, pending.claimed) if was_asked else None
+        decision = ledger.Decision(asked.id, said, policy, decided_by, pending.claimed,
+                                   pending.decider) if was_asked else None
         if outcome == ALLOWED_ONCE:
             label = payloads.outcome_label(ALLOWED_ONCE, policy)
             return ledger.Stamp(origin=origin, session_id=view.session_id, label=label, approval=asked.id), decision

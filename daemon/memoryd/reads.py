@@ -1,4 +1,4 @@
-"""The read methods: budgets, list, the audit ledger (list, verify, explain) and queries.
+"""The read methods: budgets, list and queries (audits.py has the ledger's).
 
 Every read runs on a reader's thread (readers.py), in one read transaction.
 """
@@ -6,17 +6,12 @@ Every read runs on a reader's thread (readers.py), in one read transaction.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import anyio
 from memoryd_protocol.constants import (
-    AUDIT_DEFAULT_LIMIT,
-    AUDIT_HARD_CAP,
     QUERY_HARD_CAP,
     RECALLED_TEXT_UNITS,
 )
-from memoryd_protocol.ledger_check import read_life, read_report
 from memoryd_protocol.text import (
     cut_units,
     js_trim,
@@ -24,13 +19,8 @@ from memoryd_protocol.text import (
     normalize_workspace_key,
 )
 from memoryd_protocol.types import (
-    AuditExplainParams,
-    AuditListParams,
-    AuditRow,
     BudgetRow,
     Entry,
-    EntryLife,
-    LedgerReport,
     MemoryRecalled,
     QueryParams,
     QueryResult,
@@ -49,62 +39,15 @@ from .tx import Tx
 if TYPE_CHECKING:
     from .service import Service
 
-T = TypeVar("T")
-
-
-@dataclass(eq=False)
-class _Run(Generic[T]):
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: T | None = None
-    error: Exception | None = None
-
-
-class Shared(Generic[T]):
-    """One run of ``fn`` at a time; callers that arrive while one runs share the next run,
-    which starts after they asked (so it sees everything committed before they asked).
-    However many clients ask, at most one run is under way and one waits. The run is
-    shielded: a caller that goes away does not fail the others who share it."""
-
-    def __init__(self, fn: Callable[[], Awaitable[T]]) -> None:
-        self._fn = fn
-        self._lock = anyio.Lock()
-        self._next: _Run[T] | None = None
-
-    async def __call__(self) -> T:
-        run = self._next
-        if run is None:
-            run = self._next = _Run()
-            with anyio.CancelScope(shield=True):
-                async with self._lock:
-                    self._next = None  # who asks from now on waits for the run after this one
-                    try:
-                        run.result = await self._fn()
-                    except Exception as exc:
-                        run.error = exc
-                    finally:
-                        run.done.set()
-        else:
-            await run.done.wait()
-        if run.error is not None:
-            raise run.error
-        result: T = run.result  # type: ignore[assignment]
-        return result
-
-
 class Reads:
     def __init__(self, s: Service) -> None:
         self.s = s
-        self._explaining = anyio.Lock()
-        self._verify = Shared(self._verify_once)
 
     def handlers(self) -> dict[str, Handler]:
         return {
             "memory/query": self.query,
             "memory/budgets": self.budgets,
             "memory/list": self.list_entries,
-            "audit/list": self.audit_list,
-            "audit/verify": self.audit_verify,
-            "audit/explain": self.audit_explain,
         }
 
     async def budgets(self, ctx: RequestContext, p: Any) -> list[BudgetRow]:
@@ -112,23 +55,6 @@ class Reads:
 
     async def list_entries(self, ctx: RequestContext, p: Any) -> list[Entry]:
         return await self.s.read(store.list_entries)
-
-    async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
-        limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
-
-    async def audit_verify(self, ctx: RequestContext, p: Any) -> LedgerReport:
-        return await self._verify()
-
-    async def _verify_once(self) -> LedgerReport:
-        await self.s.writer.settled()
-        head = self.s.writer.anchor.head  # committed before the read begins: the read must hold it
-        return await self.s.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head))
-
-    async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
-        async with self._explaining:
-            await self.s.writer.settled()
-            return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def query(self, ctx: RequestContext, p: QueryParams) -> QueryResult:
         f = p.filter

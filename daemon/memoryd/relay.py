@@ -33,6 +33,15 @@ PROBE_ID = "memoryd-relay-probe"
 #: The probe, as ``json.dumps`` wrote it (tests/test_e2e_relay_lean.py checks that it still would).
 PROBE = f'{{"jsonrpc": "2.0", "id": "{PROBE_ID}", "method": "daemon/status", "params": {{}}}}\n'.encode()
 PROBE_TIMEOUT_S = 10.0
+
+
+def hello() -> bytes:
+    """What the relay says of itself before its first request: it is memoryd's stdio relay,
+    for the harness that is its parent. A notification (no answer to wait for), so a daemon
+    that refuses the claim (the kernel does not bear it out) still serves the harness, as
+    the relay's own process; one that predates it ignores the field."""
+    return b'{"jsonrpc": "2.0", "method": "initialize", "params": {"relay": {"harnessPid": %d}}}\n' % os.getppid()
+
 #: connect() errors that mean "no daemon there" (anything else, EACCES say, is reported).
 NO_DAEMON = frozenset({errno.ENOENT, errno.ECONNREFUSED})
 
@@ -170,13 +179,14 @@ def _loads(line: bytes) -> Any:
         return json.loads(line)
 
 
-def _ask(sock: socket.socket, socket_path: str, request: bytes) -> tuple[bytes, bytes]:
-    """Send the relay's own request and read the daemon's first line: the answer, and what
-    came after it in the same reads."""
+def _ask(sock: socket.socket, socket_path: str, request: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
+    """Send the relay's own request (after ``first``, notifications that get no answer, in
+    the same write) and read the daemon's first line: the answer, and what came after it in
+    the same reads."""
     # Something that accepts but never answers must not hang the harness at spawn.
     sock.settimeout(PROBE_TIMEOUT_S)
     try:
-        sock.sendall(request)
+        sock.sendall(first + request)
         return _read_line(sock)
     except TimeoutError:
         raise RelayError(f"the process on {socket_path} did not answer within {PROBE_TIMEOUT_S:g}s") from None
@@ -186,10 +196,11 @@ def _ask(sock: socket.socket, socket_path: str, request: bytes) -> tuple[bytes, 
         sock.settimeout(None)
 
 
-def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None) -> bytes:
+def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None, *,
+                first: bytes = b"") -> bytes:
     """Ask the daemon what it serves before relaying anything (the reply is ours, not the
-    harness's); returns any bytes read past that reply."""
-    line, rest = _ask(sock, socket_path, PROBE)
+    harness's), ``first`` sent before the question; returns any bytes read past the reply."""
+    line, rest = _ask(sock, socket_path, PROBE, first)
     try:
         status = _loads(line)["result"]
     except (ValueError, KeyError, TypeError):
@@ -330,11 +341,11 @@ def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
 
 
 def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None,
-                  attach_line: bytes) -> bytes:
-    """Send ``mcp/attach`` and check its answer, which says what the daemon serves as
-    ``daemon/status`` does, before a byte of the host's is relayed. Returns the bytes read
-    past the answer: MCP."""
-    line, rest = _ask(sock, socket_path, attach_line)
+                  attach_line: bytes, *, first: bytes = b"") -> bytes:
+    """Send ``mcp/attach`` (after ``first``) and check its answer, which says what the daemon
+    serves as ``daemon/status`` does, before a byte of the host's is relayed. Returns the
+    bytes read past the answer: MCP."""
+    line, rest = _ask(sock, socket_path, attach_line, first)
     try:
         answer = _loads(line)
     except ValueError:
@@ -363,9 +374,9 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
             socket_path, db = attached, owned
         try:
             if line is None:
-                rest = check_store(sock, socket_path, db, write_policy)
+                rest = check_store(sock, socket_path, db, write_policy, first=hello())
             else:
-                rest = switch_to_mcp(sock, socket_path, db, write_policy, line)
+                rest = switch_to_mcp(sock, socket_path, db, write_policy, line, first=hello())
         except BaseException:
             sock.close()
             raise

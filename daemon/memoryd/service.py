@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams, ProcessFacts
 from memoryd_protocol.constants import (
     GRID,
     PROTOCOL,
@@ -51,9 +52,10 @@ from memoryd_protocol.validation import (
 )
 
 from . import __version__, store
-from .approvals import Approvals
+from .approvals import Approvals, challenge, check_decider, prove, proven
 from .config import Config
-from .context import Handler, RequestContext
+from .context import Handler, Peer, RequestContext
+from .peers import NotThatProcess, declare_relay
 from .pipeline import Pipeline
 from .readers import LOOP_READ_ENTRIES, LOOP_READ_UNITS, Readers
 from .sessions import Sessions
@@ -87,6 +89,7 @@ class Service:
         #: every read of the store (readers.py)
         self.readers = readers
         self.approvals = approvals
+        approvals.config = config  # who may decide: the config's approvers
         #: which open connection each session id belongs to (sessions.py)
         self.sessions = Sessions(config.max_sessions_per_connection)
         self.started = time.monotonic()
@@ -164,6 +167,8 @@ class Service:
                 if value is not None:
                     check_label(value, field)
         peer = ctx.peer
+        if p.relay is not None:
+            self._declare_relay(peer, p.relay.harness_pid)
         if p.capabilities is not None and not p.capabilities.approvals:
             # One-way: a connection that cannot approve never becomes one that can, or a
             # model-side tool could re-initialize and approve its own writes.
@@ -176,7 +181,22 @@ class Service:
             schema_version=STORE_SCHEMA_VERSION,
             write_policy=self.config.write_policy,  # type: ignore[arg-type]
             budgets=self.budget_rows(),
+            approvers=self.config.approvers,  # type: ignore[arg-type]
         )
+
+    @staticmethod
+    def _declare_relay(peer: Peer, harness_pid: int) -> None:
+        """memoryd's stdio relay says what it is: the connection is shown as its harness from
+        now on, the relay's own facts kept (peers.declare_relay checks the claim)."""
+        if getattr(peer, "name", None) != "socket":
+            raise InvalidInput("only a connection to the daemon's socket can be its stdio relay", "relay")
+        try:
+            peer.peer = declare_relay(peer.peer, harness_pid)
+        except NotThatProcess as exc:
+            pid = peer.peer.pid if peer.peer is not None else None
+            log.warning("connection %d (pid %s) said it is memoryd's stdio relay and is taken for what the kernel "
+                        "says it is: %s", peer.id, pid, exc)
+            raise InvalidInput(f"this connection is not memoryd's stdio relay: {exc}", "relay") from None
 
     async def status(self, ctx: RequestContext, p: Any) -> DaemonStatus:
         return DaemonStatus(
@@ -201,10 +221,32 @@ class Service:
         self.approvals.decide(ctx.peer, p.id, p.outcome, p.by)
         return Empty()
 
-    async def approval_subscribe(self, ctx: RequestContext, p: Any) -> Empty:
+    def check_decider(self, peer: Peer, what: str) -> ProcessFacts:
+        """Raise INVALID_INPUT unless ``peer`` may make a person's decision (``what``) now,
+        as it may decide an approval (approvals.check_decider), and under ``approvers =
+        "interactive"`` from a process with a controlling terminal; its facts, to record."""
+        facts = check_decider(peer, self.config)
+        if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
+            raise InvalidInput(f"only a process with a controlling terminal can {what}; run memoryctl in a terminal")
+        return facts
+
+    async def approval_challenge(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:
+        return challenge(ctx.peer, f"{self.pipeline.run_id}/{ctx.peer.id}")
+
+    async def approval_prove(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
+        prove(ctx.peer, p.proof)
+        return Empty()
+
+    async def approval_subscribe(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
         peer = ctx.peer
         if not peer.can_approve:
             raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
+        if p.proof is not None:
+            prove(peer, p.proof)
+        if self.config.approvers == "keyed" and not proven(peer):
+            raise InvalidInput('approvers = "keyed": only a connection that proved the approver key can subscribe; '
+                               "send approval/challenge, then approval/subscribe with its proof (memoryctl approve "
+                               "does both)")
         if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
             raise InvalidInput('only a process with a controlling terminal can subscribe as an approver; '
                                'set approvers = "any" in the daemon\'s config to admit others')
@@ -223,6 +265,8 @@ class Service:
             "initialize": self.initialize,
             "approval/decided": self.approval_decided,
             "approval/subscribe": self.approval_subscribe,
+            "approval/challenge": self.approval_challenge,
+            "approval/prove": self.approval_prove,
             "daemon/status": self.status,
             "memory/watch": self.watch,
         }

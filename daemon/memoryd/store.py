@@ -226,21 +226,18 @@ def trusted(conn: sqlite3.Connection) -> bool:
 
 
 def sync_text_index(conn: sqlite3.Connection) -> bool:
-    """At start: unless the store is ``trusted``, rebuild the text index and the counts
-    from the entries. True when it rebuilt. Runs in the caller's transaction."""
+    """At start: unless the store is ``trusted``, rebuild the text index from the entries
+    (foreign.open_chain counts them again, and records why). True when it rebuilt. Runs in
+    the caller's transaction."""
     if trusted(conn):
         return False
     conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
     save_mark(conn, rebuilt=True)
-    conn.execute("DELETE FROM memoryd_usage")
-    counts = ledger_format.cell_usage(conn.execute(ledger_format.SELECT_CELL_TEXTS))
-    conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
-                     [(t, sc, n, u) for (t, sc), (n, u) in counts.items()])
     return True
 
 
 def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
-    """Usage per track × scope as memoryd keeps it (valid once ``sync_text_index`` ran)."""
+    """Usage per track × scope as memoryd keeps it (valid once foreign.open_chain ran)."""
     used: dict[tuple[str, str], int] = dict.fromkeys(GRID, 0)
     for track, scope, n in conn.execute("SELECT track, scope, used FROM memoryd_usage"):
         used[(track, scope)] = int(n)

@@ -103,8 +103,9 @@ MEMORYD_TABLES = (
     "text, content='entries', content_rowid='rowid', tokenize='trigram', columnsize=0)",
     # ... and what memoryd knows of the entries without reading them all: their number and
     # each cell's usage (UTF-16 units), kept in step by memoryd's own writes in the same
-    # transactions. A start trusts them (no index rebuild, no usage scan, no tags scan)
-    # while nobody else wrote: see ``trusted``.
+    # transactions. A start counts the usage again (foreign.open_chain: the budgets are
+    # enforced against it), and trusts the rest (no index rebuild, no tags scan) while
+    # nobody else wrote: see ``trusted``.
     "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
     "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
     # A query's rank order as an index: a page without a text walks it, and stops at the

@@ -10,92 +10,27 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
 
 from .errors import DaemonError
+from .outbound import Outbound
+from .peers import PeerProcess as PeerProcess
+from .peers import peer_credentials as peer_credentials
 from .rundir import check_private_dir, ensure_private_dir
 
 log = logging.getLogger("memoryd.transports")
 
 READ_CHUNK = 65536
-
-
-@dataclass(frozen=True)
-class PeerProcess:
-    """The process on the other end of a connection, as the kernel reports it (not as the
-    client claims). ``pid`` is None when the peer lives in another pid namespace."""
-
-    pid: int | None
-    exe: str | None = None
-    uid: int | None = None
-    #: the stdio relay's own pid, when ``pid`` is the harness behind it (see _behind_relay)
-    via: int | None = None
-
-    @classmethod
-    def of(cls, pid: int, uid: int | None = None, via: int | None = None) -> PeerProcess | None:
-        if pid <= 0:
-            return None if uid is None else cls(None, None, uid)
-        try:
-            exe: str | None = os.readlink(f"/proc/{pid}/exe")
-        except OSError:  # gone already, not ours to inspect, or no /proc
-            exe = None
-        return cls(pid, exe, _proc_uid(pid) if uid is None else uid,
-                   via if via is not None and via > 0 and via != pid else None)
-
-    def pids(self) -> frozenset[int]:
-        """The pid shown and the relay's it came through (empty when the kernel gave none)."""
-        return frozenset(p for p in (self.pid, self.via) if p is not None)
-
-    def interactive(self) -> bool:
-        """Each of its processes has a controlling terminal (and it has a known one)."""
-        pids = self.pids()
-        return bool(pids) and all(has_terminal(pid) for pid in pids)
-
-
-def _proc_uid(pid: int) -> int | None:
-    """The effective uid of ``pid`` from /proc (stdio's parent: no socket to ask)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[2])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """``/proc/<pid>/stat`` after "pid (comm)", which may contain spaces and parens: state, ppid, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-
-
-def has_terminal(pid: int) -> bool:
-    """The process has a controlling terminal (tty_nr is not 0)."""
-    try:
-        return int(_stat_fields(pid)[4]) != 0
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
-    """SO_PEERCRED of a connected Unix socket (or asyncio's wrapper of one): the peer's
-    (pid, uid, gid) at connect time, or None when the kernel cannot say."""
-    try:
-        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except (OSError, AttributeError, struct.error):  # no socket, not a Unix one, or not Linux
-        return None
-    return pid, uid, gid
+#: A long line goes to the transport this much at a time, as the peer reads: the transport
+#: copies what it cannot send at once, and a whole reply copied is the reply held twice.
+WRITE_PIECE = 4 * READ_CHUNK
 
 
 def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
@@ -135,28 +70,6 @@ class RefusalLog:
 
 
 refusals = RefusalLog()
-
-
-def _is_stdio_relay(argv: list[str]) -> bool:
-    """``memoryd serve --stdio`` without ``--standalone``, or ``memoryd mcp`` (console script
-    or ``-m memoryd``)."""
-    is_memoryd = any(os.path.basename(a) == "memoryd" for a in argv[:3]) or "memoryd" in argv[1:3]
-    if is_memoryd and "mcp" in argv[1:4]:
-        return True
-    return is_memoryd and "serve" in argv and "--stdio" in argv and "--standalone" not in argv
-
-
-def _behind_relay(pid: int) -> int:
-    """The process a human should see for a connection: for a stdio relay, the harness that
-    spawned it (its parent), since the relay only copies that harness's lines."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-        if not _is_stdio_relay(argv):
-            return pid
-        ppid = int(_stat_fields(pid)[1])
-    except (OSError, ValueError, IndexError):
-        return pid
-    return ppid if ppid > 1 else pid
 
 
 class SocketInUse(DaemonError):
@@ -309,12 +222,22 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
     """
 
     def __init__(self, on_connect: Callable[[StreamProtocol], None] | None, max_buffered: int = MAX_UNREAD,
-                 *, peer: PeerProcess | None = None) -> None:
+                 *, peer: PeerProcess | None = None, outbound: Outbound | None = None) -> None:
         """``on_connect`` runs once both directions are connected and the peer is let in.
         ``peer`` is given when no socket can say (stdio: our parent); without it the socket's
-        credentials decide, and another user's connection is refused."""
+        credentials decide, and another user's connection is refused. ``outbound``: the
+        daemon-wide cap on unsent output this connection counts towards."""
         self._on_connect = on_connect
         self.max_buffered = max_buffered
+        self._outbound = outbound
+        #: dropped by ``outbound`` for stopping to read: no further request is served
+        self.dropped = False
+        #: output not yet handed to the transport (views of the posted bytes, not copies)
+        self._pending: deque[memoryview] = deque()
+        self._pending_bytes = 0
+        self._out_paused = False  # the transport is at its high-water mark
+        self._closing = False  # close() was called: the writing side closes once fed
+        self._aborted = False
         self._chunks: deque[bytes] = deque()
         self._queued = 0
         self._readable = asyncio.Event()
@@ -333,7 +256,8 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         self.peer: PeerProcess | None = peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if isinstance(transport, asyncio.ReadTransport):
+        # The first to come reads: asyncio's write pipe, which comes second, is a Transport too.
+        if isinstance(transport, asyncio.ReadTransport) and self.transport is None:
             self.transport = transport
         if isinstance(transport, asyncio.WriteTransport):
             self.out = transport
@@ -346,8 +270,8 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
                 assert isinstance(transport, asyncio.Transport)
                 self._refuse(transport, sock, creds)
                 return
-            pid, uid, _gid = creds
-            self.peer = PeerProcess.of(_behind_relay(pid) if pid > 0 else pid, uid, via=pid)
+            # The kernel's facts only: a relay says what it is later (initialize's relay).
+            self.peer = PeerProcess.of(creds[0], creds[1])
         if self._on_connect is not None:
             self._on_connect(self)
 
@@ -390,14 +314,41 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
             self._readable.set()
         if self.out is None or self.out.is_closing():
             self.closed = True
-            self._writable.set()
+            self._pending.clear()
+            self._pending_bytes = 0
+            self.resume_writing()  # nothing is behind any more
             self._sent.set()
 
     def pause_writing(self) -> None:
+        self._out_paused = True
         self._writable.clear()
 
     def resume_writing(self) -> None:
-        self._writable.set()
+        self._out_paused = False
+        self._feed()
+
+    def _feed(self) -> None:
+        """Hand queued output to the transport, a piece at a time, until it pauses again."""
+        out = self.out
+        while self._pending and not self._out_paused and out is not None and not out.is_closing():
+            view = self._pending.popleft()
+            if len(view) > WRITE_PIECE:
+                self._pending.appendleft(view[WRITE_PIECE:])
+                view = view[:WRITE_PIECE]
+            self._pending_bytes -= len(view)
+            out.write(view)
+        if not self._out_paused and (not self._pending or self.closed):
+            self._writable.set()
+            if self._outbound is not None:
+                self._outbound.caught_up(self)
+            if self._closing:
+                # not from here: a pipe calling resume_writing goes on to end itself when closing
+                asyncio.get_running_loop().call_soon(self.close)
+
+    def unsent(self) -> int:
+        """Bytes posted and not yet sent: queued here or in the transport's buffer."""
+        out = self.out
+        return self._pending_bytes + (0 if out is None else out.get_write_buffer_size())
 
     def end_chunks(self) -> None:
         """End ``chunks`` at once, as at EOF, whatever is queued (the drain); replies still go out."""
@@ -424,13 +375,20 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         out = self.out
         if self.closed or out is None or out.is_closing():
             raise BrokenPipeError("the peer is gone")
-        unsent = out.get_write_buffer_size()
+        unsent = self.unsent()
         if unsent > self.max_buffered:
             log.warning("dropping a connection that stopped reading: %d bytes unsent (max_buffered_bytes %d)",
                         unsent, self.max_buffered)
-            out.abort()
+            self._abort_out()  # only the writing side: what was read is still served
             raise BrokenPipeError("the peer stopped reading")
-        out.write(data)
+        if self._writable.is_set() and len(data) <= WRITE_PIECE:
+            out.write(data)  # the common case: the transport sends it at once
+        else:
+            self._pending.append(memoryview(data))
+            self._pending_bytes += len(data)
+            self._feed()
+        if not self._writable.is_set() and self._outbound is not None:
+            self._outbound.behind(self)  # behind now, or more output while behind
 
     async def drain(self) -> None:
         if not self._writable.is_set():
@@ -440,6 +398,13 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
 
     def close(self) -> None:
         """Stop reading; what is queued still goes out, then the writing side closes."""
+        self._closing = True
+        if self._pending and self.out is not None and not self.out.is_closing():
+            if isinstance(self.transport, asyncio.WriteTransport):
+                self.transport.pause_reading()  # a socket: one transport both ways
+            elif self.transport is not None:
+                self.transport.close()  # stdio's read pipe
+            return  # _feed closes the rest once the queue is in the transport
         for t in {self.transport, self.out}:
             if t is not None:
                 t.close()
@@ -450,10 +415,23 @@ class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
         if self.out is not None:
             await self._sent.wait()
 
+    def drop(self) -> None:
+        """Close now, dropping what is unsent and what was read but not served yet."""
+        self.dropped = True
+        self.end_chunks()
+        self.abort()
+
+    def _abort_out(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
+        # once only: asyncio's pipes fail when aborted again before they are lost
+        if self.out is not None and not self._sent.is_set() and not self._aborted:
+            self._aborted = True
+            self.out.abort()
+
     def abort(self) -> None:
         """Close both directions now, dropping what is unsent."""
-        if self.out is not None and not self._sent.is_set():  # (asyncio's pipes fail once lost)
-            self.out.abort()
+        self._abort_out()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # a read pipe (a socket's transport is aborted above)
 
@@ -577,12 +555,13 @@ async def _connect_stdio(proto: StreamProtocol, in_fd: int, out_fd: int) -> None
 
 
 @contextlib.asynccontextmanager
-async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD) -> AsyncIterator[StreamProtocol]:
+async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD, *,
+                       outbound: Outbound | None = None) -> AsyncIterator[StreamProtocol]:
     """stdio as a :class:`StreamProtocol` whose peer is our parent. On exit unsent bytes are
     dropped (``finish`` first to send them), and the descriptors, shared with the parent,
     stay open and get their blocking mode back."""
     saved = [(fd, os.get_blocking(fd)) for fd in (in_fd, out_fd)]
-    proto = StreamProtocol(None, max_buffered, peer=PeerProcess.of(os.getppid()))
+    proto = StreamProtocol(None, max_buffered, peer=PeerProcess.of(os.getppid()), outbound=outbound)
     try:
         await _connect_stdio(proto, in_fd, out_fd)
         yield proto

@@ -40,6 +40,8 @@ class Tx:
     #: the text index's mark, once read (``store.text_mark_of``)
     mark: int | None = None
     mark_read: bool = False
+    #: the entries' number, when this transaction counted them again (foreign.recount)
+    entries: int | None = None
 
     def save(self) -> Saved:
         """What ``restore`` puts back when the savepoint around a step is rolled back."""

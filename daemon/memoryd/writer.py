@@ -41,7 +41,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from memoryd_protocol.types import Entry
 
-from . import ledger, queries, store, storefile
+from . import foreign, ledger, queries, store, storefile
 from .atomic import atomic, begin, commit, rollback
 from .owned import Owned
 from .store import store_fault
@@ -147,6 +147,7 @@ class Writer:
         self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
         self.anchor = anchor if anchor is not None else ledger.Anchor()
+        self._watch = foreign.Watch.of(self._owned.conn)  # whether another program wrote since
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
@@ -183,13 +184,15 @@ class Writer:
         conn.execute("PRAGMA busy_timeout = 0")
 
     @classmethod
-    async def open(cls, path: Path, version: int, busy_timeout_ms: int) -> Writer:
+    async def open(cls, path: Path, version: int, busy_timeout_ms: int,
+                   witnessed: tuple[int, str] | None = None) -> Writer:
         """Open (and migrate) the store on the writer's own new thread, begin the ledger's
-        chain if it has none, and read the committed usage."""
+        chain if it has none or reconcile what another program changed (foreign.open_chain;
+        ``witnessed``: the head the last run stopped at), and read the committed usage."""
         owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
-                await owned.run(ledger.open_chain)
+                await owned.run(lambda c: foreign.open_chain(c, witnessed))
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
             usage = await owned.run(store.stored_usage)
@@ -326,6 +329,10 @@ class Writer:
             await self._flush()
         await self._bookkeeping_committed()
 
+    async def look_outside(self) -> None:
+        """Return once a batch begun after this call has checked for others' writes."""
+        await self._flush()
+
     async def idle(self) -> None:
         """Return once no job is queued or committing (``depth`` 0)."""
         if self.depth:
@@ -439,6 +446,10 @@ class Writer:
             with anyio.CancelScope(shield=True):
                 await self._begin(conn, durable)
                 tx = self.anchor.begin(conn, self._usage)
+                moved = self._watch.changed(conn)
+                head_n = self.anchor.head[0] if self.anchor.head else 0
+                if moved is not None and not await self._owned.run(lambda c: foreign.check(tx, head_n)):
+                    moved = None  # not accounted for: the next batch looks again
                 self._since = time.perf_counter()
                 for d in deferred:
                     error = (await self._step(tx, d.fn))[1]
@@ -468,8 +479,10 @@ class Writer:
                 full = durable and self._tail_is_full(conn)
                 await self._owned.run(commit)
             self.anchor.committed(tx)
+            if moved is not None:
+                self._watch.version = moved
             self._usage = tx.usage
-            self.entries += added
+            self.entries = (self.entries if tx.entries is None else tx.entries) + added
             self._tail_full = full
         except BaseException as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed

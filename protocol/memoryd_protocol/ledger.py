@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 
+from .approval_types import ProcessFacts
 from .text import utf16_len
 from .types import (
     ApprovalAsked,
@@ -37,7 +38,7 @@ from .types import (
 
 #: Runs one SELECT of this module and returns its rows (the caller's sqlite3 connection).
 Fetch = Callable[[str], Iterable[Sequence[Any]]]
-Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal"]
+Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal", "foreign", "accepted"]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -145,8 +146,12 @@ class DecidedBody(_Body):
     outcome: str
     #: the connection that decided; None when nobody did (timeout, disconnect, shutdown)
     connection: str | None
+    #: who decided as the deciding client claims it: a claim, never the daemon's finding
     by: ApprovalBy | None
     policy: str
+    #: the deciding process as the kernel showed it when the decision arrived (absent in
+    #: rows of an older memoryd)
+    decider: ProcessFacts | None = None
 
 
 class FailedBody(_Body):
@@ -161,10 +166,51 @@ class FailedBody(_Body):
     entry_id: str | None = None
 
 
-Body = StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody | ProposalBody
+class ForeignBody(_Body):
+    """A change another program made to the store, found by memoryd (at start, or before a
+    write, when SQLite's data_version says another connection committed). memoryd chains
+    this row onto the store as it found it: what the other program did stays readable and
+    is never presented as approved through memoryd. ``audit verify`` reports the row until
+    an ``accepted`` row names it.
+
+    Replay applies its difference: the state (entries and proposals, :func:`state_digest`)
+    was ``before`` as the chain had it, and is ``after`` as found."""
+
+    #: what changed, in words (the WARNING the daemon logged)
+    note: str
+    #: ledger rows another program appended after this daemon's newest (their n)
+    ledger_rows: list[int]
+    #: audit rows no memoryd row chains (a dsh-memento write leaves one): their seqs, and
+    #: their count and digest as found
+    audit_seqs: list[int]
+    audit: PreChain | None
+    before: str
+    after: str
+    #: entries added or changed, as found, and the ids of those gone
+    entries: list[LedgerEntry]
+    removed: list[str]
+    proposals: list[Proposal]
+    removed_proposals: list[str]
+    #: the cells whose memoryd_usage differed from their entries: "track/scope" →
+    #: [entries, used] as stored, then as counted (the counted values are enforced from here)
+    usage: dict[str, list[int]]
+
+
+class AcceptedBody(_Body):
+    """A person accepted a ``foreign`` row (``audit/accept``), over this connection; the
+    accepting process as the kernel showed it when the acceptance arrived."""
+
+    foreign: int
+    connection: str | None
+    decider: ProcessFacts
+
+
+Body = (StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody | ProposalBody | ForeignBody
+        | AcceptedBody)
 _BODY_TYPES: dict[str, type[Body]] = {
     "start": StartBody, "connection": LedgerConnection, "audit": AuditBody, "asked": AskedBody,
-    "decided": DecidedBody, "failed": FailedBody, "proposal": ProposalBody,
+    "decided": DecidedBody, "failed": FailedBody, "proposal": ProposalBody, "foreign": ForeignBody,
+    "accepted": AcceptedBody,
 }
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -192,6 +238,13 @@ def ledger_entry(e: Entry) -> LedgerEntry:
 def audit_fields(body: AuditBody) -> AuditRow:
     """The audit row a body repeats."""
     return AuditRow(**{f: getattr(body, f) for f in AuditRow.__struct_fields__})
+
+
+def state_digest(entries: Iterable[LedgerEntry], proposals: Iterable[Proposal]) -> str:
+    """The sha256 of the entries and proposals, each in id order: what a ``foreign`` row's
+    ``before`` and ``after`` name."""
+    return hashlib.sha256(_encoder.encode([sorted(entries, key=lambda e: e.id),
+                                           sorted(proposals, key=lambda p: p.id)])).hexdigest()
 
 
 def text_hash(text: str) -> str:

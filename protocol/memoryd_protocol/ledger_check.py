@@ -24,12 +24,14 @@ from .ledger import (
     SELECT_SNAPSHOTS,
     SELECT_USAGE,
     SELECT_USAGE_TABLE,
+    AcceptedBody,
     AskedBody,
     AuditBody,
     Body,
     DecidedBody,
     FailedBody,
     Fetch,
+    ForeignBody,
     LedgerRow,
     ProposalBody,
     StartBody,
@@ -43,6 +45,7 @@ from .ledger import (
     proposals_from,
     rows_from,
     snapshots_from,
+    state_digest,
     text_hash,
 )
 from .types import (
@@ -67,6 +70,64 @@ _ADDS = frozenset({"add", "consolidate-add", "replace"})
 _REMOVES = frozenset({"remove", "consolidate-remove"})
 
 
+class Replay:
+    """The entries and proposals as the chain has them, one row after another. The rows a
+    ``foreign`` row names as another program's are not replayed: that row's difference
+    holds what they did."""
+
+    def __init__(self, ledger: Sequence[LedgerRow]) -> None:
+        self.entries: dict[str, LedgerEntry] = {}
+        self.proposals: dict[str, Proposal] = {}
+        #: the rows (n) foreign rows name
+        self.outside: set[int] = set()
+        for row in ledger:
+            if row.kind == "foreign":
+                try:
+                    body = decode(row)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue  # verify reports it when it reaches the row
+                if isinstance(body, ForeignBody):
+                    self.outside.update(n for n in body.ledger_rows if n < row.n)
+
+    def apply(self, row: LedgerRow, body: Body) -> bool:
+        """Replay one row; False when it is another program's (not replayed)."""
+        if row.n in self.outside:
+            return False
+        if isinstance(body, StartBody):
+            self.entries = {e.id: e for e in body.entries}
+            self.proposals = {p.id: p for p in body.proposals}
+        elif isinstance(body, ProposalBody):
+            if body.replaces is not None:
+                self.proposals.pop(body.replaces, None)
+            self.proposals[body.proposal.id] = body.proposal
+        elif isinstance(body, AuditBody):
+            _replay(self.entries, body)
+        elif isinstance(body, ForeignBody):
+            for eid in body.removed:
+                self.entries.pop(eid, None)
+            self.entries.update((e.id, e) for e in body.entries)
+            for pid in body.removed_proposals:
+                self.proposals.pop(pid, None)
+            self.proposals.update((p.id, p) for p in body.proposals)
+        return True
+
+    def digest(self) -> str:
+        return state_digest(self.entries.values(), self.proposals.values())
+
+
+def replay(ledger: Sequence[LedgerRow]) -> Replay:
+    """The state the chain gives (rows whose body cannot be read are skipped: verify
+    reports them)."""
+    state = Replay(ledger)
+    for row in ledger:
+        try:
+            body = decode(row)
+        except (KeyError, msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        state.apply(row, body)
+    return state
+
+
 class _Verifier:
     def __init__(self) -> None:
         self.problems: list[LedgerProblem] = []
@@ -75,13 +136,15 @@ class _Verifier:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(LedgerProblem(n=n, seq=seq, reason=reason))
 
-    def head(self, ledger: Sequence[LedgerRow], head: tuple[int, str] | None) -> None:
-        """The row the daemon remembers as its newest must be there as it wrote it."""
+    def head(self, ledger: Sequence[LedgerRow], head: tuple[int, str] | None, lost: str | None = None) -> None:
+        """The row the daemon remembers as its newest must be there as it wrote it. ``lost``:
+        how the daemon found it gone ("missing", "changed"), which a row written at that n
+        since (the daemon's own next row, say) must not turn into another finding."""
         if head is None:
             return
         n, want = head
         have = next((r.hash for r in reversed(ledger) if r.n == n), None)
-        if have is None:
+        if have is None or lost == "missing":
             self.problem(f"ledger row {n}, the last this daemon wrote, is missing: the ledger was truncated", n)
         elif have != want:
             self.problem(f"ledger row {n}, the last this daemon wrote, was changed: the ledger was rewritten", n)
@@ -89,8 +152,8 @@ class _Verifier:
 
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
            snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
-           provenance: Iterable[Provenance] | None = None, proposals: Iterable[Proposal] | None = None
-           ) -> LedgerReport:
+           provenance: Iterable[Provenance] | None = None, proposals: Iterable[Proposal] | None = None,
+           lost: str | None = None) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
     unchanged, that replaying the ledger from its start gives the live entries, and that
     every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
@@ -108,22 +171,22 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
         note = "the store has no ledger rows yet"
         if audit_by_seq:
             v.problem(f"{len(audit_by_seq)} audit rows and no ledger: nothing proves them")
-        v.head(ledger, head)
+        v.head(ledger, head, lost)
         return LedgerReport(ok=not v.problems, rows=0, audit_rows=0, after_audit_seq=max(audit_by_seq, default=0),
                             note=note, head="", problems=v.problems)
     prev = ""
-    replayed: dict[str, LedgerEntry] = {}
-    proposed: dict[str, Proposal] = {}
+    state = Replay(ledger)
     #: id → [created_at, updated_at, session_id] as the ledger's rows give them
     written: dict[str, list[Any]] = {}
     chained: set[int] = set()
     #: session id → (ledger n, audit seq, text) of its chained snapshot row
     recorded: dict[str, tuple[int, int, str]] = {}
+    #: foreign rows (n) and the accepted rows that name them
+    foreign: dict[int, str] = {}
+    accepted: set[int] = set()
     start: StartBody | None = None
     broken = False
     for expected_n, row in enumerate(ledger, start=1):
-        if broken:
-            break
         if row.n != expected_n:
             v.problem(f"ledger row {expected_n} is missing (the next row is {row.n})", expected_n)
             broken = True
@@ -144,23 +207,34 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             v.problem(f"the row's body cannot be read: {exc}", row.n)
             broken = True
             break
-        if row.n == 1:
-            if not isinstance(body, StartBody):
-                v.problem("the first ledger row is not the chain's start", row.n)
-                broken = True
-                break
-            start = body
-            replayed = {e.id: e for e in body.entries}
-            proposed = {p.id: p for p in body.proposals}
-            continue
-        if isinstance(body, StartBody):
+        if row.n == 1 and not isinstance(body, StartBody):
+            v.problem("the first ledger row is not the chain's start", row.n)
+            broken = True
+            break
+        if row.n > 1 and isinstance(body, StartBody):
             v.problem("a second start row: the chain restarts here", row.n)
             broken = True
             break
-        if isinstance(body, ProposalBody):
-            if body.replaces is not None:
-                proposed.pop(body.replaces, None)
-            proposed[body.proposal.id] = body.proposal
+        if isinstance(body, StartBody):
+            start = body
+        if isinstance(body, ForeignBody) and row.n not in state.outside:
+            if state.digest() != body.before:
+                v.problem("the entries and proposals before this change made outside memoryd differ from the "
+                          "chain's", row.n)
+            now = audit_digest(audit_by_seq[seq] for seq in body.audit_seqs if seq in audit_by_seq)
+            if body.audit is not None and now != body.audit:
+                v.problem("the audit rows this change made outside memoryd wrote were changed or deleted since", row.n)
+            chained.update(body.audit_seqs)
+            foreign[row.n] = body.note
+        if isinstance(body, AcceptedBody):
+            if body.foreign not in foreign:
+                v.problem(f"the row accepts ledger row {body.foreign}, which records no change made outside memoryd",
+                          row.n)
+            accepted.add(body.foreign)
+        if not state.apply(row, body):
+            continue
+        if isinstance(body, ForeignBody) and state.digest() != body.after:
+            v.problem("replaying this change made outside memoryd does not give the state it recorded", row.n)
         if isinstance(body, AuditBody):
             if row.audit_seq != body.seq:
                 v.problem("the row names another audit row than its body", row.n, body.seq)
@@ -170,10 +244,14 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             elif stored != audit_fields(body):
                 v.problem(f"audit row {body.seq} was changed after it was written", row.n, body.seq)
             chained.add(body.seq)
-            _replay(replayed, body)
             _provenance(written, body)
             if body.action == "snapshot" and body.session_id is not None:
                 recorded[body.session_id] = (row.n, body.seq, body.text or "")
+    for n, note in foreign.items():
+        if n not in accepted:
+            v.problem(f"ledger row {n} records a change another program made to the store, not accepted yet: "
+                      f"{note}. Check it, then run memoryctl audit accept {n}", n)
+    replayed, proposed = state.entries, state.proposals
     assert start is not None or broken
     after = start.after_audit_seq if start is not None else 0
     if start is not None and start.earlier_audit is not None:
@@ -215,7 +293,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
         if proposals is not None:
             _compare(v, "proposal", proposed, {p.id: p for p in proposals},
                      lambda _, want, have: [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)])
-    v.head(ledger, head)
+    v.head(ledger, head, lost)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
 
@@ -276,11 +354,26 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
         return LedgerDecision(
             approval=approval, outcome=d.outcome if d else None, policy=d.policy if d else None,
             decided_by=connections.get(d.connection) if d and d.connection else None,
-            by=d.by if d else None, reason=a.asked.reason if a else None, failed=f.code if f else None)
+            by=d.by if d else None, reason=a.asked.reason if a else None, failed=f.code if f else None,
+            decider=d.decider if d else None)
 
     events: list[LedgerEvent] = []
     texts: list[str] = []
+    outside = Replay(ledger).outside
     for row, b in bodies:
+        if row.n in outside:
+            continue  # another program's rows: the foreign row after them says what they did
+        if isinstance(b, ForeignBody):
+            for e in b.entries:
+                if e.id == entry_id:
+                    texts.append(e.text)
+                    events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="written-outside-memoryd",
+                                              outcome=None, text=e.text, session_id=None, asked_by=None,
+                                              decision=None))
+            if entry_id in b.removed:
+                events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="deleted-outside-memoryd",
+                                          outcome=None, text=None, session_id=None, asked_by=None, decision=None))
+            continue
         if isinstance(b, StartBody):
             for e in b.entries:
                 if e.id == entry_id:
@@ -352,20 +445,43 @@ def usage_problems(kept: Iterable[Sequence[Any]], texts: Iterable[Sequence[Any]]
     return problems
 
 
-def read_report(fetch: Fetch, head: tuple[int, str] | None = None) -> LedgerReport:
+def heads_problems(found: Mapping[int, str], witnessed: Iterable[tuple[int, str]]) -> list[LedgerProblem]:
+    """Each head witnessed outside the store (n, hash) that the chain no longer holds as
+    witnessed; ``found``: the hash of each of those rows the store has."""
+    problems = []
+    for n, want in witnessed:
+        have = found.get(n)
+        if have is None:
+            problems.append(LedgerProblem(n=n, reason=(
+                f"ledger row {n}, a head witnessed outside the store, is missing: the ledger was truncated")))
+        elif have != want:
+            problems.append(LedgerProblem(n=n, reason=(
+                f"ledger row {n} is not the head witnessed outside the store: the ledger was rewritten")))
+    return problems
+
+
+def with_problems(report: LedgerReport, extra: Sequence[LedgerProblem]) -> LedgerReport:
+    """``report`` with ``extra`` problems after its own (at most MAX_PROBLEMS in all)."""
+    if not extra:
+        return report
+    return msgspec.structs.replace(report, ok=False, problems=[*report.problems, *extra][:MAX_PROBLEMS])
+
+
+def read_report(fetch: Fetch, head: tuple[int, str] | None = None,
+                witnessed: Sequence[tuple[int, str]] = (), lost: str | None = None) -> LedgerReport:
     """:func:`verify` of a store, its rows read by ``fetch`` (SQL → rows), which the caller
-    runs inside one read transaction so that all its reads see the same moment; and the
-    budgets' counter recomputed from the entries (:func:`usage_problems`)."""
-    report = verify(rows_from(fetch(SELECT_LEDGER)), audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
+    runs inside one read transaction so that all its reads see the same moment; the
+    budgets' counter recomputed from the entries (:func:`usage_problems`); and the heads
+    ``witnessed`` outside the store (:func:`heads_problems`)."""
+    ledger = rows_from(fetch(SELECT_LEDGER))
+    report = verify(ledger, audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
                     snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
                     [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
-                     for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)))
-    if fetch(SELECT_USAGE_TABLE):
-        extra = usage_problems(fetch(SELECT_USAGE), fetch(SELECT_CELL_TEXTS))
-        if extra:
-            report.problems = [*report.problems, *extra][:MAX_PROBLEMS]
-            report.ok = False
-    return report
+                     for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)), lost)
+    extra = usage_problems(fetch(SELECT_USAGE), fetch(SELECT_CELL_TEXTS)) if fetch(SELECT_USAGE_TABLE) else []
+    if witnessed:
+        extra += heads_problems({r.n: r.hash for r in ledger}, witnessed)
+    return with_problems(report, extra)
 
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:

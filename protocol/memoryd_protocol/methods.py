@@ -23,6 +23,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from . import approval_types as apt
+from . import audit_types as at
 from . import types as t
 from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES, MAX_WATCHED_SESSIONS
 from .mcp_wire import McpAttachParams, McpAttachResult
@@ -147,9 +149,22 @@ _ROWS: Final = (
         ("INVALID_INPUT",),
     ),
     Method(
-        "approval/subscribe", t.EmptyParams, t.Empty, "lifecycle",
+        "approval/subscribe", apt.ApprovalProofParams, t.Empty, "lifecycle",
         "Make this connection an approver: approvals of connections that declared "
-        "capabilities.approvals false are asked here.",
+        "capabilities.approvals false are asked here. Under approvers \"keyed\" it must prove "
+        "the approver key first (approval/prove), or here with proof.",
+        ("INVALID_INPUT",),
+    ),
+    Method(
+        "approval/challenge", t.EmptyParams, apt.ApprovalChallenge, "lifecycle",
+        "A fresh nonce for this connection, to prove the approver key with (approval/prove, or "
+        "approval/subscribe's proof) once, within a minute.",
+        ("INVALID_INPUT",),
+    ),
+    Method(
+        "approval/prove", apt.ApprovalProofParams, t.Empty, "lifecycle",
+        "Prove the approver key for this connection: proof answers its last approval/challenge. "
+        "Under approvers \"keyed\" only a connection that did may decide approvals.",
         ("INVALID_INPUT",),
     ),
     Method("daemon/status", t.EmptyParams, t.DaemonStatus, "lifecycle",
@@ -164,11 +179,20 @@ _ROWS: Final = (
         ("INVALID_INPUT",),
     ),
     Method(
-        "audit/verify", t.EmptyParams, t.LedgerReport, "read",
+        "audit/verify", at.AuditVerifyParams, t.LedgerReport, "read",
         "Check the ledger: its hash chain, that every audit row since the chain's start is in it "
-        "unchanged, and that replaying it from its start gives the live entries. ok false names the "
-        "first break in problems[0].",
-        (),
+        "unchanged, that replaying it from its start gives the live entries, that memoryd_usage "
+        "counts the entries, that every change made outside memoryd was accepted, and that each "
+        "of heads (witnessed outside the store) is still in the chain. ok false names the first "
+        "break in problems[0].",
+        ("INVALID_INPUT",),
+    ),
+    Method(
+        "audit/accept", at.AuditAcceptParams, at.AuditAccepted, "lifecycle",
+        "Accept a change another program made to the store (a 'foreign' ledger row, which "
+        "audit/verify reports until then): an 'accepted' row records it, with this connection. "
+        "Only a connection that may decide approvals may accept.",
+        ("INVALID_INPUT",),
     ),
     Method(
         "audit/explain", t.AuditExplainParams, t.EntryLife, "read",

@@ -124,6 +124,13 @@ def default_config_path() -> Path:
     return base / "config.toml"
 
 
+def default_heads_path() -> Path | None:
+    """``$XDG_STATE_HOME/memoryd/heads``: where the daemon witnesses its ledger's heads
+    (memoryd.heads); None off Linux."""
+    base = _xdg("XDG_STATE_HOME", ".local/state")
+    return None if base is None else base / "heads"
+
+
 #: The daemon's log, next to its socket, when a starter (the relay, ``serve --detach``,
 #: memoryctl's autostart) ran it detached.
 LOG_NAME = "memoryd.log"
@@ -140,5 +147,87 @@ def owner_record_path(db: Path) -> Path:
     return db.with_name(db.name + ".memoryd-owner")
 
 
-__all__ = ["LOG_NAME", "absolute_str", "default_config_path", "default_config_str", "default_db_path", "default_socket", "default_socket_path",
-           "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path", "runtime_dir"]
+# --- the approver key (approvers = "keyed") ---------------------------------------------------
+
+APPROVER_KEY_NAME = "approver.key"
+#: what an approver's proof is the HMAC of: this tag, the nonce, the connection, the pid
+PROOF_TAG = "memoryd-approver-v1"
+
+
+class ApproverKeyError(ValueError):
+    """The approver key cannot be used: missing, not private, or not a key (the message says
+    which, and what to do)."""
+
+
+def approver_key_path() -> Path:
+    """``$XDG_CONFIG_HOME/memoryd/approver.key``: the key both the daemon and a keyed
+    approver read (they run as one user)."""
+    return default_config_path().with_name(APPROVER_KEY_NAME)
+
+
+def read_approver_key(path: Path) -> bytes:
+    """The key in ``path``: a regular file of this user's, readable by nobody else, holding
+    64 hex digits. Never through a symbolic link, which another path could be swapped in for."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ApproverKeyError(f"the approver key {path} does not exist: create it with memoryctl approve "
+                               "--init-key") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ApproverKeyError(f"the approver key {path} is a symbolic link: put the key file itself there "
+                                   "(memoryctl approve --init-key makes one)") from None
+        raise ApproverKeyError(f"cannot read the approver key {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ApproverKeyError(f"the approver key {path} is not a regular file: remove it and run memoryctl "
+                                   "approve --init-key")
+        if st.st_uid != os.geteuid():
+            raise ApproverKeyError(f"the approver key {path} is owned by uid {st.st_uid}, not {os.geteuid()}: "
+                                   "remove it and run memoryctl approve --init-key")
+        if st.st_mode & 0o077:
+            raise ApproverKeyError(f"the approver key {path} is readable by group or others (mode "
+                                   f"{stat.S_IMODE(st.st_mode):04o}): chmod 600 {path}, or remove it and run "
+                                   "memoryctl approve --init-key")
+        text = os.read(fd, 256).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32 or len(text) != 64:
+        raise ApproverKeyError(f"the approver key {path} is not a memoryd approver key (64 hex digits): remove it "
+                               "and run memoryctl approve --init-key")
+    return key
+
+
+def create_approver_key(path: Path) -> None:
+    """Write a new random key to ``path`` (mode 0600, its directory made 0700 if missing);
+    FileExistsError when there is one already: replacing a key is the user's decision."""
+    import secrets
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (secrets.token_hex(32) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
+    """``approval/prove``'s proof of ``key`` for one challenge (approval_types.ApprovalChallenge):
+    hex HMAC-SHA256 of the tag, nonce, connection and pid, NUL-separated."""
+    import hashlib
+    import hmac
+
+    message = "\0".join((PROOF_TAG, nonce, connection, str(pid))).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+__all__ = ["APPROVER_KEY_NAME", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "absolute_str", "approver_key_path", "approver_proof", "create_approver_key", "default_config_path", "default_config_str", "default_db_path", "default_heads_path", "default_socket", "default_socket_path",
+           "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path", "read_approver_key", "runtime_dir"]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from .approval_types import ProcessFacts, RelayInfo
 from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, MAX_QUERY_TEXT_UNITS, Scope, Track, WritePolicy
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
@@ -34,8 +35,6 @@ class _Out(msgspec.Struct, rename="camel", kw_only=True):
 
 
 # --- protocol data -----------------------------------------------------------------------
-
-
 class Entry(_Out):
     id: str
     track: Track
@@ -107,8 +106,6 @@ class ExportEnvelope(_Env):
 
 
 # --- context objects ---------------------------------------------------------------------
-
-
 class Header(_Env):
     cwd: str | None = None
     agent_preset: str | None = None
@@ -137,12 +134,11 @@ class Capabilities(_Env):
 
 
 # --- method params -----------------------------------------------------------------------
-
-
 class InitializeParams(_Env):
     protocol: str | None = None
     client: ClientInfo | None = None
     capabilities: Capabilities | None = None
+    relay: RelayInfo | None = None
 
 
 class AddParams(_Env):
@@ -279,8 +275,8 @@ class ProposalDismissParams(_Env):
 
 
 class ApprovalBy(_In):
-    """Who decided, as the deciding client claims it: a human at a prompt, a policy of the
-    client's own (e.g. fail closed without a terminal), or a script (``--yes``)."""
+    """Who decided, as the deciding client claims it (never checked): a human at a prompt, a
+    policy of the client's own (e.g. fail closed without a terminal), or a script (``--yes``)."""
 
     kind: Literal["human", "policy", "script"]
     name: Annotated[str, Meta(min_length=1, max_length=MAX_BY_NAME)] | None = None
@@ -295,8 +291,6 @@ class ApprovalDecidedParams(_Env):
 
 
 # --- results -----------------------------------------------------------------------------
-
-
 class ServerInfo(_Out):
     name: str
     version: str
@@ -308,6 +302,8 @@ class InitializeResult(_Out):
     schema_version: int
     write_policy: WritePolicy
     budgets: list[BudgetRow]
+    #: the daemon's ``approvers``: "keyed" asks approvers to prove the approver key
+    approvers: Literal["interactive", "any", "keyed"] = "interactive"
 
 
 class WriteResult(_Out):
@@ -379,8 +375,6 @@ class ConnectionInfo(_Out):
 
 
 # --- the ledger (audit/verify, audit/explain) ---------------------------------------------
-
-
 class LedgerEntry(_Out):
     """An entry as the ledger proves it: what replay compares with the live store."""
 
@@ -396,7 +390,9 @@ class LedgerEntry(_Out):
 
 
 class LedgerConnection(_Out):
-    """A connection as the ledger recorded it, before the first row that names it."""
+    """A connection as the ledger recorded it, before the first row that names it: ``pid`` to
+    ``session`` the kernel's facts of its socket's process at connect (a relay's own, not its
+    harness's); ``client`` and ``harness`` are claims."""
 
     #: ``<run>/<id>``: the daemon run (a fresh id each start) and the connection's number
     ref: str
@@ -408,6 +404,10 @@ class LedgerConnection(_Out):
     exe: str | None
     client: ClientInfo | None
     opened_at: int
+    start: int | None = None
+    tty: str | None = None
+    session: int | None = None
+    harness: int | None = None
 
 
 class LedgerProblem(_Out, omit_defaults=True):
@@ -442,6 +442,8 @@ class LedgerDecision(_Out):
     reason: str | None
     #: the error code, when the approved write then failed to commit
     failed: str | None
+    #: the deciding process as the kernel showed it when the decision arrived
+    decider: ProcessFacts | None = None
 
 
 class LedgerEvent(_Out):
@@ -488,8 +490,6 @@ class Empty(_Out):
 
 
 # --- notifications (daemon → client) -----------------------------------------------------
-
-
 class ApprovalEntry(_Out):
     """One entry of a seed/import batch, as the approval shows it."""
 

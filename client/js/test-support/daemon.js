@@ -117,13 +117,57 @@ export async function startDaemon({ policy = 'auto', config, extraArgs = [], dir
 }
 
 /**
- * `spawn()` options for a connection that is not this process's: the stdio relay
- * (`memoryd serve --stdio`) under a shell that stays its parent, so the daemon sees neither
- * this process's pid nor a relay whose parent it is. A subscribed approver is never asked
- * about a write of its own process; this is how a test puts an approver in another one.
+ * Copies its stdin to a connection to the socket argv[1] and that connection to its stdout,
+ * the connection made and held by a grandchild reparented once its parent exited: neither
+ * this process's descendant nor its ancestor. The process spawn() sees waits for it.
+ */
+const DETACHED_PEER = `
+import os, select, socket, sys
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    middle = os.getpid()
+    if os.fork():
+        os._exit(0)
+    try:
+        pidfd = os.pidfd_open(middle)
+    except ProcessLookupError:
+        pidfd = None
+    if pidfd is not None:
+        select.select([pidfd], [], [])  # the middle process exited: this one was reparented
+        os.close(pidfd)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    reading = [0, s]
+    while s in reading:
+        for f in select.select(reading, [], [])[0]:
+            if f == 0:
+                data = os.read(0, 65536)
+                if data:
+                    s.sendall(data)
+                else:
+                    reading.remove(0)
+                    s.shutdown(socket.SHUT_WR)
+            else:
+                data = s.recv(65536)
+                if not data:
+                    reading.remove(s)
+                while data:
+                    data = data[os.write(1, data):]
+    os._exit(0)
+os.close(w)
+os.read(r, 1)  # EOF: the process that held the connection exited
+`;
+
+/**
+ * `spawn()` options for a connection that is not this process's nor a relative's: a process
+ * of its own (DETACHED_PEER) makes it and copies the bytes, so the daemon sees a pid that
+ * is neither this process, its ancestor nor its descendant. A subscribed approver is never
+ * asked about a write of its own process or its relatives'; this is how a test puts an
+ * approver in another one.
  */
 export function foreignRelay(socketPath) {
-  return { command: 'sh', args: ['-c', '"$@"; exit $?', 'sh', pythonCommand(), '-m', 'memoryd', 'serve', '--stdio', '--socket', socketPath], env: daemonEnv(), stderr: 'pipe' };
+  return { command: pythonCommand(), args: ['-I', '-S', '-c', DETACHED_PEER, socketPath], env: daemonEnv(), stderr: 'pipe' };
 }
 
 /** Config text that admits subscribed approvers without a terminal (the tests have none). */

@@ -17,7 +17,7 @@ from typing import Any
 from memoryd_protocol.types import ApprovalAsked, ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from ..connection import Connection
-from ..transports import PeerProcess
+from ..peers import PeerProcess
 
 log = logging.getLogger("memoryd.mcp")
 

@@ -1,0 +1,130 @@
+"""``memoryctl audit``: the ledger's rows, its verification (with witnessed heads), one
+entry's life, the heads themselves, and accepting a change made outside memoryd."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import msgspec
+from memoryd_protocol import types as T
+from memoryd_protocol.audit_types import WitnessedHead, parse_heads
+from memoryd_protocol.paths import default_heads_path
+
+from . import render
+from .client import Client
+from .prompt import Terminal
+from .running import EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, Ctx, UsageError, _error
+
+
+def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
+    ctx.result(report, lambda: render.ledger_report(report))
+    return EXIT_OK if report.ok else EXIT_PROTOCOL
+
+
+def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
+    ctx.result(life, lambda: render.entry_life(life))
+    return EXIT_OK
+
+
+def _heads(ctx: Ctx, store: str, path: str | None) -> list[WitnessedHead]:
+    """The heads ``path`` (default: the daemon's heads file) witnessed for ``store``."""
+    file = Path(path) if path else default_heads_path()
+    if file is None:
+        raise UsageError("this platform has no default heads file: name one with --heads FILE")
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        if path:
+            raise UsageError(f"--heads {path}: no such file") from None
+        return []
+    except OSError as exc:
+        raise UsageError(f"{file}: {exc.strerror or exc}") from None
+    return parse_heads(data, str(Path(store).resolve()))
+
+
+def _show_heads(ctx: Ctx, store: str, heads: list[WitnessedHead]) -> int:
+    """One JSON line per head, the heads file's own format: ``--heads`` reads a copy back."""
+    ctx.result(heads, lambda: "\n".join(msgspec.json.encode(h).decode() for h in heads) if heads
+               else f"no heads witnessed for {store} yet")
+    return EXIT_OK
+
+
+def _pairs(heads: list[WitnessedHead]) -> list[tuple[int, str]]:
+    return [(h.n, h.hash) for h in heads]
+
+
+async def _confirm(ctx: Ctx, n: int, problem: str) -> bool:
+    """Show what is being accepted and ask; ``--yes`` accepts without asking."""
+    print(f"ledger row {n}: {problem}", file=sys.stderr)
+    if ctx.args.yes:
+        return True
+    term = Terminal.open()
+    if term is None:
+        raise UsageError("accepting a change needs a terminal to confirm it; pass --yes to accept without asking")
+    try:
+        term.flush_input()
+        term.write("Accept this change as yours? [y/N] ")
+        answer = await term.readline()
+    finally:
+        term.close()
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
+async def cmd_audit(c: Client, ctx: Ctx) -> int:
+    a = ctx.args
+    if a.action in ("verify", "heads", "accept"):
+        store = (await c.status()).store.path
+    if a.action == "verify":
+        return _ledger_report(ctx, await c.audit_verify(_pairs(_heads(ctx, store, a.heads)) if a.heads else ()))
+    if a.action == "heads":
+        return _show_heads(ctx, store, _heads(ctx, store, a.heads))
+    if a.action == "accept":
+        n = int(a.target)
+        report = await c.audit_verify()
+        problem = next((p.reason for p in report.problems if p.n == n and "memoryctl audit accept" in p.reason), None)
+        if problem is None:
+            _error(ctx, "INVALID_INPUT", f"ledger row {n} is no change waiting to be accepted: audit verify names "
+                   "those that are", {"field": "n"})
+            return EXIT_USAGE
+        if not await _confirm(ctx, n, problem):
+            print("not accepted", file=sys.stderr)
+            return EXIT_PROTOCOL
+        r = await c.audit_accept(n)
+        ctx.result(r, lambda: f"accepted ledger row {n}: ledger row {r.n} records it")
+        return EXIT_OK
+    if a.action == "explain":
+        return _entry_life(ctx, await c.audit_explain(a.target))
+    rows = await c.audit_list(a.limit)
+    ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
+    return EXIT_OK
+
+
+def audit_offline(ctx: Ctx) -> int:
+    """``audit verify|explain|heads --db PATH``: read the store itself, read-only, no daemon."""
+    from memoryd_protocol.ledger_check import read_life, read_report
+
+    from . import offline
+
+    a, db = ctx.args, ctx.data["db"]
+    if a.action == "accept":
+        raise UsageError("audit accept asks the daemon: run it without --db")
+    if a.action == "heads":
+        return _show_heads(ctx, db, _heads(ctx, db, a.heads))
+    try:
+        if a.action == "verify":
+            witnessed = _pairs(_heads(ctx, db, a.heads)) if a.heads else []
+            return _ledger_report(ctx, offline.read(db, lambda fetch: read_report(fetch, None, witnessed)))
+        target: str = a.target
+        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
+    except offline.StoreHeld as exc:
+        how = "run it without --db"
+        if exc.socket is not None and Path(exc.socket) != Path(ctx.socket):
+            how += f" and with --socket {shlex.quote(exc.socket)}"
+        raise UsageError(f"{exc}: ask that daemon instead, {how}") from None
+    except offline.OfflineError as exc:
+        raise UsageError(str(exc)) from None
+    except offline.NoLedger as exc:
+        _error(ctx, "NO_LEDGER", f"{exc} ({db}); its chain begins when memoryd first opens it", {"path": db})
+        return EXIT_PROTOCOL

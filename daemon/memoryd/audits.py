@@ -1,0 +1,136 @@
+"""The ledger's methods: audit rows (list), verification (with heads witnessed outside the
+store), one entry's life (explain), and accepting a change made outside memoryd.
+
+Every read runs on a reader's thread (readers.py), in one read transaction; an acceptance
+is one writer job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+import msgspec
+from memoryd_protocol import ledger as fmt
+from memoryd_protocol.audit_types import AuditAccepted, AuditAcceptParams, AuditVerifyParams
+from memoryd_protocol.constants import AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP
+from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.ledger_check import heads_problems, read_life, read_report, with_problems
+from memoryd_protocol.types import AuditExplainParams, AuditListParams, AuditRow, EntryLife, LedgerReport
+
+from . import ledger, store
+from .context import Handler, RequestContext
+from .tx import Tx
+
+if TYPE_CHECKING:
+    from .service import Service
+
+T = TypeVar("T")
+#: how many witnessed heads one statement looks up
+_HEADS_PER_READ = 500
+
+
+@dataclass(eq=False)
+class _Run(Generic[T]):
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: T | None = None
+    error: Exception | None = None
+
+
+class Shared(Generic[T]):
+    """One run of ``fn`` at a time; callers that arrive while one runs share the next run,
+    which starts after they asked (so it sees everything committed before they asked).
+    However many clients ask, at most one run is under way and one waits. The run is
+    shielded: a caller that goes away does not fail the others who share it."""
+
+    def __init__(self, fn: Callable[[], Awaitable[T]]) -> None:
+        self._fn = fn
+        self._lock = anyio.Lock()
+        self._next: _Run[T] | None = None
+
+    async def __call__(self) -> T:
+        run = self._next
+        if run is None:
+            run = self._next = _Run()
+            with anyio.CancelScope(shield=True):
+                async with self._lock:
+                    self._next = None  # who asks from now on waits for the run after this one
+                    try:
+                        run.result = await self._fn()
+                    except Exception as exc:
+                        run.error = exc
+                    finally:
+                        run.done.set()
+        else:
+            await run.done.wait()
+        if run.error is not None:
+            raise run.error
+        result: T = run.result  # type: ignore[assignment]
+        return result
+
+
+class Audits:
+    def __init__(self, s: Service) -> None:
+        self.s = s
+        self._explaining = anyio.Lock()
+        self._verify = Shared(self._verify_once)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "audit/list": self.audit_list,
+            "audit/verify": self.audit_verify,
+            "audit/explain": self.audit_explain,
+            "audit/accept": self.audit_accept,
+        }
+
+    async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
+        limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
+        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
+
+    async def audit_verify(self, ctx: RequestContext, p: AuditVerifyParams) -> LedgerReport:
+        report = await self._verify()
+        if not p.heads:
+            return report
+        wanted = [(h.n, h.hash) for h in p.heads]
+
+        def found(c: Any) -> dict[int, str]:
+            ns = sorted({n for n, _ in wanted})
+            hashes: dict[int, str] = {}
+            for k in range(0, len(ns), _HEADS_PER_READ):
+                part = ns[k:k + _HEADS_PER_READ]
+                hashes.update(c.execute(f"SELECT n, hash FROM memoryd_ledger WHERE n IN ({','.join('?' * len(part))})",
+                                        part).fetchall())
+            return hashes
+
+        return with_problems(report, heads_problems(await self.s.readers.run(found), wanted))
+
+    async def _verify_once(self) -> LedgerReport:
+        await self.s.writer.look_outside()
+        await self.s.writer.settled()
+        anchor = self.s.writer.anchor
+        head, lost = anchor.head, anchor.lost  # committed before the read begins: the read must hold it
+        return await self.s.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
+
+    async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
+        async with self._explaining:
+            await self.s.writer.settled()
+            return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
+
+    async def audit_accept(self, ctx: RequestContext, p: AuditAcceptParams) -> AuditAccepted:
+        facts = self.s.check_decider(ctx.peer, "accept a change made outside memoryd")
+        who = self.s.pipeline.who(ctx.peer)
+
+        def accept(tx: Tx) -> int:
+            row = tx.conn.execute("SELECT kind FROM memoryd_ledger WHERE n = ?", (p.n,)).fetchone()
+            if row is None or row[0] != "foreign":
+                raise InvalidInput(f"ledger row {p.n} records no change made outside memoryd: audit verify names "
+                                   "the rows to accept", "n")
+            for (n, body) in tx.conn.execute("SELECT n, body FROM memoryd_ledger WHERE kind = 'accepted'"):
+                if msgspec.json.decode(body, type=fmt.AcceptedBody).foreign == p.n:
+                    raise InvalidInput(f"ledger row {p.n} was accepted already, by ledger row {n}", "n")
+            ledger.accepted(tx, who, p.n, facts)
+            return tx.tip[0] if tx.tip else 0
+
+        return AuditAccepted(n=await self.s.writer.submit(accept), foreign=p.n)

@@ -1,0 +1,192 @@
+"""Changes another program made to the store: found, chained as a ``foreign`` row, and
+enforced from (memoryd_protocol.ledger.ForeignBody has the row's format).
+
+Another connection's commit moves SQLite's ``PRAGMA data_version`` on the writer's
+connection, and the writer's own commits do not; so one pragma before each batch tells
+whether anybody else wrote (``Watch``). Only then does :func:`reconcile` read the store
+whole: it replays this daemon's chain, compares the entries, proposals, audit rows and
+usage counters with what it finds, and records the difference. Start-up runs the same
+comparison when the cheap checks disagree (:func:`open_chain`).
+
+A dsh-memento process writing the store in place is the legitimate case: its entries stay
+as it wrote them, readable and counted against the budgets, and the ledger says they came
+from outside memoryd, never through its gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from dataclasses import dataclass
+
+from memoryd_protocol import ledger as fmt
+from memoryd_protocol.constants import GRID
+from memoryd_protocol.ledger_check import replay
+
+from . import ledger, store
+from .atomic import atomic
+from .tx import Tx
+
+log = logging.getLogger("memoryd.foreign")
+
+_SELECT_OWN = f"SELECT {fmt.LEDGER_COLUMNS} FROM memoryd_ledger WHERE n <= ? ORDER BY n"
+_SELECT_AUDIT_AFTER = ("SELECT seq, ts, action, track, scope, entry_id, text, outcome, source, session_id "
+                       "FROM audit WHERE seq > ? ORDER BY seq")
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+@dataclass
+class Watch:
+    """The writer connection's data_version as of the last time the store was as memoryd
+    left it: a batch that finds another value reconciles first."""
+
+    version: int
+
+    @classmethod
+    def of(cls, conn: sqlite3.Connection) -> Watch:
+        return cls(_data_version(conn))
+
+    def changed(self, conn: sqlite3.Connection) -> int | None:
+        """Inside the batch's transaction: the new data_version when another connection
+        committed since, else None."""
+        now = _data_version(conn)
+        return None if now == self.version else now
+
+
+def _counted(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
+    return fmt.cell_usage(conn.execute(fmt.SELECT_CELL_TEXTS))
+
+
+def _stored(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
+    return {(str(t), str(s)): [int(n), int(u)] for t, s, n, u in conn.execute(fmt.SELECT_USAGE)}
+
+
+def _usage_changes(conn: sqlite3.Connection) -> dict[str, list[int]]:
+    counted, stored = _counted(conn), _stored(conn)
+    return {f"{t}/{s}": [*stored.get((t, s), [0, 0]), *counted.get((t, s), [0, 0])]
+            for t, s in sorted(counted.keys() | stored.keys())
+            if counted.get((t, s), [0, 0]) != stored.get((t, s), [0, 0])}
+
+
+def recount(tx: Tx) -> None:
+    """memoryd_usage (what the budgets are enforced against) from the entries themselves."""
+    conn = tx.conn
+    counted = _counted(conn)
+    conn.execute("DELETE FROM memoryd_usage")
+    conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
+                     [(t, s, n, u) for (t, s), (n, u) in counted.items()])
+    tx.usage = {cell: counted.get(cell, [0, 0])[1] for cell in GRID}
+    tx.entries = sum(n for n, _ in counted.values())
+
+
+def _covered_audit(rows: list[fmt.LedgerRow]) -> int:
+    """The highest audit seq the chain (up to this daemon's head) accounts for: the start's
+    earlier rows, and the rows it chains (a foreign row's audit_seq is the newest of the
+    audit rows it names)."""
+    covered = max((r.audit_seq for r in rows if r.audit_seq is not None), default=0)
+    if rows and rows[0].kind == "start":
+        start = fmt.decode(rows[0])
+        if isinstance(start, fmt.StartBody):
+            covered = max(covered, start.after_audit_seq)
+    return covered
+
+
+def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
+    """Compare the store with this daemon's chain up to row ``head_n`` (its newest) and,
+    when another program changed it, append the ``foreign`` row, log one WARNING, count the
+    usage again and rebuild the text index. Runs in the caller's transaction."""
+    conn = tx.conn
+    own = fmt.rows_from(conn.execute(_SELECT_OWN, (head_n,)))
+    extra = [int(n) for (n,) in conn.execute("SELECT n FROM memoryd_ledger WHERE n > ? ORDER BY n", (head_n,))]
+    state = replay(own)
+    audit = fmt.audit_from(conn.execute(_SELECT_AUDIT_AFTER, (_covered_audit(own),)))
+    live = {e.id: e for e in fmt.entries_from(conn.execute(fmt.SELECT_ENTRIES))}
+    offered = {p.id: p for p in fmt.proposals_from(conn.execute(fmt.SELECT_PROPOSALS))}
+    changed = [e for eid, e in live.items() if state.entries.get(eid) != e]
+    removed = sorted(eid for eid in state.entries if eid not in live)
+    proposals = [p for pid, p in offered.items() if state.proposals.get(pid) != p]
+    dropped = sorted(pid for pid in state.proposals if pid not in offered)
+    usage = _usage_changes(conn)
+    if not (extra or audit or changed or removed or proposals or dropped or usage):
+        return None
+    parts = []
+    if extra:
+        parts.append(f"ledger rows {extra[0]}–{extra[-1]} appended" if len(extra) > 1
+                     else f"ledger row {extra[0]} appended")
+    if audit:
+        seqs = f"{audit[0].seq}–{audit[-1].seq}" if len(audit) > 1 else f"{audit[0].seq}"
+        parts.append(f"{len(audit)} audit rows written (seq {seqs})")
+    added = [e.id for e in changed if e.id not in state.entries]
+    edited = [e.id for e in changed if e.id in state.entries]
+    for ids, what in ((added, "added"), (edited, "changed"), (removed, "deleted")):
+        if ids:
+            parts.append(f"{len(ids)} entries {what} ({', '.join(ids[:3])}{', …' if len(ids) > 3 else ''})")
+    if proposals:
+        parts.append(f"{len(proposals)} proposals written ({', '.join(p.id for p in proposals[:3])})")
+    if dropped:
+        parts.append(f"{len(dropped)} proposals deleted ({', '.join(dropped[:3])})")
+    for cell, (n, used, counted_n, counted) in usage.items():
+        parts.append(f"memoryd_usage said {cell} holds {n} entries of {used} characters, and they are "
+                     f"{counted_n} of {counted}")
+    note = "; ".join(parts) + f" ({cause})"
+    body = fmt.ForeignBody(note=note, ledger_rows=extra, audit_seqs=[a.seq for a in audit],
+                           audit=fmt.audit_digest(audit) if audit else None, before=state.digest(),
+                           after=fmt.state_digest(live.values(), offered.values()), entries=changed, removed=removed,
+                           proposals=proposals, removed_proposals=dropped, usage=usage)
+    # audit_seq: the newest audit row it accounts for, so that store.trusted counts it
+    # chained (unless a row appended by the other program already names that row)
+    newest = audit[-1].seq if audit else None
+    if newest is not None and conn.execute("SELECT 1 FROM memoryd_ledger WHERE audit_seq = ?", (newest,)).fetchone():
+        newest = None
+    ledger.append(tx, "foreign", body, audit_seq=newest)
+    recount(tx)
+    if changed or removed:
+        # its text may be anywhere in the index, or in none: index every entry again
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
+        store.save_mark(conn, rebuilt=True)
+        tx.mark_read = False
+    n = tx.tip[0] if tx.tip else 0
+    log.warning("another program changed the store: %s; ledger row %d records it, and audit verify reports it "
+                "until memoryctl audit accept %d", note, n, n)
+    return body
+
+
+def check(tx: Tx, head_n: int) -> bool:
+    """Before a batch whose data_version moved: :func:`reconcile` in a savepoint of its
+    own, so that a failure loses only the check (logged; the next batch tries again).
+    True when the store is accounted for."""
+    saved = tx.save()
+    try:
+        with atomic(tx.conn, "outside"):
+            reconcile(tx, head_n, "while memoryd ran")
+    except sqlite3.Error:
+        tx.restore(saved)
+        log.exception("checking for changes made outside memoryd failed")
+        return False
+    return True
+
+
+def open_chain(conn: sqlite3.Connection, witnessed: tuple[int, str] | None = None) -> None:
+    """At start-up, on the writer's connection: begin the chain if the store has none, and
+    reconcile whatever another program changed since memoryd's last run. ``witnessed``: the
+    head the heads file recorded at the last clean stop; rows after it are not memoryd's."""
+    with ledger.transaction(conn) as tx:
+        if ledger.ensure_start(tx):
+            recount(tx)  # a store new to memoryd: its counts begin here, silently
+            return
+        tip = tx.tip[0] if tx.tip else 0
+        since = tip
+        if witnessed is not None:
+            row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (witnessed[0],)).fetchone()
+            if row is None or row[0] != witnessed[1]:
+                log.error("ledger row %d, the head the heads file witnessed at memoryd's last stop, is %s: the ledger "
+                          "was %s while memoryd was stopped; audit verify --heads reports it", witnessed[0],
+                          *(("missing", "truncated") if row is None else ("changed", "rewritten")))
+            elif witnessed[0] < tip:
+                since = witnessed[0]
+        if since == tip and store.trusted(conn) and not _usage_changes(conn):
+            return  # the cheap checks agree: nobody else wrote since memoryd's last commit
+        reconcile(tx, since, "while memoryd was stopped")

@@ -1,0 +1,64 @@
+"""Wire types of the ledger's heads and of accepting a change made outside memoryd (the
+rest of the audit methods' types are in types.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from .types import _Env, _In, _Out
+
+#: how many witnessed heads one ``audit/verify`` may check
+MAX_HEADS = 100_000
+Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class WitnessedHead(_Out):
+    """One line of the heads file: the ledger's newest row when the daemon witnessed it."""
+
+    store: str
+    n: Annotated[int, Meta(ge=1)]
+    hash: str
+    ts: int
+    event: Literal["start", "stop", "every"]
+
+
+class HeadRef(_In):
+    n: Annotated[int, Meta(ge=1)]
+    hash: Sha256
+
+
+class AuditVerifyParams(_Env):
+    #: heads witnessed outside the store (``memoryctl audit heads``): each must still be in
+    #: the chain as witnessed
+    heads: Annotated[list[HeadRef], Meta(max_length=MAX_HEADS)] | None = None
+
+
+class AuditAcceptParams(_Env):
+    #: the ``foreign`` ledger row to accept
+    n: Annotated[int, Meta(ge=1)]
+
+
+class AuditAccepted(_Out):
+    #: the ``accepted`` row that records it
+    n: int
+    foreign: int
+
+
+_head_decoder = msgspec.json.Decoder(WitnessedHead)
+
+
+def parse_heads(data: bytes, store: str | None = None) -> list[WitnessedHead]:
+    """The heads a heads file's bytes hold, oldest first (only ``store``'s, when given);
+    lines that are not a head are skipped."""
+    heads = []
+    for line in data.splitlines():
+        try:
+            head = _head_decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if store is None or head.store == store:
+            heads.append(head)
+    return heads
