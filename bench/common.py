@@ -186,8 +186,7 @@ def start_daemon(tmp: Path, name: str, db: Path, policy: str = "auto", config: s
     log = tmp / f"{name}.log"
     args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", policy,
             "--log-level", "warning"]
-    env = None if base is None else dict(os.environ, PYTHONPATH=os.pathsep.join(
-        str(base / p) for p in ("protocol", "daemon")))
+    env = _env(tmp, base)
     proc = spawn_ready(args, log=log, env=env)
     return Daemon(proc, sock, db, log, args)
 
@@ -282,11 +281,17 @@ def start_build(tmp: Path, name: str, seed: Path, base: Path | None) -> tuple[su
     sock = str(tmp / f"{name}.sock")
     cfg = tmp / f"{name}.toml"
     cfg.write_text("max_connections = 4096\n[budgets.agent]\nworkspace = 10000000\nuser_global = 10000000\n")
-    env = None
-    if base is not None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(base / p) for p in ("protocol", "daemon")))
     args = ["--socket", sock, "--db", str(db), "--config", str(cfg), "--write-policy", "auto", "--log-level", "warning"]
-    return spawn_ready(args, log=tmp / f"{name}.log", env=env), sock
+    return spawn_ready(args, log=tmp / f"{name}.log", env=_env(tmp, base)), sock
+
+
+def _env(tmp: Path, base: Path | None) -> dict[str, str]:
+    """A benchmark daemon's environment: its ledger heads witnessed under ``tmp``, not in the
+    user's own heads file; with ``base``, that checkout's packages imported instead."""
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp))
+    if base is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(base / p) for p in ("protocol", "daemon"))
+    return env
 
 
 def close_child(proc: subprocess.Popen[bytes]) -> None:

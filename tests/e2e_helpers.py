@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -60,3 +62,13 @@ def unaccepted(n: int, note: str) -> dict[str, Any]:
     """audit/verify's problem for the foreign row ``n`` that nobody accepted yet."""
     return {"n": n, "reason": f"ledger row {n} records a change another program made to the store, not accepted "
                               f"yet: {note}. Check it, then run memoryctl audit accept {n}"}
+
+
+def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
+    """One statement on the store file itself, as another program would run it, committed."""
+    conn = sqlite3.connect(db)
+    try:
+        with conn:
+            return conn.execute(statement, args).fetchall()
+    finally:
+        conn.close()

@@ -1,8 +1,11 @@
-"""Processes that are not our children (detached daemons), found and stopped by events:
-the socket's peer credentials name the daemon, its pidfd says when it is gone."""
+"""Processes the end-to-end tests drive: those that are not our children (detached daemons),
+found and stopped by events (the socket's peer credentials name the daemon, its pidfd says
+when it is gone); sockets held by a process of their own; a headless agent's write; and
+what a terminal shows."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -11,6 +14,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -128,3 +132,47 @@ def detached_socket(path: Path | str) -> socket.socket:
         subprocess.run([sys.executable, "-I", "-S", "-c", _DETACHED, str(path), str(theirs.fileno())],
                        pass_fds=[theirs.fileno()], check=True, timeout=30)
     return ours
+
+
+#: A headless agent's write: prints its pid, then the entry's text, or the denial's outcome.
+HEADLESS_ADD = """
+import json, os, sys
+import memoryd_client as mc
+print(os.getpid(), flush=True)
+with mc.connect_sync(sys.argv[1], session=sys.argv[2], approvals=False, timeout=30) as c:
+    try:
+        r = c.add({"track": "user", "scope": "user-global", "text": sys.argv[3]})
+    except mc.WriteDenied as exc:
+        print(json.dumps({"denied": exc.details["outcome"]}))
+    else:
+        print(json.dumps({"text": r.entry.text}))
+"""
+
+
+class HeadlessAdd:
+    """:data:`HEADLESS_ADD` as a subprocess in a session of its own (no terminal): ``pid``
+    once it runs, ``result()`` once it is done."""
+
+    def __init__(self, socket_path: Path | str, session: str, text: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HEADLESS_ADD, str(socket_path), session, text],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.pid = int(self.proc.stdout.readline())
+
+    def result(self) -> dict[str, Any]:
+        out, err = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, err
+        reply: dict[str, Any] = json.loads(out)
+        return reply
+
+
+def read_pty_until(master: int, needle: bytes) -> bytes:
+    """What the terminal showed, up to ``needle`` (bounded: each read waits at most 30 s)."""
+    buf = b""
+    while needle not in buf:
+        assert select.select([master], [], [], 30)[0], buf
+        chunk = os.read(master, 65536)
+        assert chunk, buf
+        buf += chunk
+    return buf

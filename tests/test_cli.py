@@ -36,7 +36,7 @@ import memoryd_client as mc
 import pytest
 from memoryd_client.cli import build_parser, main, verbs
 from memoryd_protocol.constants import ALLOWED_ONCE
-from processes import detached_socket, peer_pid, stop
+from processes import HeadlessAdd, detached_socket, peer_pid, stop
 
 #: daemon_factory's daemons run in the test process (conftest); tests marked process need one of their own
 pytestmark = pytest.mark.inprocess
@@ -634,39 +634,6 @@ class Approver:
         self.proc.communicate(timeout=10)
 
 
-#: A headless agent's write through the Python client, in a process of its own (an approver
-#: never decides a write of its own process, an ancestor's or a descendant's, and the
-#: approvers here are this test's children): prints its pid, then the entry's text or the
-#: denial's outcome.
-HEADLESS_ADD = """
-import json, os, sys
-import memoryd_client as mc
-print(os.getpid(), flush=True)
-with mc.connect_sync(sys.argv[1], session=sys.argv[2], approvals=False, timeout=30) as c:
-    try:
-        r = c.add({"track": "user", "scope": "user-global", "text": sys.argv[3]})
-    except mc.WriteDenied as exc:
-        print(json.dumps({"denied": exc.details["outcome"]}))
-    else:
-        print(json.dumps({"text": r.entry.text}))
-"""
-
-
-class HeadlessAdd:
-    """:data:`HEADLESS_ADD` as a subprocess: ``pid`` once it runs, ``result()`` once it is done."""
-
-    def __init__(self, d: Any, session: str, text: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", HEADLESS_ADD, str(d.socket_path), session, text],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        self.pid = int(self.proc.stdout.readline())
-
-    def result(self) -> dict[str, Any]:
-        out, err = self.proc.communicate(timeout=30)
-        assert self.proc.returncode == 0, err
-        reply: dict[str, Any] = json.loads(out)
-        return reply
 
 
 @pytest.mark.process
@@ -674,7 +641,7 @@ def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     ask_daemon = ask_any_daemon
     approver = Approver(ask_daemon, "--yes", "--count", "1")
     try:
-        writer = HeadlessAdd(ask_daemon, "agent-1", "From a headless agent")
+        writer = HeadlessAdd(ask_daemon.socket_path, "agent-1", "From a headless agent")
         r = writer.result()
         code, out, err = approver.finish()
     finally:
@@ -714,7 +681,7 @@ def test_approve_verb_reject_and_no_tty(ask_any_daemon: Any) -> None:
     for args, notice in [(["--reject"], "rejected (--reject)"), ([], "fail closed")]:
         approver = Approver(ask_daemon, "--count", "1", "--json", *args)
         try:
-            r = HeadlessAdd(ask_daemon, "agent-2", "Denied").result()
+            r = HeadlessAdd(ask_daemon.socket_path, "agent-2", "Denied").result()
             code, out, err = approver.finish()
         finally:
             approver.kill()
@@ -765,7 +732,7 @@ def test_approve_verb_stops_at_end_of_input(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "approve")
     try:
         read_until(master, "approving writes")
-        writer = HeadlessAdd(ask_daemon, "agent-4", "EOF")
+        writer = HeadlessAdd(ask_daemon.socket_path, "agent-4", "EOF")
         read_until(master, "Approve? [y/N]")
         os.write(master, b"\x04")
         assert writer.result() == {"denied": "rejected"}

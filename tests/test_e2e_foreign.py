@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add
+from e2e_helpers import add, sql
 from memoryd_protocol.ledger import AuditBody, DecidedBody, canonical, chain_hash
 from memoryd_protocol.types import ApprovalBy, LedgerEntry
 from rawclient import Raw, socket_client, write_ctx
@@ -24,15 +24,6 @@ from rawclient import Raw, socket_client, write_ctx
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
 
 LAYER = {"track": "user", "scope": "user-global"}
-
-
-def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        with conn:
-            return conn.execute(statement, args).fetchall()
-    finally:
-        conn.close()
 
 
 def dsh_memento_add(db: Path, text: str) -> str:

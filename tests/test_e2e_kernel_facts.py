@@ -39,7 +39,7 @@ from memoryd_client import render
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_types import ProcessFacts
 from memoryd_protocol.errors import InvalidInput
-from processes import detached_socket
+from processes import HeadlessAdd, detached_socket, read_pty_until
 from rawclient import Raw, _socket_lines, relay_client, running, socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -90,31 +90,6 @@ async def nothing_lost(d: Any, before: tuple[Any, Any, int], denied: int) -> Non
 
 # --- what a decision row records -------------------------------------------------------------
 
-#: A headless agent's write in a process of its own (its own session, no terminal).
-HEADLESS_ADD = """
-import json, os, sys
-import memoryd_client as mc
-with mc.connect_sync(sys.argv[1], session="agent-1", approvals=False, timeout=30) as c:
-    try:
-        r = c.add({"track": "user", "scope": "user-global", "text": sys.argv[2]})
-    except mc.WriteDenied as exc:
-        print(json.dumps({"denied": exc.details["outcome"]}))
-    else:
-        print(json.dumps({"text": r.entry.text}))
-"""
-
-
-def read_until(master: int, needle: bytes) -> bytes:
-    """What the terminal showed, up to ``needle`` (bounded: each read waits at most 30 s)."""
-    import select
-
-    buf = b""
-    while needle not in buf:
-        assert select.select([master], [], [], 30)[0], buf
-        chunk = os.read(master, 65536)
-        assert chunk, buf
-        buf += chunk
-    return buf
 
 
 @pytest.mark.process
@@ -130,14 +105,12 @@ def test_a_decision_records_the_deciding_process_and_its_claim_as_a_claim(daemon
                                  "approve", "--count", "1"], stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     try:
-        read_until(master, b"approving writes")
+        read_pty_until(master, b"approving writes")
         start = proc_start(approver.pid)
-        writer = subprocess.Popen([sys.executable, "-c", HEADLESS_ADD, str(d.socket_path), "Asked of a human"],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        read_until(master, b"Approve? [y/N]")
+        writer = HeadlessAdd(d.socket_path, "agent-1", "Asked of a human")
+        read_pty_until(master, b"Approve? [y/N]")
         os.write(master, b"y\n")
-        out, _ = writer.communicate(timeout=30)
-        assert json.loads(out) == {"text": "Asked of a human"}
+        assert writer.result() == {"text": "Asked of a human"}
         assert approver.wait(30) == 0
     finally:
         if approver.poll() is None:

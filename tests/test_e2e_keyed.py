@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import stat
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import memoryd_client as mc
 import pytest
 from e2e_helpers import Gate, arrived, entry_input, start_held, state
 from memoryd_protocol.paths import ApproverKeyError, approver_proof, read_approver_key
+from processes import HeadlessAdd, read_pty_until
 from rawclient import socket_client, write_ctx
 
 pytestmark = pytest.mark.anyio
@@ -189,14 +189,6 @@ def on_terminal(args: list[str]) -> subprocess.CompletedProcess[str]:
         os.close(slave)
 
 
-def read_until(master: int, needle: bytes) -> bytes:
-    buf = b""
-    while needle not in buf:
-        assert select.select([master], [], [], 30)[0], buf
-        chunk = os.read(master, 65536)
-        assert chunk, buf
-        buf += chunk
-    return buf
 
 
 @pytest.fixture
@@ -207,24 +199,13 @@ def approver_on_a_terminal(keyed: Any) -> Iterator[tuple[int, subprocess.Popen[b
                              "approve", "--count", "1"], stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     try:
-        read_until(master, b"approving writes")
+        read_pty_until(master, b"approving writes")
         yield master, proc
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
         os.close(master)
-
-
-HEADLESS_ADD = """
-import json, sys
-import memoryd_client as mc
-with mc.connect_sync(sys.argv[1], session="agent-1", approvals=False, timeout=30) as c:
-    try:
-        print(json.dumps({"text": c.add({"track": "user", "scope": "user-global", "text": sys.argv[2]}).entry.text}))
-    except mc.WriteDenied as exc:
-        print(json.dumps({"denied": exc.details["outcome"]}))
-"""
 
 
 @pytest.mark.process
@@ -247,12 +228,10 @@ def test_a_process_that_cannot_read_the_key_cannot_subscribe_even_on_a_terminal(
     assert got["guessed"]["error"]["message"].startswith("the proof does not answer this connection's challenge")
     # the approver that read the key decides a headless agent's write
     master, approver = approver_on_a_terminal
-    writer = subprocess.Popen([sys.executable, "-c", HEADLESS_ADD, sock, "Keyed approval"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
-    read_until(master, b"Approve? [y/N]")
+    writer = HeadlessAdd(sock, "agent-1", "Keyed approval")
+    read_pty_until(master, b"Approve? [y/N]")
     os.write(master, b"y\n")
-    out, _ = writer.communicate(timeout=30)
-    assert json.loads(out) == {"text": "Keyed approval"}
+    assert writer.result() == {"text": "Keyed approval"}
     assert approver.wait(30) == 0
     with mc.connect_sync(keyed.socket_path, timeout=30) as c:
         [event] = c.audit_explain("Keyed approval").events

@@ -3,7 +3,6 @@ and replayable, approvals and failures are recorded, and tampering is caught."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, arrived, entry_input, start_held, unaccepted
+from e2e_helpers import Gate, add, arrived, entry_input, sql, start_held, unaccepted
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA
 from rawclient import Raw, socket_client, write_ctx
 from test_e2e_store import make_store
@@ -122,7 +121,7 @@ async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
         with sqlite3.connect(daemon.db_path) as conn:
             conn.execute("INSERT INTO audit (ts, action, text) VALUES (1, 'add', 'forged')")
         report = await raw.ok("audit/verify")
-        [(first,)] = sql_rows(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
+        [(first,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign'")
         assert report["problems"] == [unaccepted(first, f"1 audit rows written (seq {seq}) (while memoryd ran)")]
         with sqlite3.connect(daemon.db_path) as conn:
             conn.execute("DELETE FROM audit WHERE seq = ?", (seq,))
@@ -133,7 +132,7 @@ async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
                                 (track, scope)).fetchone()
             texts = [t for (t,) in conn.execute("SELECT text FROM entries WHERE track = ? AND scope = ?", (track, scope))]
         report = await raw.ok("audit/verify")
-        [_, (second,)] = sql_rows(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign' ORDER BY n")
+        [_, (second,)] = sql(daemon.db_path, "SELECT n FROM memoryd_ledger WHERE kind = 'foreign' ORDER BY n")
         units = sum(len(t.encode("utf-16-le")) // 2 for t in texts)
         # the text was edited without its count: the counter is recounted, and both recorded
         assert report["problems"] == [
@@ -143,11 +142,6 @@ async def test_forged_rows_and_entries_are_caught(daemon: Any) -> None:
             unaccepted(second, f"1 entries changed ({eid}); memoryd_usage said {track}/{scope} holds {kept[0]} "
                                f"entries of {kept[1]} characters, and they are {len(texts)} of {units} "
                                f"(while memoryd ran)")]
-
-
-def sql_rows(db: Path, statement: str) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        return conn.execute(statement).fetchall()
 
 
 async def test_a_memento_store_starts_its_chain_at_the_first_memoryd_row(daemon_factory: Any, tmp_path: Path) -> None:

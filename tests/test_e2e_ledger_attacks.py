@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, arrived, entry_input, start_held, unaccepted
+from e2e_helpers import Gate, add, arrived, entry_input, sql, start_held, unaccepted
 from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
@@ -21,15 +21,6 @@ LAYER = {"track": "user", "scope": "user-global"}
 
 
 
-
-
-def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        with conn:
-            return conn.execute(statement, args).fetchall()
-    finally:
-        conn.close()
 
 
 def session(sid: str) -> dict[str, Any]:

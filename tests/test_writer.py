@@ -379,9 +379,9 @@ async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
         where_["open_store"] = threading.get_ident()
         return open_store(*args)
 
-    def chaining(conn: sqlite3.Connection, witnessed: tuple[int, str] | None = None) -> None:
+    def chaining(conn: sqlite3.Connection, stop: Any = None, *, untouched: bool = False) -> None:
         where_["open_chain"] = threading.get_ident()
-        open_chain(conn, witnessed)
+        open_chain(conn, stop, untouched=untouched)
 
     monkeypatch.setattr(storefile, "open_store", opening)
     monkeypatch.setattr(foreign, "open_chain", chaining)

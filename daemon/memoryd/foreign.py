@@ -20,8 +20,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from memoryd_protocol import ledger as fmt
+from memoryd_protocol.audit_types import WitnessedHead
 from memoryd_protocol.constants import GRID
 from memoryd_protocol.ledger_check import replay
+from memoryd_protocol.text import utf16_len
 
 from . import ledger, store
 from .atomic import atomic
@@ -56,8 +58,22 @@ class Watch:
         return None if now == self.version else now
 
 
+#: Each cell's entries and characters, counted by SQLite itself: every start recounts them,
+#: and Python reading every text of a large store would take several times as long.
+#: ``length`` counts code points up to the first NUL, where UTF-16 counts a character above
+#: U+FFFF twice: the texts that are not plain ASCII (their UTF-8 is longer than ``length``)
+#: are counted again in Python (:data:`_SELECT_ODD`).
+_SELECT_COUNTS = "SELECT track, scope, count(*), total(length(text)) FROM entries GROUP BY track, scope"
+_SELECT_ODD = "SELECT track, scope, text FROM entries WHERE length(CAST(text AS BLOB)) != length(text)"
+
+
 def _counted(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
-    return fmt.cell_usage(conn.execute(fmt.SELECT_CELL_TEXTS))
+    """Each cell's [entries, UTF-16 units]: what memoryd_usage must hold (fmt.cell_usage's)."""
+    counted = {(str(t), str(s)): [int(n), int(units)] for t, s, n, units in conn.execute(_SELECT_COUNTS)}
+    for t, s, text in conn.execute(_SELECT_ODD):
+        text = str(text)
+        counted[(str(t), str(s))][1] += utf16_len(text) - len(text.split("\0", 1)[0])
+    return counted
 
 
 def _stored(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
@@ -169,24 +185,28 @@ def check(tx: Tx, head_n: int) -> bool:
     return True
 
 
-def open_chain(conn: sqlite3.Connection, witnessed: tuple[int, str] | None = None) -> None:
+def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, untouched: bool = False) -> None:
     """At start-up, on the writer's connection: begin the chain if the store has none, and
-    reconcile whatever another program changed since memoryd's last run. ``witnessed``: the
-    head the heads file recorded at the last clean stop; rows after it are not memoryd's."""
+    reconcile whatever another program changed since memoryd's last run. ``stop``: the head
+    the heads file recorded at the last clean stop (rows after it are not memoryd's);
+    ``untouched``: the store file is as that stop left it, so nothing needs counting again."""
     with ledger.transaction(conn) as tx:
         if ledger.ensure_start(tx):
             recount(tx)  # a store new to memoryd: its counts begin here, silently
             return
         tip = tx.tip[0] if tx.tip else 0
         since = tip
-        if witnessed is not None:
-            row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (witnessed[0],)).fetchone()
-            if row is None or row[0] != witnessed[1]:
+        if stop is not None:
+            row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (stop.n,)).fetchone()
+            if row is None or row[0] != stop.hash:
                 log.error("ledger row %d, the head the heads file witnessed at memoryd's last stop, is %s: the ledger "
-                          "was %s while memoryd was stopped; audit verify --heads reports it", witnessed[0],
+                          "was %s while memoryd was stopped; audit verify --heads reports it", stop.n,
                           *(("missing", "truncated") if row is None else ("changed", "rewritten")))
-            elif witnessed[0] < tip:
-                since = witnessed[0]
+                untouched = False
+            elif stop.n < tip:
+                since = stop.n
+        if untouched and since == tip:
+            return  # the file is as memoryd's last stop left it: its counts are memoryd's own
         if since == tip and store.trusted(conn) and not _usage_changes(conn):
             return  # the cheap checks agree: nobody else wrote since memoryd's last commit
         reconcile(tx, since, "while memoryd was stopped")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import msgspec
-from memoryd_protocol.audit_types import WitnessedHead, parse_heads
+from memoryd_protocol.audit_types import StoreFile, WitnessedHead, parse_heads
 from memoryd_protocol.paths import default_heads_path
 
 log = logging.getLogger("memoryd.heads")
@@ -43,7 +43,7 @@ class Heads:
         self._n = 0
         self._at = time.monotonic()
 
-    def last_stop(self) -> tuple[int, str] | None:
+    def last_stop(self) -> WitnessedHead | None:
         """The head the last run of this store stopped at, when its last line is a stop."""
         if self.path is None:
             return None
@@ -52,7 +52,21 @@ class Heads:
         except OSError:
             log.warning("the heads file %s cannot be read: the start checks the store without it", self.path)
             return None
-        return (heads[-1].n, heads[-1].hash) if heads and heads[-1].event == "stop" else None
+        return heads[-1] if heads and heads[-1].event == "stop" else None
+
+    def untouched(self, stop: WitnessedHead | None) -> bool:
+        """Before the store is opened: nobody wrote it since the clean stop ``stop`` recorded."""
+        return stop is not None and stop.file is not None and stop.file == self._file()
+
+    def _file(self) -> StoreFile | None:
+        """The store file's identity and status-change time, when no WAL holds more of it."""
+        try:
+            st = os.stat(self.store)
+            if os.path.exists(f"{self.store}-wal") and os.stat(f"{self.store}-wal").st_size:
+                return None
+        except OSError:
+            return None
+        return StoreFile(ino=st.st_ino, size=st.st_size, ctime_ns=st.st_ctime_ns)
 
     def witness(self, head: tuple[int, str] | None, event: Event) -> None:
         if head is None:
@@ -62,7 +76,8 @@ class Heads:
         if self.path is None:
             return
         line = msgspec.json.encode(WitnessedHead(store=str(self.store), n=head[0], hash=head[1],
-                                                 ts=time.time_ns() // 1_000_000, event=event)) + b"\n"
+                                                 ts=time.time_ns() // 1_000_000, event=event,
+                                                 file=self._file() if event == "stop" else None)) + b"\n"
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -39,6 +39,7 @@ from types import GeneratorType
 from typing import Any, Generic, TypeVar
 
 import anyio
+from memoryd_protocol.audit_types import WitnessedHead
 from memoryd_protocol.types import Entry
 
 from . import foreign, ledger, queries, store, storefile
@@ -185,14 +186,15 @@ class Writer:
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int,
-                   witnessed: tuple[int, str] | None = None) -> Writer:
+                   stop: WitnessedHead | None = None, *, untouched: bool = False) -> Writer:
         """Open (and migrate) the store on the writer's own new thread, begin the ledger's
         chain if it has none or reconcile what another program changed (foreign.open_chain;
-        ``witnessed``: the head the last run stopped at), and read the committed usage."""
+        ``stop``: the head the last run stopped at, ``untouched``: nobody wrote since), and
+        read the committed usage."""
         owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
-                await owned.run(lambda c: foreign.open_chain(c, witnessed))
+                await owned.run(lambda c: foreign.open_chain(c, stop, untouched=untouched))
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
             usage = await owned.run(store.stored_usage)

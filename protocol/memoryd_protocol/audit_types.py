@@ -15,7 +15,17 @@ MAX_HEADS = 100_000
 Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
 
 
-class WitnessedHead(_Out):
+class StoreFile(_Out):
+    """The store file as a clean stop left it (every connection closed, its WAL folded in):
+    a write by any program since changes its status-change time, which no process of the
+    user can set back."""
+
+    ino: int
+    size: int
+    ctime_ns: int
+
+
+class WitnessedHead(_Out, omit_defaults=True):
     """One line of the heads file: the ledger's newest row when the daemon witnessed it."""
 
     store: str
@@ -23,6 +33,8 @@ class WitnessedHead(_Out):
     hash: str
     ts: int
     event: Literal["start", "stop", "every"]
+    #: at a stop: the file as it was left (None when it could not be read, or a WAL remained)
+    file: StoreFile | None = None
 
 
 class HeadRef(_In):
