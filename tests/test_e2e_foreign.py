@@ -353,3 +353,23 @@ async def test_memoryctl_prints_heads_and_accepts_with_yes(daemon_factory: Any, 
     assert life.returncode == 0
     assert (f"written-outside-memoryd  by another program, never approved through memoryd (ledger row {n} records "
             'it)  text "Written by dsh-memento"') in life.stdout
+
+
+async def test_a_ledger_replay_cannot_read_does_not_stop_writes_or_the_start(daemon_factory: Any) -> None:
+    """Another program leaves the chain's first row unreadable: the check fails (logged), the
+    write it came before still commits, verify names the break, and the daemon starts again."""
+    d = daemon_factory()
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        sql(d.db_path, "UPDATE memoryd_ledger SET body = 'not json' WHERE n = 1")
+        later = (await add(raw, "Uses uv"))["entry"]["id"]
+        assert later in {e["id"] for e in await raw.ok("memory/list")}
+        report = await raw.ok("audit/verify")
+        assert report["problems"][0] == {"n": 1, "reason": "the row's hash does not match its content: the row was "
+                                                           "changed"}
+    d.stop()
+    assert "checking for changes made outside memoryd failed; audit verify reports what is wrong" in d.stderr()
+    sql(d.db_path, "UPDATE memoryd_usage SET used = 0")  # so the next start reconciles, and fails to
+    again = daemon_factory(db=d.db_path, name="again")
+    async with socket_client(again.socket_path) as raw:
+        assert len(await raw.ok("memory/list")) == 2

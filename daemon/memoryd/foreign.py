@@ -170,17 +170,20 @@ def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
     return body
 
 
-def check(tx: Tx, head_n: int) -> bool:
-    """Before a batch whose data_version moved: :func:`reconcile` in a savepoint of its
-    own, so that a failure loses only the check (logged; the next batch tries again).
-    True when the store is accounted for."""
+def check(tx: Tx, head_n: int, cause: str = "while memoryd ran") -> bool:
+    """:func:`reconcile` in a savepoint of its own, so that a failure loses only the check
+    (logged; the next batch tries again) and never the writes of the batch, nor the start:
+    a store changed past what replay can read (a body that no longer decodes) is still
+    served, and audit verify names the break. True when the store is accounted for."""
     saved = tx.save()
     try:
         with atomic(tx.conn, "outside"):
-            reconcile(tx, head_n, "while memoryd ran")
-    except sqlite3.Error:
+            reconcile(tx, head_n, cause)
+    except Exception as exc:
+        if isinstance(exc, sqlite3.Error) and store.fault_reason(exc) is not None:
+            raise  # the store cannot take writes now: the batch fails as any batch would
         tx.restore(saved)
-        log.exception("checking for changes made outside memoryd failed")
+        log.exception("checking for changes made outside memoryd failed; audit verify reports what is wrong")
         return False
     return True
 
@@ -209,4 +212,4 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
             return  # the file is as memoryd's last stop left it: its counts are memoryd's own
         if since == tip and store.trusted(conn) and not _usage_changes(conn):
             return  # the cheap checks agree: nobody else wrote since memoryd's last commit
-        reconcile(tx, since, "while memoryd was stopped")
+        check(tx, since, "while memoryd was stopped")
