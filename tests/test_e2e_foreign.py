@@ -373,3 +373,67 @@ async def test_a_ledger_replay_cannot_read_does_not_stop_writes_or_the_start(dae
     again = daemon_factory(db=d.db_path, name="again")
     async with socket_client(again.socket_path) as raw:
         assert len(await raw.ok("memory/list")) == 2
+
+
+def append_raw(db: Path, kind: str, body: str, audit_seq: int | None) -> int:
+    """A row chained onto the tip, as another program could append it; its n."""
+    [(n, prev)] = sql(db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+    h = chain_hash(prev, n + 1, 7, kind, None, audit_seq, body)
+    sql(db, "INSERT INTO memoryd_ledger (n, ts, kind, ref, audit_seq, body, prev, hash) VALUES (?, 7, ?, NULL, ?, ?, ?, ?)",
+        n + 1, kind, audit_seq, body, prev, h)
+    return int(n + 1)
+
+
+async def test_a_row_of_another_program_that_claims_the_next_audit_seq_stops_nothing(accepting: Any) -> None:
+    """Another program chains a row of a kind memoryd never writes, claiming the audit seq the
+    next write would take: the write still commits, and once the foreign row is accepted
+    verify holds again (the row is another program's, not one to read as memoryd's)."""
+    d = accepting
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        [(seq,)] = sql(d.db_path, "SELECT seq FROM sqlite_sequence WHERE name = 'audit'")
+        note = append_raw(d.db_path, "note", "{}", seq + 1)
+        later = (await add(raw, "Uses uv"))["entry"]["id"]
+        assert later in {e["id"] for e in await raw.ok("memory/list")}
+        [(n, body)] = foreign_rows(d.db_path)
+        assert body["ledgerRows"] == [note]
+        await accept(raw, n)
+        assert (await raw.ok("audit/verify"))["problems"] == []
+
+
+async def test_a_dropped_usage_table_is_counted_again(daemon_factory: Any) -> None:
+    d = daemon_factory()
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        sql(d.db_path, "DROP TABLE memoryd_usage")
+        await add(raw, "Uses uv")
+        assert sql(d.db_path, "SELECT entries, used FROM memoryd_usage WHERE track = 'user'") == [(2, 19)]
+    d.stop()
+    sql(d.db_path, "DROP TABLE memoryd_usage")
+    again = daemon_factory(db=d.db_path, name="again")
+    async with socket_client(again.socket_path) as raw:
+        budgets = {(b["track"], b["scope"]): b["used"] for b in await raw.ok("memory/budgets")}
+        assert budgets[("user", "user-global")] == 19
+        await add(raw, "and more")
+
+
+async def test_a_start_after_a_kill_names_the_rows_nothing_witnessed(daemon_factory: Any) -> None:
+    d = daemon_factory()
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+    d.proc.kill()
+    d.proc.wait()
+    [(tip,)] = sql(d.db_path, "SELECT max(n) FROM memoryd_ledger")
+    witnessed = heads_of(d.db_path)[-1]
+    assert witnessed["event"] == "start" and witnessed["n"] < tip
+    again = daemon_factory(db=d.db_path, name="again")
+    assert (f"memoryd did not stop cleanly: ledger rows {witnessed['n'] + 1}–{tip} came after the last head "
+            f"witnessed outside the store (row {witnessed['n']})") in again.stderr()
+
+
+async def test_row_numbers_beyond_sqlite_integers_are_invalid_input(accepting: Any) -> None:
+    async with socket_client(accepting.socket_path) as raw:
+        for method, params in (("audit/accept", {"n": 2**63}),
+                               ("audit/verify", {"heads": [{"n": 2**63, "hash": "0" * 64}]})):
+            err = await raw.fail(method, params)
+            assert err.code == "INVALID_INPUT"

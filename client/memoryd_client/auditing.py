@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 from memoryd_protocol import types as T
-from memoryd_protocol.audit_types import WitnessedHead, parse_heads
+from memoryd_protocol.audit_types import MAX_HEADS, WitnessedHead, parse_heads
 from memoryd_protocol.paths import default_heads_path
 
 from . import render
@@ -52,7 +52,13 @@ def _show_heads(ctx: Ctx, store: str, heads: list[WitnessedHead]) -> int:
 
 
 def _pairs(heads: list[WitnessedHead]) -> list[tuple[int, str]]:
-    return [(h.n, h.hash) for h in heads]
+    """The distinct heads, newest last; beyond MAX_HEADS, the newest (a later head held as
+    witnessed vouches for the chain up to it), saying so."""
+    pairs = list(dict.fromkeys((h.n, h.hash) for h in heads))
+    if len(pairs) > MAX_HEADS:
+        print(f"memoryctl: checking the newest {MAX_HEADS} of {len(pairs)} witnessed heads", file=sys.stderr)
+        pairs = pairs[-MAX_HEADS:]
+    return pairs
 
 
 async def _confirm(ctx: Ctx, n: int, problem: str) -> bool:

@@ -233,7 +233,7 @@ class Daemon:
             lock_fd = lock_store(path, endpoint)
             resources.callback(unlock_store, path, lock_fd)
             heads = Heads(path, config.heads_every_rows, config.heads_every_s)
-            stop = heads.last_stop()
+            stop = heads.last()
             writer = await Writer.open(path, version, busy_ms, stop, untouched=heads.untouched(stop))
             resources.push_async_callback(writer.aclose)
             heads.witness(writer.anchor.head, "start")

@@ -119,7 +119,7 @@ class Audits:
             return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def audit_accept(self, ctx: RequestContext, p: AuditAcceptParams) -> AuditAccepted:
-        facts = self.s.check_decider(ctx.peer, "accept a change made outside memoryd")
+        facts = self.s.check_decider(ctx.peer, "accept a change made outside memoryd", "n")
         who = self.s.pipeline.who(ctx.peer)
 
         def accept(tx: Tx) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from dataclasses import dataclass
 
 from memoryd_protocol import ledger as fmt
@@ -25,7 +26,7 @@ from memoryd_protocol.constants import GRID
 from memoryd_protocol.ledger_check import replay
 from memoryd_protocol.text import utf16_len
 
-from . import ledger, store
+from . import ledger, store, storefile
 from .atomic import atomic
 from .tx import Tx
 
@@ -40,12 +41,23 @@ def _data_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
+#: A reconcile reads the whole store; after one, the next waits this many times as long as
+#: it took (unless ``audit/verify`` asks), so that a program committing without pause costs
+#: the writer a tenth of its time at most. What it changes meanwhile is found by the next.
+SPACING = 10
+
+
 @dataclass
 class Watch:
     """The writer connection's data_version as of the last time the store was as memoryd
     left it: a batch that finds another value reconciles first."""
 
     version: int
+    #: no reconcile before this (time.monotonic), unless ``force``
+    not_before: float = 0.0
+    #: set by audit/verify: the next batch reconciles whenever it is
+    force: bool = False
+    _took: float = 0.0
 
     @classmethod
     def of(cls, conn: sqlite3.Connection) -> Watch:
@@ -53,9 +65,25 @@ class Watch:
 
     def changed(self, conn: sqlite3.Connection) -> int | None:
         """Inside the batch's transaction: the new data_version when another connection
-        committed since, else None."""
+        committed since (and a reconcile is due), else None."""
         now = _data_version(conn)
-        return None if now == self.version else now
+        if now == self.version or not (self.force or time.monotonic() >= self.not_before):
+            return None
+        self.force = False
+        return now
+
+    def check(self, tx: Tx, head_n: int) -> bool:
+        """:func:`check`, timed for the spacing of the next."""
+        started = time.monotonic()
+        try:
+            return check(tx, head_n)
+        finally:
+            self._took = time.monotonic() - started
+
+    def reconciled(self, version: int) -> None:
+        """The batch that checked has committed: the store is accounted for up to ``version``."""
+        self.version = version
+        self.not_before = time.monotonic() + SPACING * self._took
 
 
 #: Each cell's entries and characters, counted by SQLite itself: every start recounts them,
@@ -77,6 +105,8 @@ def _counted(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
 
 
 def _stored(conn: sqlite3.Connection) -> dict[tuple[str, str], list[int]]:
+    if not conn.execute(fmt.SELECT_USAGE_TABLE).fetchone():
+        return {}  # dropped by another program: every cell differs, and recount makes it again
     return {(str(t), str(s)): [int(n), int(u)] for t, s, n, u in conn.execute(fmt.SELECT_USAGE)}
 
 
@@ -91,6 +121,7 @@ def recount(tx: Tx) -> None:
     """memoryd_usage (what the budgets are enforced against) from the entries themselves."""
     conn = tx.conn
     counted = _counted(conn)
+    conn.execute(storefile.USAGE_TABLE)
     conn.execute("DELETE FROM memoryd_usage")
     conn.executemany("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?, ?, ?, ?)",
                      [(t, s, n, u) for (t, s), (n, u) in counted.items()])
@@ -158,6 +189,10 @@ def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
     if newest is not None and conn.execute("SELECT 1 FROM memoryd_ledger WHERE audit_seq = ?", (newest,)).fetchone():
         newest = None
     ledger.append(tx, "foreign", body, audit_seq=newest)
+    # The next audit row's seq must be one no ledger row claims (another program's row may
+    # claim one not written yet): the audit table's counter moves past them all.
+    conn.execute("UPDATE sqlite_sequence SET seq = (SELECT max(audit_seq) FROM memoryd_ledger) WHERE name = 'audit' "
+                 "AND seq < (SELECT max(audit_seq) FROM memoryd_ledger)")
     recount(tx)
     if changed or removed:
         # its text may be anywhere in the index, or in none: index every entry again
@@ -199,7 +234,13 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
             return
         tip = tx.tip[0] if tx.tip else 0
         since = tip
-        if stop is not None:
+        if stop is not None and stop.event != "stop" and stop.n < tip:
+            # killed, or stopped without witnessing: its last rows and another program's
+            # look alike, and only the log can say that nothing vouches for them
+            log.warning("memoryd did not stop cleanly: ledger rows %d–%d came after the last head witnessed outside "
+                        "the store (row %d), and nothing there vouches for who wrote them; memoryctl audit explain "
+                        "shows what they claim", stop.n + 1, tip, stop.n)
+        if stop is not None and stop.event == "stop":
             row = conn.execute("SELECT hash FROM memoryd_ledger WHERE n = ?", (stop.n,)).fetchone()
             if row is None or row[0] != stop.hash:
                 log.error("ledger row %d, the head the heads file witnessed at memoryd's last stop, is %s: the ledger "
@@ -208,7 +249,7 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
                 untouched = False
             elif stop.n < tip:
                 since = stop.n
-        if untouched and since == tip:
+        if untouched and since == tip and store.trusted(conn):
             return  # the file is as memoryd's last stop left it: its counts are memoryd's own
         if since == tip and store.trusted(conn) and not _usage_changes(conn):
             return  # the cheap checks agree: nobody else wrote since memoryd's last commit

@@ -43,8 +43,8 @@ class Heads:
         self._n = 0
         self._at = time.monotonic()
 
-    def last_stop(self) -> WitnessedHead | None:
-        """The head the last run of this store stopped at, when its last line is a stop."""
+    def last(self) -> WitnessedHead | None:
+        """The last head witnessed for this store (a ``stop`` one after a clean stop)."""
         if self.path is None:
             return None
         try:
@@ -52,7 +52,7 @@ class Heads:
         except OSError:
             log.warning("the heads file %s cannot be read: the start checks the store without it", self.path)
             return None
-        return heads[-1] if heads and heads[-1].event == "stop" else None
+        return heads[-1] if heads else None
 
     def untouched(self, stop: WitnessedHead | None) -> bool:
         """Before the store is opened: nobody wrote it since the clean stop ``stop`` recorded."""

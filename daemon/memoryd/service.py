@@ -221,13 +221,14 @@ class Service:
         self.approvals.decide(ctx.peer, p.id, p.outcome, p.by)
         return Empty()
 
-    def check_decider(self, peer: Peer, what: str) -> ProcessFacts:
+    def check_decider(self, peer: Peer, what: str, field: str | None = None) -> ProcessFacts:
         """Raise INVALID_INPUT unless ``peer`` may make a person's decision (``what``) now,
         as it may decide an approval (approvals.check_decider), and under ``approvers =
         "interactive"`` from a process with a controlling terminal; its facts, to record."""
         facts = check_decider(peer, self.config)
         if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
-            raise InvalidInput(f"only a process with a controlling terminal can {what}; run memoryctl in a terminal")
+            raise InvalidInput(f"only a process with a controlling terminal can {what}; run memoryctl in a terminal",
+                               field)
         return facts
 
     async def approval_challenge(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:

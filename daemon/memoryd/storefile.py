@@ -81,6 +81,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 
+#: memoryd_usage (see MEMORYD_TABLES); created again by foreign.recount when another
+#: program dropped it, since the entries hold everything it counts.
+USAGE_TABLE = ("CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
+               "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))")
+
 MEMORYD_TABLES = (
     """CREATE TABLE IF NOT EXISTS memoryd_snapshots (
         session_id TEXT PRIMARY KEY,
@@ -106,8 +111,7 @@ MEMORYD_TABLES = (
     # transactions. A start counts the usage again (foreign.open_chain: the budgets are
     # enforced against it), and trusts the rest (no index rebuild, no tags scan) while
     # nobody else wrote: see ``trusted``.
-    "CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
-    "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))",
+    USAGE_TABLE,
     # A query's rank order as an index: a page without a text walks it, and stops at the
     # page's end. A plain index: dsh-memento's SQLite keeps it up to date unknowingly.
     # memoryd_schema 6: ascending, walked backwards for ORDER BY recall_count DESC,

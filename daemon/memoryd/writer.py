@@ -187,10 +187,8 @@ class Writer:
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int,
                    stop: WitnessedHead | None = None, *, untouched: bool = False) -> Writer:
-        """Open (and migrate) the store on the writer's own new thread, begin the ledger's
-        chain if it has none or reconcile what another program changed (foreign.open_chain;
-        ``stop``: the head the last run stopped at, ``untouched``: nobody wrote since), and
-        read the committed usage."""
+        """Open (and migrate) the store on the writer's own new thread, begin or reconcile
+        the ledger's chain (foreign.open_chain, with the last ``stop``), read the usage."""
         owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
@@ -333,6 +331,7 @@ class Writer:
 
     async def look_outside(self) -> None:
         """Return once a batch begun after this call has checked for others' writes."""
+        self._watch.force = True
         await self._flush()
 
     async def idle(self) -> None:
@@ -448,9 +447,8 @@ class Writer:
             with anyio.CancelScope(shield=True):
                 await self._begin(conn, durable)
                 tx = self.anchor.begin(conn, self._usage)
-                moved = self._watch.changed(conn)
-                head_n = self.anchor.head[0] if self.anchor.head else 0
-                if moved is not None and not await self._owned.run(lambda c: foreign.check(tx, head_n)):
+                moved, head_n = self._watch.changed(conn), self.anchor.head[0] if self.anchor.head else 0
+                if moved is not None and not await self._owned.run(lambda c: self._watch.check(tx, head_n)):
                     moved = None  # not accounted for: the next batch looks again
                 self._since = time.perf_counter()
                 for d in deferred:
@@ -482,7 +480,7 @@ class Writer:
                 await self._owned.run(commit)
             self.anchor.committed(tx)
             if moved is not None:
-                self._watch.version = moved
+                self._watch.reconciled(moved)
             self._usage = tx.usage
             self.entries = (self.entries if tx.entries is None else tx.entries) + added
             self._tail_full = full

@@ -10,8 +10,11 @@ from msgspec import Meta
 
 from .types import _Env, _In, _Out
 
-#: how many witnessed heads one ``audit/verify`` may check
-MAX_HEADS = 100_000
+#: how many witnessed heads one ``audit/verify`` may check (about 90 bytes each: within the
+#: default max_message_bytes)
+MAX_HEADS = 40_000
+#: a ledger row's n is an SQLite integer
+RowNumber = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
 
 
@@ -38,7 +41,7 @@ class WitnessedHead(_Out, omit_defaults=True):
 
 
 class HeadRef(_In):
-    n: Annotated[int, Meta(ge=1)]
+    n: RowNumber
     hash: Sha256
 
 
@@ -50,7 +53,7 @@ class AuditVerifyParams(_Env):
 
 class AuditAcceptParams(_Env):
     #: the ``foreign`` ledger row to accept
-    n: Annotated[int, Meta(ge=1)]
+    n: RowNumber
 
 
 class AuditAccepted(_Out):

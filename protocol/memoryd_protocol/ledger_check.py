@@ -201,9 +201,15 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             broken = True
             break
         prev = row.hash
+        if row.n in state.outside:
+            continue  # another program's row, chained: the foreign row after it says what it did
         try:
             body = decode(row)
-        except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except KeyError:
+            v.problem(f"the row's kind {row.kind!r} is not one memoryd writes", row.n)
+            broken = True
+            break
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             v.problem(f"the row's body cannot be read: {exc}", row.n)
             broken = True
             break
