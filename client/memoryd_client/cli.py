@@ -139,7 +139,7 @@ def _options_after_a_verb(argv: Sequence[str]) -> bool:
 
 #: Every verb, in the order --help lists them (test_cli_quick checks it against build_parser()).
 VERB_NAMES = ("list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit", "proposals", "export",
-              "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket")
+              "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket", "rpc")
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:
@@ -498,7 +498,17 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
         """Print the absolute path of the daemon socket memoryctl connects to: --socket,
           else $MEMORYD_SOCKET, else the per-user default. Contacts no daemon and starts
           none, so it also works before one runs. --json prints {"socket": PATH}.""",
-        'socat - UNIX-CONNECT:"$(memoryctl socket)"\nmemoryctl --socket /tmp/m.sock socket',
+        'memoryctl socket\nmemoryctl --socket /tmp/m.sock socket',
+    )
+    _verb(
+        sub,
+        "rpc",
+        "send raw NDJSON lines from stdin to the daemon, print what it sends",
+        """Connect to the daemon's socket and copy stdin to it and what it sends to stdout,
+          byte for byte: JSON-RPC requests in, replies and notifications out
+          (docs/clients.md has the wire). At the end of stdin, the daemon answers what it
+          was sent, then memoryctl exits 0. Starts no daemon: without one, exit 3.""",
+        """echo '{"jsonrpc":"2.0","id":1,"method":"daemon/status"}' | memoryctl rpc\nmemoryctl rpc < requests.ndjson""",
     )
 
     return parser
@@ -549,16 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help(sys.stderr)
         return EXIT_USAGE
     ctx = Ctx(args, socket=_socket(args), fit=_isatty(sys.stdout))
-    if args.verb == "socket":  # local only: no connection, no autostart
-        from pathlib import Path
+    if args.verb in ("socket", "rpc"):  # no client, no autostart
+        from .local import cmd_rpc, cmd_socket
 
-        path = str(Path(ctx.socket).absolute())
-        if ctx.json:
-            import json
-
-            path = json.dumps({"socket": path})
-        ctx.out(path)
-        return EXIT_OK
+        return cmd_socket(ctx) if args.verb == "socket" else cmd_rpc(ctx)
     try:
         if args.verb in LEAN_VERBS and not args.json:
             return run_quick(ctx)
