@@ -13,7 +13,6 @@ import select
 import signal
 import socket
 import sqlite3
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from .heads import Heads
 from .mcp_host import McpFront
 from .outbound import Outbound
 from .proposals import Proposals
+from .ratelog import RateLimitedLog
 from .readers import Readers
 from .reads import Reads
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
@@ -61,27 +61,6 @@ DRAIN_S = 3.0
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: After such a failure, accept again once a connection closes, or after this long.
 ACCEPT_RETRY_S = 1.0
-
-
-class RateLimitedLog:
-    """One warning, then at most one a minute, saying how many were held back: a condition
-    that repeats on every attempt (a full descriptor table) is one line, not a flood."""
-
-    INTERVAL_S = 60.0
-
-    def __init__(self) -> None:
-        self._last: float | None = None
-        self._held = 0
-
-    def say(self, message: str) -> None:
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self.INTERVAL_S:
-            self._held += 1
-            return
-        more = f" ({self._held} more since the last report)" if self._held else ""
-        log.warning("%s%s", message, more)
-        self._last = now
-        self._held = 0
 
 
 def _refuse(client: socket.socket) -> None:
@@ -209,8 +188,8 @@ class Daemon:
     #: accepted socket connections not yet closed (max_connections counts these)
     _open_sockets: int = 0
     _slot_freed: anyio.Event = field(default_factory=anyio.Event)
-    _accept_log: RateLimitedLog = field(default_factory=RateLimitedLog)
-    _refuse_log: RateLimitedLog = field(default_factory=RateLimitedLog)
+    _accept_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
+    _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     #: the cap on unsent output over every connection (max_unsent_bytes_total)
     outbound: Outbound = field(init=False)
 

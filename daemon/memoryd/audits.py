@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
-import msgspec
-from memoryd_protocol import ledger as fmt
 from memoryd_protocol.audit_types import AuditAccepted, AuditAcceptParams, AuditVerifyParams
 from memoryd_protocol.constants import AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP
 from memoryd_protocol.errors import InvalidInput
@@ -127,9 +125,10 @@ class Audits:
             if row is None or row[0] != "foreign":
                 raise InvalidInput(f"ledger row {p.n} records no change made outside memoryd: audit verify names "
                                    "the rows to accept", "n")
-            for (n, body) in tx.conn.execute("SELECT n, body FROM memoryd_ledger WHERE kind = 'accepted'"):
-                if msgspec.json.decode(body, type=fmt.AcceptedBody).foreign == p.n:
-                    raise InvalidInput(f"ledger row {p.n} was accepted already, by ledger row {n}", "n")
+            done = tx.conn.execute("SELECT n FROM memoryd_ledger WHERE kind = 'accepted' AND ref = ?",
+                                   (str(p.n),)).fetchone()
+            if done is not None:
+                raise InvalidInput(f"ledger row {p.n} was accepted already, by ledger row {done[0]}", "n")
             ledger.accepted(tx, who, p.n, facts)
             return tx.tip[0] if tx.tip else 0
 

@@ -224,7 +224,8 @@ def accepted(tx: Tx, who: LedgerConnection | None, foreign: int, decider: Proces
     """A person accepted the ``foreign`` row ``foreign`` over connection ``who``, whose
     process the kernel showed as ``decider`` when the acceptance arrived."""
     ref = _ensure_connection(tx, who)
-    append(tx, "accepted", AcceptedBody(foreign=foreign, connection=ref, decider=decider))
+    # ref: the row accepted, so that whether it was is one lookup of the ref index
+    append(tx, "accepted", AcceptedBody(foreign=foreign, connection=ref, decider=decider), ref=str(foreign))
 
 
 def failed(tx: Tx, stamp: Stamp, action: str, code: str, message: str,

@@ -19,7 +19,8 @@ and counted like any.
 from __future__ import annotations
 
 import logging
-import time
+
+from .ratelog import RateLimitedLog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,14 +37,11 @@ log = logging.getLogger("memoryd.transports")
 
 
 class Outbound:
-    def __init__(self, limit: int, log_every_s: float = 60.0) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         #: the connections behind, in the order they fell behind (a dict keeps it)
         self._behind: dict[StreamProtocol, None] = {}
-        #: drops are logged one by one at most once per ``log_every_s``, the rest counted
-        self._log_every_s = log_every_s
-        self._logged_at = -float("inf")
-        self._unlogged = 0
+        self._drops = RateLimitedLog(log)
 
     def behind(self, sink: StreamProtocol) -> None:
         """``sink`` has fallen behind, or got more output while behind: enforce the cap."""
@@ -73,12 +71,6 @@ class Outbound:
 
     def _drop(self, sink: StreamProtocol, unsent: int, total: int) -> None:
         self._behind.pop(sink, None)
-        now = time.monotonic()
-        if now - self._logged_at >= self._log_every_s:
-            more = f" ({self._unlogged} more since the last report)" if self._unlogged else ""
-            log.warning("dropping a connection that stopped reading: %d bytes unsent, %d unsent on all connections "
-                        "(max_unsent_bytes_total %d)%s", unsent, total, self.limit, more)
-            self._logged_at, self._unlogged = now, 0
-        else:
-            self._unlogged += 1
+        self._drops.say(f"dropping a connection that stopped reading: {unsent} bytes unsent, {total} unsent on all "
+                        f"connections (max_unsent_bytes_total {self.limit})")
         sink.drop()
