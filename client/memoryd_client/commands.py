@@ -21,8 +21,6 @@ import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE
 from memoryd_protocol.errors import ProtocolError
-from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
-from memoryd_protocol.validation import SessionView
 
 from . import render
 from .auditing import audit_offline, cmd_audit
@@ -32,7 +30,6 @@ from .errors import ApproverKeyUnusable, ClientError, ConnectFailed, ConnectionC
 from .prompt import Approver
 from .running import (
     EXIT_OK,
-    FULL_ID_LENGTH,
     PROG,
     Ctx,
     UsageError,
@@ -45,6 +42,7 @@ from .running import (
     query_request,
     warn_db,
 )
+from .targets import target
 from .watching import cmd_watch
 
 
@@ -80,38 +78,15 @@ async def cmd_add(c: Client, ctx: Ctx) -> None:
     ctx.result(r, lambda: f"added {render.short(r.entry.id)} ({render.usage(r.usage)})")
 
 
-async def _target(c: Client, ctx: Ctx) -> dict[str, str]:
-    """``{match}`` or ``{id}``; an --id shorter than a full id is widened to the one entry of
-    this track/scope, visible to the session, whose id starts with it."""
-    a = ctx.args
-    if a.entry_id is None:
-        return {"match": a.match}
-    prefix: str = a.entry_id
-    if len(prefix) >= FULL_ID_LENGTH or not prefix:
-        return {"id": prefix}
-    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
-    hits = [
-        e.id
-        for e in await c.list()
-        if e.track == a.track
-        and e.scope == a.scope
-        and e.id.startswith(prefix)
-        and view.sees(e.scope, e.workspace_key, e.agent_key)
-    ]
-    if len(hits) > 1:
-        raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
-    return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
-
-
 async def cmd_replace(c: Client, ctx: Ctx) -> None:
-    r = await c.replace(_input(ctx, **await _target(c, ctx)))
+    r = await c.replace(_input(ctx, **await target(c, ctx)))
     ctx.result(
         r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
     )
 
 
 async def cmd_remove(c: Client, ctx: Ctx) -> None:
-    r = await c.remove(_input(ctx, **await _target(c, ctx)))
+    r = await c.remove(_input(ctx, **await target(c, ctx)))
     ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
 
 
