@@ -99,7 +99,10 @@ async def test_budget_needed_is_the_total_the_layer_would_need(daemon_factory: A
         for method, params, needed in cases:
             err = await raw.fail(method, {**params, "write": write_ctx()})
             assert (err.code, err.details) == ("BUDGET_EXCEEDED", {**over, "needed": needed}), method
-            assert err.error["message"].endswith(f"would bring it to {needed}/20 ({needed - 10} more)"), err.error
+            assert err.error["message"] == (
+                f"memory budget exceeded: user/user-global has 10/20 characters used, this write would bring it to "
+                f"{needed}/20 ({needed - 10} more); make room with memoryctl consolidate or memoryctl remove, or raise "
+                f"the budget: user_global = N under [budgets.user] in {cfg}, then restart memoryd"), err.error
         assert await state(raw) == before
     assert d.stop() == 0
     # the same store under a lowered limit: the layer is over budget (10/5)

@@ -125,7 +125,8 @@ def test_budget_check() -> None:
     assert exc.value.details == {"track": "user", "scope": "user-global", "used": 90, "limit": 100, "needed": 101}
     assert exc.value.message == (
         "memory budget exceeded: user/user-global has 90/100 characters used, this write would bring it to "
-        "101/100 (11 more)"
+        "101/100 (11 more); make room with memoryctl consolidate or memoryctl remove, or raise the budget: "
+        "user_global = N under [budgets.user] in memoryd's config.toml, then restart memoryd"
     )
     with pytest.raises(BudgetExceeded) as exc:
         check_budget("agent", "workspace", 150, 100, 1)  # a lowered limit left the layer over budget

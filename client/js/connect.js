@@ -6,6 +6,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import childProcess from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 
 import { MemorydError, clientError, CONNECTION_CLOSED, CONNECTION_FAILED, TIMEOUT } from './errors.js';
 import { Client } from './client.js';
@@ -149,6 +150,36 @@ function oneLineReason(stderr, log) {
   return `: ${reason}`;
 }
 
+/** This module's directory as stack frames name it (a file: URL), and as a path. */
+const OWN_DIR_URL = new URL('.', import.meta.url).href;
+const OWN_DIR = fileURLToPath(OWN_DIR_URL);
+
+/**
+ * `err` with its stack cut to the caller's frames: the frames of this client and of Node's
+ * own modules say nothing to the one who has to act on the message, so a failure raised
+ * from here with no caller in its stack shows the message line alone.
+ */
+function callersStack(err) {
+  const frames = String(err.stack).split('\n').filter((line) => /^\s+at /.test(line));
+  const theirs = frames.filter((f) => !f.includes(OWN_DIR_URL) && !f.includes(OWN_DIR) && !/[( ]node:/.test(f));
+  err.stack = [`${err.name}: ${err.message}`, ...theirs].join('\n');
+  return err;
+}
+
+/**
+ * The autostart command is not there: the one next step is the `memoryd` option (or PATH).
+ * No cause: Node's "spawn memoryd ENOENT" says less than the message, and its stack is ours.
+ */
+function commandNotFound(command, details, option = 'memoryd', call = 'connect') {
+  const where = command.includes('/') ? 'does not exist' : 'was not found on PATH';
+  return callersStack(clientError(
+    CONNECTION_FAILED,
+    `cannot start memoryd: the command '${command}' ${where}; install memoryd or pass its path as the ${option} ` +
+      `option (${call}({ ${option}: '/path/to/memoryd' }))`,
+    { ...details, errno: 'ENOENT' },
+  ));
+}
+
 /**
  * Start the daemon with its own launcher, `memoryd serve --detach --socket PATH [--db]
  * [--config] [...autostartArgs]`: it starts memoryd in its own session (stderr appended to
@@ -167,6 +198,7 @@ async function autostart(socketPath, options, deadline, connectTimeoutMs) {
   const log = path.join(path.dirname(socketPath), AUTOSTART_LOG);
   const details = { socketPath, log, command: [command, ...args] };
   const { error, stdout, stderr } = await runToExit(command, args, Math.max(1, Math.min(deadline - Date.now(), MAX_TIMER_MS)));
+  if (error?.code === 'ENOENT' && error.syscall?.startsWith('spawn')) throw commandNotFound(command, details);
   if (error) {
     const reason = stderr.trim();
     let how;
@@ -302,6 +334,10 @@ export async function spawn(options = {}) {
     await client.initialize(options.initialize ?? {}, { timeoutMs: connectTimeoutMs });
   } catch (err) {
     client.destroy();
+    // Node says ENOENT for a missing cwd too: only then is it not the command that is missing.
+    if (spawnError?.code === 'ENOENT' && (cwd === undefined || fs.existsSync(cwd))) {
+      throw commandNotFound(command, { command, args }, 'command', 'spawn');
+    }
     if (spawnError) {
       throw clientError(CONNECTION_FAILED, `cannot spawn ${command}: ${spawnError.message}`, { command, args, errno: spawnError.code }, spawnError);
     }

@@ -1,12 +1,24 @@
-"""How memoryctl names the one entry a replace, remove or edit works on: MATCH or --id."""
+"""How memoryctl names the one entry a replace, remove or edit works on: MATCH or --id; and
+where an --id that names no entry the session sees lives instead."""
 
 from __future__ import annotations
 
+import shlex
+
+from memoryd_protocol import types as T
+from memoryd_protocol.errors import EntryNotFound, ProtocolError
 from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
-from memoryd_protocol.validation import SessionView
+from memoryd_protocol.validation import SHORT_ID_LENGTH, SessionView
 
 from .client import Client
+from .errors import ClientError
 from .running import FULL_ID_LENGTH, Ctx, UsageError, _workspace
+
+
+def _view(ctx: Ctx) -> SessionView:
+    """The set of entries this run's session (--cwd, --agent) sees."""
+    a = ctx.args
+    return SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
 
 
 async def target(c: Client, ctx: Ctx) -> dict[str, str]:
@@ -18,7 +30,7 @@ async def target(c: Client, ctx: Ctx) -> dict[str, str]:
     prefix: str = a.entry_id
     if len(prefix) >= FULL_ID_LENGTH or not prefix:
         return {"id": prefix}
-    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
+    view = _view(ctx)
     hits = [
         e.id
         for e in await c.list()
@@ -30,3 +42,44 @@ async def target(c: Client, ctx: Ctx) -> dict[str, str]:
     if len(hits) > 1:
         raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
     return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
+
+
+def _located(e: T.Entry, ctx: Ctx) -> str:
+    """Where ``e`` lives, and the options that make this command see it."""
+    a, view = ctx.args, _view(ctx)
+    where = f"entry {e.id[:SHORT_ID_LENGTH]} is in {e.track}/{e.scope}"
+    if e.scope == "workspace":
+        where += f" of workspace {e.workspace_key}"
+    where += f" for agent {e.agent_key!r}" if e.agent_key else ", shared by every agent"
+    options = [f"--track {e.track}"] if e.track != a.track else []
+    if e.scope != a.scope:
+        options.append(f"--scope {e.scope}")
+    if e.scope == "workspace" and e.workspace_key != view.workspace_key:
+        options.append(f"--cwd {shlex.quote(e.workspace_key)}")
+    if e.agent_key not in ("", view.agent_key):
+        options.append(f"--agent {shlex.quote(e.agent_key)}")
+    if not options:  # it is visible now: written since the daemon looked
+        return f"{where}, which this command sees now; run it again"
+    return f"{where}; run again with {' '.join(options)}"
+
+
+async def located(c: Client, ctx: Ctx, exc: EntryNotFound) -> EntryNotFound:
+    """ENTRY_NOT_FOUND for an --id, saying where that entry is when it is in another layer,
+    workspace or agent's set (from the management view, which memoryctl may read and the
+    session's daemon answer must not reveal), or that the store has no such entry. Any
+    other ENTRY_NOT_FOUND comes back as it is."""
+    given = ctx.args.entry_id
+    if not given or "entryId" not in exc.details:
+        return exc
+    try:
+        hits = [e for e in await c.list() if e.id.startswith(given)]
+    except (ProtocolError, ClientError):
+        return exc  # the daemon's own answer still stands
+    id_words = "this id" if len(given) >= FULL_ID_LENGTH else f"an id starting {given}"
+    if not hits:
+        hint = f"no entry anywhere in the store has {id_words}; memoryctl list shows every entry's id"
+    elif len(hits) > 1:
+        hint = f"{len(hits)} entries elsewhere in the store have {id_words}; give more of the id (memoryctl list)"
+    else:
+        hint = _located(hits[0], ctx)
+    return EntryNotFound(f"{exc.message}: {hint}", exc.details)

@@ -27,6 +27,7 @@ import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import ALLOWED_ONCE
 from memoryd_protocol.errors import ProtocolError, StoreUnavailable, WriteDenied
+from memoryd_protocol.paths import default_config_path
 from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, EntryEvent, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
 
@@ -107,14 +108,20 @@ class Pipeline:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""
         return ledger.Stamp(origin=self.who(peer), session_id=view.session_id)
 
+    def config_file(self) -> str:
+        """The config file that sets the budgets, for BUDGET_EXCEEDED to name: the one the
+        daemon read, else the default one it would read at its next start."""
+        path = self.config.config_path
+        return str(path if path is not None else default_config_path())
+
     async def run(self, ctx: RequestContext, view: SessionView, plan: WritePlan[R]) -> R:
-        limits = self.config.budgets
-        check_batch_budget(plan.deltas, self.writer.usage, limits)
+        limits, config_file = self.config.budgets, self.config_file()
+        check_batch_budget(plan.deltas, self.writer.usage, limits, config_file=config_file)
         policy = self.config.policy_for(plan.layers, plan.sources)
         stamp, decision = await self._gate(ctx, view, plan, policy)
 
         def job(tx: Tx) -> R | Steps[R]:
-            check_batch_budget(plan.deltas, tx.usage, limits)
+            check_batch_budget(plan.deltas, tx.usage, limits, config_file=config_file)
             if decision is not None:
                 decision.record(tx)
             for cell, d in plan.deltas.items():

@@ -99,7 +99,10 @@ class Transfer:
             inputs = self._envelope_inputs(p.envelope)
             source_default = None
         if len(inputs) > MAX_IMPORT_ENTRIES:
-            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "entries")
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has {len(inputs)}: "
+                               f"split it into parts of at most {MAX_IMPORT_ENTRIES} entries and import each "
+                               "(with skipExisting, as memoryctl import sends it, entries already in the store are "
+                               "skipped, so re-running a part is safe)", "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.w.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
@@ -140,7 +143,10 @@ class Transfer:
         if env.schema != EXPORT_SCHEMA:
             raise InvalidInput(f"unknown envelope schema {env.schema!r}; expected {EXPORT_SCHEMA!r}", "envelope.schema")
         if len(env.entries) > MAX_IMPORT_ENTRIES:
-            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import", "envelope.entries")
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has "
+                               f"{len(env.entries)}: split it into parts of at most {MAX_IMPORT_ENTRIES} entries and "
+                               "import each (with skipExisting, as memoryctl import sends it, entries already in the "
+                               "store are skipped, so re-running a part is safe)", "envelope.entries")
         inputs: list[EntryInput] = []
         for n, item in enumerate(env.entries):
             try:

@@ -240,7 +240,9 @@ class Writes:
         if not inputs:
             raise InvalidInput("inputs must not be empty", "inputs")
         if len(inputs) > MAX_IMPORT_ENTRIES:
-            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per batch", "inputs")
+            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per batch, and this one has {len(inputs)}: "
+                               f"send them as several memory/seed calls of at most {MAX_IMPORT_ENTRIES} entries each",
+                               "inputs")
         planned: list[Entry] = []
         for n, i in enumerate(inputs):
             try:

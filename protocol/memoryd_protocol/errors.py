@@ -74,6 +74,8 @@ class EntryNotFound(ProtocolError):
 class AmbiguousMatch(ProtocolError):
     CODE = "AMBIGUOUS_MATCH"
     RPC_CODE = ERROR_CODES["AMBIGUOUS_MATCH"]
+    #: how many candidates' ids ``details.ids`` carries, so the caller can name one by id
+    MAX_IDS: ClassVar[int] = 10
 
 
 class WriteDenied(ProtocolError):

@@ -33,6 +33,7 @@ from .constants import (
     RPC_LEVEL_CODES,
     STORE_FAULTS,
 )
+from .errors import AmbiguousMatch
 
 JSON = dict[str, Any]
 
@@ -469,16 +470,12 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
     "AMBIGUOUS_MATCH": _details(
         ["track", "scope", "match", "candidates", "sample"],
         {
-            "track": _TRACK,
-            "scope": _SCOPE,
-            "match": _STR,
-            "candidates": {"type": "integer", "minimum": 2},
-            "sample": {
-                "type": "array",
-                "items": _STR,
-                "maxItems": AMBIGUOUS_SAMPLE_COUNT,
-                "description": "Texts of the first candidates, each cut at 200 characters.",
-            },
+            "track": _TRACK, "scope": _SCOPE, "match": _STR, "candidates": {"type": "integer", "minimum": 2},
+            "sample": {"type": "array", "items": _STR, "maxItems": AMBIGUOUS_SAMPLE_COUNT,
+                       "description": "Texts of the first candidates, each cut at 200 characters."},
+            "ids": {"type": "array", "items": _STR, "minItems": 2, "maxItems": AmbiguousMatch.MAX_IDS,
+                    "description": "The first candidates' entry ids, in full: name one as the input's id "
+                                   "(memoryd always sends them)."},
         },
     ),
     "WRITE_DENIED": _details(

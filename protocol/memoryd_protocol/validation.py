@@ -34,6 +34,8 @@ from .text import (
 from .types import Session, Write
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: the short form of an entry id that memoryctl list shows and memoryctl --id takes
+SHORT_ID_LENGTH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,30 +203,43 @@ def resolve_one(
     if not hits:
         raise EntryNotFound("no memory entry matches", {"track": track, "scope": scope, "match": match})
     if len(hits) > 1:
+        ids = [entry_id for entry_id, _ in hits[: AmbiguousMatch.MAX_IDS]]
+        # Ids only in the message (never text): the short form memoryctl list shows, which
+        # memoryctl --id takes; details.ids has them in full for the wire's id.
+        shown = ", ".join(entry_id[:SHORT_ID_LENGTH] for entry_id in ids)
+        if len(hits) > len(ids):
+            shown += f" and {len(hits) - len(ids)} more"
         raise AmbiguousMatch(
-            f"match is ambiguous: {len(hits)} entries contain it; use a longer, unique substring",
+            f"match is ambiguous: {len(hits)} entries contain it (ids {shown}); name one with its id "
+            "(memoryctl: --id ID; details.ids has the full ids) or use a longer substring",
             {
                 "track": track,
                 "scope": scope,
                 "match": match,
                 "candidates": len(hits),
                 "sample": [cut_units(text, AMBIGUOUS_SAMPLE_UNITS) for _, text in hits[:AMBIGUOUS_SAMPLE_COUNT]],
+                "ids": ids,
             },
         )
     return hits[0][0]
 
 
-def check_budget(track: str, scope: str, used: int, limit: int, delta: int) -> None:
+def check_budget(track: str, scope: str, used: int, limit: int, delta: int, *, config_file: str | None = None) -> None:
     """Refuse a write that would take ``track/scope`` over its limit. A write that does not
     grow usage always passes, even when a lowered limit left the cell over budget.
 
     ``needed`` is the total the cell would need, ``used + delta`` (the reference's
-    ``checkBudget``), not the increment."""
+    ``checkBudget``), not the increment. The message names both ways out: make room, or
+    raise the budget's key in ``config_file`` (the daemon's config file)."""
     needed = used + delta
     if delta > 0 and needed > limit:
+        key = scope.replace("-", "_")  # the config's spelling of the scope
+        where = config_file or "memoryd's config.toml"
         raise BudgetExceeded(
             f"memory budget exceeded: {track}/{scope} has {used}/{limit} characters used, "
-            f"this write would bring it to {needed}/{limit} ({delta} more)",
+            f"this write would bring it to {needed}/{limit} ({delta} more); make room with memoryctl consolidate "
+            f"or memoryctl remove, or raise the budget: {key} = N under [budgets.{track}] in {where}, "
+            "then restart memoryd",
             {"track": track, "scope": scope, "used": used, "limit": limit, "needed": needed},
         )
 
@@ -233,12 +248,15 @@ def check_batch_budget(
     deltas: Mapping[tuple[str, str], int],
     usage: Mapping[tuple[str, str], int],
     limits: Mapping[tuple[str, str], int],
+    *,
+    config_file: str | None = None,
 ) -> None:
     for cell, delta in deltas.items():
-        check_budget(cell[0], cell[1], usage.get(cell, 0), limits[cell], delta)
+        check_budget(cell[0], cell[1], usage.get(cell, 0), limits[cell], delta, config_file=config_file)
 
 
 __all__ = [
+    "SHORT_ID_LENGTH",
     "SessionView",
     "Target",
     "check_batch_budget",
