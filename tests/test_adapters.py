@@ -40,7 +40,7 @@ from memoryd_protocol.adapters import (
 )
 from memoryd_protocol.constants import GRID, MAX_TAG_UNITS
 from memoryd_protocol.errors import AdapterNotFound, AdapterPayload, ProtocolError
-from memoryd_protocol.text import utf16_len
+from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key, utf16_len
 from memoryd_protocol.types import AdapterInfo, Entry, EntryInput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +183,143 @@ def test_markdown_grid_heading_places_entries_and_is_not_a_tag(adapter_id: str) 
     ]
 
 
+def _entry(track: str, scope: str, text: str, workspace_key: str = "", agent_key: str = "") -> Entry:
+    return Entry(id=text, track=track, scope=scope, workspace_key=workspace_key, agent_key=agent_key,
+                 text=text, source="s", tags=[], version=1, created_at=0, updated_at=0, last_recalled=None,
+                 recall_count=0, session_id=None)
+
+
+def _placed(entries: list[EntryInput]) -> list[tuple[str, str, str, list[str] | None, str | None, str | None]]:
+    return [(e.track, e.scope, e.text, e.tags, e.workspace_key, e.agent_key) for e in entries]
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+def test_markdown_placement_heading_names_the_layer_of_the_next_cell(adapter_id: str) -> None:
+    doc = (
+        '## memoryd: workspace "/home/u/proj", agent "coder"\n## agent/workspace\n- a\n### Tools\n- b\n'
+        "## agent/workspace\n- c\n"  # a cell heading without one: the importing session's layer, as before
+        '## memoryd: agent "reviewer"\n\n## user/user-global\n- d\n'  # blank lines between are fine
+        '# memoryd: agent "x", workspace "/srv/r"\n## user/workspace\n- e\n'  # either order, any level
+        "## memoryd: architecture\n- f\n"  # ordinary headings, so tags
+        "## memoryd: workspace setup\n- g\n"
+        '## Memoryd: agent "y"\n- h\n'
+    )
+    adapter = builtin_adapters()[adapter_id]
+    default = ("user", "user-global") if adapter_id == "hermes-memory-md" else ("agent", "user-global")
+    assert _placed(adapter.adapt(doc)) == [
+        ("agent", "workspace", "a", [], "/home/u/proj", "coder"),
+        ("agent", "workspace", "b", ["Tools"], "/home/u/proj", "coder"),
+        ("agent", "workspace", "c", [], None, None),
+        ("user", "user-global", "d", [], None, "reviewer"),
+        ("user", "workspace", "e", [], "/srv/r", "x"),
+        (*default, "f", ["memoryd: architecture"], None, None),
+        (*default, "g", ["memoryd: workspace setup"], None, None),
+        (*default, "h", ['Memoryd: agent "y"'], None, None),
+    ]
+
+
+def test_markdown_placement_values_are_json_strings_normalized_like_session_keys() -> None:
+    doc = (
+        '## memoryd: workspace "/home/u/a b/../c d/", agent "  Coder  "\n## agent/workspace\n- x\n'
+        '## memoryd: workspace "C:\\\\Users\\\\Ann", agent "\\"q\\" \\u00e9 #1"\n## user/workspace\n- y\n'
+        '## memoryd: workspace "/srv/#1 ## x #" ##\n## user/workspace\n- z\n'  # closing hashes are not the value's
+    )
+    assert _placed(builtin_adapters()["claude-code-memory-md"].adapt(doc)) == [
+        ("agent", "workspace", "x", [], "/home/u/c d", "coder"),
+        ("user", "workspace", "y", [], "c:/users/ann", '"q" é #1'),
+        ("user", "workspace", "z", [], "/srv/#1 ## x #", None),
+    ]
+
+
+def test_markdown_export_gives_each_layer_its_own_section() -> None:
+    entries = [
+        _entry("user", "user-global", "u shared"),
+        _entry("user", "user-global", "u coder", agent_key="coder"),
+        _entry("agent", "workspace", "b shared", workspace_key="/b"),
+        _entry("agent", "workspace", "a reviewer", workspace_key="/a", agent_key="reviewer"),
+        _entry("agent", "workspace", "a shared", workspace_key="/a"),
+        _entry("agent", "workspace", "b shared again", workspace_key="/b"),
+        _entry("user", "user-global", "u shared again"),
+    ]
+    for adapter_id in MARKDOWN_IDS:
+        assert builtin_adapters()[adapter_id].export(entries) == (
+            "## user/user-global\n- u shared\n- u shared again\n\n"
+            '## memoryd: agent "coder"\n## user/user-global\n- u coder\n\n'
+            '## memoryd: workspace "/a"\n## agent/workspace\n- a shared\n\n'
+            '## memoryd: workspace "/a", agent "reviewer"\n## agent/workspace\n- a reviewer\n\n'
+            '## memoryd: workspace "/b"\n## agent/workspace\n- b shared\n- b shared again\n'
+        )
+
+
+def test_markdown_export_quotes_keys_as_one_line_json_strings() -> None:
+    workspace = '/srv/#1 "x"\\y\n\u2028\x85\x7f ü 😀'
+    document = builtin_adapters()["hermes-memory-md"].export(
+        [_entry("user", "workspace", "t", workspace_key=workspace, agent_key="a b #c")]
+    )
+    assert document == (
+        '## memoryd: workspace "/srv/#1 \\"x\\"\\\\y\\n\\u2028\\u0085\\u007f ü 😀", agent "a b #c"\n'
+        "## user/workspace\n- t\n"
+    )
+    (back,) = builtin_adapters()["hermes-memory-md"].adapt(document)
+    assert (back.workspace_key, back.agent_key) == (workspace, "a b #c")
+
+
+_CELL = "## agent/workspace\n- x\n"
+_FORM = "write it as '## memoryd: workspace \"/abs/path\", agent \"name\"' (either part may be left out)"
+_NOT_FOLLOWED = (": a placement heading must be followed directly by a '## <track>/<scope>' heading (such as "
+                 "'## agent/workspace'); add one or remove the placement heading")
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+@pytest.mark.parametrize(
+    ("doc", "line", "says"),
+    [
+        ('- a\n## memoryd: workspace "/a" agent "b"\n' + _CELL, 2, f" is a malformed placement heading; {_FORM}"),
+        ('## memoryd: agent "a", agent "b"\n' + _CELL, 1, f" is a malformed placement heading; {_FORM}"),
+        ('## memoryd: agent "a",\n' + _CELL, 1, f" is a malformed placement heading; {_FORM}"),
+        ('## memoryd: workspace "/a\n' + _CELL, 1, f" is a malformed placement heading; {_FORM}"),
+        ('## memoryd: agent "a\\q"\n' + _CELL, 1,
+         f" is a malformed placement heading (its agent is not a valid JSON string); {_FORM}"),
+        ('## memoryd: workspace "a\tb"\n' + _CELL, 1,
+         f" is a malformed placement heading (its workspace is not a valid JSON string); {_FORM}"),
+        ('## memoryd: workspace "proj"\n' + _CELL, 1,
+         ": the placement heading's workspace is invalid (cwd must be an absolute path); correct it or remove the "
+         "heading"),
+        ('## memoryd: workspace "/' + "a" * 4096 + '"\n' + _CELL, 1,
+         ": the placement heading's workspace is invalid (cwd (workspaceKey) longer than 4096 characters); correct "
+         "it or remove the heading"),
+        ('## memoryd: workspace "/a\\ud800"\n' + _CELL, 1,
+         ": the placement heading's workspace is invalid (workspaceKey contains a lone UTF-16 surrogate); correct it "
+         "or remove the heading"),
+        ('## memoryd: workspace "/a", agent "' + "x" * 257 + '"\n' + _CELL, 1,
+         ": the placement heading's agent is invalid (agentPreset (agentKey) longer than 256 characters); correct it "
+         "or remove the heading"),
+        ('## memoryd: agent "a\\u0007"\n' + _CELL, 1,
+         ": the placement heading's agent is invalid (agentKey must not contain control characters); correct it or "
+         "remove the heading"),
+        ('## memoryd: workspace " "\n' + _CELL, 1,
+         ": the placement heading's workspace is empty; name one or leave the workspace out"),
+        ('## memoryd: agent ""\n' + _CELL, 1, ": the placement heading's agent is empty; name one or leave the agent out"),
+        ('## memoryd: workspace "/a"\n## user/user-global\n- x\n', 1,
+         ": the placement heading names a workspace, but 'user/user-global' entries have none; leave the workspace "
+         "out or place the entries in a workspace section"),
+        ('## memoryd: agent "a"\n- x\n', 1, _NOT_FOLLOWED),
+        ('## memoryd: agent "a"\n## Tools\n' + _CELL, 1, _NOT_FOLLOWED),
+        ('## memoryd: agent "a"\n## memoryd: agent "b"\n' + _CELL, 1, _NOT_FOLLOWED),
+        ('## memoryd: agent "a"\nprose\n' + _CELL, 1, _NOT_FOLLOWED),
+        ('- x\n\n## memoryd: agent "a"\n\n', 3, _NOT_FOLLOWED),
+    ],
+)
+def test_markdown_placement_heading_errors_name_its_line(adapter_id: str, doc: str, line: int, says: str) -> None:
+    adapter = builtin_adapters()[adapter_id]
+    with pytest.raises(AdapterPayload) as info:
+        adapter.adapt(doc)
+    assert info.value.details == {"adapterId": adapter_id, "line": line}
+    assert info.value.message == f"{adapter_id}: line {line}{says}"
+    with pytest.raises(AdapterPayload):
+        adapt_payload(adapter, doc)  # the daemon's calling convention passes it through as is
+
+
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 def test_markdown_errors_name_the_line_with_crlf(adapter_id: str) -> None:
     doc = "# A\r\n- ok\r\n\r\n-   \r\n"
@@ -285,19 +422,27 @@ _tags = st.lists(
 )
 
 
+#: Stored (normalized) keys that a placement heading must carry through: ``#``, quotes,
+#: backslashes, spaces, line breaks, C1 controls, U+2028, non-ASCII and a Windows drive.
+_WORKSPACES = ["/w", "/home/u/my proj", "/srv/#1 ## x #", '/q/"x"\\y', "/t/\ttab\nnl\u2028\x85", "/home/ü/日本語/😀",
+               "c:/users/x"]
+_AGENTS = ["", "coder", "a b #c", '"q"\\', "日本\u2028x", "x" * 256]
+
+
 @st.composite
-def _entries(draw: st.DrawFn) -> list[Entry]:
+def _entries(draw: st.DrawFn, odd_keys: bool = False) -> list[Entry]:
     out = []
     for i in range(draw(st.integers(min_value=0, max_value=8))):
         track, scope = draw(st.sampled_from(GRID))
         created = draw(st.integers(min_value=0, max_value=4_102_444_800_000))  # up to 2100
+        workspace = draw(st.sampled_from(_WORKSPACES)) if odd_keys else "/w"
         out.append(
             Entry(
                 id=f"id-{i}",
                 track=track,
                 scope=scope,
-                workspace_key="/w" if scope == "workspace" else "",
-                agent_key=draw(st.sampled_from(["", "coder"])),
+                workspace_key=workspace if scope == "workspace" else "",
+                agent_key=draw(st.sampled_from(_AGENTS if odd_keys else ["", "coder"])),
                 text=draw(_texts),
                 source=draw(st.sampled_from(["dsh-memento", "memory-tool"])),
                 tags=draw(_tags),
@@ -312,23 +457,47 @@ def _entries(draw: st.DrawFn) -> list[Entry]:
     return out
 
 
-def _grid_order(entries: list[Entry]) -> list[Entry]:
-    return sorted(entries, key=lambda e: GRID.index((e.track, e.scope)))  # stable: creation order kept
+def _export_order(entries: list[Entry]) -> list[Entry]:
+    """Grid order, then layer (workspace, agent) in code-point order; stable: creation order kept."""
+    return sorted(entries, key=lambda e: (GRID.index((e.track, e.scope)), e.workspace_key, e.agent_key))
 
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 @settings(max_examples=150)
-@given(entries=_entries())
+@given(entries=_entries(odd_keys=True))
 def test_markdown_export_then_adapt_round_trips(adapter_id: str, entries: list[Entry]) -> None:
     adapter = builtin_adapters()[adapter_id]
     document = adapter.export(entries)
     back = adapter.adapt(document)
     expected = [
-        (e.track, e.scope, " ".join(e.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")))
-        for e in _grid_order(entries)
+        (e.track, e.scope, " ".join(e.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")),
+         e.workspace_key or None, e.agent_key or None)
+        for e in _export_order(entries)
     ]
-    assert [(e.track, e.scope, e.text) for e in back] == expected
+    assert [(e.track, e.scope, e.text, e.workspace_key, e.agent_key) for e in back] == expected
     assert all(e.tags == [] and e.source == adapter_id for e in back)
+    # the same keys the daemon would store: nothing for the pipeline to normalize away
+    assert all(normalize_workspace_key(e.workspace_key) == e.workspace_key for e in back if e.workspace_key)
+    assert all(normalize_agent_key(e.agent_key) == e.agent_key for e in back if e.agent_key)
+
+
+@pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
+@settings(max_examples=100)
+@given(entries=_entries(odd_keys=True))
+def test_markdown_export_stays_readable_by_the_reference_provider(adapter_id: str, entries: list[Entry]) -> None:
+    """dsh-memento's markdown adapters know '## ' headings and '- ' bullets only (its hermes one
+    refuses any other line) and tag a bullet with the last '## ' heading above it: an export
+    still imports there as it did, every bullet tagged with its '<track>/<scope>'."""
+    section = ""
+    tags = []
+    for line in builtin_adapters()[adapter_id].export(entries).split("\n"):
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("- "):
+            tags.append(section)
+        else:
+            assert line == ""
+    assert tags == [f"{e.track}/{e.scope}" for e in _export_order(entries)]
 
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
@@ -341,6 +510,7 @@ def test_markdown_round_trip_of_markdown_looking_texts(adapter_id: str) -> None:
         "*",
         "# not a heading",
         "## user/workspace",
+        '## memoryd: agent "x"',
         "```",
         "~~~ x",
         "---",
@@ -373,7 +543,7 @@ def test_markdown_round_trip_of_markdown_looking_texts(adapter_id: str) -> None:
     adapter = builtin_adapters()[adapter_id]
     back = adapter.adapt(adapter.export(entries))
     assert [e.text for e in back] == [
-        "--", "- -", "* *", "-", "*", "# not a heading", "## user/workspace", "```", "~~~ x", "---",
+        "--", "- -", "* *", "-", "*", "# not a heading", "## user/workspace", '## memoryd: agent "x"', "```", "~~~ x", "---",
         "1. item", "**bold**", "a  b", "a - b", "tab inside\tand after", "😀 日本語",
     ]  # fmt: skip
     assert {(e.track, e.scope) for e in back} == {("user", "user-global")}
@@ -395,7 +565,14 @@ def test_markdown_export_shape() -> None:
     entries = _export_entries()
     document = builtin_adapters()["hermes-memory-md"].export(entries)
     headings = [line for line in document.splitlines() if line.startswith("#")]
-    assert headings == ["## user/user-global", "## user/workspace", "## agent/user-global", "## agent/workspace"]
+    assert headings == [
+        "## user/user-global",
+        '## memoryd: workspace "/home/alice/repo"',
+        "## user/workspace",
+        "## agent/user-global",
+        '## memoryd: workspace "/home/alice/repo", agent "coder"',
+        "## agent/workspace",
+    ]
     assert builtin_adapters()["hermes-memory-md"].export([]) == ""
 
 

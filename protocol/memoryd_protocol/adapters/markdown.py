@@ -8,17 +8,45 @@ Sections. A heading of *any* level (``#``, ``##``, ``###``, …; ``#`` followed 
 or the end of the line, optional closing ``#``s) opens a section that lasts until the next
 heading of the same or a higher level. (The reference provider only recognised ``## ``.)
 
-* Placement: a heading that is exactly ``<track>/<scope>`` - ``user/user-global``,
+* Cell: a heading that is exactly ``<track>/<scope>`` - ``user/user-global``,
   ``user/workspace``, ``agent/user-global``, ``agent/workspace``, the headings these
   adapters' own exports write - places the entries inside it (including those under its
   sub-headings) in that track/scope, so export → import round-trips. Outside such a
   section entries land in ``user/user-global`` for ``hermes-memory-md`` (a Hermes
   MEMORY.md is about the user) and in ``agent/user-global`` for ``claude-code-memory-md``
-  (a CLAUDE.md holds environment facts and conventions). ``workspace`` entries carry no
-  workspace key: the import pipeline files them under the importing session's workspace.
-* Tags: the name of the innermost enclosing heading that is not a ``<track>/<scope>``
-  heading becomes the entry's one tag (trimmed, whitespace collapsed, cut to the 32-unit
-  tag limit with ``…`` rather than failing). Entries outside any named section get none.
+  (a CLAUDE.md holds environment facts and conventions).
+* Workspace and agent layer: a *placement heading* names them for the ``<track>/<scope>``
+  heading that follows it directly (only blank lines between)::
+
+      ## memoryd: workspace "/home/u/proj", agent "coder"
+      ## agent/workspace
+      - Run make check before pushing.
+
+  Its name is ``memoryd:`` and then ``workspace "<path>"``, ``agent "<key>"`` or both,
+  comma-separated, in either order. Each value is a JSON string: ``"``, ``\\`` and control
+  characters are escaped, while ``#``, spaces and non-ASCII stand as they are. The value
+  is normalized and checked as the daemon checks a session's cwd and agentPreset
+  (``normalize_workspace_key``: an absolute POSIX or Windows-drive path of at most 4096
+  UTF-16 units; ``normalize_agent_key``: trimmed, ASCII-folded, at most 256 units, no
+  control characters; neither may be empty), so a placement heading may name a workspace
+  the importing user never had (it is a restore) but never an invalid one. What a placement heading
+  leaves out, and every section without one, gets what an import gives an entry without
+  keys: the importing session's workspace and agent layer. So a shared-layer (``''``
+  agent) entry needs no placement heading, and restores to the shared layer when imported
+  from a session without an agentPreset (memoryctl's default); user-global entries have
+  no workspace, and a placement heading naming one before a user-global cell is refused.
+  The placement heading is a ``## `` line of its own, not a sub-heading, because the
+  reference provider knows ``## `` headings only: it takes a placement heading for an
+  empty section, still tags the bullets with their ``<track>/<scope>`` heading, and its
+  hermes adapter (which refuses every other line) still imports the file. Only a name
+  starting ``memoryd: workspace "`` or ``memoryd: agent "`` is a placement heading; one
+  that then does not parse, is not followed directly by a ``<track>/<scope>`` heading or
+  names an invalid value is ``ADAPTER_PAYLOAD`` naming its line. Any other heading, such
+  as ``## memoryd: architecture``, is an ordinary one.
+* Tags: the name of the innermost enclosing heading that is neither a ``<track>/<scope>``
+  nor a placement heading becomes the entry's one tag (trimmed, whitespace collapsed, cut
+  to the 32-unit tag limit with ``…`` rather than failing). Entries outside any named
+  section get none.
 
 Entries. ``source`` is the adapter id. Texts are trimmed.
 
@@ -35,22 +63,27 @@ Entries. ``source`` is the adapter id. Texts are trimmed.
 
 Both refuse, naming the line: an empty bullet, and a line with a lone UTF-16 surrogate.
 
-Export (both adapters, a markdown string): one ``## <track>/<scope>`` section per
-non-empty cell in grid order (user/user-global, user/workspace, agent/user-global,
-agent/workspace), each a list of ``- <text>`` bullets in the order given (the daemon passes
-creation order); line breaks inside a text become spaces; sections are separated by a
-blank line; the document ends with a newline and is ``""`` when there are no entries.
-Workspace keys, agent keys, tags and sources are not written.
+Export (both adapters, a markdown string): for each non-empty cell in grid order
+(user/user-global, user/workspace, agent/user-global, agent/workspace), one
+``## <track>/<scope>`` section per layer, the layers in code-point order of (workspace
+key, agent key) so the shared layer comes first; a layer with a workspace or an agent key
+gets its placement heading on the line before (values as JSON strings, with U+007F-U+009F,
+U+2028 and U+2029 escaped too). A section is a list of ``- <text>`` bullets in the order
+given (the daemon passes creation order); line breaks inside a text become spaces;
+sections are separated by a blank line; the document ends with a newline and is ``""``
+when there are no entries. Tags and sources are not written.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..constants import GRID, Scope, Track
-from ..text import has_lone_surrogate
+from ..errors import InvalidInput
+from ..text import has_lone_surrogate, normalize_agent_key, normalize_workspace_key
 from ..types import Entry, EntryInput
 from .base import AdapterBase, fit_tag, flatten, json_type
 
@@ -64,11 +97,31 @@ _FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _GRID_HEADINGS: Final[dict[str, tuple[Track, Scope]]] = {f"{t}/{s}": (t, s) for t, s in GRID}
 
+_PLACEMENT_PREFIX: Final = "memoryd:"
+_PLACEMENT_START = re.compile(r'memoryd:[ \t]+(?:workspace|agent)[ \t]+"')
+_PLACEMENT_PART = re.compile(r'[ \t]*(workspace|agent)[ \t]+("(?:[^"\\]|\\.)*")[ \t]*(?:(,)|\Z)')
+# Left raw by json.dumps(ensure_ascii=False) but taken for line breaks or invisible by some
+# readers; escaping them keeps a placement heading one visible line.
+_ESCAPE_TOO = re.compile("[\x7f-\x9f\u2028\u2029]")
+_PLACEMENT_FORM: Final = "'## memoryd: workspace \"/abs/path\", agent \"name\"' (either part may be left out)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """A placement heading: its line and the keys it names (``None``: not named)."""
+
+    line: int
+    workspace_key: str | None
+    agent_key: str | None
+
 
 @dataclass(frozen=True, slots=True)
 class _Heading:
     level: int
     name: str
+    cell: tuple[Track, Scope] | None = None
+    placement: _Placement | None = None  # on a cell heading: the placement heading before it
+    is_placement: bool = False
 
 
 @dataclass(slots=True)
@@ -79,6 +132,7 @@ class _Block:
     joiner: str
     track: Track
     scope: Scope
+    placement: _Placement | None
     tag: str | None
 
 
@@ -87,7 +141,7 @@ def _heading(line: str) -> _Heading | None:
     if m is None:
         return None
     name = _CLOSING_HASHES.sub("", m.group(2) or "").strip()
-    return _Heading(len(m.group(1)), name)
+    return _Heading(len(m.group(1)), name, cell=_GRID_HEADINGS.get(name))
 
 
 def _bullet(line: str) -> str | None:
@@ -96,6 +150,17 @@ def _bullet(line: str) -> str | None:
     if m is None:
         return None
     return (m.group(1) or "").strip()
+
+
+def _quote(value: str) -> str:
+    """``value`` as a one-line JSON string, non-ASCII kept readable."""
+    return _ESCAPE_TOO.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+
+
+def _placement_heading(workspace_key: str, agent_key: str) -> str | None:
+    """The placement heading line of a layer, or ``None`` when it needs none."""
+    parts = [f"{key} {_quote(value)}" for key, value in (("workspace", workspace_key), ("agent", agent_key)) if value]
+    return f"## {_PLACEMENT_PREFIX} {', '.join(parts)}" if parts else None
 
 
 class MarkdownAdapter(AdapterBase):
@@ -119,7 +184,7 @@ class MarkdownAdapter(AdapterBase):
             id=id,
             name=name,
             description=description,
-            version="1.0.0",
+            version="1.1.0",
             import_formats=[MARKDOWN_FORMAT],
             export_format=MARKDOWN_FORMAT,
         )
@@ -144,12 +209,14 @@ class MarkdownAdapter(AdapterBase):
         stack: list[_Heading] = []
         block: _Block | None = None
         fence: str | None = None  # the open fence's marker, e.g. "```"
+        pending: _Placement | None = None  # a placement heading still waiting for its cell heading
 
         def flush() -> None:
             nonlocal block
             if block is not None:
                 text = block.joiner.join(block.parts).strip()
                 if text:
+                    where = block.placement
                     entries.append(
                         EntryInput(
                             track=block.track,
@@ -157,13 +224,15 @@ class MarkdownAdapter(AdapterBase):
                             text=text,
                             tags=[block.tag] if block.tag else [],
                             source=self.id,
+                            workspace_key=where.workspace_key if where else None,
+                            agent_key=where.agent_key if where else None,
                         )
                     )
                 block = None
 
         def start(first: str, joiner: str) -> _Block:
-            track, scope = self._cell(stack)
-            return _Block([first], joiner, track, scope, self._tag(stack))
+            track, scope, placement = self._cell(stack)
+            return _Block([first], joiner, track, scope, placement, self._tag(stack))
 
         for number, line in enumerate(lines, start=1):
             if has_lone_surrogate(line):
@@ -183,6 +252,14 @@ class MarkdownAdapter(AdapterBase):
                 continue
 
             heading = _heading(line)
+            if pending is not None:
+                if heading is None or heading.cell is None:
+                    raise self._unplaced(pending)
+                heading = self._placed(heading, pending)
+                pending = None
+            elif heading is not None and _PLACEMENT_START.match(heading.name):
+                pending = self._placement(heading.name, number)
+                heading = replace(heading, is_placement=True)
             if heading is not None:
                 flush()
                 while stack and stack[-1].level >= heading.level:
@@ -218,20 +295,79 @@ class MarkdownAdapter(AdapterBase):
                 block.parts.append(line.strip())
             else:
                 block = start(line.strip(), " ")
+        if pending is not None:
+            raise self._unplaced(pending)
         flush()
         return entries
 
-    def _cell(self, stack: list[_Heading]) -> tuple[Track, Scope]:
+    def _placement(self, name: str, line: int) -> _Placement:
+        """The keys a placement heading names, normalized as the daemon normalizes them."""
+        values: dict[str, str] = {}
+        pos = len(_PLACEMENT_PREFIX)
+        while True:
+            m = _PLACEMENT_PART.match(name, pos)
+            if m is None or m.group(1) in values:
+                raise self.error(f"line {line} is a malformed placement heading; write it as {_PLACEMENT_FORM}",
+                                 line=line)
+            try:
+                values[m.group(1)] = json.loads(m.group(2))
+            except ValueError:
+                raise self.error(
+                    f"line {line} is a malformed placement heading (its {m.group(1)} is not a valid JSON string); "
+                    f"write it as {_PLACEMENT_FORM}",
+                    line=line,
+                ) from None
+            if m.group(3) is None:
+                break
+            pos = m.end()
+        workspace = values.get("workspace")
+        agent = values.get("agent")
+        try:
+            workspace_key = None if workspace is None else normalize_workspace_key(workspace)
+            agent_key = None if agent is None else normalize_agent_key(agent)
+        except InvalidInput as exc:
+            which = "workspace" if exc.details.get("field") == "workspaceKey" else "agent"
+            raise self.error(
+                f"line {line}: the placement heading's {which} is invalid ({exc.message}); correct it or remove "
+                "the heading",
+                line=line,
+            ) from None
+        for which, key in (("workspace", workspace_key), ("agent", agent_key)):
+            if key == "":
+                raise self.error(
+                    f"line {line}: the placement heading's {which} is empty; name one or leave the {which} out",
+                    line=line,
+                )
+        return _Placement(line, workspace_key, agent_key)
+
+    def _placed(self, heading: _Heading, placement: _Placement) -> _Heading:
+        assert heading.cell is not None
+        track, scope = heading.cell
+        if placement.workspace_key is not None and scope != "workspace":
+            raise self.error(
+                f"line {placement.line}: the placement heading names a workspace, but '{track}/{scope}' entries have "
+                "none; leave the workspace out or place the entries in a workspace section",
+                line=placement.line,
+            )
+        return replace(heading, placement=placement)
+
+    def _unplaced(self, placement: _Placement) -> Exception:
+        return self.error(
+            f"line {placement.line}: a placement heading must be followed directly by a '## <track>/<scope>' "
+            "heading (such as '## agent/workspace'); add one or remove the placement heading",
+            line=placement.line,
+        )
+
+    def _cell(self, stack: list[_Heading]) -> tuple[Track, Scope, _Placement | None]:
         for heading in reversed(stack):
-            cell = _GRID_HEADINGS.get(heading.name)
-            if cell is not None:
-                return cell
-        return self.default_track, self.default_scope
+            if heading.cell is not None:
+                return (*heading.cell, heading.placement)
+        return self.default_track, self.default_scope, None
 
     @staticmethod
     def _tag(stack: list[_Heading]) -> str | None:
         for heading in reversed(stack):
-            if heading.name not in _GRID_HEADINGS:
+            if heading.cell is None and not heading.is_placement:
                 return fit_tag(heading.name)
         return None
 
@@ -240,9 +376,16 @@ class MarkdownAdapter(AdapterBase):
     def export(self, entries: list[Entry]) -> str:
         sections: list[str] = []
         for track, scope in GRID:
-            bullets = [f"- {flatten(e.text)}" for e in entries if e.track == track and e.scope == scope]
-            if bullets:
-                sections.append("\n".join([f"## {track}/{scope}", *bullets]))
+            layers: dict[tuple[str, str], list[str]] = {}
+            for e in entries:
+                if e.track == track and e.scope == scope:
+                    # user-global entries have no workspace (the store never gives them one)
+                    layer = (e.workspace_key if scope == "workspace" else "", e.agent_key)
+                    layers.setdefault(layer, []).append(f"- {flatten(e.text)}")
+            for workspace_key, agent_key in sorted(layers):
+                above = _placement_heading(workspace_key, agent_key)
+                lines = [above] if above else []
+                sections.append("\n".join([*lines, f"## {track}/{scope}", *layers[(workspace_key, agent_key)]]))
         return "\n\n".join(sections) + "\n" if sections else ""
 
 
@@ -256,7 +399,8 @@ class HermesMemoryMdAdapter(MarkdownAdapter):
             description=(
                 "Markdown of section headings (any level) and '- '/'* ' bullets: each bullet is an entry "
                 "tagged with its section name; any other non-blank line is refused. '## <track>/<scope>' "
-                "headings choose the track/scope, else user/user-global."
+                "headings choose the track/scope, else user/user-global; a '## memoryd: workspace \"...\", "
+                "agent \"...\"' heading right before one names its workspace and agent layer."
             ),
             default_track="user",
             default_scope="user-global",
@@ -274,7 +418,9 @@ class ClaudeCodeMemoryMdAdapter(MarkdownAdapter):
             description=(
                 "Markdown of headings (any level), bullets and prose: each bullet and each paragraph "
                 "(lines joined by one space) is an entry tagged with its section name. "
-                "'## <track>/<scope>' headings choose the track/scope, else agent/user-global."
+                "'## <track>/<scope>' headings choose the track/scope, else agent/user-global; a "
+                "'## memoryd: workspace \"...\", agent \"...\"' heading right before one names its workspace "
+                "and agent layer."
             ),
             default_track="agent",
             default_scope="user-global",
