@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import add
+from memoryd.app import listener_name
 from memoryd.storefile import MIGRATIONS
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
@@ -261,14 +262,18 @@ async def test_internal_failure_is_32603_with_trace_in_log_only(daemon: Any) -> 
     assert "secret" not in log
 
 
-def test_systemd_socket_activation_and_notify(tmp_path: Path) -> None:
-    """Under systemd: the inherited listening socket (fd 3, LISTEN_FDS) is served and
-    READY=1 reaches NOTIFY_SOCKET once the store is open."""
-    sock_path = Path(tempfile.mkdtemp(prefix="md-", dir="/tmp")) / "act.sock"
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_systemd_socket_activation_and_notify(tmp_path: Path, abstract: bool) -> None:
+    """Under systemd: the inherited listening socket (fd 3, LISTEN_FDS) is served, READY=1
+    reaches NOTIFY_SOCKET once the store is open, and the ready line names the socket served
+    (not the configured --socket): its path, or "@name" for an abstract one."""
+    short = Path(tempfile.mkdtemp(prefix="md-", dir="/tmp"))
+    address = f"\0memoryd-test-{short.name}" if abstract else str(short / "act.sock")
+    served = f"@memoryd-test-{short.name}" if abstract else str(short / "act.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock_path))
+    listener.bind(address)
     listener.listen(8)
-    notify_path = sock_path.with_name("notify")
+    notify_path = short / "notify"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     notify.settimeout(20)
@@ -277,16 +282,17 @@ def test_systemd_socket_activation_and_notify(tmp_path: Path) -> None:
     def as_fd3() -> None:
         os.dup2(fd, 3)
 
-    env = dict(os.environ, LISTEN_FDS="1", NOTIFY_SOCKET=str(notify_path))
+    env = dict(os.environ, LISTEN_FDS="1", NOTIFY_SOCKET=str(notify_path), MEMORYD_LOG_LEVEL="info")
     # systemd sets LISTEN_PID to the service's pid; `exec` keeps the shell's pid for python
-    proc = subprocess.Popen(["sh", "-c", f'LISTEN_PID=$$ exec "{sys.executable}" -m memoryd serve --db '
-                             f'"{tmp_path / "m.db"}" --socket "{tmp_path / "unused.sock"}"'],
-                            env=env, preexec_fn=as_fd3, close_fds=False,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (tmp_path / "stderr").open("wb") as stderr:
+        proc = subprocess.Popen(["sh", "-c", f'LISTEN_PID=$$ exec "{sys.executable}" -m memoryd serve --db '
+                                 f'"{tmp_path / "m.db"}" --socket "{tmp_path / "unused.sock"}"'],
+                                env=env, preexec_fn=as_fd3, close_fds=False,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         assert notify.recv(64) == b"READY=1"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-            c.connect(str(sock_path))
+            c.connect(address)
             c.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon/status"}\n')
             reply = json.loads(c.makefile("rb").readline())
         assert reply["result"]["store"]["path"] == str(tmp_path / "m.db")
@@ -297,4 +303,16 @@ def test_systemd_socket_activation_and_notify(tmp_path: Path) -> None:
         assert proc.wait(10) == 0
         listener.close()
         notify.close()
-        shutil.rmtree(sock_path.parent, ignore_errors=True)
+        shutil.rmtree(short, ignore_errors=True)
+    # the ready line is logged just after READY=1 is sent: read once the daemon has exited
+    log = (tmp_path / "stderr").read_text()
+    ready = [line.partition(": ")[2] for line in log.splitlines() if "memoryd ready" in line]
+    assert ready == [f"memoryd ready ({served}, store {tmp_path / 'm.db'})"], log
+
+
+def test_the_ready_line_names_an_unnamed_inherited_socket() -> None:
+    """A socket with no address at all (which systemd never passes, but fd 3 may be) gets
+    words, not an empty name."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        assert listener_name(a) == "an unnamed inherited socket"

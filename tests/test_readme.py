@@ -13,16 +13,20 @@ GitHub highlights by the first word only, so the marker does not show::
 A block without the marker is documentation only (installs, ``memoryd serve`` in the
 foreground, ...). Shell blocks see memoryctl's approval prompt as a user does, and the runner
 answers ``y`` to each ``Approve? [y/N]``; a block that needs other answers lists them in
-order, ```` ```sh runnable answers=y,n ````, and must then ask exactly that many times.
+order, ```` ```sh runnable answers=y,n ````, and must then ask exactly that many times. A
+``sh`` block is pasted whole, and memoryctl discards type-ahead at its prompt, so in a ``sh``
+block only the last command may ask: one that runs a further command after a prompt fails.
 
 A document runs as in one terminal: each block is a fresh process, and the working
 directory a shell block ends in is where the next block starts. The sandbox is a fresh short
 directory under /tmp: HOME and TMPDIR inside it, XDG_RUNTIME_DIR, XDG_DATA_HOME,
-XDG_CONFIG_HOME and MEMORYD_SOCKET unset (so the documented fallbacks are what runs), the
-venv's bin first on PATH, and the checkout's ``client/js`` linked at ``client/js`` in the
-working directory (for ``npm install ./client/js``). At the end every daemon the sandbox
-started is stopped (SO_PEERCRED on its socket, SIGTERM, waited on with a pidfd), and any
-other process it left behind fails the test.
+XDG_CONFIG_HOME and MEMORYD_SOCKET unset (so the documented fallbacks are what runs), and
+the venv's bin first on PATH. The first block starts where a reader is, at the root of a
+checkout: a copy of this one (what git would commit: no ``.git``, nothing ``.gitignore``
+names), which must hold exactly the same files, unchanged, once the document has run, since
+no block may write into a reader's checkout. At the end every daemon the sandbox started is
+stopped (SO_PEERCRED on its socket, SIGTERM, waited on with a pidfd), and any other process
+it left behind fails the test.
 
 The raw session transcript (```` ```ndjson transcript ````) is replayed against a daemon and
 each line the daemon sends must carry at least the fields shown, with the values shown.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import pty
@@ -208,14 +213,54 @@ def _sandbox_env(home: Path, tmp: Path) -> dict[str, str]:
     return env
 
 
+def _copy_file(src: str, dst: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # removed meanwhile (an editor's temporary file)
+        shutil.copy2(src, dst)
+
+
+def copy_checkout(dest: Path) -> None:
+    """The checkout as a reader has it, without what git would not commit: ``.git`` and the
+    names ``.gitignore`` lists (the venv, caches, node_modules: the test's, not the reader's)."""
+    patterns = [line.strip().rstrip("/").rsplit("/", 1)[-1]
+                for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+                if line.strip() and not line.startswith(("#", "!"))]
+    shutil.copytree(ROOT, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", *patterns),
+                    copy_function=_copy_file)
+
+
+def files_of(top: Path) -> dict[str, str]:
+    """Every directory, file and link under ``top`` by relative path, with what it holds (a
+    file's digest, a link's target): a checkout's state, to compare before and after."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        for name in [*dirnames, *filenames]:
+            path = here / name
+            rel = str(path.relative_to(top))
+            if path.is_symlink():
+                found[rel] = f"a link to {os.readlink(path)}"
+            elif path.is_dir():
+                found[rel] = "a directory"
+            else:
+                found[rel] = "a file, sha256 " + hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What differs between two :func:`files_of` states, one line per path."""
+    return ([f"added {p} ({after[p]})" for p in sorted(after.keys() - before.keys())]
+            + [f"removed {p}" for p in sorted(before.keys() - after.keys())]
+            + [f"changed {p} (now {after[p]})" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]])
+
+
 @contextlib.contextmanager
 def sandbox() -> Iterator[Sandbox]:
     root = Path(tempfile.mkdtemp(prefix="rd-", dir="/tmp"))
     try:
-        for sub in ("home", "tmp", "runner", "home/work", "home/work/client"):
+        for sub in ("home", "tmp", "runner"):
             (root / sub).mkdir(mode=0o700)
         work = root / "home" / "work"
-        (work / "client" / "js").symlink_to(ROOT / "client" / "js", target_is_directory=True)
+        copy_checkout(work)
         sb = Sandbox(root, _sandbox_env(root / "home", root / "tmp"), work)
         assert len(os.fsencode(sb.socket_path)) <= 107, sb.socket_path
         try:
@@ -326,6 +371,10 @@ def run_block(sb: Sandbox, block: Block, index: int) -> None:
             raise _fail(block, f"exited with status {code}", output)
         if block.answers is not None and asked != len(block.answers):
             raise _fail(block, f"asked {asked} times, but declares answers={','.join(block.answers)}", output)
+        late = read_after_prompt(body, output) if kind == "sh" and asked else None
+        if late is not None:
+            raise _fail(block, f"goes on after its prompt, with {late!r}: a reader pasting it would lose that "
+                        "(memoryctl discards type-ahead at the prompt); end the block at the prompt", output)
         sb.cwd = Path(state.read_text().strip())
         return
     if kind == "python":
@@ -345,6 +394,16 @@ def run_block(sb: Sandbox, block: Block, index: int) -> None:
     sb.transcript.append(f"## {block.where}\n{r.stdout}")
     if r.returncode != 0:
         raise _fail(block, f"exited with status {r.returncode}", r.stdout)
+
+
+def read_after_prompt(body: str, output: str) -> str | None:
+    """The first line of a shell block that bash read after the block's last prompt (``set
+    -v`` echoes each line as it is read), or None when the block ends at the prompt."""
+    tail = set(output.rpartition(PROMPT.decode())[2].splitlines())
+    for line in body.splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and line in tail:
+            return line
+    return None
 
 
 def _quote(path: Path) -> str:
@@ -392,14 +451,15 @@ def clean_up(sb: Sandbox) -> list[str]:
 
 
 def left_behind(sb: Sandbox) -> list[str]:
-    """What is left in the sandbox besides the user's own things (the working directory, the
-    demo project, npm's cache) and the runner's: after an uninstall, nothing may be."""
-    own = {sb.runner, sb.home / "work", sb.home / "proj", sb.home / ".npm"}
+    """What is left in the sandbox besides the user's own things (the checkout, the demo
+    project, the memory backup the README has them keep, npm's cache) and the runner's:
+    after an uninstall, nothing may be."""
+    own = {sb.runner, sb.home / "work", sb.home / "proj", sb.home / "memory-backup.json", sb.home / ".npm"}
     left: list[str] = []
     for dirpath, dirnames, filenames in os.walk(sb.root):
         here = Path(dirpath)
         dirnames[:] = [d for d in dirnames if here / d not in own]
-        left += [str(here / f) for f in filenames]
+        left += [str(here / f) for f in filenames if here / f not in own]
         left += [str(here / d) for d in dirnames if d.startswith("memoryd")]
     return sorted(left)
 
@@ -425,10 +485,14 @@ def test_runnable_blocks_run(doc: str) -> None:
     if not (Path(sys.executable).parent / "memoryctl").exists():
         pytest.fail(f"memoryctl is not installed next to {sys.executable} (pip install -e .)")
     with sandbox() as sb:
+        checkout = sb.cwd
+        before = files_of(checkout)
         problems: list[str] = []
         try:
             for index, block in enumerate(runnable_blocks(RUNNABLE[doc])):
                 run_block(sb, block, index)
+            problems += [f"the blocks changed the reader's checkout: {change}"
+                         for change in changes(before, files_of(checkout))]
             store = daemon_store(sb)
             if store is not None and not store.startswith(f"{sb.home}/"):
                 problems.append(f"the daemon serves {store}, outside the sandbox's HOME {sb.home}")
@@ -445,6 +509,23 @@ def test_the_readme_runs_every_kind_of_block() -> None:
     """The extractor cannot quietly find nothing: the README has runnable blocks of every kind."""
     kinds = {b.kind for b in runnable_blocks(ROOT / "README.md")}
     assert kinds == {"sh", "console", "python", "js"}
+
+
+def test_the_sandbox_starts_in_a_copy_of_the_checkout_and_sees_what_changed_in_it() -> None:
+    """The checkout comparison is real: the copy holds the reader's files (not git's or the
+    test run's), and a file added, changed or removed in it is named."""
+    with sandbox() as sb:
+        before = files_of(sb.cwd)
+        assert before.keys() >= {"README.md", "client/js/package.json", ".ci/run"}
+        assert not [p for p in before if p.split("/")[0] in (".git", ".venv", "node_modules") or "__pycache__" in p]
+        (sb.cwd / "package.json").write_text("{}\n")
+        (sb.cwd / "README.md").write_text("changed\n")
+        (sb.cwd / "pyproject.toml").unlink()
+        assert changes(before, files_of(sb.cwd)) == [
+            "added package.json (a file, sha256 " + hashlib.sha256(b"{}\n").hexdigest() + ")",
+            "removed pyproject.toml",
+            "changed README.md (now a file, sha256 " + hashlib.sha256(b"changed\n").hexdigest() + ")"]
+        assert clean_up(sb) == []
 
 
 def test_every_runnable_block_has_a_known_language() -> None:
@@ -641,8 +722,8 @@ def test_runner_answers_prompts_on_a_terminal_and_keeps_the_cwd(sb: Sandbox) -> 
         "test -t 0 && test -t 1 && test -t 2      # a terminal, as for a user",
         "test -z \"${XDG_RUNTIME_DIR:-}${XDG_DATA_HOME:-}${XDG_CONFIG_HOME:-}${MEMORYD_SOCKET:-}\"",
         "test \"$HOME\" = \"$(cd ~ && pwd)\" && test \"$(command -v memoryctl)\" = \"$(dirname \"$(command -v python)\")/memoryctl\"",
-        "for i in 1 2; do printf 'Approve? [y/N] '; read -r a; echo \"got $a\"; done",
         "mkdir -p sub && cd sub",
+        "for i in 1 2; do printf 'Approve? [y/N] '; read -r a; echo \"got $a\"; done",
         "```",
         "```console runnable answers=n",
         "$ printf 'Approve? [y/N] ' >&2; read -r a; echo \"then $a\" > answer",
@@ -671,6 +752,8 @@ def test_runner_answers_prompts_on_a_terminal_and_keeps_the_cwd(sb: Sandbox) -> 
     ("```sh runnable answers=y\necho no prompt\n```", "asked 0 times, but declares answers=y"),
     ("```sh runnable answers=y\nprintf 'Approve? [y/N] '; read a; printf 'Approve? [y/N] '; read a\n```",
      "prompt 2 but only answers=y"),
+    ("```sh runnable\nprintf 'Approve? [y/N] '; read -r a\necho \"pasted, then lost\"\n```",
+     r"goes on after its prompt, with 'echo \"pasted, then lost\"'"),
 ])
 def test_runner_fails_the_block_that_fails(sb: Sandbox, doc: str, error: str) -> None:
     (block,) = _blocks(doc)

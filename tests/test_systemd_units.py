@@ -1,6 +1,7 @@
 """``memoryd systemd-units`` (memoryd/units.py): the generated user units name this install's
-memoryd, pass ``systemd-analyze verify``, rate ≤ 4.0 with ``systemd-analyze security``, and
-their ExecStart really serves an inherited socket the way systemd hands it over."""
+memoryd, pass ``systemd-analyze verify``, rate ≤ 4.0 with ``systemd-analyze security`` (and
+exactly what the README quotes), and their ExecStart really serves an inherited socket the
+way systemd hands it over."""
 
 from __future__ import annotations
 
@@ -25,9 +26,18 @@ from memoryd import units
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-needs_systemd_analyze = pytest.mark.skipif(
-    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; .ci/run installs it)")
+#: a test that needs systemd-analyze fails without it: a skipped check proves nothing
+needs_systemd_analyze = pytest.mark.usefixtures("systemd_analyze_installed")
 EXPOSURE = re.compile(r"Overall exposure level for memoryd\.service: (\d+\.\d+) ")
+#: what the README's "Running under systemd" says systemd-analyze security measures
+README_EXPOSURE = re.compile(r"rates the service \*\*(\d+\.\d+) OK\*\* \(systemd (\d+)\), or (\d+\.\d+) when "
+                             r"memoryd or its store is under `/tmp` or `/var/tmp`")
+
+
+@pytest.fixture
+def systemd_analyze_installed() -> None:
+    if SYSTEMD_ANALYZE is None:
+        pytest.fail("systemd-analyze is not installed (Debian package systemd; .ci/run installs it)")
 
 
 @pytest.fixture(autouse=True)
@@ -354,19 +364,49 @@ def exposure(service: Path, cwd: Path) -> float:
     return float(score)
 
 
+def typical_install() -> units.Install:
+    """memoryd installed and storing under the home directory, as most users have it."""
+    return units.Install(("/home/someone/.local/bin/memoryd",), ("file:///x/README.md",),
+                         Path("/home/someone/.local/share/memoryd"), "/usr/bin/mkdir")
+
+
+def systemd_version() -> str:
+    r = analyze("--version", cwd=ROOT)
+    m = re.match(r"systemd (\d+) ", r.stdout)
+    assert r.returncode == 0 and m is not None, r.stdout + r.stderr
+    return m[1]
+
+
 @needs_systemd_analyze
 def test_security_exposure_of_a_typical_install_is_at_most_4(tmp_path: Path) -> None:
-    install = units.Install(("/home/someone/.local/bin/memoryd",), ("file:///x/README.md",),
-                            Path("/home/someone/.local/share/memoryd"), "/usr/bin/mkdir")
-    _, service = write_units(install, tmp_path / "units")
+    _, service = write_units(typical_install(), tmp_path / "units")
     assert exposure(service, tmp_path / "units") <= 4.0
 
 
 @needs_systemd_analyze
 def test_security_exposure_of_this_install_is_at_most_4(tmp_path: Path) -> None:
     install = units.detect()  # under /tmp here (pytest's tmp dirs): no PrivateTmp=
+    assert not install.private_tmp
     _, service = write_units(install, tmp_path / "units")
     assert exposure(service, tmp_path / "units") <= 4.0
+
+
+@needs_systemd_analyze
+def test_the_readme_quotes_the_security_exposure_measured_here(tmp_path: Path) -> None:
+    """The README's figures are this systemd-analyze's, for a typical install and for one
+    under /tmp (this test run's, whose store is in pytest's tmp dirs): they cannot drift."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = README_EXPOSURE.search(readme)
+    assert quoted is not None, f"README.md's Running under systemd no longer says {README_EXPOSURE.pattern!r}"
+    _, typical = write_units(typical_install(), tmp_path / "typical")
+    install = units.detect()
+    assert not install.private_tmp
+    _, temporary = write_units(install, tmp_path / "temporary")
+    measured = (f"{exposure(typical, typical.parent):.1f}", systemd_version(),
+                f"{exposure(temporary, temporary.parent):.1f}")
+    assert quoted.groups() == measured, (
+        f"README.md quotes (typical, systemd version, under /tmp) = {quoted.groups()}; systemd-analyze here measures {measured}: "
+        "quote these")
 
 
 @needs_systemd_analyze
@@ -437,7 +477,11 @@ def test_generated_exec_start_serves_the_inherited_socket_and_the_store_the_unit
         _, err = proc.communicate(timeout=30)
         listener.close()
         notify.close()
-    assert proc.returncode == 0, err.decode(errors="replace")
+    log = err.decode(errors="replace")
+    assert proc.returncode == 0, log
+    # it names the socket it serves, not the default path it did not bind
+    ready = [line.partition(": ")[2] for line in log.splitlines() if "memoryd ready" in line]
+    assert ready == [f"memoryd ready ({short_dir / 'memoryd.sock'}, store {store})"], log
 
 
 def test_memoryd_systemd_units_is_the_installed_command(tmp_path: Path) -> None:

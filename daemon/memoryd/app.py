@@ -277,8 +277,9 @@ class Daemon:
                 else:
                     await self._start_listener(serving, sock)
                 sd_notify("READY=1")
-                log.info("memoryd ready (%s, store %s)", "stdio" if stdio else self.config.socket_path,
-                         self.config.db_path)
+                served = ("stdio" if sock is None else str(self._socket_path) if self._socket_path is not None
+                          else listener_name(sock))
+                log.info("memoryd ready (%s, store %s)", served, self.config.db_path)
                 await self.stopping.wait()
                 sd_notify("STOPPING=1")
 
@@ -448,6 +449,20 @@ class Daemon:
         """Close the store's connections and their threads, let go of the store; idempotent."""
         with anyio.CancelScope(shield=True):
             await self.resources.aclose()
+
+
+def listener_name(sock: socket.socket) -> str:
+    """How the ready line names an inherited listener: by its own address, since systemd's
+    ``ListenStream=`` chose it and the configured ``socket_path`` may be another."""
+    try:
+        name = sock.getsockname()
+    except OSError:
+        return "an inherited socket"
+    if isinstance(name, bytes):  # Linux's abstract namespace, written with "@" as systemd does
+        return "@" + name[1:].decode(errors="backslashreplace")
+    if isinstance(name, str):
+        return name or "an unnamed inherited socket"
+    return f"an inherited socket at {name[0]} port {name[1]}"  # ListenStream= named an IP address
 
 
 def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
