@@ -35,6 +35,7 @@ import anyio.abc
 import memoryd_client as mc
 import pytest
 from memoryd_client.cli import build_parser, main, verbs
+from memoryd_client.verbtable import GLOBAL_OPTIONS_LINE
 from memoryd_protocol.constants import ALLOWED_ONCE
 from processes import HeadlessAdd, detached_socket, peer_pid, stop
 
@@ -95,9 +96,9 @@ def texts(d: Any) -> list[str]:
 
 
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert set(VERBS) == {"list", "query", "add", "replace", "remove", "consolidate", "budgets", "audit",
+    assert set(VERBS) == {"list", "query", "add", "replace", "edit", "remove", "consolidate", "budgets", "audit",
                           "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve",
-                          "watch", "socket", "rpc"}
+                          "watch", "socket", "rpc", "completion"}
     for verb, parser in verbs().items():
         assert parser.description and len(parser.description) > 40, verb
         assert parser.epilog and parser.epilog.startswith("examples:"), verb
@@ -105,7 +106,7 @@ def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         out = capsys.readouterr().out
         assert out.startswith(f"usage: memoryctl {verb}"), verb
         assert parser.description.split()[0] in out
-        assert "--socket" in out and "--json" in out  # global options work after the verb too
+        assert out.rstrip().endswith(GLOBAL_OPTIONS_LINE)  # they work after the verb too
 
 
 def test_top_level_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,14 +124,32 @@ def test_every_verb_is_in_the_readme() -> None:
     assert not missing, f"README.md does not mention: {', '.join('memoryctl ' + v for v in missing)}"
 
 
-def test_every_verb_is_in_the_reference_docs() -> None:
-    doc = (ROOT / "docs" / "memoryctl.md").read_text()
-    for verb in VERBS:
-        assert f"### `memoryctl {verb}`" in doc, verb
-        for strings in verbs()[verb].option_strings:  # every option of the verb is documented
+def _doc_sections(doc: str) -> dict[str, str]:
+    """docs/memoryctl.md's ``### `memoryctl VERB [ACTION]` `` sections by heading."""
+    parts = re.split(r"^### `memoryctl ([a-z ]+)`\n", doc, flags=re.M)
+    return {name: re.split(r"^##? ", text, flags=re.M)[0] for name, text in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_the_reference_docs_and_the_help_agree() -> None:
+    """Every verb and action has its section; each option the parser has is in its verb's
+    sections, and each option those sections name is one the verb (or every verb) takes."""
+    sections = _doc_sections((ROOT / "docs" / "memoryctl.md").read_text())
+    parser = build_parser()
+    global_options = {o for strings in parser.added for o in strings.option_strings}
+    for verb, p in verbs(parser).items():
+        assert verb in sections, f"docs/memoryctl.md has no section for memoryctl {verb}"
+        actions = p.actions_completed()
+        text = "".join(t for name, t in sections.items() if name == verb or name.startswith(f"{verb} "))
+        options = {o for q in [p, *actions.values()] for strings in q.option_strings for o in strings}
+        for strings in [s for q in [p, *actions.values()] for s in q.option_strings]:
             longs = [o for o in strings if o.startswith("--")]
             if longs and longs[0] != "--help":
-                assert longs[0] in doc, f"{verb} {longs[0]}"
+                assert longs[0] in text, f"{verb} {longs[0]}"
+        # options of a memoryd or systemctl command line quoted in the section are its own
+        ours = re.sub(r"(memoryd (serve|mcp)|systemctl)[^`\n]*", "", text)
+        named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", ours))
+        unknown = named - options - global_options
+        assert not unknown, f"docs/memoryctl.md's memoryctl {verb} names options it does not take: {unknown}"
 
 
 def test_python_dash_m_and_console_script() -> None:
@@ -295,7 +314,8 @@ def test_proposals_verbs(capsys: pytest.CaptureFixture[str], daemon: Any) -> Non
                                  "text": "Dislikes emoji"}, "sess-b")
     assert p1 is not None and p2 is not None
     code, out, _ = cli(capsys, daemon, "proposals")
-    assert code == 0 and p1.id in out and "Likes short answers" in out and "pending" in out
+    assert code == 0 and "Likes short answers" in out and "pending" in out
+    assert out.splitlines()[1].split()[0] == p1.id[:8]  # tables show ids as 'memoryctl list' does
 
     code, out, err = cli(capsys, daemon, "proposals", "approve", p1.id[:8])
     assert code == 0, err
@@ -309,7 +329,8 @@ def test_proposals_verbs(capsys: pytest.CaptureFixture[str], daemon: Any) -> Non
     code, _, err = cli(capsys, daemon, "proposals", "dismiss", p2.id)
     assert code == 1 and error_line(err).startswith("error: PROPOSAL_NOT_FOUND: ")
     code, _, err = cli(capsys, daemon, "proposals", "approve")
-    assert code == 2 and error_line(err) == "error: USAGE: proposals approve needs an ID"
+    assert code == 2 and error_line(err) == ("error: USAGE: the following arguments are required: ID "
+                                             "(see 'memoryctl proposals approve --help')")
 
 
 def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: Any, tmp_path: Path) -> None:
@@ -392,7 +413,8 @@ def test_protocol_errors_are_one_line_exit_1(daemon_factory: Any, tmp_path: Path
     r = run(*sock(d), "--json", "add", *UG, "this will not fit")
     assert r.returncode == 1 and error_line(r.stderr) == (
         "error: BUDGET_EXCEEDED: memory budget exceeded: user/user-global has 24/30 characters used, "
-        "this write would bring it to 41/30 (17 more)")
+        "this write would bring it to 41/30 (17 more); make room with memoryctl consolidate or memoryctl remove, "
+        f"or raise the budget: user_global = N under [budgets.user] in {cfg}, then restart memoryd")
     err = json.loads(r.stdout)["error"]
     assert err["code"] == "BUDGET_EXCEEDED"
     assert err["details"] == {"track": "user", "scope": "user-global", "used": 24, "limit": 30, "needed": 41}
@@ -459,12 +481,19 @@ def test_connection_lost_is_exit_3(ask_daemon: Any) -> None:
 # --- approvals -----------------------------------------------------------------------------
 
 
+def plain_env() -> dict[str, str]:
+    """The environment of memoryctl on a pseudo-terminal (this test's), without colour."""
+    return {**os.environ, "NO_COLOR": "1"}
+
+
 def spawn_on_pty(*args: str) -> tuple[int, subprocess.Popen[bytes]]:
     """memoryctl with a pseudo-terminal as stdin/stdout/stderr and as its controlling
     terminal (util-linux ``setsid --ctty``: a new session, then TIOCSCTTY on stdin, then
-    exec, so the pid is memoryctl's); returns (master fd, process)."""
+    exec, so the pid is memoryctl's); returns (master fd, process). Without colour
+    (NO_COLOR): these tests read the text itself; tests/test_cli_colour.py reads the colour."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(["setsid", "--ctty", *MEMORYCTL, *args], stdin=slave, stdout=slave, stderr=slave)
+    proc = subprocess.Popen(["setsid", "--ctty", *MEMORYCTL, *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=plain_env())
     os.close(slave)
     return master, proc
 
@@ -524,7 +553,7 @@ def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> No
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("4H", 24, 50, 0, 0))
     forged = "x" * 100 + "Approve? [y/N] y"
     proc = subprocess.Popen([*MEMORYCTL, *sock(ask_daemon), "add", *UG, forged], stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True)
+                            stderr=slave, start_new_session=True, env=plain_env())
     os.close(slave)
     try:
         shown = read_until(master, "\nApprove? [y/N] ")
@@ -1115,7 +1144,7 @@ def test_replace_and_remove_by_id(daemon: Any) -> None:
     for args, fragment in [(["remove", *UG], "remove needs MATCH or --id"),
                            (["remove", *UG, "--id", second, "tabs"], "give MATCH or --id, not both"),
                            (["replace", *UG, "--id", second, "tabs", "x"], "give MATCH or --id, not both"),
-                           (["replace", *UG, "x"], "replace needs MATCH or --id")]:
+                           (["replace", *UG, "x"], "replace needs the new TEXT after MATCH")]:
         r = run(*coder, *args)
         assert r.returncode == 2 and fragment in error_line(r.stderr), (args, r.stderr)
     # an id in another layer, or one the session cannot see, is not found

@@ -209,13 +209,13 @@ def test_verify_offline_on_what_is_not_a_memoryd_store(capsys: pytest.CaptureFix
 
 
 def test_audit_usage_errors(capsys: pytest.CaptureFixture[str], daemon: Any) -> None:
-    for args, message in [(["explain"], "audit explain needs TEXT or ID: the entry's id, or a text that one entry "
-                                        "contains"),
-                          (["verify", "pnpm"], "audit verify takes no TEXT|ID (only audit explain and audit accept do)"),
-                          (["pnpm"], "argument action: invalid choice: 'pnpm' (choose from 'list', 'verify', "
+    for args, message in [(["explain"], "the following arguments are required: TEXT|ID "
+                                        "(see 'memoryctl audit explain --help')"),
+                          (["verify", "pnpm"], "unrecognized arguments: pnpm (see 'memoryctl --help')"),
+                          (["pnpm"], "argument ACTION: invalid choice: 'pnpm' (choose from 'list', 'verify', "
                                      "'explain', 'accept', 'heads') (see 'memoryctl audit --help')"),
-                          (["verify", "--limit", "3"], "--limit goes with audit list, not audit verify"),
-                          (["explain", "--db", "x.db", "a", "b"], "unrecognized arguments: a b (see 'memoryctl --help')")]:
+                          (["--limit", "3", "verify"], "--limit goes with audit list, not audit verify"),
+                          (["explain", "--db", "x.db", "a", "b"], "unrecognized arguments: b (see 'memoryctl --help')")]:
         code, out, err = cli(capsys, daemon, "audit", *args)
         assert (code, out, err) == (2, "", f"error: USAGE: {message}\n"), args
     # the plain listing is unchanged

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memoryd_client import cli, commands, quick, running
+from memoryd_client import cli, commands, quick, running, verbtable
 from memoryd_protocol import approval_text, paths
 from memoryd_protocol import types as T
 
@@ -415,6 +415,7 @@ def test_cleandoc_is_inspects_on_every_help_text(monkeypatch: pytest.MonkeyPatch
         return ours(text)
 
     monkeypatch.setattr(cli, "cleandoc", record)
+    monkeypatch.setattr(verbtable, "cleandoc", record)
     cli.build_parser()
     assert len(seen) > 30
     for text in [*seen, "  a\n\n    b\n  c\n\n", "\tx\n\ty\n", "one", "", "\n\n  x  \n   \n", "a\n \n  b"]:

@@ -5,17 +5,41 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.audit_types import MAX_HEADS, WitnessedHead, parse_heads
+from memoryd_protocol.constants import AUDIT_HARD_CAP
 from memoryd_protocol.paths import default_heads_path
 
 from . import render
 from .client import Client
 from .prompt import Terminal
-from .running import EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, Ctx, UsageError, _error
+from .running import EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, FULL_ID_LENGTH, Ctx, UsageError, _error
+
+#: every entry id the store's audit rows name (removed entries' too), for :func:`widen`
+AUDITED_IDS = "SELECT DISTINCT entry_id FROM audit WHERE entry_id IS NOT NULL"
+_ID_CHARACTERS = frozenset("0123456789abcdef-")
+
+
+def id_prefix(target: str) -> bool:
+    """Whether ``target`` may be an id as memoryctl's tables show it: a prefix of at least
+    render.SHORT_ID characters of an id, short of a full one."""
+    return render.SHORT_ID <= len(target) < FULL_ID_LENGTH and set(target) <= _ID_CHARACTERS
+
+
+def widen(target: str, ids: Iterable[str]) -> str:
+    """``audit explain``'s TEXT|ID: an :func:`id_prefix` is taken for the one id of ``ids`` it
+    starts; anything else is left for the ledger to resolve (a full id, or a text)."""
+    if not id_prefix(target):
+        return target
+    hits = {i for i in ids if i.startswith(target)}
+    if len(hits) > 1:
+        raise UsageError(f"{target} starts {len(hits)} entries' ids; give more of it (memoryctl list --json shows "
+                         "them in full)")
+    return hits.pop() if hits else target
 
 
 def _ledger_report(ctx: Ctx, report: T.LedgerReport) -> int:
@@ -101,7 +125,13 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
         ctx.result(r, lambda: f"accepted ledger row {n}: ledger row {r.n} records it")
         return EXIT_OK
     if a.action == "explain":
-        return _entry_life(ctx, await c.audit_explain(a.target))
+        target = a.target
+        if id_prefix(target):  # a live entry's, else perhaps a removed one's
+            ids = [e.id for e in await c.list()]
+            if not any(i.startswith(target) for i in ids):
+                ids = [r.entry_id for r in await c.audit_list(AUDIT_HARD_CAP) if r.entry_id]
+            target = widen(target, ids)
+        return _entry_life(ctx, await c.audit_explain(target))
     rows = await c.audit_list(a.limit)
     ctx.result(rows, lambda: render.audit_table(rows, fit=ctx.fit) if rows else "no audit rows")
     return EXIT_OK
@@ -109,6 +139,7 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
 
 def audit_offline(ctx: Ctx) -> int:
     """``audit verify|explain|heads --db PATH``: read the store itself, read-only, no daemon."""
+    from memoryd_protocol.ledger import SELECT_ENTRIES, Fetch
     from memoryd_protocol.ledger_check import read_life, read_report
 
     from . import offline
@@ -123,7 +154,14 @@ def audit_offline(ctx: Ctx) -> int:
             witnessed = _pairs(_heads(ctx, db, a.heads)) if a.heads else []
             return _ledger_report(ctx, offline.read(db, lambda fetch: read_report(fetch, None, witnessed)))
         target: str = a.target
-        return _entry_life(ctx, offline.read(db, lambda fetch: read_life(fetch, target)))
+
+        def life(fetch: Fetch) -> T.EntryLife:
+            if not id_prefix(target):
+                return read_life(fetch, target)
+            ids = [str(row[0]) for row in (*fetch(SELECT_ENTRIES), *fetch(AUDITED_IDS))]
+            return read_life(fetch, widen(target, ids))
+
+        return _entry_life(ctx, offline.read(db, life))
     except offline.StoreHeld as exc:
         how = "run it without --db"
         if exc.socket is not None and Path(exc.socket) != Path(ctx.socket):

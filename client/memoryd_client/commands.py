@@ -20,12 +20,13 @@ import anyio
 import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE
-from memoryd_protocol.errors import ProtocolError
+from memoryd_protocol.errors import EntryNotFound, ProtocolError
 
 from . import render
 from .auditing import audit_offline, cmd_audit
 from .autostart import NO_DAEMON_ERRNOS
 from .client import DECIDED, Client, connect, make_session
+from .editing import cmd_edit
 from .errors import ApproverKeyUnusable, ClientError, ConnectFailed, ConnectionClosed, Timeout
 from .prompt import Approver
 from .running import (
@@ -42,7 +43,7 @@ from .running import (
     query_request,
     warn_db,
 )
-from .targets import target
+from .targets import located, target
 from .watching import cmd_watch
 
 
@@ -79,14 +80,20 @@ async def cmd_add(c: Client, ctx: Ctx) -> None:
 
 
 async def cmd_replace(c: Client, ctx: Ctx) -> None:
-    r = await c.replace(_input(ctx, **await target(c, ctx)))
+    try:
+        r = await c.replace(_input(ctx, **await target(c, ctx)))
+    except EntryNotFound as exc:
+        raise await located(c, ctx, exc) from None
     ctx.result(
         r, lambda: f"replaced {render.short(r.entry.id)}, now version {r.entry.version} ({render.usage(r.usage)})"
     )
 
 
 async def cmd_remove(c: Client, ctx: Ctx) -> None:
-    r = await c.remove(_input(ctx, **await target(c, ctx)))
+    try:
+        r = await c.remove(_input(ctx, **await target(c, ctx)))
+    except EntryNotFound as exc:
+        raise await located(c, ctx, exc) from None
     ctx.result(r, lambda: f"removed {render.short(r.entry.id)} ({render.usage(r.usage)})")
 
 
@@ -273,8 +280,12 @@ async def cmd_approve(c: Client, ctx: Ctx) -> int:
     import asyncio  # anyio.run's backend here; anyio has no callback-style signal handler
 
     scope = anyio.CancelScope()
+    left: list[str] = []
 
     def interrupted() -> None:
+        ctx.approver.stopping = True
+        if ctx.approver.prompting is not None and not left:
+            left.append(ctx.approver.prompting)
         print("", file=sys.stderr)
         scope.cancel()
 
@@ -285,7 +296,15 @@ async def cmd_approve(c: Client, ctx: Ctx) -> int:
             return await _approve(c, ctx)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+    if left:
+        print(f"{PROG}: {LEFT_UNDECIDED.format(id=left[0])}", file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+#: What becomes of the approval at the prompt when memoryctl approve stops: the daemon takes
+#: this connection off the approvers it was asked of, and denies the write once none is left.
+LEFT_UNDECIDED = ("stopped; approval {id} was left undecided: another approver it was asked of may still decide "
+                  "it; if none was, the daemon denies the write (unavailable)")
 
 
 def init_key(ctx: Ctx) -> int:
@@ -362,6 +381,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "query": cmd_query,
     "add": cmd_add,
     "replace": cmd_replace,
+    "edit": cmd_edit,
     "remove": cmd_remove,
     "consolidate": cmd_consolidate,
     "budgets": cmd_budgets,

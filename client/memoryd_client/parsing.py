@@ -10,6 +10,7 @@ the classes that extend argparse's live here, not in :mod:`memoryd_client.cli`.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from memoryd_protocol.paths import default_socket
@@ -31,6 +32,8 @@ class Parser(argparse.ArgumentParser):
         #: every option's strings, in the order added (for docs and tests: argparse keeps
         #: its own list only in a private attribute). Set first: argparse adds --help.
         self.option_strings: list[tuple[str, ...]] = []
+        #: every argument's action, in the order added (the global options' included)
+        self.added: list[argparse.Action] = []
         #: the verbs' parsers by name, as build_parser adds them
         self.verb_parsers: dict[str, Parser] = {}
         super().__init__(*args, **kwargs)
@@ -40,18 +43,36 @@ class Parser(argparse.ArgumentParser):
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
         self.option_strings.append(tuple(action.option_strings))
+        self.added.append(action)
         return action
 
     def error(self, message: str) -> NoReturn:
         if self.partial:
             raise _Partial(message)
-        sys.stderr.write(f"error: USAGE: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"error: USAGE: {did_you_mean(message)} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
 
     def format_help(self) -> str:
         if self.socket_option is not None:
             self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket()})"
         return super().format_help()
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def did_you_mean(message: str) -> str:
+    """argparse's message for a mistyped verb, action or choice, with the list of choices
+    replaced by the closest ones when some are close (as git's "did you mean")."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return message
+    import difflib
+
+    close = difflib.get_close_matches(found[1], re.findall(r"'([^']*)'", found[2]), n=3, cutoff=0.6)
+    if not close:
+        return message
+    return f"{message[:found.start()]}invalid choice: {found[1]!r}; did you mean {' or '.join(map(repr, close))}?"
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -69,22 +90,47 @@ class Verb(Parser):
     first used, to parse or to print help. Seventeen verbs with a dozen options each took
     most of memoryctl's start-up to build, and a run uses one of them."""
 
-    def __init__(self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-                 global_options: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, arguments: Callable[[Verb], object] | None = None,
+                 global_options: bool = True, global_help: bool = False, summary: str = "",
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: the one line that the verbs' list shows
+        self.summary = summary
         self._arguments = arguments
         self._global_options = global_options
+        #: whether the global options are in this verb's help (the completion scripts')
+        self.global_help = global_help
         self._complete = False
+        self._action_choices: Any = None
+        #: a verb's actions' parsers by name (``audit verify``), as :meth:`add_action` adds them
+        self.action_parsers: dict[str, Verb] = {}
+
+    def add_action(self, name: str, summary: str, description: str, epilog: str | None,
+                   arguments: Callable[[Verb], object] | None = None) -> None:
+        """A nested verb (``audit verify``): its own parser, help and options, the global
+        options included. With none named, the verb runs its first action."""
+        if self._action_choices is None:
+            self._action_choices = self.add_subparsers(dest="action", metavar="ACTION", title="actions",
+                                                       parser_class=Verb)
+        self.action_parsers[name] = self._action_choices.add_parser(
+            name, help=summary, summary=summary, description=description, epilog=epilog, formatter_class=FORMATTER,
+            partial=self.partial, global_options=self._global_options, global_help=self.global_help,
+            arguments=arguments)
 
     def complete(self) -> Verb:
-        """Add the options, once."""
+        """Add the options, once (and the actions' own, for docs and tests)."""
         if not self._complete:
             self._complete = True
             if self._global_options:
-                _global_options(self, suppress=True)
+                _global_options(self, suppress=True, hidden=not self.global_help)
             if self._arguments is not None:
                 self._arguments(self)
         return self
+
+    def actions_completed(self) -> dict[str, Verb]:
+        """:attr:`action_parsers`, each with its options added."""
+        self.complete()
+        return {name: p.complete() for name, p in self.action_parsers.items()}
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
         self.complete()
@@ -117,7 +163,29 @@ def _positive_seconds(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
     return value
 
-def _global_options(parser: Parser, *, suppress: bool) -> None:
+class _Hidden:
+    """An argument group whose options are left out of the help."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return self.group.add_argument(*args, **{**kwargs, "help": argparse.SUPPRESS})  # type: ignore[no-any-return]
+
+
+class _Recorded:
+    """An argument group whose options are recorded in :attr:`Parser.added`."""
+
+    def __init__(self, group: Any, parser: Parser) -> None:
+        self.group, self.parser = group, parser
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action: argparse.Action = self.group.add_argument(*args, **kwargs)
+        self.parser.added.append(action)
+        return action
+
+
+def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
     defaults are suppressed, so an option given before the verb is not reset after it."""
     import argparse
@@ -125,13 +193,19 @@ def _global_options(parser: Parser, *, suppress: bool) -> None:
     def d(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 
-    g = parser.add_argument_group("connection and context (any position)")
-    parser.socket_option = g.add_argument(
+    # A verb's help leaves them out (it points to memoryctl --help): a dozen options
+    # repeated in every verb's help buried the verb's own.
+    group = _Recorded(parser.add_argument_group("connection and context (any position)"), parser)
+    g = _Hidden(group) if hidden else group
+    socket_option = g.add_argument(
         "--socket",
         metavar="PATH",
         default=d(None),
-        help="daemon socket (see memoryd_client.parsing.Parser.format_help)",
+        # the path itself is filled in when --help is shown (Parser.format_help)
+        help="daemon socket (default: $MEMORYD_SOCKET, else $XDG_RUNTIME_DIR/memoryd/memoryd.sock)",
     )
+    if not suppress:
+        parser.socket_option = socket_option
     g.add_argument(
         "--db",
         metavar="PATH",

@@ -18,7 +18,7 @@ import anyio
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE
 
-from . import render
+from . import colour, render
 from .client import Decision
 
 #: ``approval/decided``'s ``by`` for each way memoryctl decides
@@ -66,6 +66,10 @@ class Terminal:
             stream = self._out or sys.stderr
             stream.write(text)
             stream.flush()
+
+    def painter(self) -> colour.Paint:
+        """The colour painter for what :meth:`write` writes (stderr, or the terminal)."""
+        return colour.painter_fd(self.fd) if self._owned else colour.painter(self._out or sys.stderr)
 
     def columns(self) -> int:
         """The terminal's width (80 when it does not say)."""
@@ -118,6 +122,10 @@ class Approver:
         self.reject = reject
         self.eof = False
         self.asked = 0
+        #: the approval shown at the prompt, waiting for an answer (None between prompts)
+        self.prompting: str | None = None
+        #: set on Ctrl-C in memoryctl approve, which then says what becomes of ``prompting``
+        self.stopping = False
         self._lock = anyio.Lock()
         self._terminal: Terminal | None = None
         self._opened = False
@@ -131,7 +139,7 @@ class Approver:
     async def __call__(self, asked: T.ApprovalAsked) -> Decision:
         async with self._lock:
             self.asked += 1
-            request = render.approval_request(asked)
+            request = render.approval_request(asked, paint=colour.painter(sys.stderr))
             if self.eof:
                 _say(f"{request}\nmemoryctl: input closed; rejecting")
                 return Decision("rejected", INPUT_CLOSED)
@@ -148,13 +156,17 @@ class Approver:
             term.flush_input()
             # Cut to the terminal's width: a long line that wrapped by itself could show a
             # piece of memory text at the start of a line, outside the gutter.
-            request = render.approval_request(asked, width=term.columns())
+            request = render.approval_request(asked, width=term.columns(), paint=term.painter())
             term.write(f"{request}\nApprove? [y/N] ")
+            self.prompting = asked.id  # no await since the write: Ctrl-C cannot fall between them
             try:
                 answer = await term.readline()
             except anyio.get_cancelled_exc_class():
-                term.write("\n(this approval is no longer pending)\n")
+                if not self.stopping:  # decided elsewhere; on Ctrl-C the approve verb says what happens
+                    term.write("\n(this approval is no longer pending)\n")
                 raise
+            finally:
+                self.prompting = None
             if answer is None:
                 self.eof = True
                 term.write("\n")

@@ -7,6 +7,7 @@ interpreted by the terminal (what the human approves is what is stored).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 
@@ -22,6 +23,8 @@ from memoryd_protocol.approval_text import (
     tags_text,
     visible,
 )
+
+from . import colour
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
@@ -49,8 +52,24 @@ def when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
 
 
+#: How many characters of an id tables and one-line messages show: every id typed back
+#: (--id, proposals approve/dismiss, audit explain) may be this prefix. --json, the
+#: approval prompt and audit explain show ids in full.
+SHORT_ID = 8
+
+
 def short(entry_id: str | None) -> str:
-    return (entry_id or "-")[:8]
+    return (entry_id or "-")[:SHORT_ID]
+
+
+def stdout_paint() -> colour.Paint:
+    """The painter for what memoryctl prints on stdout (its tables and results)."""
+    return colour.painter(sys.stdout)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, fit: bool = False, dim: Sequence[int] = ()) -> str:
+    """:func:`table` for stdout: the header bold and the columns ``dim`` dim on a terminal."""
+    return table(headers, rows, fit=fit, paint=stdout_paint(), dim=dim)
 
 
 def entries_table(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
@@ -68,7 +87,7 @@ def entries_table(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
         ]
         for e in entries
     ]
-    return table(headers, rows, fit=fit)
+    return _table(headers, rows, fit=fit, dim=(0,))
 
 
 def entry_list(entries: Sequence[T.Entry], *, fit: bool = False) -> str:
@@ -88,14 +107,14 @@ def budgets_table(rows: Sequence[T.BudgetRow]) -> str:
     def pct(r: T.BudgetRow) -> str:
         return f"{100 * r.used / r.limit:.0f}%" if r.limit else "-"
 
-    return table(
+    return _table(
         ["TRACK", "SCOPE", "USED", "LIMIT", "FULL"],
         [[r.track, r.scope, str(r.used), str(r.limit), pct(r)] for r in rows],
     )
 
 
 def audit_table(rows: Sequence[T.AuditRow], *, fit: bool = False) -> str:
-    return table(
+    return _table(
         ["SEQ", "TIME", "ACTION", "LAYER", "ENTRY", "OUTCOME", "TEXT"],
         [
             [
@@ -110,19 +129,21 @@ def audit_table(rows: Sequence[T.AuditRow], *, fit: bool = False) -> str:
             for r in rows
         ],
         fit=fit,
+        dim=(1, 4),
     )
 
 
 def proposals_table(rows: Sequence[T.Proposal], *, fit: bool = False) -> str:
-    return table(
+    return _table(
         ["ID", "STATUS", "KIND", "LAYER", "SESSION", "TEXT"],
-        [[p.id, p.status, p.kind, f"{p.track}/{p.scope}", p.session_id or "-", p.text] for p in rows],
+        [[short(p.id), p.status, p.kind, f"{p.track}/{p.scope}", p.session_id or "-", p.text] for p in rows],
         fit=fit,
+        dim=(0,),
     )
 
 
 def adapters_table(rows: Sequence[T.AdapterInfo], *, fit: bool = False) -> str:
-    return table(
+    return _table(
         ["ID", "VERSION", "IMPORTS", "EXPORT", "DESCRIPTION"],
         [[a.id, a.version, ",".join(a.import_formats), a.export_format, a.description or a.name] for a in rows],
         fit=fit,
@@ -166,7 +187,7 @@ def _client(c: T.ConnectionInfo) -> str:
 def connections_table(rows: Sequence[T.ConnectionInfo]) -> str:
     """The live connections: the kernel's view of each peer (pid, uid, executable) beside
     the name it gave itself in ``initialize``."""
-    return table(
+    return _table(
         ["CONN", "TRANSPORT", "PID", "UID", "CLIENT", "APPROVER", "OPENED", "EXE"],
         [[str(c.id), c.transport, "-" if c.pid is None else str(c.pid), "-" if c.uid is None else str(c.uid),
           _client(c), "yes" if c.approver else "no", when(c.opened_at), c.exe or "-"] for c in rows],
@@ -184,8 +205,9 @@ def _problem_at(p: T.LedgerProblem) -> str:
 def ledger_report(r: T.LedgerReport) -> str:
     """``memoryctl audit verify``: one line when the ledger holds (and the report's note);
     else the first break, then the other problems indented."""
+    paint = stdout_paint()
     if r.ok:
-        lines = [f"ledger ok: {r.rows} rows, {r.audit_rows} audit rows chained since audit row "
+        lines = [f"{paint('ledger ok', 'green')}: {r.rows} rows, {r.audit_rows} audit rows chained since audit row "
                  f"{r.after_audit_seq}; head {one_line(r.head) or '-'}"]
         if r.note:
             lines.append(one_line(r.note))
@@ -194,7 +216,7 @@ def ledger_report(r: T.LedgerReport) -> str:
 
     first, *rest = r.problems or [LedgerProblem(reason="the report names no problem")]
     at = _problem_at(first)
-    lines = [f"ledger BROKEN{f' at {at}' if at else ''}: {one_line(first.reason)}"]
+    lines = [f"{paint('ledger BROKEN', 'red bold')}{f' at {at}' if at else ''}: {one_line(first.reason)}"]
     for p in rest:
         at = _problem_at(p)
         lines.append(f"  {f'{at}: ' if at else ''}{one_line(p.reason)}")
@@ -280,7 +302,7 @@ def _event_line(ev: T.LedgerEvent) -> str:
 def entry_life(life: T.EntryLife) -> str:
     """``memoryctl audit explain``: the entry as it is now (or that it was removed), one
     line per ledger event, oldest first, and the sessions whose snapshots showed it."""
-    lines = [f"entry {one_line(life.entry_id)}"]
+    lines = [stdout_paint()(f"entry {one_line(life.entry_id)}", "bold")]
     e = life.current
     if e is None:
         lines.append("  now:     removed (no longer in the store)")
@@ -302,6 +324,7 @@ def entry_life(life: T.EntryLife) -> str:
 
 __all__ = [
     "GUTTER",
+    "SHORT_ID",
     "SHOWN_ENTRIES",
     "adapters_table",
     "approval_request",
@@ -310,12 +333,14 @@ __all__ = [
     "entries_table",
     "entry_life",
     "entry_list",
+    "gutter_lines",
     "ledger_report",
     "one_line",
     "proposals_table",
     "query_result",
     "short",
     "status_lines",
+    "stdout_paint",
     "table",
     "to_json",
     "usage",

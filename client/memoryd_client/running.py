@@ -204,17 +204,18 @@ def prepare(ctx: Ctx) -> None:
     a = ctx.args
     if a.db:
         ctx.data["db"] = os.path.abspath(os.path.expanduser(a.db))
-    if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
-        ctx.data["text"] = _text(a.text)
     if a.verb in ("replace", "remove"):
         if a.entry_id is not None and a.match is not None:
             raise UsageError(f"{a.verb}: give MATCH or --id, not both")
+        if a.verb == "replace" and a.entry_id is None and a.match is None:
+            # TEXT is the one positional argparse must fill, so a lone argument lands there:
+            # what is missing is the new text after it (or, less likely, MATCH before it).
+            raise UsageError(f"replace needs the new TEXT after MATCH: memoryctl replace --track {a.track} "
+                             f"--scope {a.scope} MATCH TEXT (or --id ID TEXT)")
         if a.entry_id is None and a.match is None:
             raise UsageError(f"{a.verb} needs MATCH or --id")
-    if a.verb == "proposals" and a.action != "list" and not a.id:
-        raise UsageError(f"proposals {a.action} needs an ID")
-    if a.verb == "proposals" and a.action == "list" and a.id:
-        raise UsageError("proposals: an ID goes with approve or dismiss")
+    if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
+        ctx.data["text"] = _text(a.text)
     if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):
         raise _exists(a.output)  # before asking the daemon for anything
     if a.verb == "import":
@@ -231,12 +232,8 @@ def prepare(ctx: Ctx) -> None:
         else:
             ctx.data["raw"] = raw  # decided with the adapter's import formats (cmd_import)
     if a.verb == "audit":
-        if a.action == "explain" and not a.target:
-            raise UsageError("audit explain needs TEXT or ID: the entry's id, or a text that one entry contains")
         if a.action == "accept" and not (a.target or "").isdigit():
             raise UsageError("audit accept needs N: the ledger row that records the change (audit verify names it)")
-        if a.action not in ("explain", "accept") and a.target is not None:
-            raise UsageError(f"audit {a.action} takes no TEXT|ID (only audit explain and audit accept do)")
         if a.action != "list" and a.limit is not None:
             raise UsageError(f"--limit goes with audit list, not audit {a.action}")
         if a.action not in ("verify", "heads") and a.heads is not None:

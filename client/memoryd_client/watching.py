@@ -14,7 +14,7 @@ import anyio
 import msgspec
 from memoryd_protocol import types as T
 
-from . import render
+from . import colour, render
 from .client import WATCH_EVENTS, Client, Event
 from .errors import ConnectionClosed
 from .running import EXIT_OK, Ctx
@@ -23,11 +23,13 @@ from .running import EXIT_OK, Ctx
 SHOWN_TEXT = 80
 
 _WORDS = {"memory/added": "added", "memory/updated": "updated", "memory/removed": "removed"}
+_COLOURS = {"memory/added": "green", "memory/updated": "yellow", "memory/removed": "red"}
 _ENCODER = msgspec.json.Encoder()
 
 
-def event_line(ev: Event) -> str:
-    """``added    1a2b3c4d user/workspace  Prefers tabs…  (session s-1)``."""
+def event_line(ev: Event, paint: colour.Paint = colour.plain) -> str:
+    """``added    1a2b3c4d user/workspace  Prefers tabs…  (session s-1)``; with a colour
+    ``paint``, the change in its colour and the id dim."""
     p = ev.params
     entry: T.Entry = p.entry
     lines = entry.text.splitlines() or [""]
@@ -35,7 +37,9 @@ def event_line(ev: Event) -> str:
     if len(text) > SHOWN_TEXT or len(lines) > 1:
         text = text[:SHOWN_TEXT] + "…"
     who = f"  (session {render.one_line(p.session_id)})" if p.session_id else ""
-    return f"{_WORDS[ev.method]:<8} {render.short(entry.id)} {entry.track}/{entry.scope}  {render.one_line(text)}{who}"
+    word = _WORDS[ev.method]
+    return (f"{paint(word, _COLOURS[ev.method])}{' ' * (8 - len(word))} {paint(render.short(entry.id), 'dim')} "
+            f"{entry.track}/{entry.scope}  {render.one_line(text)}{who}")
 
 
 def json_line(ev: Event) -> str:
@@ -69,7 +73,8 @@ async def _watch(c: Client, ctx: Ctx) -> None:
     print(f"memoryctl: watching what session {session.get('id')} (workspace {header.get('cwd')}, agent "
           f"{header.get('agentPreset') or '(shared)'}) sees at {ctx.socket} (Ctrl-C to stop)",
           file=sys.stderr, flush=True)
+    paint = render.stdout_paint()
     async for ev in events:
-        ctx.out(json_line(ev) if ctx.json else event_line(ev))
+        ctx.out(json_line(ev) if ctx.json else event_line(ev, paint))
     # The stream ends only when the connection does: the daemon stopped or dropped us.
     raise ConnectionClosed(f"stopped watching: {c.close_reason or 'the connection ended'} (memoryd at {ctx.socket})")

@@ -9,7 +9,7 @@ interpreted. ``memoryctl``'s prompt and the daemon's MCP elicitation both show
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .constants import GRID
 
@@ -78,9 +78,12 @@ def one_line(text: str) -> str:
     return visible(text, newlines=False)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = False) -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = False,
+          paint: Callable[[str, str], str] | None = None, dim: Iterable[int] = ()) -> str:
     """Columns padded to their widest cell; the last column is never padded and, with
-    ``fit`` (stdout is a terminal), cut to the terminal width."""
+    ``fit`` (stdout is a terminal), cut to the terminal width. With ``paint`` (a colour
+    painter) the header is bold and the columns ``dim`` are dim, painted after padding and
+    cutting, so the widths are the visible text's."""
     rows = [[one_line(str(c)) for c in r] for r in rows]
     if not rows:
         return ""
@@ -88,21 +91,34 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = 
     for r in rows:
         for i, cell in enumerate(r[:-1]):
             widths[i] = max(widths[i], len(cell))
+    starts = [sum(widths[:i]) + 2 * i for i in range(len(widths))]
+    dimmed = frozenset(dim)
     width = 0
     if fit:
         import shutil
 
         width = shutil.get_terminal_size((100, 24)).columns
 
-    def line(cells: Sequence[str]) -> str:
+    def line(cells: Sequence[str], header: bool = False) -> str:
         head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
         out = f"{head}  {cells[-1]}" if head else cells[-1]
         if width and len(out) > width:
             out = out[: max(width - 1, 0)] + "…"
-        return out.rstrip()
+        out = out.rstrip()
+        if paint is None:
+            return out
+        if header:
+            return paint(out, "bold")
+        pieces, at = [], 0
+        for i in sorted(dimmed):
+            if i >= len(cells) or starts[i] >= len(out):
+                continue
+            end = len(out) if i == len(cells) - 1 else min(starts[i] + len(cells[i]), len(out))
+            pieces += [out[at:starts[i]], paint(out[starts[i]:end], "dim")]
+            at = end
+        return "".join([*pieces, out[at:]])
 
-    return "\n".join([line(headers), *(line(r) for r in rows)])
-
+    return "\n".join([line(headers, header=True), *(line(r) for r in rows)])
 
 
 #: A seed/import approval lists this many entries, then says how many it leaves out.
@@ -217,11 +233,45 @@ def _entry_lines(entries: Sequence[T.ApprovalEntry], shown: int) -> list[str]:
     return lines
 
 
-def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES) -> str:
+def _change_styles(action: str, text: str) -> list[str]:
+    """A style per line of a payload ``text`` (payloads.py's formats): what goes red, what
+    green. The old and new parts of a replace or consolidate are told apart only where the
+    format's separator occurs exactly once (it always occurs once): a text that contains
+    one too is shown without colour, so no colour can pass part of it off as the other."""
+    lines = text.split("\n")
+    if action == "add":
+        return ["green"] * len(lines)
+    if action == "remove":
+        return ["red"] * len(lines)
+    if action == "replace" and lines[0] == "from:":
+        seps = [i for i in range(1, len(lines) - 1) if lines[i] == "" and lines[i + 1] == "to:"]
+        if len(seps) == 1:
+            at = seps[0]
+            return ["", *["red"] * (at - 1), "", "", *["green"] * (len(lines) - at - 2)]
+    if action == "consolidate":
+        new = [i for i, line in enumerate(lines) if line.startswith("new text: ")]
+        if len(new) == 1:
+            return ["red"] * new[0] + ["green"] * (len(lines) - new[0])
+    return [""] * len(lines)
+
+
+def _painted(line: str, style: str, paint: Callable[[str, str], str]) -> str:
+    """``line`` in ``style``; under the gutter only the text is painted, not the gutter."""
+    if not style:
+        return line
+    if line.startswith(GUTTER):
+        return GUTTER + paint(line[len(GUTTER):], style)
+    return paint(line, style)
+
+
+def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES,
+                     paint: Callable[[str, str], str] | None = None) -> str:
     """The approval as the human sees it before answering: what the write does, where it
     lands, who asked, and the complete change. A seed/import shows a summary per layer and
     its first ``shown`` entries, then the count of the rest. With ``width`` (the terminal's
-    columns) long lines are cut and continued under the gutter instead of wrapping."""
+    columns) long lines are cut and continued under the gutter instead of wrapping. With
+    ``paint`` (a colour painter) the heading is bold, what the write removes red and what it
+    adds green."""
     lines = [
         "memoryd asks to approve a write:",
         f"  action:  {one_line(asked.action)}" + (f" ({asked.count} entries)" if asked.count is not None else ""),
@@ -239,15 +289,23 @@ def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown:
         *_origin_lines(asked.origin),
         f"  id:      {one_line(asked.id)}",
     ]
+    styles = ["bold", *[""] * (len(lines) - 1)]
     if asked.entries is not None:
         lines += _summary(asked.entries)
-        lines += _entry_lines(asked.entries, shown)
+        entry_lines = _entry_lines(asked.entries, shown)
+        lines += entry_lines
+        styles += [""] * (len(lines) - len(styles) - len(entry_lines))
+        styles += ["green" if line.startswith(GUTTER) else "" for line in entry_lines]
     else:
         lines.append("  payload:")
         lines += gutter_lines(asked.text)
+        styles += ["", *_change_styles(asked.action, asked.text)]
+    styled = list(zip(lines, styles, strict=True))
     if width is not None and width > 0:
-        lines = [piece for line in lines for piece in _fit(line, width)]
-    return "\n".join(lines)
+        styled = [(piece, style) for line, style in styled for piece in _fit(line, width)]
+    if paint is None:
+        return "\n".join(line for line, _ in styled)
+    return "\n".join(_painted(line, style, paint) for line, style in styled)
 
 
 __all__ = [

@@ -1,0 +1,80 @@
+"""Colour in memoryctl's human output, decided per stream: on a terminal only, off under
+``NO_COLOR`` (https://no-color.org) or ``TERM=dumb`` (or no TERM at all, as git has it), and
+on wherever ``FORCE_COLOR`` asks for it (https://force-color.org) unless ``NO_COLOR`` says no.
+
+A painter is ``paint(text, style)``: ``style`` is one or more of :data:`STYLES`' names,
+space-separated. Text is escaped (:func:`memoryd_protocol.approval_text.visible`) before it
+is painted, so the only escape sequences on the terminal are these. Painting happens after
+padding and cutting, so widths are counted on the visible text. Standard library only, and
+only ``os``: the read commands' quick path imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    #: ``paint(text, style)``
+    Paint = Callable[[str, str], str]
+
+#: SGR parameters by style name
+STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33"}
+RESET = "\x1b[0m"
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _wanted(terminal: Callable[[], bool]) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    force = os.environ.get("FORCE_COLOR")
+    if force and force != "0":  # FORCE_COLOR=0 is how some tools say "no": it forces nothing here
+        return True
+    if os.environ.get("TERM", "dumb") == "dumb":
+        return False
+    return terminal()
+
+
+def enabled(stream: Any) -> bool:
+    """Whether what is written to ``stream`` gets colour."""
+    return _wanted(lambda: _isatty(stream))
+
+
+def enabled_fd(fd: int) -> bool:
+    """Whether what is written to the file descriptor ``fd`` gets colour."""
+    return _wanted(lambda: os.isatty(fd))
+
+
+def paint(text: str, style: str) -> str:
+    """``text`` in ``style``; empty text stays empty (no codes around nothing)."""
+    if not text or not style:
+        return text
+    codes = ";".join(STYLES[name] for name in style.split())
+    return f"\x1b[{codes}m{text}{RESET}"
+
+
+def plain(text: str, style: str) -> str:
+    """The painter for a stream without colour: ``text`` as it is."""
+    return text
+
+
+def painter(stream: Any) -> Paint:
+    """The painter for ``stream``."""
+    return paint if enabled(stream) else plain
+
+
+def painter_fd(fd: int) -> Paint:
+    """The painter for the file descriptor ``fd``."""
+    return paint if enabled_fd(fd) else plain
+
+
+__all__ = ["RESET", "STYLES", "enabled", "enabled_fd", "paint", "painter", "painter_fd", "plain"]
