@@ -319,9 +319,9 @@ def test_proposals_verbs(capsys: pytest.CaptureFixture[str], daemon: Any) -> Non
 
     code, out, err = cli(capsys, daemon, "proposals", "approve", p1.id[:8])
     assert code == 0, err
-    assert out.startswith(f"approved proposal {p1.id}")
+    assert out.startswith(f"approved proposal {p1.id[:8]}")
     code, out, _ = cli(capsys, daemon, "proposals", "dismiss", p2.id)
-    assert code == 0 and out.strip() == f"dismissed proposal {p2.id}"
+    assert code == 0 and out.strip() == f"dismissed proposal {p2.id[:8]}"
     code, out, _ = cli(capsys, daemon, "proposals", "--status", "dismissed", "--json")
     assert [p["id"] for p in json.loads(out)] == [p2.id]
     assert texts(daemon) == ["Likes short answers"]
@@ -682,7 +682,7 @@ def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
            "           agent:     (shared: every agent)\n           tags:      -\n" in err
     assert f"  client:  memoryd-client {mc.__version__}\n" \
            f"  process: pid {writer.pid} ({os.path.realpath(sys.executable)})\n" in err
-    assert re.fullmatch(r"approved [0-9a-f-]{36}\n", out)
+    assert re.fullmatch(r"approved [0-9a-f]{8}\n", out)
     assert r == {"text": "From a headless agent"}
     assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims script 'memoryctl --yes')"]
 

@@ -227,3 +227,12 @@ def test_colour_keeps_the_quick_path_lean() -> None:
             "print(sorted(set(sys.modules) - before - {'memoryd_client.colour'}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout == "[]\n", r.stderr
+
+
+def test_an_error_line_on_a_terminal_starts_in_red(daemon: Any) -> None:
+    code, shown = on_pty([*sock(daemon), "remove", *UG, "nothing"], coloured_env())
+    assert code == 1 and shown.startswith("\x1b[31;1merror:\x1b[0m ENTRY_NOT_FOUND: "), shown
+    code, shown = on_pty([*sock(daemon), "remove", *UG, "nothing"], coloured_env(NO_COLOR="1"))
+    assert code == 1 and shown.startswith("error: ENTRY_NOT_FOUND: ") and "\x1b" not in shown, shown
+    r = piped([*sock(daemon), "remove", *UG, "nothing"], coloured_env())
+    assert r.returncode == 1 and r.stderr.startswith("error: ENTRY_NOT_FOUND: "), r.stderr

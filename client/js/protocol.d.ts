@@ -58,7 +58,7 @@ export interface ErrorDetails {
   WRITE_REQUIRES_AGENT: Record<string, never>;
   BUDGET_EXCEEDED: { track: 'agent' | 'user'; scope: 'user-global' | 'workspace'; used: number; limit: number; needed: number };
   ENTRY_NOT_FOUND: { track: 'agent' | 'user'; scope: 'user-global' | 'workspace'; match?: string; entryId?: string };
-  AMBIGUOUS_MATCH: { track: 'agent' | 'user'; scope: 'user-global' | 'workspace'; match: string; candidates: number; sample: string[]; ids?: string[] };
+  AMBIGUOUS_MATCH: { track: 'agent' | 'user'; scope: 'user-global' | 'workspace'; match: string; candidates: number; sample: string[]; ids: string[] };
   WRITE_DENIED: { outcome: string };
   PROPOSAL_NOT_FOUND: { id: string };
   STORE_CORRUPT: { path: string };

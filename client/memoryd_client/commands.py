@@ -126,11 +126,11 @@ async def cmd_proposals(c: Client, ctx: Ctx) -> None:
     elif a.action == "approve":
         r = await c.proposals_approve(await _proposal_id(c, a.id))
         ctx.result(
-            r, lambda: f"approved proposal {r.proposal.id}: added {render.short(r.entry.id)} ({render.usage(r.usage)})"
+            r, lambda: f"approved proposal {render.short(r.proposal.id)}: added {render.short(r.entry.id)} ({render.usage(r.usage)})"
         )
     else:
         p = await c.proposals_dismiss(await _proposal_id(c, a.id))
-        ctx.result(p, lambda: f"dismissed proposal {p.id}")
+        ctx.result(p, lambda: f"dismissed proposal {render.short(p.id)}")
 
 
 async def cmd_export(c: Client, ctx: Ctx) -> None:
@@ -297,7 +297,7 @@ async def cmd_approve(c: Client, ctx: Ctx) -> int:
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     if left:
-        print(f"{PROG}: {LEFT_UNDECIDED.format(id=left[0])}", file=sys.stderr, flush=True)
+        print(f"{PROG}: {LEFT_UNDECIDED.format(id=render.short(left[0]))}", file=sys.stderr, flush=True)
     return EXIT_OK
 
 
@@ -364,7 +364,7 @@ async def _approve(c: Client, ctx: Ctx) -> int:
             if ctx.json:
                 ctx.out(json.dumps({"id": p.id, "outcome": p.outcome, "refused": p.refused}))
             else:
-                ctx.out(f"{word} {p.id}{late}")
+                ctx.out(f"{word} {render.short(p.id)}{late}")
             if (a.count and decided >= a.count) or ctx.approver.eof:
                 return EXIT_OK
         else:
@@ -372,7 +372,7 @@ async def _approve(c: Client, ctx: Ctx) -> int:
             if ctx.json:
                 ctx.out(json.dumps({"id": rid, "outcome": outcome, "resolvedElsewhere": True}))
             else:
-                ctx.out(f"approval {rid} was decided by another approver: {outcome}")
+                ctx.out(f"approval {render.short(str(rid))} was decided by another approver: {outcome}")
     raise ConnectionClosed("the daemon closed the connection")
 
 

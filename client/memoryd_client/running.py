@@ -204,7 +204,7 @@ def prepare(ctx: Ctx) -> None:
     a = ctx.args
     if a.db:
         ctx.data["db"] = os.path.abspath(os.path.expanduser(a.db))
-    if a.verb in ("replace", "remove"):
+    if a.verb in ("replace", "remove", "edit"):
         if a.entry_id is not None and a.match is not None:
             raise UsageError(f"{a.verb}: give MATCH or --id, not both")
         if a.verb == "replace" and a.entry_id is None and a.match is None:
@@ -262,7 +262,9 @@ def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | N
         from .render import one_line
 
         line += f" (match: {one_line(match)})"  # which of several -m failed
-    print(f"error: {code}: {line}", file=sys.stderr, flush=True)
+    from .colour import painter
+
+    print(f"{painter(sys.stderr)('error:', 'red bold')} {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
         import json
 

@@ -468,7 +468,7 @@ ERROR_DETAILS: Final[dict[str, JSON]] = {
         "anyOf": [{"required": ["match"]}, {"required": ["entryId"]}],
     },
     "AMBIGUOUS_MATCH": _details(
-        ["track", "scope", "match", "candidates", "sample"],
+        ["track", "scope", "match", "candidates", "sample", "ids"],
         {
             "track": _TRACK, "scope": _SCOPE, "match": _STR, "candidates": {"type": "integer", "minimum": 2},
             "sample": {"type": "array", "items": _STR, "maxItems": AMBIGUOUS_SAMPLE_COUNT,
