@@ -22,6 +22,7 @@ from e2e_helpers import sql, state
 from mcp_support import PROJ, mcp_client, mcp_daemon
 from processes import read_pty_until
 from rawclient import socket_client, write_ctx
+from test_cli import hermetic_env  # noqa: F401 (the autouse fixture: no test touches the real socket or config)
 
 #: daemon_factory's daemons run in the test process (conftest); tests marked process need one of their own
 pytestmark = pytest.mark.inprocess
@@ -33,16 +34,6 @@ PLAIN = {**os.environ, "NO_COLOR": "1"}
 AMBIGUOUS = ("match is ambiguous: {n} entries contain it (ids {ids}); name one with its id (memoryctl: --id ID; "
              "details.ids has the full ids) or use a longer substring")
 
-
-@pytest.fixture(autouse=True)
-def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test may touch the user's real socket, store or config."""
-    monkeypatch.delenv("MEMORYD_SOCKET", raising=False)
-    for var, name in (("XDG_RUNTIME_DIR", "run"), ("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"),
-                      ("XDG_STATE_HOME", "state")):
-        path = tmp_path / "xdg" / name
-        path.mkdir(parents=True, exist_ok=True)
-        monkeypatch.setenv(var, str(path))
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

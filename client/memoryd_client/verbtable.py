@@ -168,11 +168,14 @@ def add_verbs(sub: _Only) -> None:
         arguments=_add_args,
     )
 
-    def _replace_args(p: argparse.ArgumentParser) -> None:
+    def _rewrite_args(p: argparse.ArgumentParser, verb: str) -> None:
         _layer(p)
         p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
         _id_arg(p)
-        p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to replace (or --id)")
+        p.add_argument("match", metavar="MATCH", nargs="?", help=f"unique substring of the entry to {verb} (or --id)")
+
+    def _replace_args(p: argparse.ArgumentParser) -> None:
+        _rewrite_args(p, "replace")
         _text_arg(p, "the new text")
 
     _verb(
@@ -189,10 +192,7 @@ def add_verbs(sub: _Only) -> None:
     )
 
     def _edit_args(p: argparse.ArgumentParser) -> None:
-        _layer(p)
-        p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
-        _id_arg(p)
-        p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to edit (or --id)")
+        _rewrite_args(p, "edit")
 
     _verb(
         sub,
