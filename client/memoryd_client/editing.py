@@ -21,13 +21,13 @@ from functools import partial
 import anyio
 from memoryd_protocol import types as T
 from memoryd_protocol.errors import EntryNotFound
-from memoryd_protocol.text import js_trim, normalize_agent_key, normalize_tags, normalize_workspace_key
-from memoryd_protocol.validation import SessionView, check_target, resolve_one
+from memoryd_protocol.text import js_trim, normalize_tags
+from memoryd_protocol.validation import check_target, resolve_one
 
 from . import render
 from .client import Client
-from .running import Ctx, UsageError, _workspace
-from .targets import located, target
+from .running import Ctx, UsageError
+from .targets import located, target, visible
 
 NO_TERMINAL = ("edit needs a terminal: it opens an editor ($VISUAL, $EDITOR or vi) on the entry's text; "
                "without one, use memoryctl replace")
@@ -58,21 +58,13 @@ def _stdin_is_a_terminal() -> bool:
         return False
 
 
-def _visible(entries: list[T.Entry], ctx: Ctx) -> list[T.Entry]:
-    """The entries of this track/scope that the session sees, in the daemon's order."""
-    a = ctx.args
-    view = SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
-    return [e for e in entries
-            if e.track == a.track and e.scope == a.scope and view.sees(e.scope, e.workspace_key, e.agent_key)]
-
-
 async def find_entry(c: Client, ctx: Ctx) -> T.Entry:
     """The entry MATCH or --id names, as the daemon's replace would resolve it, with its
     errors: INVALID_INPUT for an empty MATCH, ENTRY_NOT_FOUND, AMBIGUOUS_MATCH."""
     a = ctx.args
     named = await target(c, ctx)
     selector = check_target(named.get("match"), named.get("id"))
-    entries = _visible(await c.list(), ctx)
+    entries = visible(await c.list(), ctx)
     if selector.match is not None:
         found = resolve_one(((e.id, e.text) for e in entries), a.track, a.scope, selector.match)
         return next(e for e in entries if e.id == found)
@@ -149,7 +141,7 @@ async def _still_the_same(c: Client, ctx: Ctx, entry: T.Entry, text: str) -> Non
     """Refuse the edit when ``entry`` changed or went while the editor was open: the wire's
     replace takes no expected version, so the entry is read again just before it is sent."""
     a = ctx.args
-    now = next((e for e in _visible(await c.list(), ctx) if e.id == entry.id), None)
+    now = next((e for e in visible(await c.list(), ctx) if e.id == entry.id), None)
     details = {"track": a.track, "scope": a.scope, "entryId": entry.id}
     if now is None:
         _not_saved(text)
@@ -165,11 +157,7 @@ async def _still_the_same(c: Client, ctx: Ctx, entry: T.Entry, text: str) -> Non
 async def cmd_edit(c: Client, ctx: Ctx) -> None:
     """``memoryctl edit ID|MATCH``: the entry's text in the editor, then a replace by its full
     id. No change, or text left empty, writes nothing."""
-    a = ctx.args
-    if a.entry_id is not None and a.match is not None:
-        raise UsageError("edit: give MATCH or --id, not both")
-    if a.entry_id is None and a.match is None:
-        raise UsageError("edit needs MATCH or --id")
+    a = ctx.args  # MATCH or --id, not both: checked before connecting (running.prepare)
     if not _stdin_is_a_terminal():
         raise UsageError(NO_TERMINAL)
     editor, origin = editor_command()

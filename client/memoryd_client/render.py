@@ -23,6 +23,7 @@ from memoryd_protocol.approval_text import (
     tags_text,
     visible,
 )
+from memoryd_protocol.constants import SHORT_ID_LENGTH
 
 from . import colour
 
@@ -55,7 +56,7 @@ def when(ms: int | None) -> str:
 #: How many characters of an id tables and one-line messages show: every id typed back
 #: (--id, proposals approve/dismiss, audit explain) may be this prefix. --json, the
 #: approval prompt and audit explain show ids in full.
-SHORT_ID = 8
+SHORT_ID = SHORT_ID_LENGTH
 
 
 def short(entry_id: str | None) -> str:

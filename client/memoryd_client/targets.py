@@ -6,9 +6,10 @@ from __future__ import annotations
 import shlex
 
 from memoryd_protocol import types as T
+from memoryd_protocol.constants import SHORT_ID_LENGTH
 from memoryd_protocol.errors import EntryNotFound, ProtocolError
 from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
-from memoryd_protocol.validation import SHORT_ID_LENGTH, SessionView
+from memoryd_protocol.validation import SessionView
 
 from .client import Client
 from .errors import ClientError
@@ -21,6 +22,13 @@ def _view(ctx: Ctx) -> SessionView:
     return SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
 
 
+def visible(entries: list[T.Entry], ctx: Ctx) -> list[T.Entry]:
+    """The entries of this command's track/scope that its session sees, in the daemon's order."""
+    a, view = ctx.args, _view(ctx)
+    return [e for e in entries
+            if e.track == a.track and e.scope == a.scope and view.sees(e.scope, e.workspace_key, e.agent_key)]
+
+
 async def target(c: Client, ctx: Ctx) -> dict[str, str]:
     """``{match}`` or ``{id}``; an --id shorter than a full id is widened to the one entry of
     this track/scope, visible to the session, whose id starts with it."""
@@ -30,15 +38,7 @@ async def target(c: Client, ctx: Ctx) -> dict[str, str]:
     prefix: str = a.entry_id
     if len(prefix) >= FULL_ID_LENGTH or not prefix:
         return {"id": prefix}
-    view = _view(ctx)
-    hits = [
-        e.id
-        for e in await c.list()
-        if e.track == a.track
-        and e.scope == a.scope
-        and e.id.startswith(prefix)
-        and view.sees(e.scope, e.workspace_key, e.agent_key)
-    ]
+    hits = [e.id for e in visible(await c.list(), ctx) if e.id.startswith(prefix)]
     if len(hits) > 1:
         raise UsageError(f"--id {prefix} starts {len(hits)} entries' ids in {a.track}/{a.scope}; give more of it")
     return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND

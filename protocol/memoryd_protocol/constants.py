@@ -64,6 +64,8 @@ AMBIGUOUS_SAMPLE_COUNT: Final = 5
 QUERY_DEFAULT_LIMIT: Final = 20
 QUERY_HARD_CAP: Final = 1000
 MAX_IMPORT_ENTRIES: Final = 1000
+#: the short form of an entry id that tables and messages show and every id argument takes
+SHORT_ID_LENGTH: Final = 8
 AUDIT_DEFAULT_LIMIT: Final = 100
 AUDIT_HARD_CAP: Final = 10000
 PROPOSAL_MAX_TEXT: Final = 2000

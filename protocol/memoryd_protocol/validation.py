@@ -20,6 +20,7 @@ from .constants import (
     MAX_QUERY_TEXT_UNITS,
     MAX_SESSION_ID_UNITS,
     MAX_SOURCE_UNITS,
+    SHORT_ID_LENGTH,
 )
 from .errors import AmbiguousMatch, BudgetExceeded, EntryNotFound, InvalidInput, WriteRequiresAgent
 from .text import (
@@ -34,8 +35,6 @@ from .text import (
 from .types import Session, Write
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-#: the short form of an entry id that memoryctl list shows and memoryctl --id takes
-SHORT_ID_LENGTH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +255,6 @@ def check_batch_budget(
 
 
 __all__ = [
-    "SHORT_ID_LENGTH",
     "SessionView",
     "Target",
     "check_batch_budget",
