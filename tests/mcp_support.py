@@ -20,8 +20,10 @@ from mcp import Client, StdioServerParameters
 
 PROJ = "/home/u/proj"
 HOST = types.Implementation(name="Claude Code", version="2.1.0")
-#: the agent layer HOST's clientInfo name gives
-HOST_AGENT = "claude-code"
+#: an MCP session's agent layer without --agent: the one every agent shares
+HOST_AGENT = ""
+#: the source HOST's clientInfo name gives its writes
+HOST_SOURCE = "claude-code"
 TIMEOUT = 30
 
 Answer = Callable[[types.ElicitRequestParams], Awaitable[types.ElicitResult]]
@@ -49,6 +51,23 @@ def mcp_command(d: InProcess, *extra: str, cwd: str = PROJ) -> list[str]:
 def server_params(d: InProcess, *extra: str, cwd: str = PROJ) -> StdioServerParameters:
     command = mcp_command(d, *extra, cwd=cwd)
     return StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+
+def tool_error(result: Any) -> dict[str, Any]:
+    """The ``{code, message, details}`` of an error result (an SDK ``CallToolResult`` or its
+    wire dict): ``CODE: message``, a blank line and the error as JSON, with no
+    ``structuredContent`` for a host to hold to the tool's output schema."""
+    if isinstance(result, dict):
+        assert result["isError"] is True and "structuredContent" not in result, result
+        text = result["content"][0]["text"]
+    else:
+        assert result.is_error and result.structured_content is None, result
+        text = result.content[0].text
+    head, blank, doc = text.split("\n", 2)
+    error: dict[str, Any] = json.loads(doc)
+    assert (head, blank) == (f"{error['code']}: {error['message']}", ""), text
+    assert list(error) == ["code", "message", "details"]
+    return error
 
 
 class Host:

@@ -535,9 +535,9 @@ def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     try:
         shown = read_until(master, "Approve? [y/N]")
         # The complete payload, control characters made visible, plus action/layer/source.
-        assert "action:  replace" in shown and "layer:   user/user-global" in shown
+        assert "replace in user/user-global (every workspace), shared by every agent:\n" \
+               "  + Prefers spaces\n  - Prefers tabs\n  - and\\x1b[31m red\n" in shown
         assert "source:  dsh-memento" in shown
-        assert "| from:\n  | Prefers tabs\n  | and\\x1b[31m red\n  | \n  | to:\n  | Prefers spaces" in shown
         os.write(master, b"y\n")
         out = read_until(master, "replaced", eof_ok=True)
         assert proc.wait(30) == 0, out
@@ -558,10 +558,11 @@ def test_pty_prompt_cuts_long_lines_to_the_terminal_width(ask_daemon: Any) -> No
     try:
         shown = read_until(master, "\nApprove? [y/N] ")
         lines = shown.split("\n")[:-1]  # the last one is the real question
-        assert lines[0] == "memoryd asks to approve a write:"
+        assert lines[0].startswith("add to user/user-global")
         assert all(len(ln) <= 49 for ln in lines), lines
-        payload = lines[lines.index("  payload:") + 1:]
-        assert payload and all(ln.startswith("  | ") for ln in payload)
+        start = next(n for n, ln in enumerate(lines) if ln.startswith("  + "))
+        payload = lines[start:lines.index("  tags:    -")]
+        assert payload and all(ln.startswith("  | ") for ln in payload[1:])
         assert "".join(ln[4:] for ln in payload) == forged
         os.write(master, b"n\n")
         assert proc.wait(30) == 1
@@ -575,7 +576,7 @@ def test_pty_prompt_no_denies(ask_daemon: Any) -> None:
     master, proc = spawn_on_pty(*sock(ask_daemon), "add", *UG, "Sensitive fact")
     try:
         shown = read_until(master, "Approve? [y/N]")
-        assert "| Sensitive fact" in shown
+        assert "\n  + Sensitive fact\n" in shown
         os.write(master, b"n\n")
         out = read_until(master, "error:", eof_ok=True)
         assert proc.wait(30) == 1
@@ -594,7 +595,7 @@ def test_no_tty_denies_fail_closed(ask_daemon: Any) -> None:
     assert r.returncode == 1 and "Approve?" not in r.stderr
     r = run(*sock(ask_daemon), "add", *UG, "Written by a script")
     assert r.returncode == 1
-    assert "| Written by a script" in r.stderr  # the payload is shown even when denied
+    assert "  + Written by a script" in r.stderr  # the payload is shown even when denied
     assert "no terminal to ask for approval; denying (fail closed)" in r.stderr
     assert error_line(r.stderr).startswith("error: WRITE_DENIED: ")
     assert texts(ask_daemon) == []
@@ -623,7 +624,7 @@ def test_a_300_entry_import_prompt_stays_readable(ask_daemon: Any, tmp_path: Pat
     backup.write_text(json.dumps({"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": entries}))
     r = run(*sock(ask_daemon), "--yes", "import", str(backup))
     assert r.returncode == 0, r.stderr
-    assert "  action:  seed (300 entries)\n" in r.stderr
+    assert r.stderr.startswith("seed 300 entries into 2 layers:\n")
     assert re.search(r"\n  client:  memoryctl \S+\n  process: pid \d+ \(" + re.escape(os.path.realpath(sys.executable))
                      + r"\)\n", r.stderr), r.stderr
     assert "  summary: 300 entries, 3780 chars, in 2 layers\n" \
@@ -676,10 +677,10 @@ def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     finally:
         approver.kill()
     assert code == 0, err
-    assert "| From a headless agent" in err and "session: agent-1" in err
-    # where it lands and who asked: the writing process, through the Python client
-    assert "  layer:   user/user-global\n           workspace: (none: every workspace)\n" \
-           "           agent:     (shared: every agent)\n           tags:      -\n" in err
+    assert "session: agent-1" in err
+    # where it lands, what it writes and who asked: the writing process, through the Python client
+    assert "add to user/user-global (every workspace), shared by every agent:\n  + From a headless agent\n" \
+           "  tags:    -\n" in err
     assert f"  client:  memoryd-client {mc.__version__}\n" \
            f"  process: pid {writer.pid} ({os.path.realpath(sys.executable)})\n" in err
     assert re.fullmatch(r"approved [0-9a-f]{8}\n", out)
@@ -747,7 +748,7 @@ def test_approve_verb_on_a_terminal_sees_another_approver_win(ask_any_daemon: An
             assert writer.wait(30) == 0
         out = read_until(master, "decided by another approver")
         assert decided_lines(ask_daemon) == ["allowed-once (a subscribed approver; claims nothing)"]
-        assert "| Raced" in shown
+        assert "  + Raced" in shown
         assert "(this approval is no longer pending)" in out and "was decided by another approver: allowed-once" in out
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
@@ -833,7 +834,7 @@ def test_via_approver_routes_a_script_write_to_memoryctl_approve(ask_any_daemon:
     finally:
         approver.kill()
     assert r.returncode == 0, r.stderr
-    assert code == 0 and "| From cron" in err
+    assert code == 0 and "  + From cron" in err
     assert texts(ask_daemon) == ["From cron"]
     # with no approver subscribed it is denied at once, fail closed, and says what to run
     before = store_state(ask_daemon)

@@ -110,20 +110,21 @@ def asked(action: str, text: str, **kw: Any) -> T.ApprovalAsked:
 
 
 def payload(shown: str) -> list[str]:
+    """The change: the lines between the headline and the details."""
     lines = shown.split("\n")
-    return lines[lines.index("  payload:") + 1:]
+    return lines[1:next(n for n, ln in enumerate(lines) if ln.startswith("  source:"))]
 
 
 @pytest.mark.parametrize(("action", "text", "lines"), [
-    ("add", "Prefers tabs\nalways", [f"  | {GREEN}Prefers tabs{RESET}", f"  | {GREEN}always{RESET}"]),
-    ("remove", "Prefers tabs", [f"  | {RED}Prefers tabs{RESET}"]),
+    ("add", "Prefers tabs\nalways", [f"  + {GREEN}Prefers tabs{RESET}", f"  + {GREEN}always{RESET}"]),
+    ("remove", "Prefers tabs", [f"  - {RED}Prefers tabs{RESET}"]),
     ("replace", "from:\nPrefers tabs\n\nto:\nPrefers spaces",
-     ["  | from:", f"  | {RED}Prefers tabs{RESET}", "  | ", "  | to:", f"  | {GREEN}Prefers spaces{RESET}"]),
+     [f"  + {GREEN}Prefers spaces{RESET}", f"  - {RED}Prefers tabs{RESET}"]),
     ("consolidate", "remove: vim\nUses vim\nremove: tmux\nUses tmux\nnew text: Uses vim in tmux",
-     [f"  | {RED}remove: vim{RESET}", f"  | {RED}Uses vim{RESET}", f"  | {RED}remove: tmux{RESET}",
-      f"  | {RED}Uses tmux{RESET}", f"  | {GREEN}new text: Uses vim in tmux{RESET}"]),
+     [f"  + {GREEN}Uses vim in tmux{RESET}", f"  - {RED}remove: vim{RESET}", f"  - {RED}Uses vim{RESET}",
+      f"  - {RED}remove: tmux{RESET}", f"  - {RED}Uses tmux{RESET}"]),
     # an old text that holds the separator itself: which "to:" is the real one cannot be
-    # told, so nothing is painted (the text is shown all the same)
+    # told, so the payload is shown whole, unmarked and unpainted
     ("replace", "from:\nPrefers tabs\n\nto:\nPrefers spaces\n\nto:\nPrefers spaces",
      ["  | from:", "  | Prefers tabs", "  | ", "  | to:", "  | Prefers spaces", "  | ", "  | to:",
       "  | Prefers spaces"]),
@@ -132,7 +133,8 @@ def payload(shown: str) -> list[str]:
 def test_the_prompt_shows_what_goes_in_red_and_what_comes_in_green(action: str, text: str,
                                                                    lines: list[str]) -> None:
     shown = approval_request(asked(action, text), paint=colour.paint)
-    assert shown.startswith(f"{BOLD}memoryd asks to approve a write:{RESET}\n  action:  {action}\n")
+    word = {"add": "to", "remove": "from", "replace": "in"}.get(action, "into one, in")
+    assert shown.startswith(f"{BOLD}{action} {word} user/user-global:{RESET}\n")
     assert payload(shown) == lines
     assert visible(shown) == approval_request(asked(action, text))
 
@@ -141,14 +143,16 @@ def test_a_painted_prompt_is_cut_as_the_plain_one() -> None:
     long = "x" * 90
     shown = approval_request(asked("replace", f"from:\n{long}\n\nto:\n{long}"), width=50, paint=colour.paint)
     assert visible(shown) == approval_request(asked("replace", f"from:\n{long}\n\nto:\n{long}"), width=50)
-    assert payload(shown)[1:3] == [f"  | {RED}{'x' * 45}{RESET}", f"  | {RED}{'x' * 45}{RESET}"]
+    # a cut line's rest goes on under the gutter, in the colour of its line
+    assert payload(shown)[:3] == [f"  + {GREEN}{'x' * 45}{RESET}", f"  | {GREEN}{'x' * 45}{RESET}",
+                                  f"  - {RED}{'x' * 45}{RESET}"]
 
 
 def test_a_seeds_entries_are_green() -> None:
     entry = T.ApprovalEntry(track="user", scope="user-global", workspace_key="", agent_key="", text="fact", tags=[])
     shown = approval_request(asked("seed", "(payload)", count=1, entries=[entry]), paint=colour.paint)
-    assert shown.endswith(f"  entries:\n  [1] user/user-global  workspace -  agent (shared)  tags -\n"
-                          f"  | {GREEN}fact{RESET}")
+    assert f"  entries:\n  [1] user/user-global  workspace -  agent (shared)  tags -\n  + {GREEN}fact{RESET}\n" \
+        in shown
     assert "\x1b" not in shown.split("\n  entries:")[0].split("\n", 1)[1]  # the summary stays plain
 
 
@@ -196,9 +200,8 @@ def test_the_prompt_on_a_terminal_is_coloured(ask_daemon: Any) -> None:
     add(d, "Prefers tabs")
     code, shown = on_pty([*sock(d), "replace", *UG, "tabs", "Prefers spaces"], coloured_env(), answers=[b"y"])
     assert code == 0, shown
-    assert shown.startswith(f"{BOLD}memoryd asks to approve a write:{RESET}\n")
-    assert (f"  | from:\n  | {RED}Prefers tabs{RESET}\n  | \n  | to:\n  | {GREEN}Prefers spaces{RESET}\n"
-            "Approve? [y/N] y\n") in shown
+    assert shown.startswith(f"{BOLD}replace in user/user-global (every workspace), shared by every agent:{RESET}\n"
+                            f"  + {GREEN}Prefers spaces{RESET}\n  - {RED}Prefers tabs{RESET}\n")
     code, shown = on_pty([*sock(d), "add", *UG, "Uses vim"], coloured_env(NO_COLOR="1"), answers=[b"y"])
     assert code == 0 and "\x1b" not in shown, shown
     with mc.connect_sync(d.socket_path, timeout=10) as c:
@@ -215,10 +218,11 @@ def test_the_prompt_is_coloured_by_the_stream_it_goes_to(ask_daemon: Any, tmp_pa
         os.close(master)
         os.close(slave)
     assert r.returncode == 0, r.stderr
-    assert "  | Prefers tabs\nmemoryctl: approved (--yes)\n" in r.stderr and "\x1b" not in r.stderr
+    assert "\n  + Prefers tabs\n" in r.stderr and "\x1b" not in r.stderr
+    assert r.stderr.endswith("\nmemoryctl: approved (--yes)\n")
     # the same on a terminal: coloured
     code, shown = on_pty([*sock(ask_daemon), "--yes", "add", *UG, "Uses vim"], coloured_env())
-    assert code == 0 and f"  | {GREEN}Uses vim{RESET}\nmemoryctl: approved (--yes)\n" in shown, shown
+    assert code == 0 and f"\n  + {GREEN}Uses vim{RESET}\n" in shown and "\nmemoryctl: approved (--yes)\n" in shown, shown
 
 
 def test_colour_keeps_the_quick_path_lean() -> None:

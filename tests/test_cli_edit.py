@@ -184,7 +184,8 @@ def test_edit_under_yes_replaces_the_entry_by_its_full_id(ask_daemon: Any, tmp_p
     code, shown = on_pty([*sock(d), "--yes", "edit", *UG, "tabs"], env_with(EDITOR=editor.command))
     assert code == 0, shown
     assert shown.endswith(f"replaced {tabs[:8]}, now version 2 (user/user-global 22/2000 chars)\n")
-    assert "  | from:\n  | Prefers tabs\n  | \n  | to:\n  | Prefers spaces\nmemoryctl: approved (--yes)\n" in shown
+    assert "shared by every agent:\n  + Prefers spaces\n  - Prefers tabs\n" in shown
+    assert "\nmemoryctl: approved (--yes)\n" in shown
     assert entries(d) == [(tabs, "Prefers spaces", 2), (vim, "Uses vim", 1)]
     # the editor got its argument, then the entry's text (with a final newline) in a private
     # file in a private directory, both gone now
@@ -205,8 +206,8 @@ def test_edit_through_the_approval_prompt(ask_daemon: Any, tmp_path: Path) -> No
     editor = Editor(tmp_path / "ed", write="Prefers spaces\n")
     code, shown = on_pty([*sock(d), "edit", *UG, "tabs"], env_with(EDITOR=editor.command), answers=[b"y"])
     assert code == 0, shown
-    assert "  action:  replace\n" in shown
-    assert "  | from:\n  | Prefers tabs\n  | \n  | to:\n  | Prefers spaces\nApprove? [y/N] y\n" in shown
+    assert "replace in user/user-global (every workspace), shared by every agent:\n" \
+           "  + Prefers spaces\n  - Prefers tabs\n" in shown
     assert entries(d) == [(tabs, "Prefers spaces", 2)]
 
     # answered no: the daemon denies it, and the entry stays as it was

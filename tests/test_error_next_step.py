@@ -19,7 +19,7 @@ from typing import Any
 import memoryd_client as mc
 import pytest
 from e2e_helpers import sql, state
-from mcp_support import PROJ, mcp_client, mcp_daemon
+from mcp_support import PROJ, mcp_client, mcp_daemon, tool_error
 from processes import read_pty_until
 from rawclient import socket_client, write_ctx
 from test_cli import hermetic_env  # noqa: F401 (the autouse fixture: no test touches the real socket or config)
@@ -113,8 +113,8 @@ async def test_mcp_shows_the_candidates_and_their_ids(tmp_path: Path, sock_dir: 
         before = await state(raw)
         r = await c.call_tool("memory_replace", {**ws, "match": "metric", "text": "new"})
         message = AMBIGUOUS.format(n=2, ids=", ".join(i[:8] for i in ids))
-        assert r.is_error and r.content[0].text == f"AMBIGUOUS_MATCH: {message}"  # type: ignore[union-attr]
-        assert r.structured_content is not None and r.structured_content["details"]["ids"] == ids
+        error = tool_error(r)
+        assert (error["code"], error["message"], error["details"]["ids"]) == ("AMBIGUOUS_MATCH", message, ids)
         assert await state(raw) == before
         # the next step: the entry's id
         r = await c.call_tool("memory_replace", {**ws, "id": ids[0], "text": "new"})

@@ -14,7 +14,7 @@ import anyio
 import mcp_types as types
 import pytest
 from e2e_helpers import state
-from mcp_support import HOST, HOST_AGENT, PROJ, Host, call, mcp_client, mcp_daemon, raw_mcp
+from mcp_support import HOST, HOST_AGENT, HOST_SOURCE, PROJ, Host, call, mcp_client, mcp_daemon, raw_mcp, tool_error
 from memoryd_protocol import mcp_tools
 from rawclient import socket_client, write_ctx
 
@@ -39,6 +39,10 @@ async def test_the_tools_are_the_methods_table_s(tmp_path: Path, sock_dir: Path,
         for spec in mcp_tools.TOOLS:
             tool = tools[spec.name]
             assert tool.input_schema == mcp_tools.input_schema(spec)
+            # a plain object schema: what a model API takes (Claude Code skips any other tool)
+            assert tool.input_schema["type"] == "object"
+            assert not {"oneOf", "anyOf", "allOf", "not", "if", "enum"} & set(tool.input_schema)
+            assert "source" not in tool.input_schema["properties"]
             assert tool.output_schema == mcp_tools.output_schema(spec)
             a = tool.annotations
             assert a is not None and a.open_world_hint is False
@@ -53,7 +57,9 @@ async def test_every_tool_resource_and_the_prompt(tmp_path: Path, sock_dir: Path
     async with mcp_daemon(tmp_path, sock_dir) as d, mcp_client(d, mode) as c:
         added = structured(await c.call_tool("memory_add", {**WS, "text": "Prefers tabs", "tags": ["style"]}))
         entry = added["entry"]
-        assert (entry["workspaceKey"], entry["agentKey"], entry["text"]) == (PROJ, HOST_AGENT, "Prefers tabs")
+        # the layer every agent shares, and the host as the source
+        assert (entry["workspaceKey"], entry["agentKey"], entry["text"], entry["source"]) == (
+            PROJ, "", "Prefers tabs", HOST_SOURCE)
         assert added["usage"] == {**WS, "used": 12, "limit": 2000}
         shared = structured(await c.call_tool("memory_add", {"track": "agent", "scope": "user-global",
                                                              "text": "Build with make", "agentKey": ""}))
@@ -137,8 +143,10 @@ async def test_a_write_is_approved_through_the_host_s_elicitation(tmp_path: Path
         r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs\nand short lines", "tags": ["style"]})
         assert not r.is_error, r
         [message] = host.asked
-        for shown in ("action:  add", "layer:   user/workspace", f"workspace: {PROJ}", f"agent:     {HOST_AGENT}",
-                      "tags:      style", "  | Prefers tabs", "  | and short lines", "client:  Claude Code 2.1.0"):
+        # what is asked and where, then the text, then the details
+        assert message.split("\n")[:4] == [f"add to user/workspace ({PROJ}), shared by every agent:",
+                                           "  + Prefers tabs", "  + and short lines", "  tags:    style"]
+        for shown in (f"  source:  {HOST_SOURCE}", "  client:  Claude Code 2.1.0 (an MCP host, through memoryd mcp)"):
             assert shown in message, (shown, message)
         async with d.connect() as raw:
             life = await raw.ok("audit/explain", {"target": structured(r)["entry"]["id"]})
@@ -159,8 +167,8 @@ async def test_a_declined_or_cancelled_write_is_denied_with_its_row_and_changes_
         before = await state(raw)
         async with mcp_client(d, mode, host=Host(action)) as c:
             r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
-        assert r.is_error and structured(r) == {"code": "WRITE_DENIED", "message": f"write denied: {outcome}",
-                                                "details": {"outcome": outcome}}
+        assert tool_error(r) == {"code": "WRITE_DENIED", "message": f"write denied: {outcome}",
+                                 "details": {"outcome": outcome}}
         assert (await state(raw))[:2] == before[:2]
         rows = [a for a in await raw.ok("audit/list", {}) if a["action"] != "snapshot"]
         assert [(a["action"], a["outcome"]) for a in rows] == [("add-denied", f"{outcome} (via approval, writePolicy ask)")]
@@ -198,7 +206,7 @@ async def test_with_neither_elicitation_nor_an_approver_the_write_is_unavailable
         before = await state(raw)
         async with mcp_client(d, mode) as c:
             r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
-        assert structured(r)["details"] == {"outcome": "unavailable"}
+        assert tool_error(r)["details"] == {"outcome": "unavailable"}
         assert (await state(raw))[:2] == before[:2]
 
 
@@ -219,7 +227,7 @@ async def test_mcp_approvals_approvers_never_asks_the_host(tmp_path: Path, sock_
         async with mcp_client(d, mode, host=host) as c:
             r = await c.call_tool("memory_add", {**WS, "text": "Prefers tabs"})
         assert seen.is_set() and host.asked == []
-        assert structured(r)["details"] == {"outcome": "rejected"}
+        assert tool_error(r)["details"] == {"outcome": "rejected"}
 
 
 @pytest.mark.parametrize("mode", ERAS)
@@ -265,13 +273,18 @@ async def test_bad_arguments_are_invalid_input_and_change_nothing(tmp_path: Path
             ("memory_add", {**WS, "text": "x" * 2001}, "BUDGET_EXCEEDED"),
             ("memory_replace", {**WS, "match": "Prefers", "text": "y"}, "AMBIGUOUS_MATCH"),
             ("memory_remove", {**WS, "match": "nowhere"}, "ENTRY_NOT_FOUND"),
+            # what the plain object schemas cannot say, the handler checks
+            ("memory_replace", {**WS, "text": "y"}, "INVALID_INPUT"),
+            ("memory_remove", {**WS, "match": "tabs", "id": "x"}, "INVALID_INPUT"),
+            # the host names the source, not the model
+            ("memory_add", {**WS, "text": "x", "source": "memoryctl"}, "INVALID_INPUT"),
+            ("memory_propose", {"kind": "k", **WS, "text": "x", "source": "memoryctl"}, "INVALID_INPUT"),
             ("memory_query", {"limit": "ten"}, "INVALID_INPUT"),
             ("memory_list", {"extra": 1}, "INVALID_INPUT"),
         ]
         for name, arguments, code in cases:
             r = await c.call_tool(name, arguments)
-            assert r.is_error and structured(r)["code"] == code, (name, arguments, r)
-            assert r.content[0].text.startswith(f"{code}: ")  # type: ignore[union-attr]
+            assert tool_error(r)["code"] == code, (name, arguments, r)
         assert await state(raw) == before
 
 

@@ -16,8 +16,19 @@ import mcp_types as types
 import pytest
 from e2e_helpers import state
 from mcp import MCPError
-from mcp_support import INITIALIZE, INITIALIZED, PROJ, Host, call, mcp_client, mcp_command, mcp_daemon, raw_mcp
-from memoryd.mcp_host.session import host_agent
+from mcp_support import (
+    INITIALIZE,
+    INITIALIZED,
+    PROJ,
+    Host,
+    call,
+    mcp_client,
+    mcp_command,
+    mcp_daemon,
+    raw_mcp,
+    tool_error,
+)
+from memoryd.mcp_host.session import host_source
 from memoryd.mcp_host.wire import MAX_INFLIGHT
 from rawclient import write_ctx
 
@@ -30,14 +41,14 @@ ELICITING = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
 
 
 def test_a_host_s_name_gives_its_agent_layer() -> None:
-    assert host_agent("claude-code") == "claude-code"
-    assert host_agent("Claude Code") == "claude-code"
-    assert host_agent("codex-mcp-client") == "codex"
-    assert host_agent("gemini-cli-mcp-client") == "gemini-cli"
-    assert host_agent("Visual Studio Code") == "visual-studio-code"
-    assert host_agent("cursor-vscode") == "cursor-vscode"
-    assert host_agent("  ") is None and host_agent("") is None and host_agent(None) is None
-    assert host_agent("x" * 500) == "x" * 64
+    assert host_source("claude-code") == "claude-code"
+    assert host_source("Claude Code") == "claude-code"
+    assert host_source("codex-mcp-client") == "codex"
+    assert host_source("gemini-cli-mcp-client") == "gemini-cli"
+    assert host_source("Visual Studio Code") == "visual-studio-code"
+    assert host_source("cursor-vscode") == "cursor-vscode"
+    assert host_source("  ") is None and host_source("") is None and host_source(None) is None
+    assert host_source("x" * 500) == "x" * 64
 
 
 async def test_malformed_lines_get_their_errors_and_the_session_goes_on(tmp_path: Path, sock_dir: Path) -> None:
@@ -117,7 +128,7 @@ async def test_an_answer_to_another_request_id_approves_nothing(tmp_path: Path, 
         assert (await state(raw))[:2] == before[:2]
         await host.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "decline"}})
         result = (await host.reply(1))["result"]
-        assert result["isError"] and result["structuredContent"]["details"] == {"outcome": "rejected"}
+        assert tool_error(result)["details"] == {"outcome": "rejected"}
         assert (await state(raw))[:2] == before[:2]
 
 
@@ -129,7 +140,7 @@ async def test_an_unanswered_elicitation_times_out_cancelled(tmp_path: Path, soc
         await host.send(call(1, "memory_add", {**WS, "text": "Prefers tabs"}))
         assert (await host.line())["method"] == "elicitation/create"
         result = (await host.reply(1))["result"]
-        assert result["structuredContent"]["details"] == {"outcome": "cancelled"}
+        assert tool_error(result)["details"] == {"outcome": "cancelled"}
 
 
 async def test_a_2026_answer_is_bound_to_its_call_and_used_once(tmp_path: Path, sock_dir: Path) -> None:
@@ -156,8 +167,7 @@ async def test_a_2026_answer_is_bound_to_its_call_and_used_once(tmp_path: Path, 
         assert isinstance(done, types.CallToolResult) and not done.is_error
         again = await s.call_tool("memory_add", args, input_responses=yes, request_state=asked.request_state,
                                   allow_input_required=True)
-        assert isinstance(again, types.CallToolResult) and again.is_error
-        assert again.structured_content["code"] == "INVALID_INPUT"  # type: ignore[index]
+        assert isinstance(again, types.CallToolResult) and tool_error(again)["code"] == "INVALID_INPUT"
         entries = await raw.ok("memory/list", {})
         assert [e["text"] for e in entries] == ["Prefers tabs"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -131,3 +132,21 @@ async def test_a_stale_owner_record_is_not_followed(tmp_path: Path, sock_dir: Pa
     # the relay started a daemon of its own, for the default store, on the default socket
     own = sock_dir / "rt" / "memoryd" / "memoryd.sock"
     assert own.exists() and peer_pid(own) not in (None, other.proc.pid)
+
+
+@pytest.mark.parametrize(("cwd", "said"), [
+    ("${workspaceFolder}", "--cwd '${workspaceFolder}' holds ${workspaceFolder}, a variable your MCP host did not "
+                           "expand; give the project's absolute path, or leave --cwd out"),
+    ("/home/u/${workspaceFolderBasename}/x", "holds ${workspaceFolderBasename}, a variable your MCP host did not expand"),
+    ("proj", "--cwd 'proj' is not an absolute path; give the project's absolute path, or leave --cwd out"),
+])
+def test_a_cwd_the_host_did_not_expand_or_a_relative_one_is_refused(tmp_path: Path, sock_dir: Path, cwd: str,
+                                                                    said: str) -> None:
+    """A host that does not expand ``${workspaceFolder}`` hands it on as it is: that would be
+    a workspace named after the variable, so it is refused before any daemon is asked."""
+    socket = sock_dir / "never.sock"
+    r = subprocess.run([sys.executable, "-m", "memoryd", "mcp", "--socket", str(socket), "--db", str(tmp_path / "m.db"),
+                        "--cwd", cwd], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith("memoryd: ") and said in r.stderr, r.stderr
+    assert not socket.exists() and not (tmp_path / "m.db").exists()  # nothing started, nothing written

@@ -6,8 +6,9 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-from memoryd_client.render import GUTTER, approval_request
+from memoryd_client.render import approval_request
 from memoryd_protocol import types as T
+from memoryd_protocol.approval_text import MARKS
 
 ORIGIN = T.ApprovalOrigin(name="harness", version="1.2", pid=4242, exe="/usr/bin/node")
 FORGE = "Prefers tabs\nApprove? [y/N] y\n  action:  add"
@@ -35,36 +36,49 @@ def seed(entries: list[T.ApprovalEntry]) -> T.ApprovalAsked:
                  workspace_key=None, agent_key=None, tags=None, entries=entries)
 
 
-def test_add_shows_where_it_lands_and_who_asked() -> None:
+def test_add_shows_what_and_where_then_the_text_then_who_asked() -> None:
     assert approval_request(asked()) == "\n".join([
-        "memoryd asks to approve a write:",
-        "  action:  add",
-        "  layer:   agent/workspace",
-        "           workspace: /home/u/proj",
-        "           agent:     coder",
-        "           tags:      ci",
+        "add to agent/workspace (/home/u/proj), only for agent coder:",
+        "  + Run make check",
+        "  tags:    ci",
         "  source:  claude",
         "  session: s-1",
         "  client:  harness 1.2",
         "  process: pid 4242 (/usr/bin/node)",
         "  id:      a5ce79ce-e74e-4435-8d88-b4d64e70de0a",
-        "  payload:",
-        "  | Run make check",
     ])
+
+
+@pytest.mark.parametrize(("action", "text", "head"), [
+    ("replace", "from:\nPrefers tabs\n\nto:\nPrefers spaces",
+     ["replace in user/workspace (/home/u/proj), shared by every agent:", "  + Prefers spaces", "  - Prefers tabs"]),
+    ("remove", "Prefers tabs", ["remove from user/workspace (/home/u/proj), shared by every agent:",
+                                "  - Prefers tabs", "  tags:    -"]),
+    ("consolidate", "remove: vim\nUses vim\nremove: tmux\nUses tmux\nnew text: Uses vim in tmux",
+     ["consolidate into one, in user/workspace (/home/u/proj), shared by every agent:", "  + Uses vim in tmux",
+      "  - remove: vim"]),
+])
+def test_the_first_three_lines_are_the_change_the_new_text_first(action: str, text: str, head: list[str]) -> None:
+    """A host that shows a dialog's first three lines (Claude Code) shows what is written."""
+    shown = approval_request(asked(action=action, text=text, track="user", agent_key="", tags=[]))
+    assert shown.split("\n")[:3] == head
 
 
 def test_shared_layer_no_tags_and_partial_origin() -> None:
     shown = approval_request(asked(track="user", scope="user-global", workspace_key="", agent_key="", tags=[],
                                    origin=T.ApprovalOrigin(pid=7)))
-    assert "           workspace: (none: every workspace)\n           agent:     (shared: every agent)\n" \
-           "           tags:      -\n" in shown
+    assert shown.startswith("add to user/user-global (every workspace), shared by every agent:\n"
+                            "  + Run make check\n  tags:    -\n")
     assert "  client:  (did not name itself)\n  process: pid 7\n" in shown
     assert "  client:  (unknown)\n  id:" in approval_request(asked(origin=None))
     # a tag with a comma would read as two tags: then they are shown as a list
-    assert "tags:      [\"a, b\",\"c\"]" in approval_request(asked(tags=["a, b", "c"]))
-    # an older daemon without the new fields: the lines are left out, nothing is invented
+    assert "tags:    [\"a, b\",\"c\"]" in approval_request(asked(tags=["a, b", "c"]))
+    # a key that could run into the words around it is quoted
+    assert approval_request(asked(workspace_key="/p), shared by every agent", agent_key="a b")).startswith(
+        'add to agent/workspace ("/p), shared by every agent"), only for agent a b:\n')
+    # an older daemon without the new fields: the parts are left out, nothing is invented
     old = approval_request(asked(workspace_key=None, agent_key=None, tags=None))
-    assert "workspace:" not in old and "agent:" not in old and "tags:" not in old
+    assert old.startswith("add to agent/workspace:\n  + Run make check\n  source:") and "tags:" not in old
 
 
 def test_a_write_through_memoryd_mcp_names_the_host_as_an_mcp_host() -> None:
@@ -79,40 +93,32 @@ def test_seed_of_300_shows_a_summary_per_layer_then_20_entries_and_the_count_of_
     entries += [entry(f"tip {n}", "agent", "user-global") for n in range(50)]
     shown = approval_request(seed(entries))
     lines = shown.split("\n")
-    assert lines[:9] == [
-        "memoryd asks to approve a write:",
-        "  action:  seed (300 entries)",
-        "  layer:   batch/batch",
-        "  source:  claude",
-        "  session: s-1",
-        "  client:  harness 1.2",
-        "  process: pid 4242 (/usr/bin/node)",
-        "  id:      a5ce79ce-e74e-4435-8d88-b4d64e70de0a",
-        "  summary: 300 entries, 2370 chars, in 3 layers",
-    ]
-    assert lines[9:13] == [
+    assert lines[:2] == ["seed 300 entries into 3 layers:", "  summary: 300 entries, 2370 chars, in 3 layers"]
+    assert lines[-5:] == ["  source:  claude", "  session: s-1", "  client:  harness 1.2",
+                          "  process: pid 4242 (/usr/bin/node)", "  id:      a5ce79ce-e74e-4435-8d88-b4d64e70de0a"]
+    lines = lines[:-5]
+    assert lines[2:6] == [
         "    LAYER              WORKSPACE     AGENT     ENTRIES  CHARS",
         "    user/user-global   -             (shared)  100      690",
         "    agent/user-global  -             (shared)  50       290",
         "    agent/workspace    /home/u/proj  coder     150      1390",
     ]
-    assert lines[13] == "  entries (first 20 of 300):"
-    assert lines[14:16] == ['  [1] user/user-global  workspace -  agent (shared)  tags -', "  | fact 0"]
-    assert lines[-3:] == ["  [20] user/user-global  workspace -  agent (shared)  tags -", "  | fact 19",
+    assert lines[6] == "  entries (first 20 of 300):"
+    assert lines[7:9] == ['  [1] user/user-global  workspace -  agent (shared)  tags -', "  + fact 0"]
+    assert lines[-3:] == ["  [20] user/user-global  workspace -  agent (shared)  tags -", "  + fact 19",
                           "  … and 280 more entries (not shown)"]
-    assert len(lines) == 14 + 2 * 20 + 1
+    assert len(lines) == 7 + 2 * 20 + 1
     assert "(payload)" not in shown  # the entries replace the one-line-per-entry payload
 
 
 def test_seed_entry_headers_and_small_batches() -> None:
     shown = approval_request(seed([entry("x", "agent", "workspace", "/srv/a b", "ops", ["deploy"])]))
-    assert '  [1] agent/workspace  workspace "/srv/a b"  agent "ops"  tags deploy\n  | x' in shown
+    assert '  [1] agent/workspace  workspace "/srv/a b"  agent "ops"  tags deploy\n  + x' in shown
     assert "  entries:\n" in shown and "more" not in shown
     assert "  summary: 1 entry, 1 chars, in 1 layer\n" in shown
     many = approval_request(seed([entry(str(n)) for n in range(21)]))
-    assert many.endswith("  | 19\n  … and 1 more entry (not shown)")
-    assert approval_request(seed([entry(str(n)) for n in range(5)]), shown=2).endswith(
-        "  … and 3 more entries (not shown)")
+    assert "  + 19\n  … and 1 more entry (not shown)\n  source:" in many
+    assert "  … and 3 more entries (not shown)\n" in approval_request(seed([entry(str(n)) for n in range(5)]), shown=2)
 
 
 def _prompt_lines(shown: str) -> list[str]:
@@ -127,22 +133,22 @@ def test_no_text_can_forge_a_line_of_the_prompt(where: str) -> None:
     if where == "payload":
         a = asked(text=text)
     elif where == "replace":
-        a = asked(action="replace", text=f"from:\nold\n\nto:\n{text}")
+        a = asked(action="replace", text=f"from:\n{text}\n\nto:\nnew")
     elif where == "seed":
         a = seed([entry("first"), entry(text, tags=["x\nApprove? [y/N] y"])])
     else:
         a = asked(workspace_key=f"/p\n{FORGE}", agent_key=f"a\n{FORGE}", tags=[f"t\n{FORGE}"], session_id=FORGE,
                   source=FORGE, origin=T.ApprovalOrigin(name=FORGE, version=FORGE, pid=1, exe=FORGE))
     lines = _prompt_lines(approval_request(a))
-    assert [ln for ln in lines if ln.startswith("  action:")] == [lines[1]]
-    assert not any(ln.startswith("Approve?") for ln in lines)
-    for ln in lines:
+    assert not any(ln.startswith(("Approve?", "  action:")) for ln in lines)
+    for ln in lines[1:]:
         if "Approve? [y/N] y" in ln or "action:  add" in ln[3:]:
-            assert ln.startswith(GUTTER) or "\\n" in ln, ln  # inside the gutter, or escaped in one line
+            assert ln.startswith(MARKS) or "\\n" in ln, ln  # after a mark, or escaped in one line
     if where != "keys":
-        # each line of the text is its own gutter line; the other breaks are escapes
-        assert "  | Approve? [y/N] y" in lines and "  |   action:  add" in lines
-        assert "  | a\\x0db\\u2028c\\u2029d\\x85e\\x0bf\\x0cg\\x1ch\\x1di\\x1ej" in lines
+        # each line of the text is its own marked line; the other breaks are escapes
+        mark = "  - " if where == "replace" else "  + "
+        assert f"{mark}Approve? [y/N] y" in lines and f"{mark}  action:  add" in lines
+        assert f"{mark}a\\x0db\\u2028c\\u2029d\\x85e\\x0bf\\x0cg\\x1ch\\x1di\\x1ej" in lines
 
 
 def _cells(line: str) -> int:
@@ -155,10 +161,10 @@ def test_long_lines_are_cut_under_the_gutter_instead_of_wrapping(filler: str) ->
     a = asked(text=forged, session_id=forged, workspace_key="/" + forged)
     lines = _prompt_lines(approval_request(a, width=40))
     assert all(_cells(ln) <= 39 for ln in lines), [ln for ln in lines if _cells(ln) > 39]
-    labels = ("memoryd asks", "  action:", "  layer:", "           ", "  source:", "  session:", "  client:",
-              "  process:", "  id:", "  payload:", GUTTER)
+    labels = ("add to ", "  tags:", "  source:", "  session:", "  client:", "  process:", "  id:", *MARKS)
     assert all(ln.startswith(labels) for ln in lines), lines
     # nothing is lost: the pieces put back together are the text
-    gutter = [ln[len(GUTTER):] for ln in lines[lines.index("  payload:") + 1:]]
-    assert "".join(gutter) == forged
+    start = next(n for n, ln in enumerate(lines) if ln.startswith("  + "))
+    end = next(n for n, ln in enumerate(lines) if ln.startswith("  tags:"))
+    assert "".join(ln[4:] for ln in lines[start:end]) == forged
     assert approval_request(a).count("\n") < len(lines) - 1  # without a width, nothing is cut

@@ -107,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="refuse to attach unless the daemon runs this write policy")
     mcp.add_argument("--cwd", type=Path, help="the session's workspace (default: the current directory, where "
                      "hosts start MCP servers)")
-    mcp.add_argument("--agent", help="the session's agent layer (default: the MCP host's clientInfo name, "
-                     "normalized: claude-code, codex, ...)")
+    mcp.add_argument("--agent", help="give the host a private agent layer (default: the layer every agent "
+                     "shares, so every host reads the same memory)")
     mcp.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
                      help="log level of a daemon started on this session's behalf")
     units.add_parser(sub)
@@ -290,15 +290,28 @@ def _mcp_session(values: dict[str, Any]) -> tuple[str, str | None] | None:
     their MCP servers) and agent (``--agent``, else None: the host's name decides)."""
     if values["command"] != "mcp":
         return None
-    from memoryd_protocol.paths import absolute_str
-
     cwd = values["cwd"]
     if cwd is not None:
-        return absolute_str(str(cwd)), values["agent"]
+        return _given_workspace(str(cwd)), values["agent"]
     try:
         return os.getcwd(), values["agent"]
     except OSError as exc:
         raise DaemonError(f"cannot read the working directory ({exc.strerror}); give --cwd") from None
+
+
+def _given_workspace(cwd: str) -> str:
+    """``--cwd`` as given: an absolute path. A host that does not expand its variables hands
+    them on as they are, and a relative path would name another workspace in every directory."""
+    start = cwd.find("${")
+    if start >= 0:
+        end = cwd.find("}", start)
+        variable = cwd[start:end + 1] if end >= 0 else cwd[start:]
+        raise DaemonError(f"--cwd {cwd!r} holds {variable}, a variable your MCP host did not expand; give "
+                          "the project's absolute path, or leave --cwd out (hosts start MCP servers in the project)")
+    if not cwd.startswith("/"):
+        raise DaemonError(f"--cwd {cwd!r} is not an absolute path; give the project's absolute path, or leave "
+                          "--cwd out (hosts start MCP servers in the project)")
+    return os.path.normpath(cwd)
 
 
 def _detach(socket_path: Path, serve_args: list[str]) -> int:

@@ -158,11 +158,15 @@ def _fit(line: str, width: int) -> list[str]:
     return pieces
 
 
+def _marked(mark: str, text: str) -> list[str]:
+    return [mark + line for line in visible(text).split("\n")]
+
+
 def gutter_lines(text: str) -> list[str]:
     """A multi-line text, every line under the gutter. :func:`visible` leaves ``\n`` as the
     only line break (``\r``, ``\v``, ``\f``, ``\x85``, ``\u2028``, ``\u2029`` become
     escapes), so no line of the text can pass for a line of the prompt."""
-    return [GUTTER + line for line in visible(text).split("\n")]
+    return _marked(GUTTER, text)
 
 
 def key_text(value: str, empty: str) -> str:
@@ -226,81 +230,115 @@ def _entry_lines(entries: Sequence[T.ApprovalEntry], shown: int) -> list[str]:
     for n, e in enumerate(entries[:shown], 1):
         lines.append(f"  [{n}] {e.track}/{e.scope}  workspace {quoted(e.workspace_key, '-')}  "
                      f"agent {quoted(e.agent_key, '(shared)')}  tags {tags_text(e.tags)}")
-        lines += gutter_lines(e.text)
+        lines += _marked(ADDED, e.text)
     rest = len(entries) - shown
     if rest > 0:
         lines.append(f"  … and {rest} more {'entry' if rest == 1 else 'entries'} (not shown)")
     return lines
 
 
-def _change_styles(action: str, text: str) -> list[str]:
-    """A style per line of a payload ``text`` (payloads.py's formats): what goes red, what
-    green. The old and new parts of a replace or consolidate are told apart only where the
-    format's separator occurs exactly once (it always occurs once): a text that contains
-    one too is shown without colour, so no colour can pass part of it off as the other."""
-    lines = text.split("\n")
+#: The marks before each line of memory text: what the write adds, what it removes, and
+#: text shown as it is (a payload whose parts cannot be told apart, a cut line's rest). No
+#: other line of a prompt starts with one, so no memory text can pass for a prompt line.
+ADDED, REMOVED = "  + ", "  - "
+MARKS = (ADDED, REMOVED, GUTTER)
+_STYLE = {ADDED: "green", REMOVED: "red", GUTTER: ""}
+
+
+def _split_once(text: str, sep: str) -> tuple[str, str] | None:
+    """``text`` split at ``sep`` when it occurs exactly once; else None (which occurrence
+    is the format's own cannot be told)."""
+    parts = text.split(sep)
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
+def _change(action: str, text: str) -> list[str]:
+    """The change as marked lines, the written text first: a payload in payloads.py's
+    format, split into its new and old texts where its separator occurs exactly once, and
+    otherwise shown whole under the gutter."""
     if action == "add":
-        return ["green"] * len(lines)
+        return _marked(ADDED, text)
     if action == "remove":
-        return ["red"] * len(lines)
-    if action == "replace" and lines[0] == "from:":
-        seps = [i for i in range(1, len(lines) - 1) if lines[i] == "" and lines[i + 1] == "to:"]
-        if len(seps) == 1:
-            at = seps[0]
-            return ["", *["red"] * (at - 1), "", "", *["green"] * (len(lines) - at - 2)]
+        return _marked(REMOVED, text)
+    if action == "replace" and text.startswith("from:\n"):
+        split = _split_once(text.removeprefix("from:\n"), "\n\nto:\n")
+        if split is not None:
+            return [*_marked(ADDED, split[1]), *_marked(REMOVED, split[0])]
     if action == "consolidate":
-        new = [i for i, line in enumerate(lines) if line.startswith("new text: ")]
-        if len(new) == 1:
-            return ["red"] * new[0] + ["green"] * (len(lines) - new[0])
-    return [""] * len(lines)
+        split = _split_once("\n" + text, "\nnew text: ")
+        if split is not None:
+            return [*_marked(ADDED, split[1]), *_marked(REMOVED, split[0].removeprefix("\n"))]
+    return _marked(GUTTER, text)
+
+
+def _place(key: str) -> str:
+    """A workspace or agent key inside the headline: quoted when it could run into the
+    words around it."""
+    return quoted(key, "") if any(c in key for c in '()",:') or key != key.strip() else one_line(key)
+
+
+def _where(asked: T.ApprovalAsked) -> str:
+    where = f"{one_line(asked.track)}/{one_line(asked.scope)}"
+    if asked.workspace_key is not None:
+        where += f" ({_place(asked.workspace_key)})" if asked.workspace_key else " (every workspace)"
+    if asked.agent_key is not None:
+        where += f", only for agent {_place(asked.agent_key)}" if asked.agent_key else ", shared by every agent"
+    return where
+
+
+def _headline(asked: T.ApprovalAsked) -> str:
+    """Line 1: what is asked, and where it lands."""
+    action = one_line(asked.action)
+    if asked.entries is not None:
+        layers = len({(e.track, e.scope, e.workspace_key, e.agent_key) for e in asked.entries})
+        return f"{action} {len(asked.entries)} {'entry' if len(asked.entries) == 1 else 'entries'} into " \
+               f"{layers} {'layer' if layers == 1 else 'layers'}:"
+    if asked.action == "consolidate":
+        count = f" {asked.count} entries" if asked.count is not None else ""
+        return f"{action}{count} into one, in {_where(asked)}:"
+    word = {"add": "to", "remove": "from"}.get(asked.action, "in")
+    return f"{action} {word} {_where(asked)}:"
+
+
+def _style(n: int, line: str) -> str:
+    if n == 0:
+        return "bold"
+    return next((_STYLE[mark] for mark in MARKS if line.startswith(mark)), "")
 
 
 def _painted(line: str, style: str, paint: Callable[[str, str], str]) -> str:
-    """``line`` in ``style``; under the gutter only the text is painted, not the gutter."""
+    """``line`` in ``style``; after a mark only the text is painted, not the mark."""
     if not style:
         return line
-    if line.startswith(GUTTER):
-        return GUTTER + paint(line[len(GUTTER):], style)
-    return paint(line, style)
+    mark = next((mark for mark in MARKS if line.startswith(mark)), "")
+    return mark + paint(line[len(mark):], style)
 
 
 def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES,
                      paint: Callable[[str, str], str] | None = None) -> str:
-    """The approval as the human sees it before answering: what the write does, where it
-    lands, who asked, and the complete change. A seed/import shows a summary per layer and
-    its first ``shown`` entries, then the count of the rest. With ``width`` (the terminal's
-    columns) long lines are cut and continued under the gutter instead of wrapping. With
-    ``paint`` (a colour painter) the heading is bold, what the write removes red and what it
-    adds green."""
-    lines = [
-        "memoryd asks to approve a write:",
-        f"  action:  {one_line(asked.action)}" + (f" ({asked.count} entries)" if asked.count is not None else ""),
-        f"  layer:   {one_line(asked.track)}/{one_line(asked.scope)}",
-    ]
-    if asked.workspace_key is not None:
-        lines.append(f"           workspace: {key_text(asked.workspace_key, '(none: every workspace)')}")
-    if asked.agent_key is not None:
-        lines.append(f"           agent:     {key_text(asked.agent_key, '(shared: every agent)')}")
-    if asked.tags is not None:
-        lines.append(f"           tags:      {tags_text(asked.tags)}")
+    """The approval as the human sees it before answering. Line 1 says what is asked and
+    where it lands; the change comes next, the text written first (a replace: the new text,
+    then the old), each line marked ``+`` (added) or ``-`` (removed); then who asked. A host
+    that shows only a dialog's first lines shows the change. A seed/import shows a summary
+    per layer and its first ``shown`` entries, then the count of the rest. With ``width``
+    (the terminal's columns) long lines are cut and continued under the gutter instead of
+    wrapping. With ``paint`` (a colour painter) the headline is bold, what the write
+    removes red and what it adds green."""
+    lines = [_headline(asked)]
+    if asked.entries is not None:
+        lines += _summary(asked.entries)
+        lines += _entry_lines(asked.entries, shown)
+    else:
+        lines += _change(asked.action, asked.text)
+        if asked.tags is not None:
+            lines.append(f"  tags:    {tags_text(asked.tags)}")
     lines += [
         f"  source:  {one_line(asked.source)}",
         f"  session: {one_line(asked.session_id or '-')}",
         *_origin_lines(asked.origin),
         f"  id:      {one_line(asked.id)}",
     ]
-    styles = ["bold", *[""] * (len(lines) - 1)]
-    if asked.entries is not None:
-        lines += _summary(asked.entries)
-        entry_lines = _entry_lines(asked.entries, shown)
-        lines += entry_lines
-        styles += [""] * (len(lines) - len(styles) - len(entry_lines))
-        styles += ["green" if line.startswith(GUTTER) else "" for line in entry_lines]
-    else:
-        lines.append("  payload:")
-        lines += gutter_lines(asked.text)
-        styles += ["", *_change_styles(asked.action, asked.text)]
-    styled = list(zip(lines, styles, strict=True))
+    styled = [(line, _style(n, line)) for n, line in enumerate(lines)]
     if width is not None and width > 0:
         styled = [(piece, style) for line, style in styled for piece in _fit(line, width)]
     if paint is None:
@@ -309,7 +347,10 @@ def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown:
 
 
 __all__ = [
+    "ADDED",
     "GUTTER",
+    "MARKS",
+    "REMOVED",
     "SHOWN_ENTRIES",
     "approval_request",
     "compact_json",

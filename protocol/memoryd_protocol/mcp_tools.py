@@ -81,8 +81,8 @@ TOOLS: Final[tuple[McpTool, ...]] = (
             "The four budgets (used and limit, in characters) per track and scope. " + _HABITS,
             "Memory budgets"),
     McpTool("memory_add", "memory/add", "input", t.EntryInput, None,
-            "Store one new memory entry in a track and scope. New entries land in this agent's own layer; "
-            'give agentKey "" for the layer every agent shares. ' + _HABITS + " " + _GATED,
+            "Store one new memory entry in a track and scope. New entries land in this session's layer: the one "
+            "every agent shares, unless the user gave this host a layer of its own. " + _HABITS + " " + _GATED,
             "Add a memory"),
     McpTool("memory_replace", "memory/replace", "input", t.ReplaceInput, None,
             "Rewrite one entry with new text (its id is kept, its version goes up). " + _MATCH + " " + _GATED,
@@ -120,10 +120,21 @@ def _standalone(root: type[Any]) -> JSON:
     return schema
 
 
+#: Arguments the session fills in, not the model: a write's ``source`` is the host that asks.
+SESSION_FIELDS: Final = ("source",)
+#: What a model API refuses at the top of a tool's input schema (a plain object schema only):
+#: the rule they carry (replace and remove take match or id) is the handler's to check.
+_COMBINATORS: Final = ("oneOf", "anyOf", "allOf", "not")
+
+
 def input_schema(tool: McpTool) -> JSON:
+    """A plain object schema, as every host's model API takes it."""
     schema = _standalone(tool.arguments)
-    schema.setdefault("properties", {})
-    schema.pop("title", None)
+    for name in (*_COMBINATORS, "title"):
+        schema.pop(name, None)
+    properties = schema.setdefault("properties", {})
+    for name in SESSION_FIELDS:
+        properties.pop(name, None)
     return schema
 
 
@@ -170,5 +181,5 @@ def structured(tool: McpTool, result: Any) -> JSON:
     return {tool.wrap: value} if tool.wrap is not None else value
 
 
-__all__ = ["BY_NAME", "DESTRUCTIVE", "TOOLS", "McpTool", "NoArguments", "input_schema", "output_schema",
+__all__ = ["BY_NAME", "DESTRUCTIVE", "SESSION_FIELDS", "TOOLS", "McpTool", "NoArguments", "input_schema", "output_schema",
            "structured"]

@@ -25,7 +25,7 @@ const ASK = required('MEMORYD_MCP_ASK');
 
 const PROJ = '/home/u/proj';
 const HOST = { name: 'Claude Code', version: '2.1.0' };
-const HOST_AGENT = 'claude-code'; // the agent layer memoryd makes of HOST's name
+const HOST_SOURCE = 'claude-code'; // the source memoryd makes of HOST's name (the layer is the shared one)
 const WS = { track: 'user', scope: 'workspace' };
 const TOOLS = ['memory_query', 'memory_budgets', 'memory_add', 'memory_replace', 'memory_remove',
   'memory_consolidate', 'memory_propose', 'memory_list'];
@@ -71,6 +71,17 @@ async function connect(t, daemon, era, { answer, asked = [] } = {}) {
   return client;
 }
 
+// An error result: `CODE: message`, a blank line and {code, message, details} as JSON, with
+// no structuredContent for the client to hold to the tool's output schema.
+function toolError(r) {
+  assert.equal(r.isError, true, JSON.stringify(r));
+  assert.equal(r.structuredContent, undefined);
+  const [head, blank, ...rest] = r.content[0].text.split('\n');
+  const error = JSON.parse(rest.join('\n'));
+  assert.deepEqual([head, blank], [`${error.code}: ${error.message}`, '']);
+  return error;
+}
+
 function texts(entries) {
   return entries.map((e) => e.text);
 }
@@ -97,7 +108,8 @@ for (const era of Object.keys(ERAS)) {
       const added = await c.callTool({ name: 'memory_add', arguments: { ...WS, text, tags: ['style'] } });
       assert.equal(added.isError, false);
       const { entry } = added.structuredContent;
-      assert.deepEqual([entry.workspaceKey, entry.agentKey, entry.text, entry.tags], [PROJ, HOST_AGENT, text, ['style']]);
+      assert.deepEqual([entry.workspaceKey, entry.agentKey, entry.text, entry.tags, entry.source],
+        [PROJ, '', text, ['style'], HOST_SOURCE]);
 
       const q = await c.callTool({ name: 'memory_query', arguments: { text: `TABS (${era.toUpperCase()})` } });
       assert.equal(q.isError, false);
@@ -116,9 +128,7 @@ for (const era of Object.keys(ERAS)) {
       assert.equal(prompt.messages[0].content.text, c.getInstructions());
 
       const bad = await c.callTool({ name: 'memory_add', arguments: { ...WS, text: 5 } });
-      assert.equal(bad.isError, true);
-      assert.equal(bad.structuredContent.code, 'INVALID_INPUT');
-      assert.match(bad.content[0].text, /^INVALID_INPUT: /);
+      assert.equal(toolError(bad).code, 'INVALID_INPUT');
     });
 
     test('under policy ask, a write the host accepts through elicitation is made', async (t) => {
@@ -129,8 +139,9 @@ for (const era of Object.keys(ERAS)) {
       assert.equal(r.isError, false, JSON.stringify(r));
       assert.equal(r.structuredContent.entry.text, text);
       assert.equal(asked.length, 1);
-      for (const shown of ['action:  add', 'layer:   user/workspace', `workspace: ${PROJ}`, `  | ${text}`,
-        `client:  ${HOST.name} ${HOST.version}`]) {
+      assert.deepEqual(asked[0].split('\n').slice(0, 2),
+        [`add to user/workspace (${PROJ}), shared by every agent:`, `  + ${text}`]);
+      for (const shown of [`source:  ${HOST_SOURCE}`, `client:  ${HOST.name} ${HOST.version}`]) {
         assert.ok(asked[0].includes(shown), `${JSON.stringify(shown)} not in ${JSON.stringify(asked[0])}`);
       }
       const q = await c.callTool({ name: 'memory_query', arguments: { text } });
@@ -142,8 +153,7 @@ for (const era of Object.keys(ERAS)) {
       const c = await connect(t, ASK, era, { answer: 'decline', asked });
       const text = `Declined write (${era})`;
       const r = await c.callTool({ name: 'memory_add', arguments: { ...WS, text } });
-      assert.equal(r.isError, true);
-      assert.deepEqual(r.structuredContent, {
+      assert.deepEqual(toolError(r), {
         code: 'WRITE_DENIED', message: 'write denied: rejected', details: { outcome: 'rejected' } });
       assert.equal(asked.length, 1);
       const q = await c.callTool({ name: 'memory_query', arguments: { text } });

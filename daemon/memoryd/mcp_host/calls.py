@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 from memoryd_protocol import types as t
 from memoryd_protocol.errors import InvalidInput, ProtocolError
-from memoryd_protocol.mcp_tools import McpTool, structured
-from memoryd_protocol.text import normalize_workspace_key
+from memoryd_protocol.mcp_tools import SESSION_FIELDS, McpTool, structured
+from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
 from memoryd_protocol.validation import SessionView
 
 from ..context import Handler, RequestContext
@@ -28,15 +28,19 @@ log = logging.getLogger("memoryd.mcp")
 ToolResult = dict[str, Any]
 
 
-def tool_result(text: str, structured: Any, *, error: bool = False) -> ToolResult:
+def tool_result(text: str, structured: Any) -> ToolResult:
     # resultType: 2026-07-28's (the 2025-11-25 surface drops it)
-    return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": error,
+    return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": False,
             "resultType": "complete"}
 
 
 def error_result(exc: ProtocolError) -> ToolResult:
-    return tool_result(f"{exc.code}: {exc.message}", {"code": exc.code, "message": exc.message,
-                                                      "details": exc.details}, error=True)
+    """A failure as a tool result the model reads: ``CODE: message``, then the error as JSON.
+    No ``structuredContent``: hosts hold it to the tool's output schema, which describes the
+    result, and a text that is JSON alone some hosts parse and hold to it too."""
+    error = msgspec.json.encode({"code": exc.code, "message": exc.message, "details": exc.details}).decode()
+    return {"content": [{"type": "text", "text": f"{exc.code}: {exc.message}\n\n{error}"}], "isError": True,
+            "resultType": "complete"}
 
 
 def _short(entry_id: str) -> str:
@@ -79,15 +83,15 @@ class McpCalls:
         self.peer = peer
         self.session_id = session_id
         self.cwd = cwd
-        #: fixed by the first request that names the host (McpSession._identify)
+        #: fixed by the first request that names the host (McpSession._identify): the
+        #: session's agent layer ('' is the one every agent shares) and its writes' source
         self.agent: str | None = None
+        self.source = "mcp"
         self.view = SessionView(session_id, normalize_workspace_key(cwd), "")
 
-    def fix_agent(self, agent: str) -> None:
-        from memoryd_protocol.text import normalize_agent_key
-
+    def fix_identity(self, agent: str, source: str) -> None:
         if self.agent is None:
-            self.agent = agent
+            self.agent, self.source = agent, source
             self.view = SessionView(self.session_id, self.view.workspace_key, normalize_agent_key(agent))
 
     def header(self) -> t.Header:
@@ -101,6 +105,10 @@ class McpCalls:
 
     def params(self, tool: McpTool, arguments: Mapping[str, Any] | None) -> Any:
         """The method's params for these arguments; INVALID_INPUT when they do not fit."""
+        for name in SESSION_FIELDS:
+            if arguments is not None and name in arguments:
+                raise InvalidInput(f"invalid arguments: {name} is not an argument of {tool.name}: the session sets "
+                                   f"it (a write's source is the host that asks)", name)
         try:
             args: Any = msgspec.convert(arguments if arguments is not None else {}, tool.arguments)
         except msgspec.ValidationError as exc:
@@ -110,6 +118,8 @@ class McpCalls:
             opts = t.QueryOpts(session_id=self.session_id, agent_key=self.view.agent_key,
                                workspace_key=self.view.workspace_key)
             return t.QueryParams(filter=args, opts=opts)
+        if "source" in type(args).__struct_fields__:
+            args = msgspec.structs.replace(args, source=self.source)
         if tool.method == "proposals/create":
             return t.ProposalCreateParams(input=args, session=self._session())
         if tool.argument == "input":

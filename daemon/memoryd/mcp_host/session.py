@@ -83,9 +83,9 @@ BY_ELICITATION = ApprovalBy(kind="human", name="mcp-elicitation")
 ELICITATION_FAILED = ApprovalBy(kind="policy", name="memoryd mcp: the host's elicitation failed")
 OUTCOMES = {"accept": "allowed-once", "decline": "rejected"}
 
-def host_agent(name: str | None) -> str | None:
-    """The agent layer a host's ``clientInfo.name`` gives: lower case, words joined by
-    ``-``, without a trailing ``mcp-client``/``mcp`` (``Claude Code`` → ``claude-code``,
+def host_source(name: str | None) -> str | None:
+    """The host a ``clientInfo.name`` names, as a write's source: lower case, words joined
+    by ``-``, without a trailing ``mcp-client``/``mcp`` (``Claude Code`` → ``claude-code``,
     ``codex-mcp-client`` → ``codex``)."""
     if not name:
         return None
@@ -175,8 +175,7 @@ class McpSession:
             if client is not None or ctx.method != "initialize":
                 if client is not None:
                     self.peer.name_client(client)
-                agent = self._agent_arg if self._agent_arg is not None else host_agent(client.name if client else None)
-                self._fix_agent(agent if agent is not None else "mcp")
+                self._fix_identity(host_source(client.name if client else None))
                 log.debug("mcp session %s: workspace %r, agent %r, host %r", self.calls.session_id,
                           self.calls.cwd, self.calls.agent, client and client.name)
         if ctx.method in ("initialize", "server/discover"):
@@ -187,10 +186,12 @@ class McpSession:
             await self._instructions()
         return await call_next(ctx)
 
-    def _fix_agent(self, agent: str) -> None:
-        """The session's identity is complete: from now on it hears of every change, by
+    def _fix_identity(self, host: str | None) -> None:
+        """The session's identity is complete: the agent layer is ``--agent``'s, else the
+        one every agent shares (so what one host learns, the next one knows), and its writes'
+        source is the host as it names itself. From now on it hears of every change, by
         anyone, of an entry it sees (its resources' updates)."""
-        self.calls.fix_agent(agent)
+        self.calls.fix_identity(self._agent_arg if self._agent_arg is not None else "", host or "mcp")
         self.service.watchers.watch(self.peer, self.calls.view)
 
     @staticmethod
@@ -213,7 +214,7 @@ class McpSession:
         async with self._snapshot_lock:
             if self._snapshot is None:
                 if self.calls.agent is None:
-                    self._fix_agent(self._agent_arg if self._agent_arg is not None else "mcp")
+                    self._fix_identity(None)
                 params = SnapshotParams(session=Session(id=self.calls.session_id, header=self.calls.header()))
                 result = await self.calls.methods["memory/snapshot"](RequestContext(self.peer), params)
                 self._snapshot = result.text
