@@ -13,12 +13,18 @@ from e2e_helpers import add, entry_input, state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
+from memoryd_protocol.ledger import snapshot_ref, text_hash
 from rawclient import socket_client, write_ctx
 from reference_text import HEADER_EN, HEADER_ZH, PROPOSALS_EN, PROPOSALS_ZH
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 SESSION = {"id": "snap-1", "header": {"cwd": "/home/u/proj", "agentPreset": "coder"}}
+
+
+def named(text: str) -> str:
+    """How a snapshot audit row names its text: by digest (the text is stored once)."""
+    return snapshot_ref(text_hash(text))
 
 
 
@@ -44,7 +50,7 @@ async def test_snapshot_text_frozen_and_audited(daemon: Any) -> None:
         note = await raw.notification("memory/snapshot", n)
         assert note["params"] == {"sessionId": "snap-1", "text": text}
         audit = await raw.ok("audit/list", {"limit": 1})
-        assert audit[0]["action"] == "snapshot" and audit[0]["text"] == text and audit[0]["sessionId"] == "snap-1"
+        assert audit[0]["action"] == "snapshot" and audit[0]["text"] == named(text) and audit[0]["sessionId"] == "snap-1"
         # frozen: later changes do not touch this session's block, and no second row is written
         await add(raw, "Prefers spaces too")
         assert (await raw.ok("memory/snapshot", {"session": SESSION}))["text"] == text
@@ -75,7 +81,7 @@ async def test_snapshot_survives_restart(daemon_factory: Any, tmp_path: Path) ->
         await add(raw, "a new fact after the restart")
         assert (await raw.ok("memory/snapshot", {"session": SESSION}))["text"] == first
         snaps = [a for a in await raw.ok("audit/list", {}) if a["action"] == "snapshot"]
-        assert len(snaps) == 1 and snaps[0]["text"] == first
+        assert len(snaps) == 1 and snaps[0]["text"] == named(first)
 
 
 def _session(session_id: str, cwd: str | None = None, agent: str | None = None) -> dict[str, Any]:
@@ -115,7 +121,7 @@ async def test_snapshot_lists_the_sessions_visible_pending_proposals(daemon: Any
             f"{PROPOSALS_EN}\n{_lines([ws_coder, shared, own])}"
         )
         assert (await raw.notification("memory/snapshot", n))["params"] == {"sessionId": "snap-1", "text": text}
-        assert (await raw.ok("audit/list", {"limit": 1}))[0]["text"] == text
+        assert (await raw.ok("audit/list", {"limit": 1}))[0]["text"] == named(text)
 
         # no entry visible, proposals visible: the block is still rendered (en and zh)
         rev = (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"]

@@ -1,7 +1,9 @@
-"""max_snapshots: the frozen snapshots a store holds, against a real daemon. A new session's
-first snapshot beyond it is INVALID_INPUT naming the key and writes nothing (no snapshot, no
-audit or ledger row, no event); sessions frozen already go on being served, the ledger still
-verifies, and the count is the store's, not one daemon run's."""
+"""max_snapshots: the frozen snapshots a store holds (sessions, each naming its text by
+digest), against a real daemon. A new session's first snapshot beyond it is INVALID_INPUT
+naming the key and writes nothing (no snapshot, no audit or ledger row, no event), even when
+its text is stored already; sessions frozen already go on being served, the ledger still
+verifies, and the count is the store's, not one daemon run's. (max_snapshot_bytes, the
+bytes of the distinct texts: test_snapshot_shared.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import anyio
 import pytest
 from e2e_helpers import add, state
 from rawclient import socket_client
+from test_snapshot_shared import dump
 
 pytestmark = pytest.mark.anyio
 
@@ -34,10 +37,10 @@ def frozen(db: Path) -> list[str]:
 
 async def everything(raw: Any, db: Path) -> tuple[Any, ...]:
     """What a refused snapshot must leave as it was: entries, budgets, audit rows, the
-    ledger's length and head, the frozen snapshots."""
+    ledger's length and head, the frozen snapshots, and every row of the store."""
     report = await raw.ok("audit/verify", {})
     assert report["ok"] is True and report["problems"] == []
-    return (*await state(raw), report["rows"], report["head"], frozen(db))
+    return (*await state(raw), report["rows"], report["head"], frozen(db), dump(db))
 
 
 async def test_a_first_snapshot_beyond_max_snapshots_is_refused_and_writes_nothing(daemon_factory: Any,
@@ -47,6 +50,7 @@ async def test_a_first_snapshot_beyond_max_snapshots_is_refused_and_writes_nothi
         await add(raw, "Prefers tabs")
         texts = {sid: (await raw.ok("memory/snapshot", {"session": {"id": sid}}))["text"]
                  for sid in ("s-a", "s-b", "s-c")}
+        assert len(set(texts.values())) == 1  # one stored text: the count is of sessions, not texts
         before = await everything(raw, d.db_path)
         events = len(raw.notifications)
         for _ in range(2):  # (refused before rendering: the daemon knows the count by now)

@@ -37,8 +37,12 @@ from .errors import DaemonError
 #: more of the largest kind (an audit/list of a thousand snapshot rows), and a bound that the
 #: daemon's memory stays well within on a small machine (the allocator keeps more than this).
 DEFAULT_MAX_UNSENT_BYTES_TOTAL = 32 * 1024 * 1024
-#: The default max_snapshots: a year and more of a few hundred sessions a day.
+#: The default max_snapshots: a year and more of a few hundred sessions a day (each a small
+#: row naming its text by digest).
 DEFAULT_MAX_SNAPSHOTS = 100_000
+#: The default max_snapshot_bytes: the distinct snapshot texts the store keeps, each once (a
+#: new text comes only with a change of memory): thousands of 20 kB snapshots.
+DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
 
 TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
 if TYPE_CHECKING:
@@ -100,6 +104,8 @@ class Config:
         self.max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
         #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
         self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
+        #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
+        self.max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
         #: how often the ledger's head is witnessed in the heads file while writes go on
         self.heads_every_rows: int = 1000
         self.heads_every_s: float = 600.0
@@ -202,6 +208,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_sessions_per_connection": (1, 1_000_000),
     "max_unsent_bytes_total": (1024 * 1024, 64 * 1024 * 1024 * 1024),
     "max_snapshots": (1, 1_000_000_000),
+    "max_snapshot_bytes": (1, 1024 * 1024 * 1024 * 1024),
     "heads_every_rows": (1, 1_000_000_000),
 }
 _SECONDS = ("approval_timeout_s", "half_line_timeout_s", "heads_every_s")

@@ -34,8 +34,6 @@ from memoryd_protocol.ledger import (
     chain_hash,
     entries_from,
     ledger_entry,
-    snapshots_from,
-    text_hash,
 )
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection, Proposal
 
@@ -80,7 +78,7 @@ def ensure_start(tx: Tx) -> bool:
     before = audit_from(conn.execute(SELECT_AUDIT))
     after, earlier = max((a.seq for a in before), default=0), len(before)
     entries = entries_from(conn.execute(SELECT_ENTRIES))
-    snapshots = {sid: text_hash(text) for sid, text in snapshots_from(conn.execute(SELECT_SNAPSHOTS))}
+    snapshots = dict(conn.execute(SELECT_SNAPSHOTS).fetchall())
     proposals = store.proposals(conn, None)
     if earlier:
         note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "

@@ -1,16 +1,23 @@
 """memory/snapshot: a session's frozen memory block, rendered once and kept for good.
 
-A frozen snapshot is never deleted (the ledger vouches for each), so the store holds at most
-``max_snapshots``: a new session's first snapshot beyond it is refused, and nothing is
-written for the refusal, as for any request refused before it acts (a row per refusal would
-grow the store the cap is there to bound).
+A frozen snapshot is never deleted (the ledger vouches for each). Its text is stored once
+per distinct content, by the sha256 of its UTF-8 bytes: a session names it by that digest,
+and so do its ``snapshot`` audit row and ledger row. Sessions that start while memory is
+unchanged (every MCP spawn, every host health check) add a small row each, not a copy.
+
+Two caps bound the store: ``max_snapshots`` the sessions with a frozen snapshot, and
+``max_snapshot_bytes`` the UTF-8 bytes of the distinct texts. A new session's first snapshot
+beyond either is refused (one whose text is stored already never by the bytes), and
+nothing is written for the refusal, as for any request refused before it acts (a row per
+refusal would grow the store the caps are there to bound).
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.errors import InvalidInput, StoreCorrupt
+from memoryd_protocol.ledger import snapshot_ref, text_hash
 from memoryd_protocol.snapshot import render, visible_proposals
 from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
@@ -30,15 +37,36 @@ from .tx import Tx
 class Snapshots:
     def __init__(self, s: Service) -> None:
         self.s = s
-        #: the frozen snapshots the store holds, counted once (in a writer job) and then kept
-        #: up by the jobs that freeze; None until then, and again after a failed commit
-        self._frozen: int | None = None
+        #: (frozen snapshots, bytes of their distinct texts) the store holds, counted once (in
+        #: a writer job) and then kept up by the jobs that freeze; None until then, and again
+        #: after a failed commit
+        self._held: tuple[int, int] | None = None
 
     def _refuse_beyond_cap(self, held: int) -> None:
         limit = self.s.config.max_snapshots
         if held >= limit:
             raise InvalidInput(f"the store already holds {limit} frozen snapshots (max_snapshots); reuse the id of a "
                                "session that has one, or raise max_snapshots in the daemon's config", "session.id")
+
+    def _refuse_beyond_bytes(self, held: int, size: int) -> None:
+        limit = self.s.config.max_snapshot_bytes
+        if held + size > limit:
+            raise InvalidInput(f"the store's snapshot texts take {held} of {limit} bytes (max_snapshot_bytes), too few "
+                               f"for this session's new text of {size} bytes; raise max_snapshot_bytes in the daemon's "
+                               "config file and restart memoryd (sessions whose text is stored already are still "
+                               "served)", "session.id")
+
+    def _corrupt(self, message: str) -> StoreCorrupt:
+        return StoreCorrupt(f"{message}; memoryctl audit verify reports it", {"path": str(self.s.config.db_path)})
+
+    def _stored(self, session_id: str, frozen: tuple[str, str | None]) -> str:
+        """The frozen text of a session that has one; STORE_CORRUPT when the store lost it:
+        no other text may pass for it."""
+        digest, text = frozen
+        if text is None:
+            raise self._corrupt(f"the frozen snapshot of session {session_id} names the text sha256:{digest}, which "
+                                "the store no longer holds")
+        return text
 
     def handlers(self) -> dict[str, Handler]:
         return {"memory/snapshot": self.snapshot}
@@ -50,10 +78,10 @@ class Snapshots:
             raise InvalidInput("session.id is required", "session.id")
         frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
         if frozen is not None:
-            return SnapshotResult(text=frozen)
+            return SnapshotResult(text=self._stored(session_id, frozen))
         self.s.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
-        if self._frozen is not None:
-            self._refuse_beyond_cap(self._frozen)  # before rendering: the job checks again
+        if self._held is not None:
+            self._refuse_beyond_cap(self._held[0])  # before rendering: the job checks again
         language = p.language or self.s.config.language
 
         def gather(c: sqlite3.Connection) -> tuple[list[tuple[str, str, str, str, str]], list[Proposal]]:
@@ -66,28 +94,37 @@ class Snapshots:
                  for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
         text = render(visible, usage, shown, language)  # type: ignore[arg-type]
+        digest, size = text_hash(text), len(text.encode())
 
         stamp = self.s.pipeline.stamp(ctx.peer, view)
 
         def job(tx: Tx) -> tuple[str, bool]:
             existing = store.frozen_snapshot(tx.conn, session_id)
             if existing is not None:
-                return existing, False
-            if self._frozen is None:
-                self._frozen = int(tx.conn.execute("SELECT count(*) FROM memoryd_snapshots").fetchone()[0])
-            self._refuse_beyond_cap(self._frozen)  # in the job: no two sessions both take the last one
+                return self._stored(session_id, existing), False
+            if self._held is None:
+                self._held = store.snapshot_totals(tx.conn)
+            sessions, held = self._held
+            self._refuse_beyond_cap(sessions)  # in the job: no two sessions both take the last one
+            stored = store.snapshot_text_matches(tx.conn, digest, text)
+            if stored is None:
+                self._refuse_beyond_bytes(held, size)
+            elif not stored:
+                # planted under the digest of a text a session would render: never served
+                raise self._corrupt(f"the stored snapshot text sha256:{digest} does not match its digest")
             ts = store.now_ms()
-            store.freeze_snapshot(tx.conn, session_id, text, language, ts)
-            stamp.audit(tx, "snapshot", track=None, scope=None, entry_id=None, text=text, source=None, ts=ts)
-            self._frozen += 1
+            store.freeze_snapshot(tx.conn, session_id, digest, language, ts, text if stored is None else None)
+            stamp.audit(tx, "snapshot", track=None, scope=None, entry_id=None, text=snapshot_ref(digest), source=None,
+                        ts=ts)
+            self._held = (sessions + 1, held + (size if stored is None else 0))
             return text, True
 
         try:
             final, first = await self.s.writer.submit(job)
-        except InvalidInput:
-            raise
+        except (InvalidInput, StoreCorrupt):
+            raise  # refused before the job wrote anything: the counts stand
         except BaseException:
-            self._frozen = None  # a commit that failed may have been counted: count again
+            self._held = None  # a commit that failed may have been counted: count again
             raise
         if first:
             await ctx.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))

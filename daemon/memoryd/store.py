@@ -259,9 +259,27 @@ def get_proposal(conn: sqlite3.Connection, proposal_id: str) -> Proposal | None:
     return row_to_proposal(row) if row else None
 
 
-def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> str | None:
-    row = conn.execute("SELECT text FROM memoryd_snapshots WHERE session_id = ?", (session_id,)).fetchone()
-    return row[0] if row else None
+def frozen_snapshot(conn: sqlite3.Connection, session_id: str) -> tuple[str, str | None] | None:
+    """The session's frozen snapshot as ``(digest, text)``, the text None when the store no
+    longer holds it; None when the session has none."""
+    row = conn.execute("SELECT s.digest, t.text FROM memoryd_snapshots AS s LEFT JOIN memoryd_snapshot_texts AS t "
+                       "ON t.digest = s.digest WHERE s.session_id = ?", (session_id,)).fetchone()
+    return None if row is None else (str(row[0]), row[1])
+
+
+def snapshot_text_matches(conn: sqlite3.Connection, digest: str, text: str) -> bool | None:
+    """Whether the text stored under ``digest`` is ``text`` (compared in SQLite, without
+    reading it out); None when none is stored."""
+    row = conn.execute("SELECT text = ? FROM memoryd_snapshot_texts WHERE digest = ?", (text, digest)).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def snapshot_totals(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The frozen snapshots the store holds, and the UTF-8 bytes of their distinct texts:
+    what max_snapshots and max_snapshot_bytes cap."""
+    sessions, size = conn.execute("SELECT (SELECT count(*) FROM memoryd_snapshots), "
+                                  "(SELECT coalesce(sum(bytes), 0) FROM memoryd_snapshot_texts)").fetchone()
+    return int(sessions), int(size)
 
 
 # --- writes (inside the writer's transaction) --------------------------------------------
@@ -499,13 +517,12 @@ def decide_proposal(conn: sqlite3.Connection, proposal_id: str, status: str, ts:
     return cur.rowcount == 1
 
 
-def freeze_snapshot(conn: sqlite3.Connection, session_id: str, text: str, language: str, ts: int) -> str:
-    """Store the session's snapshot unless one is already frozen; return the frozen text."""
-    conn.execute(
-        "INSERT INTO memoryd_snapshots (session_id, text, language, created_at) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (session_id) DO NOTHING",
-        (session_id, text, language, ts),
-    )
-    frozen = frozen_snapshot(conn, session_id)
-    assert frozen is not None
-    return frozen
+def freeze_snapshot(conn: sqlite3.Connection, session_id: str, digest: str, language: str, ts: int,
+                    new_text: str | None = None) -> None:
+    """Freeze the session's snapshot (it has none yet) as the text of ``digest``; ``new_text``:
+    that text, when the store does not hold it yet (the caller checked)."""
+    if new_text is not None:
+        conn.execute("INSERT INTO memoryd_snapshot_texts (digest, bytes, text, created_at) VALUES (?, ?, ?, ?)",
+                     (digest, len(new_text.encode()), new_text, ts))
+    conn.execute("INSERT INTO memoryd_snapshots (session_id, digest, language, created_at) VALUES (?, ?, ?, ?)",
+                 (session_id, digest, language, ts))

@@ -9,6 +9,7 @@ are versioned by ``meta.memoryd_schema``; the reference ignores both, and
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import sqlite3
 import stat
@@ -86,11 +87,23 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 USAGE_TABLE = ("CREATE TABLE IF NOT EXISTS memoryd_usage (track TEXT NOT NULL, scope TEXT NOT NULL, "
                "entries INTEGER NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (track, scope))")
 
-MEMORYD_TABLES = (
-    """CREATE TABLE IF NOT EXISTS memoryd_snapshots (
+#: memoryd_schema 7: each session's frozen snapshot names its text by digest, and the text
+#: is stored once per digest (``share_snapshot_texts`` turns an older store's rows into these)
+SNAPSHOTS_TABLE = """CREATE TABLE IF NOT EXISTS memoryd_snapshots (
         session_id TEXT PRIMARY KEY,
-        text TEXT NOT NULL,
+        digest TEXT NOT NULL,
         language TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )"""
+
+MEMORYD_TABLES = (
+    SNAPSHOTS_TABLE,
+    # digest: the sha256 of the UTF-8 text, lower-case hex; bytes: its UTF-8 length, what
+    # max_snapshot_bytes caps (kept before the text, so summing it reads no overflow page)
+    """CREATE TABLE IF NOT EXISTS memoryd_snapshot_texts (
+        digest TEXT PRIMARY KEY,
+        bytes INTEGER NOT NULL,
+        text TEXT NOT NULL,
         created_at INTEGER NOT NULL
     )""",
     # memoryd_schema 2: the hash-chained ledger beside the reference's audit table
@@ -131,6 +144,8 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (),
     # memoryd_entries_rank ascending (see MEMORYD_TABLES)
     6: ("DROP INDEX IF EXISTS memoryd_entries_rank",),
+    # snapshot texts stored once per digest: ``share_snapshot_texts`` moves the rows
+    7: (),
 }
 
 #: The first memoryd_schema with the tail.
@@ -316,6 +331,9 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
                 conn.execute(sql)
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
+        # by its columns, not ``was``: a store memoryd never opened may hold an older
+        # memoryd's snapshots table (one from before meta.memoryd_schema, say)
+        share_snapshot_texts(conn)
         # Before the tail (memoryd_schema 5) every entry was indexed as written. A mark in
         # such a store: a memoryd of schema 4 or older wrote over a store of 5+, and never
         # indexed the tail it found above the mark.
@@ -332,6 +350,40 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
             # next. (A store of schema 5+ keeps its mark, and its tail.)
             store.save_mark(conn, rebuilt=True)
         store.set_meta(conn, "memoryd_schema", str(MEMORYD_SCHEMA_VERSION))
+
+
+def share_snapshot_texts(conn: sqlite3.Connection) -> bool:
+    """Turn a snapshots table of memoryd_schema 6 or older (each session's row holding its
+    whole text) into the rows of 7: each distinct text once in memoryd_snapshot_texts, each
+    session naming it by digest. Inside the caller's transaction; True when it did. The
+    ledger rows stay as they are: ``named_digest`` reads an older row's text as its digest."""
+    if "text" not in {r[1] for r in conn.execute("PRAGMA table_info(memoryd_snapshots)")}:
+        return False
+    conn.create_function("memoryd_sha256", 1, _sha256_hex, deterministic=True)
+    conn.create_function("memoryd_utf8_bytes", 1, _utf8_bytes, deterministic=True)
+    # the earliest session's created_at for each text: ORDER BY, and OR IGNORE the later ones
+    conn.execute("INSERT OR IGNORE INTO memoryd_snapshot_texts (digest, bytes, text, created_at) "
+                 "SELECT memoryd_sha256(text), memoryd_utf8_bytes(text), text, created_at FROM memoryd_snapshots "
+                 "ORDER BY created_at, session_id")
+    conn.execute("ALTER TABLE memoryd_snapshots RENAME TO memoryd_snapshots_unshared")
+    conn.execute(SNAPSHOTS_TABLE)
+    conn.execute("INSERT INTO memoryd_snapshots (session_id, digest, language, created_at) "
+                 "SELECT session_id, memoryd_sha256(text), language, created_at FROM memoryd_snapshots_unshared")
+    conn.execute("DROP TABLE memoryd_snapshots_unshared")
+    return True
+
+
+def _encoded(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _sha256_hex(value: object) -> str:
+    """ledger.text_hash, for what SQLite hands a function (a BLOB, too, if one was written)."""
+    return hashlib.sha256(_encoded(value)).hexdigest()
+
+
+def _utf8_bytes(value: object) -> int:
+    return len(_encoded(value))
 
 
 def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> sqlite3.Connection:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -66,7 +66,17 @@ SELECT_ENTRIES = ("SELECT id, track, scope, workspace_key, agent_key, text, tags
                   "FROM entries ORDER BY created_at, rowid")
 #: what the ledger also knows of an entry: when it was created and last written, and by which session
 SELECT_PROVENANCE = "SELECT id, created_at, updated_at, session_id FROM entries"
-SELECT_SNAPSHOTS = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
+#: each session's frozen snapshot, by the digest of its text (memoryd_snapshot_texts holds the
+#: text once per digest)
+SELECT_SNAPSHOTS = "SELECT session_id, digest FROM memoryd_snapshots ORDER BY created_at, session_id"
+SELECT_SNAPSHOT_TEXTS = "SELECT digest, bytes, text FROM memoryd_snapshot_texts ORDER BY digest"
+SELECT_SNAPSHOT_TEXTS_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memoryd_snapshot_texts'"
+#: a store of memoryd_schema 6 or older, not opened by a newer memoryd yet (``audit verify
+#: --db``): each session's row holds its whole text
+SELECT_SNAPSHOTS_UNSHARED = "SELECT session_id, text FROM memoryd_snapshots ORDER BY created_at, session_id"
+#: How a ``snapshot`` audit row names the text it froze, since memoryd_schema 7: ``sha256:``
+#: and the hex digest of the UTF-8 text (which is stored once, however many sessions froze it).
+SNAPSHOT_REF_PREFIX = "sha256:"
 #: the proposals table's columns in the order :func:`proposals_from` reads them
 PROPOSAL_COLUMNS = (
     "id, kind, track, scope, workspace_key, text, source, session_id, status, created_at, decided_at, agent_key"
@@ -304,9 +314,42 @@ def proposals_from(records: Iterable[Sequence[Any]]) -> list[Proposal]:
             for r in records]
 
 
-def snapshots_from(records: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
-    """(session id, text) pairs from the rows of :data:`SELECT_SNAPSHOTS`."""
-    return [(str(r[0]), str(r[1])) for r in records]
+class Frozen(NamedTuple):
+    """The frozen snapshots of a store: each session's digest, and each text once."""
+
+    #: (session id, digest), oldest first
+    sessions: list[tuple[str, str]]
+    #: digest → (its UTF-8 length as stored, the text)
+    texts: dict[str, tuple[int, str]]
+
+
+def snapshot_ref(digest: str) -> str:
+    """The audit row's text for a snapshot whose text has ``digest``."""
+    return SNAPSHOT_REF_PREFIX + digest
+
+
+def named_digest(text: str) -> str:
+    """The digest of the snapshot text a ``snapshot`` audit row names. Rows from before
+    memoryd_schema 7 hold the text itself, which is never of the ``sha256:<hex>`` form (a
+    snapshot is empty or starts with its header line)."""
+    hexpart = text[len(SNAPSHOT_REF_PREFIX):]
+    if text.startswith(SNAPSHOT_REF_PREFIX) and len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart):
+        return hexpart
+    return text_hash(text)
+
+
+def read_frozen(fetch: Fetch) -> Frozen:
+    """The frozen snapshots, read with :data:`SELECT_SNAPSHOTS` and :data:`SELECT_SNAPSHOT_TEXTS`;
+    from a store of memoryd_schema 6 or older, digested here from each session's own text."""
+    if fetch(SELECT_SNAPSHOT_TEXTS_TABLE):
+        return Frozen([(str(r[0]), str(r[1])) for r in fetch(SELECT_SNAPSHOTS)],
+                      {str(r[0]): (int(r[1]), str(r[2])) for r in fetch(SELECT_SNAPSHOT_TEXTS)})
+    frozen = Frozen([], {})
+    for sid, text in fetch(SELECT_SNAPSHOTS_UNSHARED):
+        digest = text_hash(str(text))
+        frozen.sessions.append((str(sid), digest))
+        frozen.texts[digest] = (len(str(text).encode()), str(text))
+    return frozen
 
 
 def rows_from(records: Iterable[Sequence[Any]]) -> list[LedgerRow]:

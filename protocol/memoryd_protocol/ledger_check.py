@@ -21,7 +21,6 @@ from .ledger import (
     SELECT_LEDGER,
     SELECT_PROPOSALS,
     SELECT_PROVENANCE,
-    SELECT_SNAPSHOTS,
     SELECT_USAGE,
     SELECT_USAGE_TABLE,
     AcceptedBody,
@@ -32,6 +31,7 @@ from .ledger import (
     FailedBody,
     Fetch,
     ForeignBody,
+    Frozen,
     LedgerRow,
     ProposalBody,
     StartBody,
@@ -42,9 +42,10 @@ from .ledger import (
     chain_hash,
     decode,
     entries_from,
+    named_digest,
     proposals_from,
+    read_frozen,
     rows_from,
-    snapshots_from,
     state_digest,
     text_hash,
 )
@@ -151,19 +152,20 @@ class _Verifier:
 
 
 def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iterable[LedgerEntry],
-           snapshots: Iterable[tuple[str, str]] = (), head: tuple[int, str] | None = None,
+           snapshots: Frozen | None = None, head: tuple[int, str] | None = None,
            provenance: Iterable[Provenance] | None = None, proposals: Iterable[Proposal] | None = None,
            lost: str | None = None) -> LedgerReport:
     """Check the chain, that every audit row since the chain's start is chained and
     unchanged, that replaying the ledger from its start gives the live entries, and that
-    every frozen snapshot (``(session id, text)``: what a session's prompt is built from)
-    is the one the ledger recorded. ``head``: the (n, hash) of the newest row the daemon that
-    asks remembers writing; the store must still hold it (no tail deleted, nothing rewritten).
+    every frozen snapshot (what a session's prompt is built from) is the one the ledger
+    recorded, its stored text the one its digest names. ``head``: the (n, hash) of the
+    newest row the daemon that asks remembers writing; the store must still hold it (no
+    tail deleted, nothing rewritten).
     ``provenance``: each live entry's (id, created_at, updated_at, session_id), compared with
     what its ledger rows say (entries present at the chain's start have none to compare).
     ``proposals``: the live proposals, compared with the ledger's replay of them."""
     v = _Verifier()
-    frozen = dict(snapshots)
+    frozen = snapshots if snapshots is not None else Frozen([], {})
     live_provenance = {p[0]: p[1:] for p in provenance or ()}
     audit_by_seq = {a.seq: a for a in audit}
     live = {e.id: e for e in entries}
@@ -179,7 +181,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
     #: id → [created_at, updated_at, session_id] as the ledger's rows give them
     written: dict[str, list[Any]] = {}
     chained: set[int] = set()
-    #: session id → (ledger n, audit seq, text) of its chained snapshot row
+    #: session id → (ledger n, audit seq, text) of its chained snapshot row (the text is the
+    #: snapshot's ``sha256:`` digest, or in rows from before memoryd_schema 7 the text itself)
     recorded: dict[str, tuple[int, int, str]] = {}
     #: foreign rows (n) and the accepted rows that name them
     foreign: dict[int, str] = {}
@@ -281,27 +284,49 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             return fields
 
         _compare(v, "entry", replayed, live, entry_differs)
-        earlier = start.snapshots if start is not None else {}
-        for sid, text in frozen.items():
-            if sid in recorded:
-                n, seq, kept = recorded[sid]
-                if text != kept:
-                    v.problem(f"the frozen snapshot of session {sid} differs from the one the ledger recorded", n, seq)
-            elif sid in earlier:
-                if text_hash(text) != earlier[sid]:
-                    v.problem(f"the frozen snapshot of session {sid} differs from the one the chain's start recorded",
-                              1)
-            else:
-                v.problem(f"session {sid} has a frozen snapshot that no ledger row recorded")
-        for sid, (n, seq, _) in recorded.items():
-            if sid not in frozen:
-                v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
+        _check_snapshots(v, frozen, recorded, start.snapshots if start is not None else {})
         if proposals is not None:
             _compare(v, "proposal", proposed, {p.id: p for p in proposals},
                      lambda _, want, have: [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)])
     v.head(ledger, head, lost)
     return LedgerReport(ok=not v.problems, rows=len(ledger), audit_rows=len(chained), after_audit_seq=after,
                         note=start.note if start is not None else "", head=ledger[-1].hash, problems=v.problems)
+
+
+def _check_snapshots(v: _Verifier, frozen: Frozen, recorded: Mapping[str, tuple[int, int, str]],
+                     earlier: Mapping[str, str]) -> None:
+    """Each session's frozen snapshot names the digest that its ledger row (or the chain's
+    start) recorded, and the text stored under a digest is the one the digest names, of the
+    length recorded beside it (what max_snapshot_bytes is enforced against)."""
+    intact: dict[str, bool] = {}
+    for digest, (size, text) in frozen.texts.items():
+        intact[digest] = text_hash(text) == digest
+        if intact[digest] and size != len(text.encode()):
+            v.problem(f"the stored snapshot text sha256:{digest} records {size} bytes and has {len(text.encode())}: "
+                      "the store was changed outside memoryd")
+    named: set[str] = set()
+    for sid, digest in frozen.sessions:
+        named.add(digest)
+        n, seq, want, what = (None, None, None, "")
+        if sid in recorded:
+            n, seq, kept = recorded[sid]
+            want, what = named_digest(kept), "the ledger"
+        elif sid in earlier:
+            n, want, what = 1, earlier[sid], "the chain's start"
+        if want is None:
+            v.problem(f"session {sid} has a frozen snapshot that no ledger row recorded")
+        elif digest not in intact:
+            v.problem(f"the text of session {sid}'s frozen snapshot (sha256:{digest}) is missing from the store", n, seq)
+        elif digest != want or not intact[digest]:
+            v.problem(f"the frozen snapshot of session {sid} differs from the one {what} recorded", n, seq)
+    sessions = {sid for sid, _ in frozen.sessions}
+    for sid, (n, seq, _) in recorded.items():
+        if sid not in sessions:
+            v.problem(f"the frozen snapshot of session {sid} was deleted", n, seq)
+    for digest in sorted(d for d, ok in intact.items() if not ok and d not in named):
+        # no session shows it yet, but a new session whose snapshot has this digest would
+        v.problem(f"the stored snapshot text sha256:{digest} does not match its digest: it was changed outside "
+                  "memoryd")
 
 
 #: (id, created_at, updated_at, session_id) of a live entry: the rows of SELECT_PROVENANCE
@@ -340,8 +365,7 @@ def _replay(entries: dict[str, LedgerEntry], body: AuditBody) -> None:
         entries.pop(body.entry_id, None)
 
 
-def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots: Iterable[tuple[str, str]],
-            target: str) -> EntryLife:
+def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots: Frozen, target: str) -> EntryLife:
     """One entry's life: every ledger row that wrote it, who asked, who approved and how,
     and the sessions whose frozen snapshot showed one of its texts. ``target`` is an entry
     id, or a text that exactly one entry (live, else in the ledger) contains."""
@@ -406,7 +430,9 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
     current = next((e for e in live_list if e.id == entry_id), None)
     # A snapshot showed the entry when one of its texts is an entry line there ("- text",
     # whole lines), not when another entry's longer text merely contains it.
-    shown = sorted({sid for sid, snap in snapshots if any(f"\n- {t}\n" in f"\n{snap}\n" for t in texts)})
+    # Each distinct text is searched once, however many sessions froze it.
+    showing = {d for d, (_, snap) in snapshots.texts.items() if any(f"\n- {t}\n" in f"\n{snap}\n" for t in texts)}
+    shown = sorted({sid for sid, d in snapshots.sessions if d in showing})
     return EntryLife(entry_id=entry_id, current=current, events=events, snapshots=shown)
 
 
@@ -481,7 +507,7 @@ def read_report(fetch: Fetch, head: tuple[int, str] | None = None,
     ``witnessed`` outside the store (:func:`heads_problems`)."""
     ledger = rows_from(fetch(SELECT_LEDGER))
     report = verify(ledger, audit_from(fetch(SELECT_AUDIT)), entries_from(fetch(SELECT_ENTRIES)),
-                    snapshots_from(fetch(SELECT_SNAPSHOTS)), head,
+                    read_frozen(fetch), head,
                     [(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else str(r[3]))
                      for r in fetch(SELECT_PROVENANCE)], proposals_from(fetch(SELECT_PROPOSALS)), lost)
     extra = usage_problems(fetch(SELECT_USAGE), fetch(SELECT_CELL_TEXTS)) if fetch(SELECT_USAGE_TABLE) else []
@@ -492,7 +518,6 @@ def read_report(fetch: Fetch, head: tuple[int, str] | None = None,
 
 def read_life(fetch: Fetch, target: str) -> EntryLife:
     """:func:`explain` of a store, its rows read by ``fetch`` as for :func:`read_report`."""
-    snapshots = snapshots_from(fetch(SELECT_SNAPSHOTS))
-    return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), snapshots, target)
+    return explain(rows_from(fetch(SELECT_LEDGER)), entries_from(fetch(SELECT_ENTRIES)), read_frozen(fetch), target)
 
 
