@@ -96,7 +96,7 @@ def texts(d: Any) -> list[str]:
 
 
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert set(VERBS) == {"list", "query", "add", "replace", "edit", "remove", "consolidate", "budgets", "audit",
+    assert set(VERBS) == {"list", "query", "add", "replace", "edit", "remove", "consolidate", "share", "budgets", "audit",
                           "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve",
                           "watch", "socket", "rpc", "completion"}
     for verb, parser in verbs().items():

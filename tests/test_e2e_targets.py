@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, entry_input, state
+from e2e_helpers import Gate, add, arrived, entry_input, start_held, state
 from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
@@ -128,6 +128,93 @@ async def test_id_remove_asks_with_the_full_text_and_rechecks_by_id(ask_daemon: 
         assert error["code"] == "ENTRY_NOT_FOUND"
         assert error["details"] == {"track": "user", "scope": "user-global", "entryId": twin["id"]}
         assert await state(b) == before
+
+
+# --- consolidate by ids, and where the merged entry lands (agentKey) ---------------------------
+
+
+async def test_consolidate_by_id_with_agent_key_empty_lands_shared(ask_daemon: Any) -> None:
+    """A private session moves one of two same-text entries to the shared layer: named by
+    id (exact where a match is ambiguous), the approval saying where it lands."""
+    async with socket_client(ask_daemon.socket_path) as raw:
+        raw.on_approval = allow
+        first = (await add(raw, "Prefers tabs", tags=["style"]))["entry"]
+        twin = (await add(raw, "Prefers tabs", tags=["style"]))["entry"]
+        assert first["agentKey"] == twin["agentKey"] == "coder"
+        budgets = await raw.ok("memory/budgets", {})
+        gate = Gate()
+        raw.on_approval = gate
+        move = {"input": {**UG, "ids": [twin["id"]], "text": twin["text"], "tags": twin["tags"], "agentKey": ""},
+                "write": write_ctx()}
+        async with anyio.create_task_group() as tg:
+            box = start_held(tg, raw, "memory/consolidate", move)
+            await arrived(gate)
+            asked = gate.asked[0]
+            assert (asked["action"], asked["agentKey"], asked["workspaceKey"], asked["tags"]) == (
+                "consolidate", "", "", ["style"])
+            assert asked["text"] == f"remove: id {twin['id']}\nPrefers tabs\nnew text: Prefers tabs"
+            await raw.ok("approval/decided", {"id": asked["id"], "outcome": "allowed-once"})
+        res = box["r"]["result"]
+        assert res["removed"] == [twin]
+        moved = res["entry"]
+        assert (moved["agentKey"], moved["text"], moved["tags"], moved["source"]) == ("", "Prefers tabs", ["style"],
+                                                                                       "dsh-memento")
+        assert moved["id"] != twin["id"]
+        assert await raw.ok("memory/list", {}) == [first, moved]
+        assert await raw.ok("memory/budgets", {}) == budgets  # same text, same cell: nothing used or freed
+        rows = (await raw.ok("audit/list", {"limit": 2}))[::-1]
+        assert [(r["action"], r["entryId"], r["text"]) for r in rows] == [
+            ("consolidate-remove", twin["id"], "Prefers tabs"), ("consolidate-add", moved["id"], "Prefers tabs")]
+        # another agent's session sees the moved entry, and not the one left private
+        seen = await raw.ok("memory/query", {"filter": {"text": "tabs"}, "opts": {"agentKey": "reviewer"}})
+        assert [e["id"] for e in seen["entries"]] == [moved["id"]]
+        assert (await raw.ok("audit/verify", {}))["ok"] is True
+
+
+async def test_consolidate_without_agent_key_keeps_private_text_private(daemon: Any) -> None:
+    async with socket_client(daemon.socket_path) as raw:
+        mine = (await add(raw, "Prefers tabs"))["entry"]
+        res = await raw.ok("memory/consolidate", {"input": {**UG, "ids": [mine["id"]], "text": "Prefers tabs!"},
+                                                  "write": write_ctx()})
+        assert res["entry"]["agentKey"] == "coder"
+
+
+async def test_consolidate_agent_key_is_checked_as_adds(daemon: Any) -> None:
+    async with socket_client(daemon.socket_path) as raw:
+        mine = (await add(raw, "Prefers tabs"))["entry"]
+        before = await state(raw)
+        add_err = await raw.fail("memory/add", {"input": entry_input("x", agentKey="reviewer"), "write": write_ctx()})
+        err = await raw.fail("memory/consolidate", {
+            "input": {**UG, "ids": [mine["id"]], "text": "Prefers tabs", "agentKey": "reviewer"}, "write": write_ctx()})
+        assert (err.code, err.error["message"], err.details) == (add_err.code, add_err.error["message"],
+                                                                {"field": "agentKey"})
+        assert err.error["message"] == "agentKey is outside the session's visible set"
+        assert await state(raw) == before
+        # the session's own agentKey is in its visible set: a shared entry may be made private
+        shared = (await add(raw, "Shared fact", agentKey=""))["entry"]
+        res = await raw.ok("memory/consolidate", {
+            "input": {**UG, "matches": ["Shared"], "text": "Shared fact", "agentKey": "coder"}, "write": write_ctx()})
+        assert (res["removed"][0]["id"], res["entry"]["agentKey"]) == (shared["id"], "coder")
+
+
+async def test_consolidate_takes_matches_or_ids(daemon: Any) -> None:
+    async with socket_client(daemon.socket_path) as raw:
+        e = (await add(raw, "Prefers tabs"))["entry"]
+        other = (await raw.ok("memory/add", {"input": entry_input("Reviews in Vim"),
+                                             "write": write_ctx("s-r", agent="reviewer")}))["entry"]
+        before = await state(raw)
+        for targets, field in [({"matches": ["tabs"], "ids": [e["id"]]}, "ids"), ({}, "matches"),
+                               ({"ids": [""]}, "ids[0]"), ({"ids": [e["id"], "  "]}, "ids[1]"),
+                               ({"ids": [e["id"], e["id"]]}, "ids"), ({"matches": ["tabs", "Prefers"]}, "matches")]:
+            err = await raw.fail("memory/consolidate", {"input": {**UG, **targets, "text": "x"}, "write": write_ctx()})
+            assert (err.code, err.details) == ("INVALID_INPUT", {"field": field}), targets
+        err = await raw.fail("memory/consolidate", {"input": {**UG, "ids": [], "text": "x"}, "write": write_ctx()})
+        assert err.code == "INVALID_INPUT"
+        for entry_id in (other["id"], "00000000-0000-4000-8000-000000000000"):  # another agent's; none
+            err = await raw.fail("memory/consolidate", {"input": {**UG, "ids": [entry_id], "text": "x"},
+                                                        "write": write_ctx()})
+            assert (err.code, err.details) == ("ENTRY_NOT_FOUND", {**UG, "entryId": entry_id})
+        assert await state(raw) == before
 
 
 # --- import with skipExisting --------------------------------------------------------------

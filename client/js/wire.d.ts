@@ -144,14 +144,23 @@ export type RemoveInput = {
   scope: Scope;
 } & Target;
 
-export interface ConsolidateInput {
+/**
+ * The entries to merge: exactly one of `matches` (1..20 unique substrings) or `ids` (1..20
+ * entry ids of that track/scope the session sees; exact, also for entries with the same text).
+ */
+export type ConsolidateTargets = { matches: string[]; ids?: undefined } | { ids: string[]; matches?: undefined };
+
+export type ConsolidateInput = {
   track: Track;
   scope: Scope;
-  /** 1..20 unique substrings */
-  matches: string[];
   text: string;
   tags?: string[] | null;
-}
+  /**
+   * Where the merged entry lands: '' (the shared layer) or the session's agentPreset, as for
+   * add. Absent: private when any target is (consolidation never widens by itself).
+   */
+  agentKey?: string | null;
+} & ConsolidateTargets;
 
 export interface QueryFilter {
   track?: Track | null;

@@ -43,6 +43,7 @@ from .running import (
     query_request,
     warn_db,
 )
+from .sharing import cmd_share
 from .targets import located, target
 from .watching import cmd_watch
 
@@ -326,7 +327,7 @@ def init_key(ctx: Ctx) -> int:
 #: The commands that answer their own prompt (memoryctl's Approve? [y/N]) or decide, and
 #: so, under approvers = "keyed", prove the approver key first: (verb, action or None).
 PROMPTING = frozenset({("add", None), ("replace", None), ("remove", None), ("consolidate", None),
-                       ("import", None), ("proposals", "approve"), ("audit", "accept")})
+                       ("share", None), ("import", None), ("proposals", "approve"), ("audit", "accept")})
 
 
 async def _prove_for_prompt(c: Client, ctx: Ctx) -> None:
@@ -384,6 +385,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "edit": cmd_edit,
     "remove": cmd_remove,
     "consolidate": cmd_consolidate,
+    "share": cmd_share,
     "budgets": cmd_budgets,
     "audit": cmd_audit,
     "proposals": cmd_proposals,

@@ -122,6 +122,8 @@ class Approver:
         self.reject = reject
         self.eof = False
         self.asked = 0
+        #: the times a human typed no at this prompt (memoryctl share goes on after one)
+        self.declined = 0
         #: the approval shown at the prompt, waiting for an answer (None between prompts)
         self.prompting: str | None = None
         #: set on Ctrl-C in memoryctl approve, which then says what becomes of ``prompting``
@@ -171,7 +173,10 @@ class Approver:
                 self.eof = True
                 term.write("\n")
                 return Decision("rejected", INPUT_CLOSED)
-            return Decision(ALLOWED_ONCE if answer.strip().lower() in YES else "rejected", HUMAN)
+            if answer.strip().lower() in YES:
+                return Decision(ALLOWED_ONCE, HUMAN)
+            self.declined += 1
+            return Decision("rejected", HUMAN)
 
     def close(self) -> None:
         if self._terminal is not None:

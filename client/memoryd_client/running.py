@@ -214,6 +214,8 @@ def prepare(ctx: Ctx) -> None:
                              f"--scope {a.scope} MATCH TEXT (or --id ID TEXT)")
         if a.entry_id is None and a.match is None:
             raise UsageError(f"{a.verb} needs MATCH or --id")
+    if a.verb == "share" and a.entry_id is not None and a.match is not None:
+        raise UsageError("share: give MATCH or --id, not both (or neither, to share every entry of the layer)")
     if getattr(a, "text", None) is not None and a.verb in ("add", "replace", "consolidate"):
         ctx.data["text"] = _text(a.text)
     if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):

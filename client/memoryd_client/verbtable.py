@@ -108,8 +108,8 @@ class _Only:
 
 
 #: Every verb, in the order --help lists them (test_cli_quick checks it against build_parser()).
-VERB_NAMES = ("list", "query", "add", "replace", "edit", "remove", "consolidate", "budgets", "audit", "proposals", "export",
-              "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket", "rpc",
+VERB_NAMES = ("list", "query", "add", "replace", "edit", "remove", "consolidate", "share", "budgets", "audit", "proposals",
+              "export", "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket", "rpc",
               "completion")
 
 
@@ -246,6 +246,29 @@ def add_verbs(sub: _Only) -> None:
               hit exactly one entry) and add one new entry: one approval, one transaction.""",
         'memoryctl consolidate --track user --scope user-global -m tabs -m indent "Prefers 4-space indents"',
         arguments=_consolidate_args,
+    )
+
+    def _share_args(p: argparse.ArgumentParser) -> None:
+        _layer(p, required=False)
+        _id_arg(p)
+        p.add_argument("match", metavar="MATCH", nargs="?",
+                       help="unique substring of the one entry to share (or --id); neither: every entry")
+
+    _verb(
+        sub,
+        "share",
+        "move an agent's own entries to the shared layer",
+        """Move entries out of the --agent layer into the shared layer that every agent
+              sees: each entry is consolidated alone (same text and tags, a new id), with
+              its own approval. Without MATCH or --id it moves every entry of the layer: the
+              user-global ones, and the workspace ones of --cwd (default: the current
+              directory); --track and --scope narrow that. A 'no' keeps that entry where it
+              is and asks about the next.""",
+        """memoryctl share --agent claude-code
+              memoryctl share --agent gemini-cli --cwd ~/proj --scope workspace
+              memoryctl share --agent codex "pnpm"
+              memoryctl share --agent codex --id 3f2a1b2c""",
+        arguments=_share_args,
     )
 
     _verb(

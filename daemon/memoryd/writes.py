@@ -34,9 +34,9 @@ from memoryd_protocol.types import (
 )
 from memoryd_protocol.validation import (
     SessionView,
-    check_match,
     check_source,
     check_target,
+    check_targets,
     check_text,
     resolve_one,
     target_keys,
@@ -192,26 +192,38 @@ class Writes:
     async def consolidate(self, ctx: RequestContext, p: ConsolidateParams) -> ConsolidateResult:
         view = writer_view(p.write)
         i = p.input
-        matches = [check_match(m, f"matches[{n}]") for n, m in enumerate(i.matches)]
+        selectors = check_targets(i.matches, i.ids)
         text = check_text(i.text)
         tags = normalize_tags(i.tags)
+        wk = view.workspace_key if i.scope == "workspace" else ""
+        # An explicit agentKey is checked as add's is ('' or the session's own), so widening
+        # a private text to the shared layer is asked for, and the approval shows it.
+        ak = None if i.agent_key is None else target_keys(i.scope, view, wk or None, i.agent_key, restricted=True)[1]
         entries = await self.s.visible(view, i.track, i.scope)
         by_id = {e.id: e for e in entries}
         targets: list[Entry] = []
-        for m in matches:
-            t = by_id[resolve_one(((e.id, e.text) for e in entries), i.track, i.scope, m)]
+        for sel in selectors:
+            if sel.match is not None:
+                t = by_id[resolve_one(((e.id, e.text) for e in entries), i.track, i.scope, sel.match)]
+            elif sel.entry_id in by_id:
+                t = by_id[sel.entry_id]
+            else:
+                raise EntryNotFound("no visible memory entry has this id", sel.details(i.track, i.scope))
             if any(t.id == x.id for x in targets):
-                raise InvalidInput("two matches resolve to the same entry", "matches")
+                if sel.match is not None:
+                    raise InvalidInput("two matches resolve to the same entry", "matches")
+                raise InvalidInput("two ids name the same entry", "ids")
             targets.append(t)
         cell = (i.track, i.scope)
-        # Merging the session's private entries with shared ones keeps the result private:
-        # consolidation must never widen who can see a text.
-        ak = view.agent_key if any(t.agent_key for t in targets) else ""
-        wk = view.workspace_key if i.scope == "workspace" else ""
+        if ak is None:
+            # Merging the session's private entries with shared ones keeps the result private:
+            # without an explicit agentKey, consolidation never widens who can see a text.
+            ak = view.agent_key if any(t.agent_key for t in targets) else ""
         source = check_source(None)
+        labels = [sel.match if sel.match is not None else f"id {t.id}" for sel, t in zip(selectors, targets, strict=True)]
 
         def commit(tx: Tx, stamp: Stamp) -> Steps[ConsolidateResult]:
-            removed = [self.still_same(tx.conn, t, m) for t, m in zip(targets, matches, strict=True)]
+            removed = [self.still_same(tx.conn, t, sel.match) for t, sel in zip(targets, selectors, strict=True)]
             ts = store.now_ms()
             for n, r in enumerate(removed, 1):
                 store.delete_entry(tx, r.id)
@@ -228,7 +240,7 @@ class Writes:
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
             action="consolidate", track=i.track, scope=i.scope,
-            text=payloads.consolidate_text([(m, t.text) for m, t in zip(matches, targets, strict=True)], text),
+            text=payloads.consolidate_text([(label, t.text) for label, t in zip(labels, targets, strict=True)], text),
             source=source, layers=[cell], sources=[source, *(t.source for t in targets)],
             deltas={cell: utf16_len(text) - sum(utf16_len(t.text) for t in targets)}, commit=commit,
             events=lambda r: [*(("memory/removed", MemoryRemoved(entry=x)) for x in r.removed),

@@ -92,8 +92,9 @@ TOOLS: Final[tuple[McpTool, ...]] = (
             "Remove a memory"),
     McpTool("memory_consolidate", "memory/consolidate", "input", t.ConsolidateInput, None,
             f"Atomically delete 1 to {MAX_CONSOLIDATE} entries of one track and scope (each named by a unique "
-            "substring in `matches`) and store one entry that replaces them: the way to free budget and merge "
-            "duplicates. " + _GATED,
+            "substring in `matches`, or by its id in `ids`: one of the two) and store one entry that replaces them: "
+            'the way to free budget and merge duplicates. agentKey "" puts the merged entry in the layer every '
+            "agent shares. " + _GATED,
             "Consolidate memories"),
     McpTool("memory_propose", "proposals/create", "input", t.ProposalInput, "proposal",
             "Propose an entry for the user to review later (it is not stored until they approve it with "

@@ -177,7 +177,9 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
             ),
         },
         "entryId": {**UUID4, "description": "The entry the row is about (null for seed summaries, denials, recalls)."},
-        "text": {"description": "The text written, removed, queried (recalled) or injected (snapshot)."},
+        "text": {"description": ("The text written, removed or queried (recalled); for a snapshot, the text injected "
+                                 "named by its digest, sha256:<hex of its UTF-8 bytes> (rows from before memoryd "
+                                 "stored each text once hold the text itself).")},
         "outcome": {"description": "The decision and its source, e.g. 'allowed-once (via approval, writePolicy ask)'."},
     },
     "Proposal": {
@@ -199,17 +201,16 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "text": {"minLength": 1},
         "tags": {**INPUT_TAGS, "description": "Replace the tags when given; keep them when absent."},
     },
-    "RemoveInput": {
-        "match": MATCH_INPUT,
-        "id": ID_INPUT,
-    },
+    "RemoveInput": {"match": MATCH_INPUT, "id": ID_INPUT},
     "ConsolidateInput": {
-        "matches": {
-            "items": {"minLength": 1},
-            "description": f"1..{MAX_CONSOLIDATE} unique substrings, one per entry to merge.",
-        },
+        "matches": {"items": {"minLength": 1},
+                    "description": f"1..{MAX_CONSOLIDATE} unique substrings, one per entry to merge (or give ids)."},
+        "ids": {"items": {"minLength": 1}, "description": f"1..{MAX_CONSOLIDATE} ids of entries of this track/scope "
+                "that the session sees, instead of matches: exact, also for entries with the same text."},
         "text": {"minLength": 1},
         "tags": INPUT_TAGS,
+        "agentKey": {"maxLength": MAX_AGENT_KEY_UNITS, "description": "Where the merged entry lands, as add's "
+                     "agentKey: '' (the shared layer) or the session's agentPreset; absent: private if any target is."},
     },
     "SeedParams": {"inputs": {"description": "Inserted all-or-nothing under one approval."}},
     "QueryFilter": {
@@ -391,6 +392,8 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     "EntryInput": {"description": "What a caller writes to add (or seed) an entry; unknown fields are refused."},
     "ReplaceInput": {"description": "The target (exactly one of match and id) and its new text.", **ONE_TARGET},
     "RemoveInput": {"description": "The target: exactly one of match and id.", **ONE_TARGET},
+    "ConsolidateInput": {"description": "The targets (exactly one of matches and ids), the merged entry's text and "
+                         "where it lands.", "oneOf": [{"required": ["matches"]}, {"required": ["ids"]}]},
     "BudgetRow": {"description": "Usage of one track × scope budget."},
     "AuditRow": {"description": "One row of the provider's audit ledger (seed spec §6)."},
     "Proposal": {

@@ -179,9 +179,11 @@ class RemoveParams(_Env):
 class ConsolidateInput(_In):
     track: Track
     scope: Scope
-    matches: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)]
     text: str
+    matches: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)] | msgspec.UnsetType = msgspec.UNSET
+    ids: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)] | msgspec.UnsetType = msgspec.UNSET
     tags: list[str] | None = None
+    agent_key: str | None = None
 
 
 class ConsolidateParams(_Env):
@@ -361,8 +363,7 @@ class StoreInfo(_Out):
 
 
 class ConnectionInfo(_Out):
-    """One live connection, as ``daemon/status`` lists it: what the kernel says of its peer
-    (``pid``, ``uid``, ``exe``) beside what the peer claims (``client``)."""
+    """One live connection (``daemon/status``): the kernel's facts of its peer beside its claims (``client``)."""
 
     id: int
     transport: Literal["socket", "stdio", "mcp"]  # mcp: a memoryd mcp session
@@ -502,8 +503,7 @@ class ApprovalEntry(_Out):
 
 
 class ApprovalOrigin(_Out, omit_defaults=True):
-    """The connection that asked: its ``initialize`` client info (the client's own claim)
-    and the process on the other end of the socket (the kernel's peer credentials)."""
+    """Who asked: its ``initialize`` client info (a claim) and its socket peer's process (the kernel's credentials)."""
 
     name: str | None = None
     version: str | None = None

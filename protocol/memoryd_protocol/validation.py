@@ -147,6 +147,22 @@ def check_target(match: str | msgspec.UnsetType | None, entry_id: str | msgspec.
     return Target(match=check_match(match))
 
 
+def check_targets(matches: list[str] | msgspec.UnsetType, ids: list[str] | msgspec.UnsetType) -> list[Target]:
+    """consolidate's targets: exactly one of ``matches`` and ``ids``, each item checked as
+    check_target checks one, and the field named as ``matches[n]`` or ``ids[n]``."""
+    if not isinstance(matches, msgspec.UnsetType) and not isinstance(ids, msgspec.UnsetType):
+        raise InvalidInput("input takes matches or ids, not both", "ids")
+    if not isinstance(ids, msgspec.UnsetType):
+        for n, entry_id in enumerate(ids):
+            check_storable(entry_id, f"ids[{n}]")
+            if not js_trim(entry_id):
+                raise InvalidInput(f"ids[{n}] must not be empty", f"ids[{n}]")
+        return [Target(entry_id=entry_id) for entry_id in ids]
+    if isinstance(matches, msgspec.UnsetType):
+        raise InvalidInput("input needs matches (unique substrings) or ids (entry ids)", "matches")
+    return [Target(match=check_match(m, f"matches[{n}]")) for n, m in enumerate(matches)]
+
+
 def check_source(source: str | None) -> str:
     if source is None:
         return DEFAULT_SOURCE
@@ -264,6 +280,7 @@ __all__ = [
     "check_session_id",
     "check_source",
     "check_target",
+    "check_targets",
     "check_text",
     "resolve_one",
     "session_view",
