@@ -17,8 +17,6 @@ npm start-up, and nothing to fetch."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -31,10 +29,9 @@ from typing import Any
 
 import pytest
 from memoryd_protocol import mcp_tools
+from npm_cache import npm_install, require
 
 HERE = Path(__file__).resolve().parent / "node-mcp"
-LOCK_FILES = ("package.json", "package-lock.json")
-INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
 PROJ = "/home/u/proj"
 TOOLS = ["memory_query", "memory_budgets", "memory_add", "memory_replace", "memory_remove",
@@ -42,53 +39,15 @@ TOOLS = ["memory_query", "memory_budgets", "memory_add", "memory_replace", "memo
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is required: the MCP client tests run the official TypeScript client and the MCP "
-                    f"Inspector from npm (node >= 20 and npm; .ci/run installs them)")
-    return path
-
-
-def _cache_root() -> Path:
-    explicit = os.environ.get("MEMORYD_TEST_NODE_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "memoryd-tests"
-
-
-def _npm_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.lower().startswith("npm_config_")}
-    env.update(npm_config_audit="false", npm_config_fund="false", npm_config_update_notifier="false")
-    return env
+    return require(name)
 
 
 @pytest.fixture(scope="session")
 def mcp_clients() -> Path:
-    """The directory holding node_modules with the pinned MCP clients, installed if needed."""
-    _tool("node")
-    npm = _tool("npm")
-    digest = hashlib.sha256(b"".join((HERE / f).read_bytes() for f in LOCK_FILES)).hexdigest()[:16]
-    root = _cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    home = root / f"node-mcp-{digest}"
-    done = home / ".installed"
-    with open(root / f"node-mcp-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not done.exists():
-            shutil.rmtree(home, ignore_errors=True)
-            home.mkdir()
-            for f in LOCK_FILES:
-                shutil.copy2(HERE / f, home / f)
-            # --ignore-scripts: nothing here needs an install script (the Inspector's
-            # postinstall only sets up a source checkout of it)
-            r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                               cwd=home, env=_npm_env(), capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-            if r.returncode != 0:
-                pytest.fail(f"npm ci of tests/node-mcp into {home} failed ({r.returncode}):\n{r.stdout[-3000:]}"
-                            f"\n{r.stderr[-6000:]}")
-            done.write_text(digest + "\n")
-    return home
+    """The directory holding node_modules with the pinned MCP clients, installed if needed
+    (tests/npm_cache.py; --ignore-scripts: the Inspector's postinstall only sets up a source
+    checkout of it)."""
+    return npm_install(HERE)
 
 
 @pytest.fixture
