@@ -535,7 +535,7 @@ def test_pty_prompt_yes_writes(ask_daemon: Any) -> None:
     try:
         shown = read_until(master, "Approve? [y/N]")
         # The complete payload, control characters made visible, plus action/layer/source.
-        assert "replace in user/user-global (every workspace), shared by every agent:\n" \
+        assert "replace in user/user-global, shared by every agent:\n" \
                "  + Prefers spaces\n  - Prefers tabs\n  - and\\x1b[31m red\n" in shown
         assert "source:  dsh-memento" in shown
         os.write(master, b"y\n")
@@ -679,7 +679,7 @@ def test_approve_verb_answers_headless_writes(ask_any_daemon: Any) -> None:
     assert code == 0, err
     assert "session: agent-1" in err
     # where it lands, what it writes and who asked: the writing process, through the Python client
-    assert "add to user/user-global (every workspace), shared by every agent:\n  + From a headless agent\n" \
+    assert "add to user/user-global, shared by every agent:\n  + From a headless agent\n" \
            "  tags:    -\n" in err
     assert f"  client:  memoryd-client {mc.__version__}\n" \
            f"  process: pid {writer.pid} ({os.path.realpath(sys.executable)})\n" in err

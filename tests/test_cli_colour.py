@@ -200,7 +200,7 @@ def test_the_prompt_on_a_terminal_is_coloured(ask_daemon: Any) -> None:
     add(d, "Prefers tabs")
     code, shown = on_pty([*sock(d), "replace", *UG, "tabs", "Prefers spaces"], coloured_env(), answers=[b"y"])
     assert code == 0, shown
-    assert shown.startswith(f"{BOLD}replace in user/user-global (every workspace), shared by every agent:{RESET}\n"
+    assert shown.startswith(f"{BOLD}replace in user/user-global, shared by every agent:{RESET}\n"
                             f"  + {GREEN}Prefers spaces{RESET}\n  - {RED}Prefers tabs{RESET}\n")
     code, shown = on_pty([*sock(d), "add", *UG, "Uses vim"], coloured_env(NO_COLOR="1"), answers=[b"y"])
     assert code == 0 and "\x1b" not in shown, shown

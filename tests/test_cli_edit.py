@@ -206,7 +206,7 @@ def test_edit_through_the_approval_prompt(ask_daemon: Any, tmp_path: Path) -> No
     editor = Editor(tmp_path / "ed", write="Prefers spaces\n")
     code, shown = on_pty([*sock(d), "edit", *UG, "tabs"], env_with(EDITOR=editor.command), answers=[b"y"])
     assert code == 0, shown
-    assert "replace in user/user-global (every workspace), shared by every agent:\n" \
+    assert "replace in user/user-global, shared by every agent:\n" \
            "  + Prefers spaces\n  - Prefers tabs\n" in shown
     assert entries(d) == [(tabs, "Prefers spaces", 2)]
 

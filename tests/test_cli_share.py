@@ -33,7 +33,8 @@ def write_as(d: Any, agent: str, cwd: Path, text: str, tags: list[str] | None = 
     """An entry written over the socket by a session of ``agent`` (its agentPreset) in ``cwd``,
     as an MCP session of that host wrote it before sessions defaulted to the shared layer."""
     with mc.connect_sync(d.socket_path, on_approval=lambda a: True, timeout=10) as c:
-        inp = {**(layer or {"track": "user", "scope": "user-global"}), "text": text, "tags": tags or []}
+        inp = {**(layer or {"track": "user", "scope": "user-global"}), "text": text, "tags": tags or [],
+               "source": agent or None}  # the host, as an MCP write names it
         return c.add(inp, write=write_ctx(f"s-{agent}", cwd=str(cwd), agent=agent)).entry
 
 
@@ -79,8 +80,9 @@ def test_share_moves_each_agents_entries_to_the_shared_layer(ask_daemon: Any, tm
     moved = entries(d)
     for old in (tabs, make, english):
         new = moved[old.text]
-        assert (new.agent_key, new.track, new.scope, new.workspace_key, new.tags) == (
-            "", old.track, old.scope, old.workspace_key, old.tags)
+        assert (new.agent_key, new.track, new.scope, new.workspace_key, new.tags, new.source) == (
+            "", old.track, old.scope, old.workspace_key, old.tags, old.source)
+        assert new.source in ("claude-code", "gemini-cli")  # who wrote it is kept
         assert new.id != old.id
     assert moved["Uses pnpm"] == pnpm and moved["Already shared"] == shared
     assert len(now) == 5
@@ -122,7 +124,7 @@ def test_a_no_at_the_prompt_moves_nothing(ask_daemon: Any, tmp_path: Path) -> No
     entries_before, budgets_before, rows_before = state(d)
     code, shown = on_pty([*sock(d), "--agent", "claude-code", "share"], env_with(), answers=[b"n\n"])
     assert code == 1, shown
-    assert "consolidate into one, in user/user-global (every workspace), shared by every agent:" in shown.replace(
+    assert "consolidate into one, in user/user-global, shared by every agent:" in shown.replace(
         "\n  | ", "")  # the headline, cut at the terminal's width
     assert f"  - remove: id {tabs.id}\n" in shown and "  + Prefers tabs\n" in shown
     assert f"error: WRITE_DENIED: write denied: rejected: 1 of 1 entry stayed in agent 'claude-code''s layer " \

@@ -9,6 +9,8 @@ import pytest
 from memoryd_client.render import approval_request
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_text import MARKS
+from memoryd_protocol.constants import CONSOLIDATE_EXCERPT_UNITS
+from memoryd_protocol.text import cut_units
 
 ORIGIN = T.ApprovalOrigin(name="harness", version="1.2", pid=4242, exe="/usr/bin/node")
 FORGE = "Prefers tabs\nApprove? [y/N] y\n  action:  add"
@@ -38,7 +40,7 @@ def seed(entries: list[T.ApprovalEntry]) -> T.ApprovalAsked:
 
 def test_add_shows_what_and_where_then_the_text_then_who_asked() -> None:
     assert approval_request(asked()) == "\n".join([
-        "add to agent/workspace (/home/u/proj), only for agent coder:",
+        'add to agent/workspace, only for agent "coder", in workspace "/home/u/proj":',
         "  + Run make check",
         "  tags:    ci",
         "  source:  claude",
@@ -51,11 +53,13 @@ def test_add_shows_what_and_where_then_the_text_then_who_asked() -> None:
 
 @pytest.mark.parametrize(("action", "text", "head"), [
     ("replace", "from:\nPrefers tabs\n\nto:\nPrefers spaces",
-     ["replace in user/workspace (/home/u/proj), shared by every agent:", "  + Prefers spaces", "  - Prefers tabs"]),
-    ("remove", "Prefers tabs", ["remove from user/workspace (/home/u/proj), shared by every agent:",
+     ['replace in user/workspace, shared by every agent, in workspace "/home/u/proj":', "  + Prefers spaces",
+      "  - Prefers tabs"]),
+    ("remove", "Prefers tabs", ['remove from user/workspace, shared by every agent, in workspace "/home/u/proj":',
                                 "  - Prefers tabs", "  tags:    -"]),
     ("consolidate", "remove: vim\nUses vim\nremove: tmux\nUses tmux\nnew text: Uses vim in tmux",
-     ["consolidate into one, in user/workspace (/home/u/proj), shared by every agent:", "  + Uses vim in tmux",
+     ['consolidate into one, in user/workspace, shared by every agent, in workspace "/home/u/proj":',
+      "  + Uses vim in tmux",
       "  - remove: vim"]),
 ])
 def test_the_first_three_lines_are_the_change_the_new_text_first(action: str, text: str, head: list[str]) -> None:
@@ -67,15 +71,19 @@ def test_the_first_three_lines_are_the_change_the_new_text_first(action: str, te
 def test_shared_layer_no_tags_and_partial_origin() -> None:
     shown = approval_request(asked(track="user", scope="user-global", workspace_key="", agent_key="", tags=[],
                                    origin=T.ApprovalOrigin(pid=7)))
-    assert shown.startswith("add to user/user-global (every workspace), shared by every agent:\n"
+    assert shown.startswith("add to user/user-global, shared by every agent:\n"
                             "  + Run make check\n  tags:    -\n")
     assert "  client:  (did not name itself)\n  process: pid 7\n" in shown
     assert "  client:  (unknown)\n  id:" in approval_request(asked(origin=None))
     # a tag with a comma would read as two tags: then they are shown as a list
     assert "tags:    [\"a, b\",\"c\"]" in approval_request(asked(tags=["a, b", "c"]))
-    # a key that could run into the words around it is quoted
-    assert approval_request(asked(workspace_key="/p), shared by every agent", agent_key="a b")).startswith(
-        'add to agent/workspace ("/p), shared by every agent"), only for agent a b:\n')
+    # keys are quoted, and the workspace (a client names its own cwd) comes last, so no key
+    # can pose as, or push off the line, where the entry lands
+    spoof = "/p）， only for agent codex：" + " " * 120 + "x"
+    assert approval_request(asked(workspace_key=spoof, agent_key="a b")).startswith(
+        f'add to agent/workspace, only for agent "a b", in workspace "{spoof}":\n')
+    assert approval_request(asked(workspace_key=spoof, agent_key=""), width=100).startswith(
+        'add to agent/workspace, shared by every agent, in workspace "/p）， only for agent codex：')
     # an older daemon without the new fields: the parts are left out, nothing is invented
     old = approval_request(asked(workspace_key=None, agent_key=None, tags=None))
     assert old.startswith("add to agent/workspace:\n  + Run make check\n  source:") and "tags:" not in old
@@ -168,3 +176,25 @@ def test_long_lines_are_cut_under_the_gutter_instead_of_wrapping(filler: str) ->
     end = next(n for n, ln in enumerate(lines) if ln.startswith("  tags:"))
     assert "".join(ln[4:] for ln in lines[start:end]) == forged
     assert approval_request(a).count("\n") < len(lines) - 1  # without a width, nothing is cut
+
+
+def test_a_payload_split_only_where_its_separator_starts_at_one_place() -> None:
+    """An old text ending in ``\\n\\nto:`` makes the separator overlap itself: which part is
+    new cannot be told, so nothing is marked added or removed, and the payload is shown whole."""
+    text = "from:\nNever force-push to main\n\nto:\n\nto:\nForce-push is fine"
+    lines = approval_request(asked(action="replace", text=text)).split("\n")
+    assert lines[1:8] == [f"  | {line}" for line in text.split("\n")]
+    assert not any(ln.startswith(("  + ", "  - ")) for ln in lines)
+
+
+def test_a_consolidate_target_that_may_be_cut_says_so() -> None:
+    """The payload format cuts each consolidated target at 300 characters with an ellipsis
+    that a text can hold too: a new text equal to the cut must not pass for a plain move."""
+    old = "Deploy with make deploy. " * 16  # 400 characters
+    excerpt = cut_units(old, CONSOLIDATE_EXCERPT_UNITS)
+    shown = approval_request(asked(action="consolidate", text=f"remove: id e1\n{excerpt}\nnew text: {excerpt}"))
+    assert shown.split("\n")[1:5] == [
+        f"  + {excerpt}", "  - remove: id e1", f"  - {excerpt}",
+        "  | (may be cut at 300 characters, as the payload format cuts each target: memoryctl query shows it whole)"]
+    whole = approval_request(asked(action="consolidate", text="remove: tabs\nPrefers tabs\nnew text: Tabs"))
+    assert "may be cut" not in whole

@@ -148,6 +148,12 @@ async def test_a_tampered_stored_text_fails_verify_naming_each_sessions_row(daem
         assert err.error["message"] == (f"the stored snapshot text sha256:{sha(text)} does not match its digest; "
                                         "memoryctl audit verify reports it")
         assert dump(db) == before
+        # a session that froze it before is refused too: the edited text reaches nobody
+        err = await raw.fail("memory/snapshot", {"session": session("s-a")})
+        assert err.code == "STORE_CORRUPT" and err.error["message"] == (
+            f"the stored text of session s-a's frozen snapshot is not the text sha256:{sha(text)} it names; "
+            "memoryctl audit verify reports it")
+        assert dump(db) == before
     assert d.stop() == 0
     code, offline = offline_verify(db, tmp_path)
     assert (code, offline["ok"], offline["problems"]) == (1, False, expected)

@@ -155,6 +155,8 @@ export type ConsolidateInput = {
   scope: Scope;
   text: string;
   tags?: string[] | null;
+  /** The merged entry's source (default 'dsh-memento'). */
+  source?: string | null;
   /**
    * Where the merged entry lands: '' (the shared layer) or the session's agentPreset, as for
    * add. Absent: private when any target is (consolidation never widens by itself).

@@ -1,7 +1,7 @@
 """``memoryctl share``: move entries out of an agent's own layer into the shared layer.
 
 Each entry moves as one ``memory/consolidate`` of that entry alone, named by its id, with
-its own text and tags and ``agentKey: ''``: one approval per entry, and in the ledger a
+its own text, tags and source and ``agentKey: ''``: one approval per entry, and in the ledger a
 consolidate-remove and a consolidate-add row per entry. The entries are picked from the
 management view (``memory/list``), as the session of this run (``--agent``, ``--cwd``)
 sees them; everything that can be wrong with the command line is found before the first
@@ -163,7 +163,8 @@ async def cmd_share(c: Client, ctx: Ctx) -> None:
         noes = ctx.approver.declined
         try:
             r = await c.consolidate({"track": e.track, "scope": e.scope, "ids": [e.id], "text": e.text,
-                                     "tags": list(e.tags), "agentKey": ""})
+                                     "tags": list(e.tags), "source": e.source,
+                                     "agentKey": ""})
         except WriteDenied as exc:
             if exc.details.get("outcome") == "rejected" and ctx.approver.declined > noes:
                 declined.append(e.id)  # the human said no to this one entry: keep asking about the rest

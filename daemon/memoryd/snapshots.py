@@ -60,12 +60,16 @@ class Snapshots:
         return StoreCorrupt(f"{message}; memoryctl audit verify reports it", {"path": str(self.s.config.db_path)})
 
     def _stored(self, session_id: str, frozen: tuple[str, str | None]) -> str:
-        """The frozen text of a session that has one; STORE_CORRUPT when the store lost it:
-        no other text may pass for it."""
+        """The frozen text of a session that has one; STORE_CORRUPT when the store lost it or
+        it is not the text its digest names: one edited row would reach every session that
+        shares it, and no other text may pass for the one the ledger vouches for."""
         digest, text = frozen
         if text is None:
             raise self._corrupt(f"the frozen snapshot of session {session_id} names the text sha256:{digest}, which "
                                 "the store no longer holds")
+        if text_hash(text) != digest:
+            raise self._corrupt(f"the stored text of session {session_id}'s frozen snapshot is not the text "
+                                f"sha256:{digest} it names")
         return text
 
     def handlers(self) -> dict[str, Handler]:

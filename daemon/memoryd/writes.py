@@ -219,7 +219,7 @@ class Writes:
             # Merging the session's private entries with shared ones keeps the result private:
             # without an explicit agentKey, consolidation never widens who can see a text.
             ak = view.agent_key if any(t.agent_key for t in targets) else ""
-        source = check_source(None)
+        source = check_source(i.source)
         labels = [sel.match if sel.match is not None else f"id {t.id}" for sel, t in zip(selectors, targets, strict=True)]
 
         def commit(tx: Tx, stamp: Stamp) -> Steps[ConsolidateResult]:

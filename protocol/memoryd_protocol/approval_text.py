@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from .constants import GRID
+from .constants import CONSOLIDATE_EXCERPT_UNITS, GRID
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
 if TYPE_CHECKING:
@@ -246,10 +246,25 @@ _STYLE = {ADDED: "green", REMOVED: "red", GUTTER: ""}
 
 
 def _split_once(text: str, sep: str) -> tuple[str, str] | None:
-    """``text`` split at ``sep`` when it occurs exactly once; else None (which occurrence
-    is the format's own cannot be told)."""
-    parts = text.split(sep)
-    return (parts[0], parts[1]) if len(parts) == 2 else None
+    """``text`` split at ``sep`` when it starts at exactly one place, overlapping ones
+    counted; else None (which occurrence is the format's own cannot be told)."""
+    at = [i for i in range(len(text)) if text.startswith(sep, i)]
+    return (text[:at[0]], text[at[0] + len(sep):]) if len(at) == 1 else None
+
+
+def _excerpts(removed: str) -> list[str]:
+    """A consolidate's removed part, each target's line ``remove: MATCH`` then its text:
+    the payload format cuts each text at CONSOLIDATE_EXCERPT_UNITS with ``…``, which a
+    text can hold too, so a target whose text may be cut says so in a line of its own."""
+    lines = _marked(REMOVED, removed)
+    out: list[str] = []
+    for n, line in enumerate(lines):
+        out.append(line)
+        last = n + 1 == len(lines) or lines[n + 1].startswith(f"{REMOVED}remove: ")
+        if last and line.endswith("…") and not line.startswith(f"{REMOVED}remove: "):
+            out.append(f"{GUTTER}(may be cut at {CONSOLIDATE_EXCERPT_UNITS} characters, as the payload format "
+                       "cuts each target: memoryctl query shows it whole)")
+    return out
 
 
 def _change(action: str, text: str) -> list[str]:
@@ -267,22 +282,18 @@ def _change(action: str, text: str) -> list[str]:
     if action == "consolidate":
         split = _split_once("\n" + text, "\nnew text: ")
         if split is not None:
-            return [*_marked(ADDED, split[1]), *_marked(REMOVED, split[0].removeprefix("\n"))]
+            return [*_marked(ADDED, split[1]), *_excerpts(split[0].removeprefix("\n"))]
     return _marked(GUTTER, text)
 
 
-def _place(key: str) -> str:
-    """A workspace or agent key inside the headline: quoted when it could run into the
-    words around it."""
-    return quoted(key, "") if any(c in key for c in '()",:') or key != key.strip() else one_line(key)
-
-
 def _where(asked: T.ApprovalAsked) -> str:
+    """The layer, then whose it is, then the workspace, quoted and last: a key (a client
+    names its own cwd) can push nothing it comes before off the line."""
     where = f"{one_line(asked.track)}/{one_line(asked.scope)}"
-    if asked.workspace_key is not None:
-        where += f" ({_place(asked.workspace_key)})" if asked.workspace_key else " (every workspace)"
     if asked.agent_key is not None:
-        where += f", only for agent {_place(asked.agent_key)}" if asked.agent_key else ", shared by every agent"
+        where += f", only for agent {quoted(asked.agent_key, '')}" if asked.agent_key else ", shared by every agent"
+    if asked.workspace_key:
+        where += f", in workspace {quoted(asked.workspace_key, '')}"
     return where
 
 

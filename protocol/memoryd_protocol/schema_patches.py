@@ -208,7 +208,7 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
         "ids": {"items": {"minLength": 1}, "description": f"1..{MAX_CONSOLIDATE} ids of entries of this track/scope "
                 "that the session sees, instead of matches: exact, also for entries with the same text."},
         "text": {"minLength": 1},
-        "tags": INPUT_TAGS,
+        "tags": INPUT_TAGS, "source": SOURCE_INPUT,
         "agentKey": {"maxLength": MAX_AGENT_KEY_UNITS, "description": "Where the merged entry lands, as add's "
                      "agentKey: '' (the shared layer) or the session's agentPreset; absent: private if any target is."},
     },

@@ -162,9 +162,7 @@ class ReplaceParams(_Env):
     write: Write
 
 
-class RemoveInput(_In):
-    """Exactly one of ``match`` (a unique substring) or ``id`` (an entry id) names the target."""
-
+class RemoveInput(_In):  # exactly one of match and id names the target, as ReplaceInput's
     track: Track
     scope: Scope
     match: str | msgspec.UnsetType = msgspec.UNSET
@@ -183,6 +181,7 @@ class ConsolidateInput(_In):
     matches: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)] | msgspec.UnsetType = msgspec.UNSET
     ids: Annotated[list[str], Meta(min_length=1, max_length=MAX_CONSOLIDATE)] | msgspec.UnsetType = msgspec.UNSET
     tags: list[str] | None = None
+    source: str | None = None
     agent_key: str | None = None
 
 

@@ -140,7 +140,7 @@ for (const era of Object.keys(ERAS)) {
       assert.equal(r.structuredContent.entry.text, text);
       assert.equal(asked.length, 1);
       assert.deepEqual(asked[0].split('\n').slice(0, 2),
-        [`add to user/workspace (${PROJ}), shared by every agent:`, `  + ${text}`]);
+        [`add to user/workspace, shared by every agent, in workspace "${PROJ}":`, `  + ${text}`]);
       for (const shown of [`source:  ${HOST_SOURCE}`, `client:  ${HOST.name} ${HOST.version}`]) {
         assert.ok(asked[0].includes(shown), `${JSON.stringify(shown)} not in ${JSON.stringify(asked[0])}`);
       }
