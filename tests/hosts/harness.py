@@ -94,6 +94,11 @@ class Tap:
             assert self._cond.wait_for(ready, timeout), f"the tap saw no such message: {self.messages[-5:]}"
         return found[0]
 
+    def arrived(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> bool:
+        """Whether a message ``pred`` accepts is here, or arrives within ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: any(pred(m) for m in self.messages), timeout)
+
     def initialize(self) -> dict[str, Any]:
         """The host's first initialize request's params (clientInfo, capabilities)."""
         with self._cond:
@@ -223,6 +228,11 @@ class HostRun:
             "[mcp_servers.memoryd]\n"
             f"command = {json.dumps(self.server[0])}\n"
             f"args = [{args}]\n"
+            # wait for the server before the first turn, however slow the machine: a turn
+            # sent without its tools (seen under CPU load; most likely the default 10 s
+            # start-up timeout passed: tests/hosts/FINDINGS.md)
+            # is a failed run, not a model that was not offered memoryd
+            "required = true\nstartup_timeout_sec = 120\n"
             f"[projects.{json.dumps(str(self.workspace))}]\n"
             'trust_level = "trusted"\n')
 

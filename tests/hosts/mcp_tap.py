@@ -2,7 +2,8 @@
 
 ``python mcp_tap.py SOCKET -- COMMAND ARGS...``: runs COMMAND with the tap's stdin, stdout
 and stderr piped through, and sends every JSON-RPC line either way to the Unix socket
-SOCKET (the test listens there) as one JSON line ``{"dir": "host"|"server", "msg": ...}``.
+SOCKET (the test listens there) as one JSON line ``{"dir": "host"|"server", "msg": ...,
+"pid": <the tap's pid>}`` (a host may spawn the server more than once: the pid tells them apart).
 The test learns what the host sends the server (its initialize request: clientInfo and
 capabilities) and what the server asks the host (an elicitation) the moment it happens.
 Signals the host sends the server (SIGINT, SIGTERM) are passed on; the tap exits with the
@@ -33,7 +34,7 @@ def main() -> int:
             msg = json.loads(line)
         except ValueError:
             msg = line.decode(errors="replace")
-        data = (json.dumps({"dir": direction, "msg": msg}) + "\n").encode()
+        data = (json.dumps({"dir": direction, "msg": msg, "pid": os.getpid()}) + "\n").encode()
         with lock:
             try:
                 sink.sendall(data)
