@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import ALLOWED_ONCE
-from memoryd_protocol.errors import ProtocolError, StoreUnavailable, WriteDenied
+from memoryd_protocol.errors import EntryNotFound, ProtocolError, StoreUnavailable, WriteDenied
 from memoryd_protocol.paths import default_config_path
 from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, EntryEvent, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
@@ -146,6 +146,13 @@ class Pipeline:
             result = await self.writer.submit(job, on_error=failed_row)
         except WriterClosed as exc:  # refused before it was queued: no on_error
             failed_row(exc)
+            raise
+        except EntryNotFound:
+            if decision is not None:
+                # Its target changed during the wait, perhaps by another program since the
+                # writer's last look: look now, so that the ledger names that change as
+                # foreign before the failure it caused (the failed row is written after it).
+                await self.writer.look_outside()
             raise
         events = plan.events(result)
         for method, event in events:

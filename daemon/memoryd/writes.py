@@ -7,11 +7,13 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
 from memoryd_protocol import payloads
 from memoryd_protocol.constants import (
     MAX_IMPORT_ENTRIES,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
+from memoryd_protocol.ledger import ledger_entry
 from memoryd_protocol.text import (
     normalize_tags,
     utf16_len,
@@ -125,7 +127,9 @@ class Writes:
 
     @staticmethod
     def still_same(conn: sqlite3.Connection, approved: Entry, match: str | None) -> Entry:
-        """The approved entry, re-read by id, unchanged since the human saw it."""
+        """The approved entry, re-read by id, unchanged since the human saw it: every field
+        the approval showed or the write keeps (the ledger's view of an entry), not only its
+        text, since another program can change any of them without a new version."""
         details: dict[str, str] = {"track": approved.track, "scope": approved.scope}
         if match is not None:
             details["match"] = match
@@ -133,8 +137,13 @@ class Writes:
         current = store.get_entry(conn, approved.id)
         if current is None:
             raise EntryNotFound("the approved entry was removed while the approval was pending", details)
-        if current.text != approved.text or current.version != approved.version:
-            raise EntryNotFound("the approved entry changed while the approval was pending", details)
+        was, now = ledger_entry(approved), ledger_entry(current)
+        changed = [f.encode_name for f in msgspec.structs.fields(was) if getattr(was, f.name) != getattr(now, f.name)]
+        if changed:
+            raise EntryNotFound(f"the approved entry changed while the approval was pending: its {', '.join(changed)} "
+                                f"{'is' if len(changed) == 1 else 'are'} not what the approval showed, and nothing was "
+                                f"written; look at the entry again (memoryctl audit explain {approved.id}) and retry the "
+                                "write if it still applies", details)
         return current
 
     async def replace(self, ctx: RequestContext, p: ReplaceParams) -> ReplaceResult:
