@@ -48,6 +48,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once per run, before any xdist worker starts
+        import system_tools
+
+        system_tools.ensure()
     # Every daemon a test starts witnesses its ledger's heads in $XDG_STATE_HOME/memoryd:
     # a directory of this run's, never the user's own.
     import tempfile

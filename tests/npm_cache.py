@@ -5,7 +5,7 @@ A directory of the tests holding a package.json and its package-lock.json is ins
 else ``$XDG_CACHE_HOME/memoryd-tests``, else ``~/.cache/memoryd-tests``) named by the
 directory's name and the hash of those two files: later sessions reuse it, a changed lock
 installs afresh, and an flock keeps parallel workers to one install. node and npm are
-required (CI installs them): a missing one fails the tests, it does not skip them.
+required (the test run installs them as root): a missing one fails the tests, it does not skip them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def require(name: str) -> str:
     """The path of the command ``name``; the test fails without it."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is required: these tests run npm packages (node >= 20 and npm; .ci/run installs them)")
+        pytest.fail(f"{name} is required: these tests run npm packages (node >= 20 and npm; the test run "
+                    "installs them when run as root: tests/system_tools.py)")
     return path
 
 

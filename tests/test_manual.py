@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from memoryd_client import cli, manual, verbtable
+from system_tools import require
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,7 @@ def test_the_shipped_man_page_is_the_parsers(tmp_path: Path) -> None:
     assert out.read_text() == shipped, "docs/memoryctl.1 is stale: run python -m memoryd_client.manual"
     installed = Path(sys.prefix) / "share" / "man" / "man1" / "memoryctl.1"
     assert installed.read_text() == shipped  # the package installs it where man looks
-    shown = subprocess.run(["man", "-l", str(out)], capture_output=True, text=True, timeout=60,
+    shown = subprocess.run([require("man"), "-l", str(out)], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "MANWIDTH": "80", "MANPAGER": "cat"})
     assert shown.returncode == 0 and "memoryctl audit verify" in shown.stdout
 
@@ -109,7 +110,7 @@ def test_bash_completes_verbs_actions_options_and_choices(tmp_path: Path) -> Non
 def test_fish_completes_verbs_and_actions(tmp_path: Path) -> None:
     script = tmp_path / "memoryctl.fish"
     script.write_text(run("completion", "fish").stdout)
-    r = subprocess.run(["fish", "--no-config", "-c", f'source {script}; complete -C "memoryctl aud"; '
+    r = subprocess.run([require("fish"), "--no-config", "-c", f'source {script}; complete -C "memoryctl aud"; '
                         'complete -C "memoryctl audit ve"'], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
@@ -122,7 +123,7 @@ def test_zsh_loads_the_completion_and_knows_every_verb(tmp_path: Path) -> None:
     funcs = tmp_path / "site-functions"
     funcs.mkdir()
     (funcs / "_memoryctl").write_text(run("completion", "zsh").stdout)
-    r = subprocess.run(["zsh", "-fc", f"fpath=({funcs} $fpath); autoload -Uz compinit && compinit -u -d "
+    r = subprocess.run([require("zsh"), "-fc", f"fpath=({funcs} $fpath); autoload -Uz compinit && compinit -u -d "
                         f"{tmp_path}/zcompdump; autoload -Uz +X _memoryctl; print -r -- $functions[_memoryctl]; "
                         "print -r -- $_comps[memoryctl]"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr

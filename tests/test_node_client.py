@@ -17,7 +17,7 @@ def test_node_client_suite() -> None:
     node = shutil.which("node")
     if node is None:
         if os.environ.get("CI"):
-            pytest.fail("node is required in CI (.ci/run installs it)")
+            pytest.fail("node is required (the test run installs it when run as root: tests/system_tools.py)")
         pytest.skip("node is not installed; the Node client's tests need node >= 20")
     env = dict(os.environ, MEMORYD_PYTHON=sys.executable)
     r = subprocess.run([node, "--test", "test/"], cwd=JS, env=env, capture_output=True, text=True, timeout=600)

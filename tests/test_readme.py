@@ -475,8 +475,8 @@ def _need_tools() -> None:
     """A block that cannot run is a failure, never a skip: a skipped README proves nothing."""
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        pytest.fail(f"the runnable docs need {', '.join(missing)} (.ci/run installs them; so does the README's "
-                    "set-up, for Node.js)")
+        pytest.fail(f"the runnable docs need {', '.join(missing)} (the test run installs them when run "
+                    "as root: tests/system_tools.py)")
 
 
 @pytest.mark.parametrize("doc", sorted(RUNNABLE))

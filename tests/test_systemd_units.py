@@ -37,7 +37,7 @@ README_EXPOSURE = re.compile(r"rates the service \*\*(\d+\.\d+) OK\*\* \(systemd
 @pytest.fixture
 def systemd_analyze_installed() -> None:
     if SYSTEMD_ANALYZE is None:
-        pytest.fail("systemd-analyze is not installed (Debian package systemd; .ci/run installs it)")
+        pytest.fail("systemd-analyze is not installed (Debian package systemd; the test run installs it when run as root)")
 
 
 @pytest.fixture(autouse=True)
