@@ -4,7 +4,9 @@ A directory of the tests holding a package.json and its package-lock.json is ins
 ``npm ci`` once, into a cache directory outside the checkout (``$MEMORYD_TEST_NODE_CACHE``,
 else ``$XDG_CACHE_HOME/memoryd-tests``, else ``~/.cache/memoryd-tests``) named by the
 directory's name and the hash of those two files: later sessions reuse it, a changed lock
-installs afresh, and an flock keeps parallel workers to one install. node and npm are
+installs afresh, and an flock keeps parallel workers to one install. npm's own download
+cache goes to a temporary directory removed after the install, never ``~/.npm``: the cache
+directory is all the tests leave behind (README's "Where files live" and "Uninstall"). node and npm are
 required (the test run installs them as root): a missing one fails the tests, it does not skip them.
 """
 
@@ -15,6 +17,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,9 +43,11 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "memoryd-tests"
 
 
-def npm_env() -> dict[str, str]:
+def npm_env(cache: Path) -> dict[str, str]:
+    """npm's environment: the user's npm settings dropped, its cache (and logs) in ``cache``."""
     env = {k: v for k, v in os.environ.items() if not k.lower().startswith("npm_config_")}
-    env.update(npm_config_audit="false", npm_config_fund="false", npm_config_update_notifier="false")
+    env.update(npm_config_audit="false", npm_config_fund="false", npm_config_update_notifier="false",
+               npm_config_cache=str(cache))
     return env
 
 
@@ -64,8 +69,10 @@ def npm_install(source: Path) -> Path:
             home.mkdir()
             for f in LOCK_FILES:
                 shutil.copy2(source / f, home / f)
-            r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                               cwd=home, env=npm_env(), capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+            with tempfile.TemporaryDirectory(prefix="memoryd-npm-cache-") as cache:
+                r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+                                   cwd=home, env=npm_env(Path(cache)), capture_output=True, text=True,
+                                   timeout=INSTALL_TIMEOUT_S)
             if r.returncode != 0:
                 pytest.fail(f"npm ci of {source} into {home} failed ({r.returncode}):\n{r.stdout[-3000:]}"
                             f"\n{r.stderr[-6000:]}")
