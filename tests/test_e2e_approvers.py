@@ -192,7 +192,7 @@ async def test_a_bad_by_is_invalid_input_and_decides_nothing(ask_daemon: Any) ->
 
 
 #: Prints its pid, then waits for EOF on stdin: a live process that is not ours to relate to
-#: (a grandchild whose parent exited at once, so it was reparented).
+#: once its parent, which exits at once, has exited (the kernel reparents it then).
 ORPHAN = ("import os, sys\n"
           "if os.fork():\n"
           "    os._exit(0)\n"
@@ -209,7 +209,9 @@ def test_related_compares_the_shown_and_the_relay_pid_and_follows_the_parent_cha
     orphan = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     try:
-        assert orphan.stdout is not None
+        # The grandchild may print before its parent has exited, while it still is our
+        # descendant: reaping the parent first makes sure it has been reparented.
+        assert orphan.wait(30) == 0 and orphan.stdout is not None
         stranger = PeerProcess.of(int(orphan.stdout.readline()))
         kid = PeerProcess.of(child.pid)
         assert related(me, me)
