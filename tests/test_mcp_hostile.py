@@ -290,7 +290,7 @@ async def test_a_request_with_an_id_no_request_may_have_is_refused(tmp_path: Pat
 def test_the_sdk_s_log_lines_keep_their_level_and_lose_what_they_carry() -> None:
     import logging
 
-    from memoryd.mcp_host.session import _Withheld
+    from memoryd.logs import Withheld
 
     try:
         raise ValueError("Prefers tabs")
@@ -300,8 +300,8 @@ def test_the_sdk_s_log_lines_keep_their_level_and_lose_what_they_carry() -> None
         exc_info = sys.exc_info()
     record = logging.LogRecord("mcp.server.runner", logging.ERROR, __file__, 1, "handler for %r returned %s",
                                ("tools/call", "Prefers tabs"), exc_info)
-    assert _Withheld().filter(record)
+    assert Withheld().filter(record)
     assert record.getMessage() == "handler for '…' returned … (ValueError; memoryd's debug log has the details)"
     assert record.exc_info is None
     quiet = logging.LogRecord("mcp.shared", logging.INFO, __file__, 1, "got %s", ("Prefers tabs",), None)
-    assert not _Withheld().filter(quiet)
+    assert not Withheld().filter(quiet)

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 
-from . import storefile
+from . import logs, storefile
 from .adapter_registry import load_adapters
 from .approvals import Approvals
 from .audits import Audits
@@ -467,10 +467,7 @@ def listener_name(sock: socket.socket) -> str:
 
 def serve(cfg: Config, *, stdio: bool, log_level: str) -> int:
     """``memoryd serve`` (socket) and ``--stdio --standalone``: own the store and serve it."""
-    import sys
-
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s memoryd[%(process)d] %(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level)
     return anyio.run(_serve, cfg, stdio)
 
 

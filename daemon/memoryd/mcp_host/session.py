@@ -42,30 +42,6 @@ from .wire import MAX_INFLIGHT, Wire
 
 log = logging.getLogger("memoryd.mcp")
 
-
-class _Withheld(logging.Filter):
-    """The SDK's log lines without their arguments, which can hold memory text: only
-    warnings and errors, with the exception's type, unless memoryd logs at debug."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if logging.getLogger("memoryd").isEnabledFor(logging.DEBUG):
-            return True
-        if record.levelno < logging.WARNING:
-            return False
-        text = str(record.msg)
-        if record.args:
-            try:
-                text = text % tuple("…" for _ in (record.args if isinstance(record.args, tuple) else (0,)))
-            except (TypeError, ValueError):
-                pass
-        if record.exc_info and record.exc_info[0] is not None:
-            text += f" ({record.exc_info[0].__name__}; memoryd's debug log has the details)"
-        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
-        return True
-
-
-logging.getLogger("mcp").addFilter(_Withheld())
-
 #: Resource-update streams (subscriptions/listen) one session may hold open.
 MAX_LISTENS = 8
 
