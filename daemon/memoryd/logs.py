@@ -5,13 +5,17 @@ they log. Another library's lines (the MCP SDK's ``mcp.*``, asyncio's) log what 
 handed: the SDK logs a failing handler's exception, and an exception can quote a request or
 a row it could not read. So their records pass :class:`Withheld`, on the handler: every
 record reaches it whichever logger it came from, where a filter on the ``mcp`` logger sees
-only that logger's own records, never its children's (``mcp.server.runner``).
+only that logger's own records, never its children's (``mcp.server.runner``). And any
+record's traceback, memoryd's own included, keeps its frames but not the exception's
+message: sqlite's error for a row it cannot decode quotes the row's text.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
+from types import TracebackType
 
 #: memoryd's loggers: ``memoryd`` and below it
 OWN = "memoryd"
@@ -42,9 +46,36 @@ class Withheld(logging.Filter):
         return True
 
 
+def _frames(exc: BaseException, seen: set[int]) -> list[str]:
+    """``exc``'s traceback as Python prints it, each exception of the chain with its type in
+    place of its message."""
+    seen.add(id(exc))
+    out: list[str] = []
+    cause, context = exc.__cause__, None if exc.__suppress_context__ else exc.__context__
+    if cause is not None and id(cause) not in seen:
+        out += [*_frames(cause, seen), "\nThe above exception was the direct cause of the following exception:\n\n"]
+    elif context is not None and id(context) not in seen:
+        out += [*_frames(context, seen), "\nDuring handling of the above exception, another exception occurred:\n\n"]
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return [*out, "Traceback (most recent call last):\n", *traceback.format_tb(exc.__traceback__),
+            f"{name} (its message withheld: memoryd's debug log has it)\n"]
+
+
+class Formatter(logging.Formatter):
+    """The daemon's lines: a traceback without the exceptions' messages unless memoryd logs
+    at debug."""
+
+    def formatException(self, ei: tuple[type[BaseException], BaseException, TracebackType | None]
+                        | tuple[None, None, None]) -> str:
+        if ei[1] is None or logging.getLogger(OWN).isEnabledFor(logging.DEBUG):
+            return super().formatException(ei)
+        return "".join(_frames(ei[1], set())).rstrip("\n")
+
+
 def configure(level: str) -> None:
     """The daemon's one handler, at ``level``, every record passing :class:`Withheld`."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(Formatter(FORMAT))
     handler.addFilter(Withheld())
     logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -1,6 +1,8 @@
-"""Memory text never reaches the daemon's log above debug, also through the MCP SDK's own
-loggers (``mcp.server.*``, ``mcp.shared.*``), against a real daemon process at its default
-level: the SDK logs a failing handler's exception, and that exception can carry the text."""
+"""Memory text never reaches the daemon's log above debug, against a real daemon process at
+its default level: not through the MCP SDK's own loggers (``mcp.server.*``,
+``mcp.shared.*``), which log a failing handler's exception, nor through a traceback of
+memoryd's own. The exception here is the one a row another program stored as bytes that are
+not UTF-8 gives: Python's sqlite3 quotes the row's text in its message."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from e2e_helpers import sql
 from mcp import Client, MCPError, StdioServerParameters
 from mcp_support import HOST, PROJ
+from rawclient import socket_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
 
@@ -59,4 +62,20 @@ async def test_an_sdk_log_record_carrying_memory_text_does_not_reach_the_log(dae
     assert " INFO memoryd: memoryd ready (" in log  # memoryd's own lines pass as they are
     # the SDK's record was logged, without what it carried
     assert f"{LINES[mode]} (OperationalError; memoryd's debug log has the details)\n" in log
+    assert "hunter2" not in log and "Prefers tabs" not in log
+
+
+async def test_a_traceback_in_memoryd_s_own_log_keeps_its_frames_not_the_text(daemon: Any) -> None:
+    plant_undecodable(daemon.db_path, SECRET)
+    async with socket_client(daemon.socket_path) as raw:
+        err = await raw.fail("memory/list")
+        assert (err.code, err.error["message"]) == ("INTERNAL_ERROR", "Internal error")
+        # the daemon goes on serving
+        assert len(await raw.ok("memory/budgets")) == 4
+    log = daemon.stderr()
+    head, _, trace = log.partition(" ERROR memoryd.rpc: internal error in memory/list\nTraceback (most recent call last):\n")
+    assert head and trace.startswith("  File ")  # the traceback's frames are there
+    # and its last line, the exception, is its type alone
+    ending = next(line for line in trace.splitlines() if not line.startswith(" "))
+    assert ending == "sqlite3.OperationalError (its message withheld: memoryd's debug log has it)"
     assert "hunter2" not in log and "Prefers tabs" not in log
