@@ -625,9 +625,10 @@ def _volatile(key: str | None, value: Any) -> bool:
 
 
 def shown_in(shown: Any, sent: Any, bound: dict[Any, Any], key: str | None = None, at: str = "") -> list[str]:
-    """Where ``sent`` differs from what ``shown`` shows: every field shown must be sent, with
-    the value shown (extra fields in ``sent`` are fine: additions are compatible). A volatile
-    value binds to the sent one at first sight and must be the same wherever it recurs."""
+    """Where ``sent`` differs from what ``shown`` shows: the whole message, every field shown
+    sent with the value shown and every field sent shown (a field the daemon adds must be
+    added to the README too). A volatile value binds to the sent one at first sight and must
+    be the same wherever it recurs."""
     if _volatile(key, shown):
         if shown not in bound:
             bound[shown] = sent
@@ -638,7 +639,7 @@ def shown_in(shown: Any, sent: Any, bound: dict[Any, Any], key: str | None = Non
         out: list[str] = []
         for k, v in shown.items():
             out += shown_in(v, sent[k], bound, k, f"{at}.{k}") if k in sent else [f"{at}.{k}: missing"]
-        return out
+        return out + [f"{at}.{k}: sent, not shown" for k in sent if k not in shown]
     if isinstance(shown, list):
         if not isinstance(sent, list) or len(sent) != len(shown):
             return [f"{at}: {sent!r}, not a list of {len(shown)}"]
@@ -689,12 +690,13 @@ def test_the_session_transcript_is_what_the_daemon_says(ask_daemon: Any) -> None
                 received.remove(fits[0])
 
 
-def test_shown_in_binds_ids_and_allows_added_fields() -> None:
+def test_shown_in_binds_ids_and_compares_the_whole_message() -> None:
     uid, other = "04d6d6f0-1bd2-42fe-b362-deebb983fddb", "2ed1a288-57fb-4beb-8414-a445209af550"
     bound: dict[Any, Any] = {}
-    assert shown_in({"id": uid, "a": [1, {"createdAt": 5}]},
-                    {"id": other, "a": [1, {"createdAt": 9, "new": True}], "extra": 1}, bound) == []
+    assert shown_in({"id": uid, "a": [1, {"createdAt": 5}]}, {"id": other, "a": [1, {"createdAt": 9}]}, bound) == []
     assert bound == {uid: other, 5: 9}
+    assert shown_in({"a": [{"b": 1}]}, {"a": [{"b": 1, "new": True}], "extra": 1}, {}) == [
+        ".a[0].new: sent, not shown", ".extra: sent, not shown"]
     assert shown_in({"id": uid}, {"id": uid}, bound) == [f".id: {uid!r}, where {uid!r} was {other!r} before"]
     assert shown_in({"a": 1, "b": [1]}, {"a": True, "b": [1, 2]}, {}) == [
         ".a: True, shown as 1", ".b: [1, 2], not a list of 1"]
