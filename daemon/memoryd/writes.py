@@ -13,7 +13,6 @@ from memoryd_protocol.constants import (
     MAX_IMPORT_ENTRIES,
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
-from memoryd_protocol.ledger import ledger_entry
 from memoryd_protocol.text import (
     normalize_tags,
     utf16_len,
@@ -24,6 +23,7 @@ from memoryd_protocol.types import (
     ConsolidateResult,
     Entry,
     EntryInput,
+    LedgerEntry,
     MemoryAdded,
     MemoryRemoved,
     MemoryUpdated,
@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 #: A write of many entries (a seed, a large consolidate) yields after each part of this
 #: many: the writer lets the event loop turn there (writer.TURN_AFTER_S).
 ROWS_PER_PART = 16
+
+#: What an approval shows of a target entry and the ledger proves of it, (attribute, wire
+#: name): an approved write finds each as the approval showed it, or writes nothing.
+SHOWN = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(LedgerEntry))
 
 
 class Writes:
@@ -137,8 +141,7 @@ class Writes:
         current = store.get_entry(conn, approved.id)
         if current is None:
             raise EntryNotFound("the approved entry was removed while the approval was pending", details)
-        was, now = ledger_entry(approved), ledger_entry(current)
-        changed = [f.encode_name for f in msgspec.structs.fields(was) if getattr(was, f.name) != getattr(now, f.name)]
+        changed = [wire for name, wire in SHOWN if getattr(approved, name) != getattr(current, name)]
         if changed:
             raise EntryNotFound(f"the approved entry changed while the approval was pending: its {', '.join(changed)} "
                                 f"{'is' if len(changed) == 1 else 'are'} not what the approval showed, and nothing was "
