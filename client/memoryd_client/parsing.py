@@ -134,7 +134,25 @@ class Verb(Parser):
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
         self.complete()
+        argv = args[0] if args else kwargs.get("args")
+        if argv is not None and not self.action_parsers:  # a verb with actions: its action checks
+            self._refuse_unknown_options(list(argv))
         return super().parse_known_args(*args, **kwargs)
+
+    def _refuse_unknown_options(self, argv: list[str]) -> None:
+        """Name a long option this verb does not know, as git does: argparse would first
+        complain that the option it was probably meant to be is required."""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in argv:
+            if word == "--":
+                return
+            name = word.split("=", 1)[0]
+            if not name.startswith("--") or name == "--" or any(o.startswith(name) for o in known):
+                continue  # not a long option, or one argparse takes (abbreviations included)
+            import difflib
+
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            self.error(f"unrecognized option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def format_usage(self) -> str:
         self.complete()
