@@ -134,8 +134,8 @@ def test_export_golden(adapter_id: str) -> None:
             GOLDEN / "export" / "mem0.expected.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n"
         )
     else:
-        assert isinstance(document, str)
-        _check_golden(GOLDEN / "export" / f"{adapter_id}.expected.md", document)
+        assert set(document) == {"plugin", "text"} and document["plugin"] == adapter_id
+        _check_golden(GOLDEN / "export" / f"{adapter_id}.expected.md", document["text"])
 
 
 # --- markdown specifics ------------------------------------------------------------------
@@ -147,7 +147,8 @@ def _rows(entries: list[EntryInput]) -> list[tuple[str, str, str, list[str] | No
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 def test_markdown_headings_of_every_level_name_sections(adapter_id: str) -> None:
-    doc = "# One\n- a\n## Two\n* b\n### Three\n- c\n#### Four ####\n- d\n## Back\n- e\n"
+    """In a document with placement headings (memoryd's own); elsewhere only '## ' is one."""
+    doc = '## memoryd: agent ""\n## user/user-global\n# One\n- a\n## Two\n* b\n### Three\n- c\n#### Four ####\n- d\n## Back\n- e\n'
     entries = builtin_adapters()[adapter_id].adapt(doc)
     assert [(e.text, e.tags) for e in entries] == [
         ("a", ["One"]),
@@ -167,20 +168,21 @@ def test_markdown_payload_forms_and_line_endings(adapter_id: str) -> None:
     assert len(expected) == 2
     assert _rows(adapter.adapt({"text": lf})) == expected
     assert _rows(adapter.adapt(lf.replace("\n", "\r\n"))) == expected
-    assert _rows(adapter.adapt(lf.replace("\n", "\r"))) == expected
     assert _rows(adapter.adapt("\ufeff" + lf)) == expected
 
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 def test_markdown_grid_heading_places_entries_and_is_not_a_tag(adapter_id: str) -> None:
-    doc = "## agent/workspace\n- w\n### Tools\n- t\n## Other\n- o\n"
+    """In memoryd's own documents (they carry placement headings); in any other the reference
+    reads a '## agent/workspace' heading as a section name, and so does memoryd."""
+    doc = '## memoryd: agent "a"\n## agent/workspace\n- w\n### Tools\n- t\n## Other\n- o\n'
     adapter = builtin_adapters()[adapter_id]
-    default = ("user", "user-global") if adapter_id == "hermes-memory-md" else ("agent", "user-global")
     assert _rows(adapter.adapt(doc)) == [
         ("agent", "workspace", "w", []),
         ("agent", "workspace", "t", ["Tools"]),
-        (*default, "o", ["Other"]),
+        ("user", "user-global", "o", ["Other"]),
     ]
+    assert _rows(adapter.adapt("## agent/workspace\n- w\n")) == [("user", "user-global", "w", ["agent/workspace"])]
 
 
 def _entry(track: str, scope: str, text: str, workspace_key: str = "", agent_key: str = "") -> Entry:
@@ -205,7 +207,7 @@ def test_markdown_placement_heading_names_the_layer_of_the_next_cell(adapter_id:
         '## Memoryd: agent "y"\n- h\n'
     )
     adapter = builtin_adapters()[adapter_id]
-    default = ("user", "user-global") if adapter_id == "hermes-memory-md" else ("agent", "user-global")
+    default = ("user", "user-global")
     assert _placed(adapter.adapt(doc)) == [
         ("agent", "workspace", "a", [], "/home/u/proj", "coder"),
         ("agent", "workspace", "b", ["Tools"], "/home/u/proj", "coder"),
@@ -242,13 +244,13 @@ def test_markdown_export_gives_each_layer_its_own_section() -> None:
         _entry("user", "user-global", "u shared again"),
     ]
     for adapter_id in MARKDOWN_IDS:
-        assert builtin_adapters()[adapter_id].export(entries) == (
-            "## user/user-global\n- u shared\n- u shared again\n\n"
-            '## memoryd: agent "coder"\n## user/user-global\n- u coder\n\n'
-            '## memoryd: workspace "/a"\n## agent/workspace\n- a shared\n\n'
+        assert builtin_adapters()[adapter_id].export(entries) == {"plugin": adapter_id, "text": (
+            '## memoryd: workspace "/b", agent ""\n## agent/workspace\n- b shared\n- b shared again\n\n'
             '## memoryd: workspace "/a", agent "reviewer"\n## agent/workspace\n- a reviewer\n\n'
-            '## memoryd: workspace "/b"\n## agent/workspace\n- b shared\n- b shared again\n'
-        )
+            '## memoryd: workspace "/a", agent ""\n## agent/workspace\n- a shared\n\n'
+            '## memoryd: agent ""\n## user/user-global\n- u shared\n- u shared again\n\n'
+            '## memoryd: agent "coder"\n## user/user-global\n- u coder'
+        )}
 
 
 def test_markdown_export_quotes_keys_as_one_line_json_strings() -> None:
@@ -256,10 +258,10 @@ def test_markdown_export_quotes_keys_as_one_line_json_strings() -> None:
     document = builtin_adapters()["hermes-memory-md"].export(
         [_entry("user", "workspace", "t", workspace_key=workspace, agent_key="a b #c")]
     )
-    assert document == (
+    assert document == {"plugin": "hermes-memory-md", "text": (
         '## memoryd: workspace "/srv/#1 \\"x\\"\\\\y\\n\\u2028\\u0085\\u007f ü 😀", agent "a b #c"\n'
-        "## user/workspace\n- t\n"
-    )
+        "## user/workspace\n- t"
+    )}
     (back,) = builtin_adapters()["hermes-memory-md"].adapt(document)
     assert (back.workspace_key, back.agent_key) == (workspace, "a b #c")
 
@@ -299,7 +301,6 @@ _NOT_FOLLOWED = (": a placement heading must be followed directly by a '## <trac
          "remove the heading"),
         ('## memoryd: workspace " "\n' + _CELL, 1,
          ": the placement heading's workspace is empty; name one or leave the workspace out"),
-        ('## memoryd: agent ""\n' + _CELL, 1, ": the placement heading's agent is empty; name one or leave the agent out"),
         ('## memoryd: workspace "/a"\n## user/user-global\n- x\n', 1,
          ": the placement heading names a workspace, but 'user/user-global' entries have none; leave the workspace "
          "out or place the entries in a workspace section"),
@@ -322,7 +323,7 @@ def test_markdown_placement_heading_errors_name_its_line(adapter_id: str, doc: s
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 def test_markdown_errors_name_the_line_with_crlf(adapter_id: str) -> None:
-    doc = "# A\r\n- ok\r\n\r\n-   \r\n"
+    doc = "## A\r\n- ok\r\n\r\n- a \ud800\r\n"
     with pytest.raises(AdapterPayload) as info:
         builtin_adapters()[adapter_id].adapt(doc)
     assert info.value.code == "ADAPTER_PAYLOAD"
@@ -332,29 +333,32 @@ def test_markdown_errors_name_the_line_with_crlf(adapter_id: str) -> None:
 
 
 def test_hermes_refuses_prose_claude_code_keeps_it() -> None:
-    doc = "# Notes\n- bullet\nprose line one\nprose line two\n"
+    doc = "## Notes\n- bullet\nprose line one\nprose line two\n"
     with pytest.raises(AdapterPayload) as info:
         builtin_adapters()["hermes-memory-md"].adapt(doc)
     assert info.value.details["line"] == 3
     entries = builtin_adapters()["claude-code-memory-md"].adapt(doc)
-    # directly after a bullet, prose is the bullet's lazy continuation
-    assert [e.text for e in entries] == ["bullet prose line one prose line two"]
-    entries = builtin_adapters()["claude-code-memory-md"].adapt("# Notes\n- bullet\n\nprose one\n  prose two\n")
+    # as the reference reads it: a bullet is one line, the prose after it a paragraph
+    assert [e.text for e in entries] == ["bullet", "prose line one prose line two"]
+    entries = builtin_adapters()["claude-code-memory-md"].adapt("## Notes\n- bullet\n\nprose one\n  prose two\n")
     assert [e.text for e in entries] == ["bullet", "prose one prose two"]
 
 
 def test_claude_code_fence_hides_headings_and_bullets() -> None:
+    """In memoryd's own documents; elsewhere a fence is text, as the reference reads it."""
     doc = "## Cmds\n```sh\n# not a heading\n- not a bullet\n\n```\n- real bullet\n"
-    entries = builtin_adapters()["claude-code-memory-md"].adapt(doc)
+    entries = builtin_adapters()["claude-code-memory-md"].adapt('## memoryd: agent "a"\n## agent/user-global\n' + doc)
     assert _rows(entries) == [
-        ("agent", "user-global", "```sh\n# not a heading\n- not a bullet\n\n```", ["Cmds"]),
-        ("agent", "user-global", "real bullet", ["Cmds"]),
+        ("user", "user-global", "```sh\n# not a heading\n- not a bullet\n\n```", ["Cmds"]),
+        ("user", "user-global", "real bullet", ["Cmds"]),
     ]
+    assert [e.text for e in builtin_adapters()["claude-code-memory-md"].adapt(doc)] == [
+        "```sh # not a heading", "not a bullet", "```", "real bullet"]
 
 
 def test_long_heading_is_cut_to_a_valid_tag() -> None:
     heading = "Everything about the build system and its many quirks"
-    (entry,) = builtin_adapters()["hermes-memory-md"].adapt(f"### {heading}\n- x\n")
+    (entry,) = builtin_adapters()["hermes-memory-md"].adapt(f"## {heading}\n- x\n")
     assert entry.tags is not None
     (tag,) = entry.tags
     assert utf16_len(tag) == MAX_TAG_UNITS
@@ -458,8 +462,13 @@ def _entries(draw: st.DrawFn, odd_keys: bool = False) -> list[Entry]:
 
 
 def _export_order(entries: list[Entry]) -> list[Entry]:
-    """Grid order, then layer (workspace, agent) in code-point order; stable: creation order kept."""
-    return sorted(entries, key=lambda e: (GRID.index((e.track, e.scope)), e.workspace_key, e.agent_key))
+    """The reference's section order (track/scope names sorted), then each layer in the order
+    it first appears; creation order kept within a layer."""
+    first: dict[tuple[str, str, str, str], int] = {}
+    for n, e in enumerate(entries):
+        first.setdefault((e.track, e.scope, e.workspace_key, e.agent_key), n)
+    return sorted(entries, key=lambda e: (f"{e.track}/{e.scope}", first[(e.track, e.scope, e.workspace_key,
+                                                                          e.agent_key)]))
 
 
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
@@ -471,7 +480,7 @@ def test_markdown_export_then_adapt_round_trips(adapter_id: str, entries: list[E
     back = adapter.adapt(document)
     expected = [
         (e.track, e.scope, " ".join(e.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")),
-         e.workspace_key or None, e.agent_key or None)
+         e.workspace_key or None, e.agent_key)
         for e in _export_order(entries)
     ]
     assert [(e.track, e.scope, e.text, e.workspace_key, e.agent_key) for e in back] == expected
@@ -490,7 +499,7 @@ def test_markdown_export_stays_readable_by_the_reference_provider(adapter_id: st
     still imports there as it did, every bullet tagged with its '<track>/<scope>'."""
     section = ""
     tags = []
-    for line in builtin_adapters()[adapter_id].export(entries).split("\n"):
+    for line in builtin_adapters()[adapter_id].export(entries)["text"].split("\n"):
         if line.startswith("## "):
             section = line[3:].strip()
         elif line.startswith("- "):
@@ -563,17 +572,19 @@ def test_mem0_export_then_adapt_round_trips(entries: list[Entry]) -> None:
 
 def test_markdown_export_shape() -> None:
     entries = _export_entries()
-    document = builtin_adapters()["hermes-memory-md"].export(entries)
+    document = builtin_adapters()["hermes-memory-md"].export(entries)["text"]
     headings = [line for line in document.splitlines() if line.startswith("#")]
     assert headings == [
-        "## user/user-global",
-        '## memoryd: workspace "/home/alice/repo"',
-        "## user/workspace",
+        '## memoryd: agent ""',
         "## agent/user-global",
         '## memoryd: workspace "/home/alice/repo", agent "coder"',
         "## agent/workspace",
+        '## memoryd: agent ""',
+        "## user/user-global",
+        '## memoryd: workspace "/home/alice/repo", agent ""',
+        "## user/workspace",
     ]
-    assert builtin_adapters()["hermes-memory-md"].export([]) == ""
+    assert builtin_adapters()["hermes-memory-md"].export([]) == {"plugin": "hermes-memory-md", "text": ""}
 
 
 # --- registry (pure) ---------------------------------------------------------------------

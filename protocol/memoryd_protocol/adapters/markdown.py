@@ -1,20 +1,26 @@
 """Markdown memory files: ``hermes-memory-md`` and ``claude-code-memory-md``.
 
-Payload: the markdown text, either as a JSON string or as ``{"text": "..."}``. Line breaks
-may be LF, CRLF or CR; a leading byte-order mark is ignored. Line numbers in errors are
-1-based and count a CRLF as one line break.
+Payload: the markdown text, either as a JSON string or as ``{"text": "..."}`` (a saved
+``{plugin, text}`` export included); a string that is itself a JSON document is decoded
+first, as the reference's import reads a file (``reference_md.markdown_of``). A leading
+byte-order mark is ignored. Line numbers in errors are 1-based and count a CRLF as one
+line break.
+
+Two readings. A document that carries none of memoryd's placement headings (below) is read
+exactly as the reference provider reads it (``reference_md``): only ``## `` headings,
+bullets and paragraphs, every entry in ``user/user-global``. A document that carries one
+is one of memoryd's own exports, and is read as the rest of this docstring says, so its
+entries go back to their layers; there line breaks may also be a lone CR.
 
 Sections. A heading of *any* level (``#``, ``##``, ``###``, …; ``#`` followed by a space
 or the end of the line, optional closing ``#``s) opens a section that lasts until the next
-heading of the same or a higher level. (The reference provider only recognised ``## ``.)
+heading of the same or a higher level.
 
 * Cell: a heading that is exactly ``<track>/<scope>`` - ``user/user-global``,
   ``user/workspace``, ``agent/user-global``, ``agent/workspace``, the headings these
   adapters' own exports write - places the entries inside it (including those under its
   sub-headings) in that track/scope, so export → import round-trips. Outside such a
-  section entries land in ``user/user-global`` for ``hermes-memory-md`` (a Hermes
-  MEMORY.md is about the user) and in ``agent/user-global`` for ``claude-code-memory-md``
-  (a CLAUDE.md holds environment facts and conventions).
+  section entries land in ``user/user-global``, where the reference puts them.
 * Workspace and agent layer: a *placement heading* names them for the ``<track>/<scope>``
   heading that follows it directly (only blank lines between)::
 
@@ -28,12 +34,12 @@ heading of the same or a higher level. (The reference provider only recognised `
   is normalized and checked as the daemon checks a session's cwd and agentPreset
   (``normalize_workspace_key``: an absolute POSIX or Windows-drive path of at most 4096
   UTF-16 units; ``normalize_agent_key``: trimmed, ASCII-folded, at most 256 units, no
-  control characters; neither may be empty), so a placement heading may name a workspace
+  control characters; the workspace may not be empty, the agent ``""`` names the shared
+  layer), so a placement heading may name a workspace
   the importing user never had (it is a restore) but never an invalid one. What a placement heading
   leaves out, and every section without one, gets what an import gives an entry without
-  keys: the importing session's workspace and agent layer. So a shared-layer (``''``
-  agent) entry needs no placement heading, and restores to the shared layer when imported
-  from a session without an agentPreset (memoryctl's default); user-global entries have
+  keys: the importing session's workspace and agent layer (memoryd's exports name both,
+  ``agent ""`` for the shared layer, so they restore exactly); user-global entries have
   no workspace, and a placement heading naming one before a user-global cell is refused.
   The placement heading is a ``## `` line of its own, not a sub-heading, because the
   reference provider knows ``## `` headings only: it takes a placement heading for an
@@ -63,15 +69,17 @@ Entries. ``source`` is the adapter id. Texts are trimmed.
 
 Both refuse, naming the line: an empty bullet, and a line with a lone UTF-16 surrogate.
 
-Export (both adapters, a markdown string): for each non-empty cell in grid order
-(user/user-global, user/workspace, agent/user-global, agent/workspace), one
-``## <track>/<scope>`` section per layer, the layers in code-point order of (workspace
-key, agent key) so the shared layer comes first; a layer with a workspace or an agent key
-gets its placement heading on the line before (values as JSON strings, with U+007F-U+009F,
-U+2028 and U+2029 escaped too). A section is a list of ``- <text>`` bullets in the order
-given (the daemon passes creation order); line breaks inside a text become spaces;
-sections are separated by a blank line; the document ends with a newline and is ``""``
-when there are no entries. Tags and sources are not written.
+Export (both adapters): ``{"plugin": <adapter id>, "text": <markdown>}``, as the reference
+writes it. For each non-empty cell in the reference's order (the ``<track>/<scope>`` names
+sorted: agent/user-global, agent/workspace, user/user-global, user/workspace), one
+``## <track>/<scope>`` section per layer, the layers in the order they first appear; every
+section has its placement heading on the line before, naming its workspace (workspace
+cells) and its agent (``""`` for the shared layer), values as JSON strings with
+U+007F-U+009F, U+2028 and U+2029 escaped too. The reference reads a placement heading as
+an empty section. A section is a list of ``- <text>`` bullets in the order given (the
+daemon passes creation order); line breaks inside a text become spaces; sections are
+separated by a blank line; no final newline; ``""`` when there are no entries. Tags and
+sources are not written.
 """
 
 from __future__ import annotations
@@ -85,7 +93,8 @@ from ..constants import GRID, Scope, Track
 from ..errors import InvalidInput
 from ..text import has_lone_surrogate, normalize_agent_key, normalize_workspace_key
 from ..types import Entry, EntryInput
-from .base import AdapterBase, fit_tag, flatten, json_type
+from .base import AdapterBase, fit_tag, flatten
+from .reference_md import markdown_of, read_like_reference
 
 MARKDOWN_FORMAT: Final = "text/markdown"
 
@@ -144,6 +153,11 @@ def _heading(line: str) -> _Heading | None:
     return _Heading(len(m.group(1)), name, cell=_GRID_HEADINGS.get(name))
 
 
+def _is_placement(line: str) -> bool:
+    heading = _heading(line)
+    return heading is not None and _PLACEMENT_START.match(heading.name) is not None
+
+
 def _bullet(line: str) -> str | None:
     """The bullet's text (possibly empty) or ``None`` when the line is no bullet."""
     m = _BULLET.fullmatch(line)
@@ -157,10 +171,12 @@ def _quote(value: str) -> str:
     return _ESCAPE_TOO.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
 
 
-def _placement_heading(workspace_key: str, agent_key: str) -> str | None:
-    """The placement heading line of a layer, or ``None`` when it needs none."""
-    parts = [f"{key} {_quote(value)}" for key, value in (("workspace", workspace_key), ("agent", agent_key)) if value]
-    return f"## {_PLACEMENT_PREFIX} {', '.join(parts)}" if parts else None
+def _placement_heading(workspace_key: str, agent_key: str) -> str:
+    """The placement heading line of a layer: its workspace (if any) and its agent, ``""``
+    for the shared layer, so that every export carries them."""
+    parts = [f"workspace {_quote(workspace_key)}"] if workspace_key else []
+    parts.append(f"agent {_quote(agent_key)}")
+    return f"## {_PLACEMENT_PREFIX} {', '.join(parts)}"
 
 
 class MarkdownAdapter(AdapterBase):
@@ -194,17 +210,12 @@ class MarkdownAdapter(AdapterBase):
 
     # -- import ---------------------------------------------------------------------------
 
-    def _text_of(self, payload: Any) -> str:
-        if isinstance(payload, dict):
-            if "text" not in payload:
-                raise self.error("payload object needs a 'text' field with the markdown")
-            payload = payload["text"]
-        if not isinstance(payload, str):
-            raise self.error(f"payload must be a markdown string or {{text: string}}, got {json_type(payload)}")
-        return payload.removeprefix("\ufeff")
-
     def adapt(self, payload: Any) -> list[EntryInput]:
-        lines = _LINE_BREAK.split(self._text_of(payload))
+        text = markdown_of(self, payload)
+        lines = _LINE_BREAK.split(text)
+        if not any(_is_placement(line) for line in lines):
+            # Not one of memoryd's exports: read it as the reference provider does.
+            return read_like_reference(self, text, prose=self.allow_prose)
         entries: list[EntryInput] = []
         stack: list[_Heading] = []
         block: _Block | None = None
@@ -332,12 +343,11 @@ class MarkdownAdapter(AdapterBase):
                 "the heading",
                 line=line,
             ) from None
-        for which, key in (("workspace", workspace_key), ("agent", agent_key)):
-            if key == "":
-                raise self.error(
-                    f"line {line}: the placement heading's {which} is empty; name one or leave the {which} out",
-                    line=line,
-                )
+        if workspace_key == "":
+            raise self.error(
+                f"line {line}: the placement heading's workspace is empty; name one or leave the workspace out",
+                line=line,
+            )
         return _Placement(line, workspace_key, agent_key)
 
     def _placed(self, heading: _Heading, placement: _Placement) -> _Heading:
@@ -373,20 +383,22 @@ class MarkdownAdapter(AdapterBase):
 
     # -- export ---------------------------------------------------------------------------
 
-    def export(self, entries: list[Entry]) -> str:
+    def export(self, entries: list[Entry]) -> dict[str, str]:
+        """``{plugin, text}``, as the reference writes it: a ``## <track>/<scope>`` section per
+        track and scope in the reference's order, bullets in the order given, no final
+        newline. A section per layer, each after its placement heading."""
         sections: list[str] = []
-        for track, scope in GRID:
+        for track, scope in sorted(GRID, key=lambda cell: f"{cell[0]}/{cell[1]}"):
             layers: dict[tuple[str, str], list[str]] = {}
             for e in entries:
                 if e.track == track and e.scope == scope:
                     # user-global entries have no workspace (the store never gives them one)
                     layer = (e.workspace_key if scope == "workspace" else "", e.agent_key)
                     layers.setdefault(layer, []).append(f"- {flatten(e.text)}")
-            for workspace_key, agent_key in sorted(layers):
+            for workspace_key, agent_key in layers:
                 above = _placement_heading(workspace_key, agent_key)
-                lines = [above] if above else []
-                sections.append("\n".join([*lines, f"## {track}/{scope}", *layers[(workspace_key, agent_key)]]))
-        return "\n\n".join(sections) + "\n" if sections else ""
+                sections.append("\n".join([above, f"## {track}/{scope}", *layers[(workspace_key, agent_key)]]))
+        return {"plugin": self.id, "text": "\n\n".join(sections)}
 
 
 class HermesMemoryMdAdapter(MarkdownAdapter):
@@ -397,10 +409,10 @@ class HermesMemoryMdAdapter(MarkdownAdapter):
             id="hermes-memory-md",
             name="Hermes memory markdown",
             description=(
-                "Markdown of section headings (any level) and '- '/'* ' bullets: each bullet is an entry "
-                "tagged with its section name; any other non-blank line is refused. '## <track>/<scope>' "
-                "headings choose the track/scope, else user/user-global; a '## memoryd: workspace \"...\", "
-                "agent \"...\"' heading right before one names its workspace and agent layer."
+                "Markdown of '## ' section headings and '- '/'* ' bullets, read as dsh-memento reads it: each "
+                "bullet is a user/user-global entry tagged with its section name; any other non-blank line is "
+                "refused. memoryd's own exports ({plugin, text}) carry placement headings and restore each "
+                "entry's track, scope, workspace and agent."
             ),
             default_track="user",
             default_scope="user-global",
@@ -409,20 +421,19 @@ class HermesMemoryMdAdapter(MarkdownAdapter):
 
 
 class ClaudeCodeMemoryMdAdapter(MarkdownAdapter):
-    """CLAUDE.md-style memory: headings, bullets and prose; default cell agent/user-global."""
+    """CLAUDE.md-style memory: headings, bullets and prose; default cell user/user-global."""
 
     def __init__(self) -> None:
         super().__init__(
             id="claude-code-memory-md",
             name="Claude Code memory markdown (CLAUDE.md)",
             description=(
-                "Markdown of headings (any level), bullets and prose: each bullet and each paragraph "
-                "(lines joined by one space) is an entry tagged with its section name. "
-                "'## <track>/<scope>' headings choose the track/scope, else agent/user-global; a "
-                "'## memoryd: workspace \"...\", agent \"...\"' heading right before one names its workspace "
-                "and agent layer."
+                "Markdown of '## ' headings, bullets and prose, read as dsh-memento reads it: each bullet and "
+                "each paragraph (lines joined by one space) is a user/user-global entry tagged with its "
+                "section name. memoryd's own exports ({plugin, text}) carry placement headings and restore "
+                "each entry's track, scope, workspace and agent."
             ),
-            default_track="agent",
+            default_track="user",
             default_scope="user-global",
             allow_prose=True,
         )

@@ -6,15 +6,16 @@ mem0's own ``get_all`` returns). A raw ``{"messages": [...]}`` transcript - or a
 extraction, which an adapter never does. Per fact:
 
 * ``memory``: a non-empty string (trimmed) - the entry text;
-* ``metadata`` (optional object): ``category`` (a string or a list of strings) and
-  ``tags`` (a list of strings) become tags, category first; blank ones are skipped, each
-  is trimmed and a label longer than 32 UTF-16 units is cut to fit; more than 16 distinct
-  tags on one fact is refused rather than silently dropped;
-* ``metadata.track`` / ``metadata.scope``, when present, must be protocol values and place
-  the entry (this is what the ``mem0`` export writes, so export → import round-trips);
-  otherwise the entry lands in ``user/user-global``;
-* ``metadata.workspace_key`` / ``metadata.agent_key``, when present and strings, are kept
-  (an empty workspace key means "none": the import pipeline decides);
+* ``metadata`` (an object; anything else is ignored, as the reference ignores it):
+  ``category`` (a string) and the strings of ``tags`` (a list) become tags, category
+  first, as the reference reads them; blank ones are skipped, each is trimmed and a label
+  longer than 32 UTF-16 units is cut to fit (the reference's import refuses the file);
+  more than 16 distinct tags on one fact is refused rather than silently dropped;
+* ``metadata.track`` / ``metadata.scope`` (what the ``mem0`` export writes) place the
+  entry, so export → import round-trips; the reference ignores them. Without them, or
+  with a value that is no track or scope, the entry lands in ``user/user-global``;
+* ``metadata.workspace_key`` / ``metadata.agent_key``, when strings, are kept (an empty
+  workspace key means "none": the import pipeline decides);
 * ``source`` is always ``mem0``; ids, hashes, ``user_id`` and timestamps are ignored (an
   import gets fresh ids and timestamps).
 
@@ -22,19 +23,18 @@ Every refusal is ``ADAPTER_PAYLOAD`` with ``details.adapterId`` and, for a bad f
 ``details.index`` (0-based position in the facts array).
 
 Export: ``{"plugin": "mem0", "facts": [{memory, created_at, updated_at, metadata: {track,
-scope, source, workspace_key, agent_key, tags}}]}`` in the order given. ``created_at`` and
-``updated_at`` are ISO 8601 UTC strings with milliseconds (``2024-05-01T12:00:00.000Z``,
-JavaScript's ``toISOString``), converted from the entries' epoch-millisecond fields.
+scope, source, workspace_key, agent_key, tags}}]}`` in the order given, as the reference
+writes it: ``created_at`` and ``updated_at`` are the entries' epoch milliseconds.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from ..constants import MAX_TAGS, SCOPES, TRACKS, Scope, Track
+from ..constants import MAX_TAGS, Scope, Track
 from ..text import has_lone_surrogate
 from ..types import Entry, EntryInput
-from .base import AdapterBase, fit_tag, iso_utc, json_type
+from .base import AdapterBase, fit_tag, json_type
 
 MEM0_FORMAT: Final = "application/json"
 
@@ -94,30 +94,11 @@ class Mem0Adapter(AdapterBase):
         if has_lone_surrogate(memory):
             raise self.error(f"fact {index} 'memory' contains a lone UTF-16 surrogate", index=index, field="memory")
         metadata = fact.get("metadata")
-        if metadata is None:
-            metadata = {}
         if not isinstance(metadata, dict):
-            raise self.error(
-                f"fact {index} 'metadata' must be an object, got {json_type(metadata)}",
-                index=index,
-                field="metadata",
-            )
-        track: Track = "user"
-        scope: Scope = "user-global"
-        if "track" in metadata:
-            value = metadata["track"]
-            if value not in TRACKS:
-                raise self.error(
-                    f"fact {index} metadata.track must be one of {list(TRACKS)}", index=index, field="metadata.track"
-                )
-            track = value
-        if "scope" in metadata:
-            value = metadata["scope"]
-            if value not in SCOPES:
-                raise self.error(
-                    f"fact {index} metadata.scope must be one of {list(SCOPES)}", index=index, field="metadata.scope"
-                )
-            scope = value
+            metadata = {}  # as the reference reads it: anything else carries nothing
+        # What the mem0 export writes; a value that is not a track or scope is ignored.
+        track: Track = "agent" if metadata.get("track") == "agent" else "user"
+        scope: Scope = "workspace" if metadata.get("scope") == "workspace" else "user-global"
         return EntryInput(
             track=track,
             scope=scope,
@@ -128,23 +109,22 @@ class Mem0Adapter(AdapterBase):
             agent_key=self._key(index, metadata, "agent_key"),
         )
 
-    def _strings(self, index: int, value: Any, field: str, *, single: bool) -> list[str]:
-        if value is None:
-            return []
-        if single and isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            kind = "a string or a list of strings" if single else "a list of strings"
-            raise self.error(f"fact {index} {field} must be {kind}", index=index, field=field)
-        for v in value:
+    def _strings(self, index: int, value: Any, field: str) -> list[str]:
+        """The strings in ``value`` (a string, or a list: its other items are skipped, as the
+        reference skips them)."""
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        out = [v for v in items if isinstance(v, str)]
+        for v in out:
             if has_lone_surrogate(v):
                 raise self.error(f"fact {index} {field} contains a lone UTF-16 surrogate", index=index, field=field)
-        return value
+        return out
 
     def _tags(self, index: int, metadata: dict[str, Any]) -> list[str]:
+        category = metadata.get("category")
         raw = [
-            *self._strings(index, metadata.get("category"), "metadata.category", single=True),
-            *self._strings(index, metadata.get("tags"), "metadata.tags", single=False),
+            *self._strings(index, category if isinstance(category, str) else None, "metadata.category"),
+            *self._strings(index, metadata.get("tags") if isinstance(metadata.get("tags"), list) else None,
+                           "metadata.tags"),
         ]
         tags: list[str] = []
         for label in raw:
@@ -159,10 +139,11 @@ class Mem0Adapter(AdapterBase):
 
     def _key(self, index: int, metadata: dict[str, Any], field: str) -> str | None:
         value = metadata.get(field)
-        if value is None:
+        if not isinstance(value, str):
             return None
-        if not isinstance(value, str) or has_lone_surrogate(value):
-            raise self.error(f"fact {index} metadata.{field} must be a string", index=index, field=f"metadata.{field}")
+        if has_lone_surrogate(value):
+            raise self.error(f"fact {index} metadata.{field} contains a lone UTF-16 surrogate", index=index,
+                             field=f"metadata.{field}")
         return value
 
     # -- export ---------------------------------------------------------------------------
@@ -173,8 +154,8 @@ class Mem0Adapter(AdapterBase):
             "facts": [
                 {
                     "memory": e.text,
-                    "created_at": iso_utc(e.created_at),
-                    "updated_at": iso_utc(e.updated_at),
+                    "created_at": e.created_at,
+                    "updated_at": e.updated_at,
                     "metadata": {
                         "track": e.track,
                         "scope": e.scope,
