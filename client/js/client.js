@@ -216,7 +216,10 @@ export class Client extends Connection {
     return this.call('approval/subscribe', proof == null ? {} : { proof }, call);
   }
 
-  /** `approval/challenge` → `{nonce, connection, pid}`: a fresh nonce to prove the approver key with, once. */
+  /**
+   * `approval/challenge` → `{nonce, connection, pid, start}`: a fresh nonce to prove the approver key with, once.
+   * Prove it only when `pid` (and `start`) name this process: another pid is a process relaying the connection.
+   */
   approvalChallenge(call) {
     return this.call('approval/challenge', {}, call);
   }

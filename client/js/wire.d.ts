@@ -357,11 +357,17 @@ export interface InitializeResult {
   approvers?: 'interactive' | 'any' | 'keyed';
 }
 
-/** `approval/challenge`: prove with hex HMAC-SHA256(key, "memoryd-approver-v1\0" + nonce + "\0" + connection + "\0" + pid). */
+/**
+ * `approval/challenge`: prove with hex HMAC-SHA256(key, "memoryd-approver-v1\0" + nonce + "\0" + connection + "\0" + pid),
+ * but only when `pid` and `start` name your own process: otherwise something relays your connection.
+ */
 export interface ApprovalChallenge {
   nonce: string;
   connection: string;
+  /** the pid the daemon sees on this connection's socket */
   pid: number;
+  /** that process's start time (clock ticks after boot, /proc/<pid>/stat field 22); absent from an older daemon */
+  start?: number | null;
 }
 
 export interface WriteResult {

@@ -43,6 +43,7 @@ from .events import EVENT_BUFFER as EVENT_BUFFER
 from .events import EVENT_METHODS, Event, EventStream
 from .events import WATCH_EVENTS as WATCH_EVENTS
 from .events import Listener as Listener
+from .proof import check_challenge
 from .wire import JSON as JSON
 from .wire import SessionLike as SessionLike
 from .wire import _session, decode_result, plain
@@ -235,12 +236,14 @@ class Client(Connection):
         """Answer a fresh challenge with the approver key (``key``, by default
         ``$XDG_CONFIG_HOME/memoryd/approver.key``): by ``approval/prove``, or with
         ``subscribe`` by ``approval/subscribe``, which makes this connection an approver too.
-        ApproverKeyUnusable when the key cannot be read here."""
+        ApproverKeyUnusable when the key cannot be read here; ApproverRelayed, and no proof
+        made, when the challenge names another process than this one (proof.check_challenge)."""
         try:
             secret = read_approver_key(Path(key) if key is not None else approver_key_path())
         except ApproverKeyError as exc:
             raise ApproverKeyUnusable(str(exc)) from None
         ch = await self.approval_challenge()
+        check_challenge(ch, self.path, self.peer_pid)
         proof = approver_proof(secret, ch.nonce, ch.connection, ch.pid)
         if subscribe:
             await self.approval_subscribe(proof)

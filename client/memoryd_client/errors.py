@@ -86,11 +86,20 @@ class ApproverKeyUnusable(ClientError):
     CODE = "APPROVER_KEY"
 
 
+class ApproverRelayed(ClientError):
+    """The daemon's ``approval/challenge`` names another process than this one: something
+    relays the connection (a proxy at the socket path), so the approver key was not used.
+    ``details``: ``pid`` (the daemon's view), ``ownPid``, ``socketPid`` (SO_PEERCRED)."""
+
+    CODE = "APPROVER_RELAYED"
+
+
 __all__ = [
     "AdapterNotFound",
     "AdapterPayload",
     "AmbiguousMatch",
     "ApproverKeyUnusable",
+    "ApproverRelayed",
     "BadResponse",
     "BudgetExceeded",
     "ClientError",

@@ -90,7 +90,9 @@ def check_decider(peer: Peer, config: Config) -> ProcessFacts:
 
 
 def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
-    """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one."""
+    """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one.
+    It names the process on the socket, pid and start time: a client signs only a challenge
+    naming itself, so a process relaying its connection never gets the proof."""
     try:
         facts = now(peer.peer)
     except NotThatProcess as exc:
@@ -98,7 +100,7 @@ def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
     state = _keys.setdefault(peer, _KeyState())
     state.nonce, state.connection, state.pid, state.issued = secrets.token_hex(32), connection, facts.pid, \
         time.monotonic()
-    return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid)
+    return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid, start=facts.start)
 
 
 def prove(peer: Peer, proof: str | None) -> None:
