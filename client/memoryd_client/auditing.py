@@ -85,6 +85,21 @@ def _pairs(heads: list[WitnessedHead]) -> list[tuple[int, str]]:
     return pairs
 
 
+def _witnessed(ctx: Ctx, store: str, path: str) -> list[tuple[int, str]]:
+    """``verify --heads FILE``'s heads, saying how many it checks and which: a file that holds
+    none of this store's (another store's, or an empty one) checks nothing, and says so."""
+    pairs = _pairs(_heads(ctx, store, path))
+    if not pairs:
+        print(f"memoryctl: {path} holds no heads witnessed for {store}: no head was checked", file=sys.stderr)
+        return pairs
+    rows = [str(n) for n, _ in pairs]
+    shown = ", ".join(rows) if len(rows) <= 6 else f"{', '.join(rows[:3])}, …, {', '.join(rows[-2:])}"
+    many = "head" if len(pairs) == 1 else "heads"
+    print(f"memoryctl: checking {len(pairs)} {many} witnessed for {store} in {path}: ledger rows {shown} "
+          f"(newest: row {pairs[-1][0]}, hash {pairs[-1][1][:16]})", file=sys.stderr)
+    return pairs
+
+
 async def _confirm(ctx: Ctx, n: int, problem: str) -> bool:
     """Show what is being accepted and ask; ``--yes`` accepts without asking."""
     print(f"ledger row {n}: {problem}", file=sys.stderr)
@@ -107,7 +122,7 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
     if a.action in ("verify", "heads", "accept"):
         store = (await c.status()).store.path
     if a.action == "verify":
-        return _ledger_report(ctx, await c.audit_verify(_pairs(_heads(ctx, store, a.heads)) if a.heads else ()))
+        return _ledger_report(ctx, await c.audit_verify(_witnessed(ctx, store, a.heads) if a.heads else ()))
     if a.action == "heads":
         return _show_heads(ctx, store, _heads(ctx, store, a.heads))
     if a.action == "accept":
@@ -151,7 +166,7 @@ def audit_offline(ctx: Ctx) -> int:
         return _show_heads(ctx, db, _heads(ctx, db, a.heads))
     try:
         if a.action == "verify":
-            witnessed = _pairs(_heads(ctx, db, a.heads)) if a.heads else []
+            witnessed = _witnessed(ctx, db, a.heads) if a.heads else []
             return _ledger_report(ctx, offline.read(db, lambda fetch: read_report(fetch, None, witnessed)))
         target: str = a.target
 
