@@ -97,7 +97,8 @@ def _lines(proposals: list[dict[str, Any]]) -> str:
 
 async def test_snapshot_lists_the_sessions_visible_pending_proposals(daemon: Any) -> None:
     """After the entry sections: the reference's header, then `- [<id>] <track>/<scope>: <text>` for
-    every pending proposal the session sees (any session's, with the entries' visibility)."""
+    each pending proposal the session made and sees (with the entries' visibility); another
+    session's proposal, approved by nobody yet, is never in it."""
     async with socket_client(daemon.socket_path) as raw:
         await add(raw, "Prefers tabs")  # agentKey coder: invisible to the reviewer below
 
@@ -118,26 +119,31 @@ async def test_snapshot_lists_the_sessions_visible_pending_proposals(daemon: Any
             f"{HEADER_EN}\n\n"
             "## User profile (global preferences, communication style, landmines) — 12/2000 chars used\n"
             "- Prefers tabs\n\n"
-            f"{PROPOSALS_EN}\n{_lines([ws_coder, shared, own])}"
+            f"{PROPOSALS_EN}\n{_lines([own])}"
         )
         assert (await raw.notification("memory/snapshot", n))["params"] == {"sessionId": "snap-1", "text": text}
         assert (await raw.ok("audit/list", {"limit": 1}))[0]["text"] == named(text)
 
-        # no entry visible, proposals visible: the block is still rendered (en and zh)
-        rev = (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"]
-        assert rev == f"{HEADER_EN}\n\n{PROPOSALS_EN}\n{_lines([shared, reviewer])}"
-        rev_zh = (await raw.ok("memory/snapshot", {"session": _session("rev-2", "/tmp/x", "reviewer"),
+        # no entry visible, its own proposal visible: the block is still rendered (en and zh);
+        # the others' (shared, ws_coder) are not in it
+        rev = (await raw.ok("memory/snapshot", {"session": _session("o-3", "/tmp/x", "reviewer")}))["text"]
+        assert rev == f"{HEADER_EN}\n\n{PROPOSALS_EN}\n{_lines([reviewer])}"
+        rev_zh = (await raw.ok("memory/snapshot", {"session": _session("o-2", "/tmp/x", "reviewer"),
                                                    "language": "zh"}))["text"]
-        assert rev_zh == f"{HEADER_ZH}\n\n{PROPOSALS_ZH}\n{_lines([shared, reviewer])}"
+        assert rev_zh == f"{HEADER_ZH}\n\n{PROPOSALS_ZH}\n{_lines([shared])}"
+        # a session that made none sees none
+        assert (await raw.ok("memory/snapshot", {"session": _session("rev-3", "/tmp/x", "reviewer")}))["text"] == ""
 
         # frozen: a proposal created (and one dismissed) after the first snapshot changes nothing
         late = await propose(_session("o-5"), "agent", "user-global", "late idea")
         await raw.ok("proposals/dismiss", {"id": ws_coder["id"]})
         assert (await raw.ok("memory/snapshot", {"session": SESSION}))["text"] == text
-        assert (await raw.ok("memory/snapshot", {"session": _session("rev-1", "/tmp/x", "reviewer")}))["text"] == rev
-        # a new session sees the new state
+        assert (await raw.ok("memory/snapshot", {"session": _session("o-3", "/tmp/x", "reviewer")}))["text"] == rev
+        # a new session of the same id as o-5 would see its late proposal; another sees no proposal
         fresh = (await raw.ok("memory/snapshot", {"session": {**SESSION, "id": "snap-new"}}))["text"]
-        assert fresh.endswith(f"{PROPOSALS_EN}\n{_lines([shared, own, late])}")
+        assert PROPOSALS_EN not in fresh and "- Prefers tabs" in fresh
+        assert (await raw.ok("memory/snapshot", {"session": _session("o-5")}))["text"].endswith(
+            f"{PROPOSALS_EN}\n{_lines([late])}")
         # neither entries nor proposals visible: empty
         await raw.ok("proposals/dismiss", {"id": shared["id"]})
         await raw.ok("proposals/dismiss", {"id": late["id"]})
@@ -180,16 +186,17 @@ async def _allow(params: dict[str, Any]) -> str:
 
 
 async def test_proposal_caps(daemon_factory: Any, tmp_path: Path) -> None:
+    """proposal_max_pending is each session's (tests/test_e2e_proposal_channel.py)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text("proposal_max_text = 10\nproposal_max_pending = 2\n")
     d = daemon_factory("--config", str(cfg))
     async with socket_client(d.socket_path) as raw:
-        inp = {"kind": "k", "track": "user", "scope": "user-global"}
-        err = await raw.fail("proposals/create", {"input": {**inp, "text": "x" * 11}, "session": SESSION})
+        inp = {"track": "user", "scope": "user-global"}
+        err = await raw.fail("proposals/create", {"input": {**inp, "kind": "k", "text": "x" * 11}, "session": SESSION})
         assert err.code == "INVALID_INPUT"
         for n in range(2):
-            await raw.ok("proposals/create", {"input": {**inp, "text": "ok"}, "session": {"id": f"s{n}"}})
-        err = await raw.fail("proposals/create", {"input": {**inp, "text": "ok"}, "session": {"id": "s9"}})
+            await raw.ok("proposals/create", {"input": {**inp, "kind": f"k{n}", "text": "ok"}, "session": {"id": "s0"}})
+        err = await raw.fail("proposals/create", {"input": {**inp, "kind": "k9", "text": "ok"}, "session": {"id": "s0"}})
         assert err.code == "INVALID_INPUT"
         assert len(await raw.ok("proposals/list", {})) == 2
 

@@ -99,29 +99,27 @@ def proposal(pid: str, created_at: int, scope: str = "user-global", workspace_ke
                     session_id=session_id, status="pending", created_at=created_at, decided_at=None)
 
 
-def test_visible_proposals_visibility_and_order() -> None:
+def test_visible_proposals_are_the_sessions_own_that_it_sees() -> None:
     view = SessionView("s-1", "/home/u/proj", "coder")
     pending = [
-        proposal("b-shared-global", 10),
-        proposal("a-own-agent", 10, agent_key="coder"),  # same ms: ordered by id
-        proposal("other-agent", 5, agent_key="reviewer"),
+        proposal("b-own-global", 10, session_id="s-1"),
+        proposal("a-own-agent", 10, agent_key="coder", session_id="s-1"),  # same ms: ordered by id
+        proposal("own-other-agent", 5, agent_key="reviewer", session_id="s-1"),
         proposal("ws-mine", 20, scope="workspace", workspace_key="/home/u/proj", session_id="s-1"),
-        proposal("ws-elsewhere", 1, scope="workspace", workspace_key="/elsewhere"),
-        proposal("ws-other-agent", 2, scope="workspace", workspace_key="/home/u/proj", agent_key="reviewer"),
+        proposal("ws-elsewhere", 1, scope="workspace", workspace_key="/elsewhere", session_id="s-1"),
+        proposal("others-shared", 3),  # another session's, visible as an entry would be: not shown
         proposal("no-session", 30, session_id=None),
     ]
     got = visible_proposals(pending, view, 8)
-    # visible ones, not only the session's own, ordered (createdAt, id)
-    assert [p.id for p in got] == ["a-own-agent", "b-shared-global", "ws-mine", "no-session"]
-    shared = SessionView("s-2", "", "")
-    assert [p.id for p in visible_proposals(pending, shared, 8)] == ["b-shared-global", "no-session"]
+    assert [p.id for p in got] == ["a-own-agent", "b-own-global", "ws-mine"]
+    assert visible_proposals(pending, SessionView("s-2", "", ""), 8) == []
+    assert [p.id for p in visible_proposals(pending, SessionView("other-session", "", ""), 8)] == ["others-shared"]
 
 
-def test_visible_proposals_limit_applies_to_the_store_first() -> None:
-    """As the reference: the first ``limit`` pending proposals by (createdAt, id), then visibility."""
+def test_visible_proposals_limit_applies_to_the_sessions_own() -> None:
+    """The first ``limit`` of the session's own; another session's proposals take no place."""
     view = SessionView("s-1", "/home/u/proj", "coder")
-    pending = [proposal("late-visible", 9), proposal("early-hidden", 1, agent_key="reviewer"),
-               proposal("mid-visible", 5)]
-    assert [p.id for p in visible_proposals(pending, view, 2)] == ["mid-visible"]
-    assert [p.id for p in visible_proposals(pending, view, 3)] == ["mid-visible", "late-visible"]
+    pending = [proposal("late", 9, session_id="s-1"), proposal("early-other", 1), proposal("mid", 5, session_id="s-1")]
+    assert [p.id for p in visible_proposals(pending, view, 1)] == ["mid"]
+    assert [p.id for p in visible_proposals(pending, view, 3)] == ["mid", "late"]
     assert visible_proposals([], view, 8) == []

@@ -43,6 +43,9 @@ DEFAULT_MAX_SNAPSHOTS = 100_000
 #: The default max_snapshot_bytes: the distinct snapshot texts the store keeps, each once (a
 #: new text comes only with a change of memory): thousands of 20 kB snapshots.
 DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+#: The default proposal_max_pending_total: far above one session's proposal_max_pending, a
+#: bound on the table, not a share everyone competes for.
+DEFAULT_PROPOSAL_MAX_PENDING_TOTAL = 1024
 
 TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
 if TYPE_CHECKING:
@@ -106,6 +109,8 @@ class Config:
         self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
         #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
         self.max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+        #: pending proposals of all sessions together (proposal_max_pending is per session)
+        self.proposal_max_pending_total: int = DEFAULT_PROPOSAL_MAX_PENDING_TOTAL
         #: how often the ledger's head is witnessed in the heads file while writes go on
         self.heads_every_rows: int = 1000
         self.heads_every_s: float = 600.0
@@ -209,6 +214,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_unsent_bytes_total": (1024 * 1024, 64 * 1024 * 1024 * 1024),
     "max_snapshots": (1, 1_000_000_000),
     "max_snapshot_bytes": (1, 1024 * 1024 * 1024 * 1024),
+    "proposal_max_pending_total": (1, 1_000_000),
     "heads_every_rows": (1, 1_000_000_000),
 }
 _SECONDS = ("approval_timeout_s", "half_line_timeout_s", "heads_every_s")

@@ -27,6 +27,11 @@ from .writes import Writes
 PROPOSAL_SOURCE = "proposal"
 
 
+def shown(session_id: str) -> str:
+    """A session id as an error message names it (a long one cut)."""
+    return session_id if len(session_id) <= 128 else session_id[:128] + "…"
+
+
 class Proposals:
     def __init__(self, s: Service, w: Writes) -> None:
         self.s = s
@@ -57,7 +62,7 @@ class Proposals:
         kind = check_text(i.kind, "input.kind")
         source = check_source(i.source)
         wk, ak = target_keys(i.scope, view, None, None, restricted=True)
-        max_pending = self.s.config.proposal_max_pending
+        max_pending, max_total = self.s.config.proposal_max_pending, self.s.config.proposal_max_pending_total
         origin = self.s.pipeline.who(ctx.peer)
 
         def job(tx: Tx) -> Proposal | None:
@@ -65,9 +70,18 @@ class Proposals:
                                (session_id, kind)).fetchone()
             if row is not None and row[0] == "pending":
                 return None
+            # each proposer's own cap: one session's proposals never block another's
+            (mine,) = tx.conn.execute("SELECT count(*) FROM proposals WHERE status = 'pending' AND session_id = ?",
+                                      (session_id,)).fetchone()
+            if mine >= max_pending:
+                raise InvalidInput(f"session {shown(session_id)!r} already has {max_pending} pending proposals "
+                                   "(proposal_max_pending); wait until they are approved or dismissed (memoryctl "
+                                   "proposals), or raise proposal_max_pending in the daemon's config", "input")
             (pending,) = tx.conn.execute("SELECT count(*) FROM proposals WHERE status = 'pending'").fetchone()
-            if pending >= max_pending:
-                raise InvalidInput(f"too many pending proposals (at most {max_pending})", "input")
+            if pending >= max_total:
+                raise InvalidInput(f"the store already holds {max_total} pending proposals (proposal_max_pending_total); "
+                                   "approve or dismiss some (memoryctl proposals), or raise proposal_max_pending_total "
+                                   "in the daemon's config", "input")
             if row is not None:
                 # UNIQUE(session_id, kind) is the reference's layout: a decided proposal
                 # makes room for the session's next one of that kind.

@@ -44,12 +44,13 @@ PROPOSALS_TITLE: dict[str, str] = {
 
 
 def visible_proposals(pending: Iterable[Proposal], view: SessionView, limit: int) -> list[Proposal]:
-    """The pending proposals a session's snapshot lists, as the reference picks them: the
-    first ``limit`` pending proposals of the store by ``(createdAt, id)``, then those the
-    session sees (the same visibility as entries: agentKey ``''`` or its own; user-global,
-    or workspace of its workspaceKey). Not only the session's own proposals."""
-    first = sorted(pending, key=lambda p: (p.created_at, p.id))[:limit]
-    return [p for p in first if view.sees(p.scope, p.workspace_key, p.agent_key)]
+    """The pending proposals a session's snapshot lists: its own (those it made) that it
+    sees (the visibility of entries: agentKey ``''`` or its own; user-global, or workspace
+    of its workspaceKey), the first ``limit`` by ``(createdAt, id)``. Another session's
+    proposal is text no human approved: it reaches the human's review, not this prompt."""
+    own = [p for p in pending if p.session_id is not None and p.session_id == view.session_id
+           and view.sees(p.scope, p.workspace_key, p.agent_key)]
+    return sorted(own, key=lambda p: (p.created_at, p.id))[:limit]
 
 
 def fence_proposal(text: str) -> str:
