@@ -19,6 +19,7 @@ NEVER_PARKED_BEFORE = {
     "memory/watch",  # added after the table: it never waits, so it is served inline too
     "approval/challenge", "approval/prove",  # the approver key's (approvers = "keyed"), served inline too
     "audit/accept",  # a lifecycle method: it never waits for an approval, so it is served inline too
+    "snapshots/prune",  # the same: a person's decision, never an approval's wait
 }
 
 

@@ -54,6 +54,7 @@ WIRE_METHODS = [
     "memory/watch",
     "audit/verify",
     "audit/accept",
+    "snapshots/prune",
     "audit/explain",
     "mcp/attach",
 ]

@@ -20,7 +20,8 @@ from test_snapshot_shared import dump
 pytestmark = pytest.mark.anyio
 
 REFUSED = ("the store already holds {n} frozen snapshots (max_snapshots); reuse the id of a session that has one, "
-           "or raise max_snapshots in the daemon's config")
+           "free room with memoryctl snapshots prune (the snapshots of sessions that ended), or raise max_snapshots in "
+           "the daemon's config")
 
 
 def capped(daemon_factory: Any, tmp_path: Path, n: int, name: str = "d", db: Path | None = None) -> Any:

@@ -295,7 +295,8 @@ async def test_a_new_text_beyond_max_snapshot_bytes_is_refused_and_changes_nothi
     assert "- Uses pnpm" in taken
     assert refusals == 2 * [
         f"the store's snapshot texts take {held} of {held} bytes (max_snapshot_bytes), too few for this session's new "
-        f"text of {len(taken.encode())} bytes; raise max_snapshot_bytes in the daemon's config file and restart "
-        "memoryd (sessions whose text is stored already are still served)"]
+        f"text of {len(taken.encode())} bytes; free room with memoryctl snapshots prune (the snapshots of sessions "
+        "that ended), or raise max_snapshot_bytes in the daemon's config file and restart memoryd (sessions whose "
+        "text is stored already are still served)"]
     assert stored(db)[1] == [("s-a", sha(text)), ("s-b", sha(text)), ("s-c", sha(taken))]
     await verified(raised)

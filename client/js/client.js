@@ -144,6 +144,15 @@ export class Client extends Connection {
   }
 
   /**
+   * `snapshots/prune` (`{before?}`) → `{sessions, texts, bytes, rows}`: delete the frozen
+   * snapshots of sessions that ended (frozen before `before`, ms since the epoch, when given);
+   * `pruned` ledger rows name them. Only a connection that may decide approvals may prune.
+   */
+  snapshotsPrune(params = {}, call) {
+    return this.call('snapshots/prune', params ?? {}, call);
+  }
+
+  /**
    * `audit/explain` (`{target}`) → EntryLife: one entry's life. `target` is the entry's id, or
    * a text that exactly one entry contains (case-insensitive); none or several:
    * INVALID_INPUT with `details.field` 'target'.

@@ -38,6 +38,8 @@ import type {
   LedgerReport,
   AuditVerifyParams,
   AuditAccepted,
+  SnapshotPruneParams,
+  SnapshotPruneResult,
   LedgerDecision,
   ApprovalChallenge,
   LedgerEvent,
@@ -356,6 +358,8 @@ export declare class Client extends EventEmitter {
   auditVerify(params?: AuditVerifyParams, call?: CallOptions): Promise<LedgerReport>;
   /** `n`: the `foreign` ledger row to accept; only a connection that may decide approvals may */
   auditAccept(n: number, call?: CallOptions): Promise<AuditAccepted>;
+  /** `params.before`: only snapshots frozen before it (ms); only a connection that may decide approvals may */
+  snapshotsPrune(params?: SnapshotPruneParams, call?: CallOptions): Promise<SnapshotPruneResult>;
   /** `target`: an entry id, or a text that exactly one entry contains */
   auditExplain(target: string, call?: CallOptions): Promise<EntryLife>;
   snapshot(session?: Session, params?: SnapshotParams, call?: CallOptions): Promise<SnapshotResult>;

@@ -49,6 +49,7 @@ export type MethodName =
   | 'memory/watch'
   | 'audit/verify'
   | 'audit/accept'
+  | 'snapshots/prune'
   | 'audit/explain'
   | 'mcp/attach';
 

@@ -116,6 +116,7 @@ export const METHODS = Object.freeze({
   "memory/watch": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/verify": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
   "audit/accept": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
+  "snapshots/prune": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
   "audit/explain": Object.freeze({ kind: "read", parks: false, needsAgent: false }),
   "mcp/attach": Object.freeze({ kind: "lifecycle", parks: false, needsAgent: false }),
 });

@@ -12,6 +12,7 @@ import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.audit_types import MAX_HEADS, WitnessedHead, parse_heads
 from memoryd_protocol.constants import AUDIT_HARD_CAP
+from memoryd_protocol.heads_file import HeadsFileRefused, read_heads_file
 from memoryd_protocol.paths import default_heads_path
 
 from . import render
@@ -58,7 +59,11 @@ def _heads(ctx: Ctx, store: str, path: str | None) -> list[WitnessedHead]:
     if file is None:
         raise UsageError("this platform has no default heads file: name one with --heads FILE")
     try:
-        data = file.read_bytes()
+        # The daemon's own file only as the daemon opens it (a FIFO planted there would hang
+        # this read); a FILE the user names is read as named: a copy, a link, <(ssh host ...).
+        data = file.read_bytes() if path else read_heads_file(file)
+    except HeadsFileRefused as exc:
+        raise UsageError(str(exc)) from None
     except FileNotFoundError:
         if path:
             raise UsageError(f"--heads {path}: no such file") from None

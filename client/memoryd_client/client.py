@@ -24,6 +24,7 @@ from memoryd_protocol.paths import (
     default_socket_path,
     read_approver_key,
 )
+from memoryd_protocol.snapshot_types import SnapshotPruneResult
 
 from .approvals import DECIDED, ApprovalCall, Decided, Decision
 from .approvals import ApprovalHandler as ApprovalHandler
@@ -146,6 +147,12 @@ class Client(Connection):
         """``audit/accept``: accept the change another program made to the store that ledger
         row ``n`` (a ``foreign`` row) records; an ``accepted`` row names this connection."""
         return await self.call("audit/accept", {"n": n})  # type: ignore[no-any-return]
+
+    async def snapshots_prune(self, before: int | None = None) -> SnapshotPruneResult:
+        """``snapshots/prune``: delete the frozen snapshots of sessions that ended (frozen
+        before ``before``, ms since the epoch, when given); ``pruned`` ledger rows name them.
+        Only a connection that may decide approvals may prune."""
+        return await self.call("snapshots/prune", {} if before is None else {"before": before})  # type: ignore[no-any-return]
 
     async def audit_explain(self, target: str) -> T.EntryLife:
         """``audit/explain``: one entry's life, from the ledger. ``target`` is the entry's id,

@@ -21,6 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_types import ApprovalChallenge
 from memoryd_protocol.audit_types import AuditAccepted
+from memoryd_protocol.snapshot_types import SnapshotPruneResult
 
 from .client import _DEFAULT, Client, Event, EventStream, SessionLike, connect
 from .errors import ConnectionClosed
@@ -175,6 +176,9 @@ class SyncClient:
 
     def audit_accept(self, n: int) -> AuditAccepted:
         return self._run(self._client.audit_accept, n)  # type: ignore[no-any-return]
+
+    def snapshots_prune(self, before: int | None = None) -> SnapshotPruneResult:
+        return self._run(self._client.snapshots_prune, before)  # type: ignore[no-any-return]
 
     def audit_explain(self, target: str) -> T.EntryLife:
         return self._run(self._client.audit_explain, target)  # type: ignore[no-any-return]

@@ -212,10 +212,10 @@ class Daemon:
             lock_fd = lock_store(path, endpoint)
             resources.callback(unlock_store, path, lock_fd)
             heads = Heads(path, config.heads_every_rows, config.heads_every_s)
-            stop = heads.last()
+            stop = await heads.last()
             writer = await Writer.open(path, version, busy_ms, stop, untouched=heads.untouched(stop))
             resources.push_async_callback(writer.aclose)
-            heads.witness(writer.anchor.head, "start")
+            await heads.witness(writer.anchor.head, "start")
             writer.anchor.on_commit = heads.committed
             readers = await Readers.open(path, busy_ms)
             resources.push_async_callback(readers.aclose)
@@ -296,7 +296,9 @@ class Daemon:
 
                 async def flusher() -> None:
                     with flush_scope:
-                        await self.writer.flusher()
+                        async with anyio.create_task_group() as background:
+                            background.start_soon(self.heads.run)  # the periodic heads, appended off the loop
+                            await self.writer.flusher()
 
                 root.start_soon(flusher)
                 try:
@@ -311,7 +313,7 @@ class Daemon:
                     self.writer.close()
         finally:
             await self.close()  # shielded; a second close (``_serve``'s) does nothing
-        self.heads.witness(self.writer.anchor.head, "stop")
+        await self.heads.witness(self.writer.anchor.head, "stop")
 
     async def serve_stream(self, sink: Sink, chunks: AsyncIterable[bytes], name: str = "socket") -> None:
         """Serve one connection until the peer's EOF or the drain, in ``running()``'s task

@@ -43,6 +43,12 @@ DEFAULT_MAX_SNAPSHOTS = 100_000
 #: The default max_snapshot_bytes: the distinct snapshot texts the store keeps, each once (a
 #: new text comes only with a change of memory): thousands of 20 kB snapshots.
 DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+#: The default max_new_snapshots_per_connection: a harness's relay, an MCP host's spawn and
+#: memoryctl each hold one session per connection; a client that multiplexes has room.
+DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION = 64
+#: The default max_new_snapshots_per_minute: one process (a harness behind its relays) starting
+#: sessions faster than two a second is a loop, not a person.
+DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE = 120
 #: The default proposal_max_pending_total: far above one session's proposal_max_pending, a
 #: bound on the table, not a share everyone competes for.
 DEFAULT_PROPOSAL_MAX_PENDING_TOTAL = 1024
@@ -109,6 +115,10 @@ class Config:
         self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
         #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
         self.max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+        #: new sessions' first snapshots one connection may take while it lives
+        self.max_new_snapshots_per_connection: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION
+        #: new sessions' first snapshots one peer process may take in any 60 seconds
+        self.max_new_snapshots_per_minute: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE
         #: pending proposals of all sessions together (proposal_max_pending is per session)
         self.proposal_max_pending_total: int = DEFAULT_PROPOSAL_MAX_PENDING_TOTAL
         #: how often the ledger's head is witnessed in the heads file while writes go on
@@ -214,6 +224,8 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_unsent_bytes_total": (1024 * 1024, 64 * 1024 * 1024 * 1024),
     "max_snapshots": (1, 1_000_000_000),
     "max_snapshot_bytes": (1, 1024 * 1024 * 1024 * 1024),
+    "max_new_snapshots_per_connection": (1, 1_000_000_000),
+    "max_new_snapshots_per_minute": (1, 1_000_000_000),
     "proposal_max_pending_total": (1, 1_000_000),
     "heads_every_rows": (1, 1_000_000_000),
 }

@@ -7,6 +7,10 @@ hash, ts, event}`` as one JSON line to ``$XDG_STATE_HOME/memoryd/heads`` and log
 systemd, the log is the journal, which a same-uid process cannot rewrite).
 ``memoryctl audit verify --heads FILE`` checks that every head witnessed is still in the
 chain; ``memoryctl audit heads`` prints them, for a copy kept elsewhere.
+
+The file is read and written on a worker thread, never on the event loop, and only as
+memoryd_protocol.heads_file opens it: anything else found at its path (a FIFO, a link,
+another uid's file) is refused, said once in the log, and the heads go to the log alone.
 """
 
 from __future__ import annotations
@@ -17,20 +21,15 @@ import time
 from pathlib import Path
 from typing import Literal
 
+import anyio
 import msgspec
 from memoryd_protocol.audit_types import StoreFile, WitnessedHead, parse_heads
+from memoryd_protocol.heads_file import HeadsFileRefused, append_head, read_heads_file
 from memoryd_protocol.paths import default_heads_path
 
 log = logging.getLogger("memoryd.heads")
 
 Event = Literal["start", "stop", "every"]
-
-def read(path: Path, store: Path) -> list[WitnessedHead]:
-    """The heads ``path`` holds for ``store``, oldest first."""
-    try:
-        return parse_heads(path.read_bytes(), str(store))
-    except FileNotFoundError:
-        return []
 
 
 class Heads:
@@ -42,15 +41,30 @@ class Heads:
         self.every_rows, self.every_s = every_rows, every_s
         self._n = 0
         self._at = time.monotonic()
+        #: the refusal last logged (None: the file was used, or never refused), so that each
+        #: is logged once however many heads it turns away
+        self._refused: str | None = None
+        #: the newest periodic head not yet appended, and what wakes ``run`` for it
+        self._queued: bytes | None = None
+        self._wake = anyio.Event()
 
-    def last(self) -> WitnessedHead | None:
+    async def last(self) -> WitnessedHead | None:
         """The last head witnessed for this store (a ``stop`` one after a clean stop)."""
-        if self.path is None:
-            return None
+        return None if self.path is None else await anyio.to_thread.run_sync(self._last, self.path)
+
+    def _last(self, path: Path) -> WitnessedHead | None:
         try:
-            heads = read(self.path, self.store)
-        except OSError:
-            log.warning("the heads file %s cannot be read: the start checks the store without it", self.path)
+            heads = parse_heads(read_heads_file(path), str(self.store))
+        except FileNotFoundError:
+            return None
+        except HeadsFileRefused as exc:
+            # Refused, it may hold anything: a forged stop head would let a changed store pass
+            # as the one memoryd left.
+            self._refuse(exc, "the start trusts no stop head from it, and checks the store without it")
+            return None
+        except OSError as exc:
+            log.warning("the heads file %s cannot be read (%s): the start checks the store without it", path,
+                        exc.strerror or exc)
             return None
         return heads[-1] if heads else None
 
@@ -68,29 +82,60 @@ class Heads:
             return None
         return StoreFile(ino=st.st_ino, size=st.st_size, ctime_ns=st.st_ctime_ns)
 
-    def witness(self, head: tuple[int, str] | None, event: Event) -> None:
+    def _line(self, head: tuple[int, str] | None, event: Event) -> bytes | None:
+        """Log ``head``; its line for the heads file (None: nothing to append)."""
         if head is None:
-            return
+            return None
         self._n, self._at = head[0], time.monotonic()
         log.info("ledger head at %s: row %d hash %s", event, head[0], head[1])
         if self.path is None:
-            return
-        line = msgspec.json.encode(WitnessedHead(store=str(self.store), n=head[0], hash=head[1],
+            return None
+        return msgspec.json.encode(WitnessedHead(store=str(self.store), n=head[0], hash=head[1],
                                                  ts=time.time_ns() // 1_000_000, event=event,
                                                  file=self._file() if event == "stop" else None)) + b"\n"
-        try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, line)
-                if event != "every":
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("the ledger head could not be witnessed in %s: %s", self.path, exc.strerror or exc)
+
+    async def witness(self, head: tuple[int, str] | None, event: Event) -> None:
+        """Witness ``head`` now (at start and stop), on disk before returning."""
+        line = self._line(head, event)
+        if line is not None:
+            await anyio.to_thread.run_sync(self._append, line, True)
 
     def committed(self, head: tuple[int, str] | None) -> None:
-        """After a commit: witness the head once ``every_rows`` rows or ``every_s`` seconds passed."""
+        """After a commit, on the event loop: once ``every_rows`` rows or ``every_s`` seconds
+        passed, log the head and queue its line for ``run``."""
         if head is not None and (head[0] - self._n >= self.every_rows or time.monotonic() - self._at >= self.every_s):
-            self.witness(head, "every")
+            line = self._line(head, "every")
+            if line is not None:
+                self._queued = line  # a newer head vouches for the older one still queued
+                self._wake.set()
+
+    async def run(self) -> None:
+        """Append the queued periodic heads, one at a time, until cancelled (a line being
+        appended is finished first, so the stop head stays the file's last)."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            line, self._queued = self._queued, None
+            if line is not None:
+                await anyio.to_thread.run_sync(self._append, line, False)
+
+    def _append(self, line: bytes, sync: bool) -> None:
+        """On a worker thread: ``line`` appended to the heads file, or the reason logged."""
+        assert self.path is not None
+        try:
+            append_head(self.path, line, sync=sync)
+        except HeadsFileRefused as exc:
+            self._refuse(exc, "until it is, the ledger heads are witnessed in this log only")
+            return
+        except OSError as exc:
+            log.warning("the ledger head could not be witnessed in %s: %s", self.path, exc.strerror or exc)
+            return
+        if self._refused is not None:
+            self._refused = None
+            log.warning("the heads file %s is a regular file of memoryd's user again: the ledger heads are witnessed "
+                        "there again", self.path)
+
+    def _refuse(self, exc: HeadsFileRefused, meanwhile: str) -> None:
+        if str(exc) != self._refused:
+            self._refused = str(exc)
+            log.error("%s (%s)", exc, meanwhile)

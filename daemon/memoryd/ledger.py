@@ -27,6 +27,7 @@ from memoryd_protocol.ledger import (
     FailedBody,
     Kind,
     ProposalBody,
+    PrunedBody,
     StartBody,
     audit_digest,
     audit_from,
@@ -224,6 +225,13 @@ def accepted(tx: Tx, who: LedgerConnection | None, foreign: int, decider: Proces
     ref = _ensure_connection(tx, who)
     # ref: the row accepted, so that whether it was is one lookup of the ref index
     append(tx, "accepted", AcceptedBody(foreign=foreign, connection=ref, decider=decider), ref=str(foreign))
+
+
+def pruned(tx: Tx, who: LedgerConnection | None, sessions: list[str], before: int | None,
+           decider: ProcessFacts) -> None:
+    """The frozen snapshots of ``sessions`` were deleted over connection ``who``."""
+    ref = _ensure_connection(tx, who)
+    append(tx, "pruned", PrunedBody(sessions=sessions, before=before, connection=ref, decider=decider))
 
 
 def failed(tx: Tx, stamp: Stamp, action: str, code: str, message: str,

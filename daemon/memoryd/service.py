@@ -91,7 +91,8 @@ class Service:
         self.approvals = approvals
         approvals.config = config  # who may decide: the config's approvers
         #: which open connection each session id belongs to (sessions.py)
-        self.sessions = Sessions(config.max_sessions_per_connection)
+        self.sessions = Sessions(config.max_sessions_per_connection, config.max_new_snapshots_per_connection,
+                                 config.max_new_snapshots_per_minute)
         self.started = time.monotonic()
         self.connections = 0
         #: the live connections, for ``daemon/status`` (the Daemon's own set)

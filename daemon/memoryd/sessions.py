@@ -5,10 +5,16 @@ Meanwhile no other connection may take the session's first snapshot or create pr
 for it: otherwise any local process could decide what another live session's system prompt
 shows. A frozen snapshot stays readable by all, and a write may carry any session id (it
 is only a label). Nothing is stored: after a restart, the first to name a session binds it.
+
+It also counts the new sessions' first snapshots each connection (for its life) and each
+peer process (over the last minute) takes: each is a row the store keeps until pruned.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from memoryd_protocol.constants import DEFAULT_MAX_SESSIONS_PER_CONNECTION
@@ -20,6 +26,10 @@ from .context import Handler, Peer, RequestContext
 #: so a watcher (memoryctl watch, say) must not keep the session's own harness from taking
 #: its first snapshot.
 UNBOUND_METHODS = frozenset({"memory/watch"})
+#: the window of max_new_snapshots_per_minute, in seconds
+NEW_SNAPSHOT_WINDOW_S = 60.0
+#: processes whose window is kept before the idle ones are forgotten
+_PROCESSES_KEPT = 1024
 
 def named_session(params: Any) -> str | None:
     """The session id a request's params name, wherever the method carries it."""
@@ -37,12 +47,64 @@ def named_session(params: Any) -> str | None:
 
 
 class Sessions:
-    def __init__(self, max_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION) -> None:
+    def __init__(self, max_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION,
+                 new_per_connection: int | None = None, new_per_minute: int | None = None) -> None:
         self._owner: dict[str, int] = {}
         self._bound: dict[int, set[str]] = {}
         #: session ids one connection may bind (max_sessions_per_connection): a request
         #: naming one more is refused, so no connection grows this table without bound
         self.max_per_connection = max_per_connection
+        #: first snapshots a connection may take while it lives, and a process in a minute
+        #: (None: no cap): each is a row kept until pruned, so a loop of fresh session ids
+        #: would fill max_snapshots for everyone
+        self.new_per_connection = new_per_connection
+        self.new_per_minute = new_per_minute
+        self._taken: dict[int, int] = {}
+        self._recent: dict[object, deque[float]] = {}
+
+    def held(self) -> frozenset[str]:
+        """The session ids an open connection holds: sessions that have not ended."""
+        return frozenset(self._owner)
+
+    def admit_first_snapshot(self, peer: Peer) -> Callable[[], None]:
+        """Count a new session's first snapshot against ``peer``'s connection and process,
+        or refuse it (INVALID_INPUT naming the key); the callable takes the count back,
+        for a snapshot that was not taken after all."""
+        taken = self._taken.get(peer.id, 0)
+        if self.new_per_connection is not None and taken >= self.new_per_connection:
+            raise InvalidInput(f"this connection already took {self.new_per_connection} new sessions' first snapshots "
+                               "(max_new_snapshots_per_connection); reuse one of their ids, open another connection, "
+                               "or raise max_new_snapshots_per_connection in the daemon's config", "session.id")
+        process: object = ("connection", peer.id)
+        if peer.peer is not None and peer.peer.pid is not None:
+            process = peer.peer.pid
+        now = time.monotonic()
+        recent = self._recent.get(process)
+        if recent is None:
+            if len(self._recent) >= _PROCESSES_KEPT:
+                self._forget_idle(now)
+            recent = self._recent[process] = deque()
+        while recent and recent[0] <= now - NEW_SNAPSHOT_WINDOW_S:
+            recent.popleft()
+        if self.new_per_minute is not None and len(recent) >= self.new_per_minute:
+            raise InvalidInput(f"this process already took {self.new_per_minute} new sessions' first snapshots in the "
+                               "last minute (max_new_snapshots_per_minute); retry in a minute, reuse the id of a "
+                               "session that has one, or raise max_new_snapshots_per_minute in the daemon's config",
+                               "session.id")
+        self._taken[peer.id] = taken + 1
+        recent.append(now)
+
+        def undo() -> None:
+            if peer.id in self._taken:
+                self._taken[peer.id] -= 1
+            if now in recent:
+                recent.remove(now)
+
+        return undo
+
+    def _forget_idle(self, now: float) -> None:
+        for process in [p for p, times in self._recent.items() if not times or times[-1] <= now - NEW_SNAPSHOT_WINDOW_S]:
+            del self._recent[process]
 
     def bind(self, peer: Peer, session_id: str) -> None:
         """``session_id`` becomes ``peer``'s unless an open connection holds it already."""
@@ -65,6 +127,7 @@ class Sessions:
                                f"can {action}", "session.id")
 
     def release(self, peer: Peer) -> None:
+        self._taken.pop(peer.id, None)
         for session_id in self._bound.pop(peer.id, ()):
             self._owner.pop(session_id, None)
 

@@ -9,16 +9,25 @@ Two caps bound the store: ``max_snapshots`` the sessions with a frozen snapshot,
 ``max_snapshot_bytes`` the UTF-8 bytes of the distinct texts. A new session's first snapshot
 beyond either is refused (one whose text is stored already never by the bytes), and
 nothing is written for the refusal, as for any request refused before it acts (a row per
-refusal would grow the store the caps are there to bound).
+refusal would grow the store the caps are there to bound). So that a loop of fresh session
+ids cannot fill them for everyone in minutes, each connection and each process may take
+only so many first snapshots (sessions.py).
+
+``snapshots/prune`` deletes the snapshots of sessions that ended, a person's decision
+recorded by a ``pruned`` ledger row: room comes back at once, with no restart. It is never
+done by itself when the store is full: a flood would then choose which sessions' record of
+what they were shown is erased.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from memoryd_protocol.errors import InvalidInput, StoreCorrupt
 from memoryd_protocol.ledger import snapshot_ref, text_hash
 from memoryd_protocol.snapshot import render, visible_proposals
+from memoryd_protocol.snapshot_types import PRUNE_ROW_SESSIONS, SnapshotPruneParams, SnapshotPruneResult
 from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
     MemorySnapshot,
@@ -26,9 +35,9 @@ from memoryd_protocol.types import (
     SnapshotParams,
     SnapshotResult,
 )
-from memoryd_protocol.validation import session_view
+from memoryd_protocol.validation import SessionView, session_view
 
-from . import store
+from . import ledger, store
 from .context import Handler, RequestContext
 from .service import Service
 from .tx import Tx
@@ -46,13 +55,15 @@ class Snapshots:
         limit = self.s.config.max_snapshots
         if held >= limit:
             raise InvalidInput(f"the store already holds {limit} frozen snapshots (max_snapshots); reuse the id of a "
-                               "session that has one, or raise max_snapshots in the daemon's config", "session.id")
+                               "session that has one, free room with memoryctl snapshots prune (the snapshots of "
+                               "sessions that ended), or raise max_snapshots in the daemon's config", "session.id")
 
     def _refuse_beyond_bytes(self, held: int, size: int) -> None:
         limit = self.s.config.max_snapshot_bytes
         if held + size > limit:
             raise InvalidInput(f"the store's snapshot texts take {held} of {limit} bytes (max_snapshot_bytes), too few "
-                               f"for this session's new text of {size} bytes; raise max_snapshot_bytes in the daemon's "
+                               f"for this session's new text of {size} bytes; free room with memoryctl snapshots prune "
+                               "(the snapshots of sessions that ended), or raise max_snapshot_bytes in the daemon's "
                                "config file and restart memoryd (sessions whose text is stored already are still "
                                "served)", "session.id")
 
@@ -73,7 +84,7 @@ class Snapshots:
         return text
 
     def handlers(self) -> dict[str, Handler]:
-        return {"memory/snapshot": self.snapshot}
+        return {"memory/snapshot": self.snapshot, "snapshots/prune": self.prune}
 
     async def snapshot(self, ctx: RequestContext, p: SnapshotParams) -> SnapshotResult:
         view = session_view(p.session)
@@ -86,6 +97,15 @@ class Snapshots:
         self.s.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
         if self._held is not None:
             self._refuse_beyond_cap(self._held[0])  # before rendering: the job checks again
+        undo = self.s.sessions.admit_first_snapshot(ctx.peer)
+        try:
+            return await self._freeze(ctx, p, view, session_id, undo)
+        except BaseException:
+            undo()
+            raise
+
+    async def _freeze(self, ctx: RequestContext, p: SnapshotParams, view: SessionView, session_id: str,
+                      undo: Callable[[], None]) -> SnapshotResult:
         language = p.language or self.s.config.language
 
         def gather(c: sqlite3.Connection) -> tuple[list[tuple[str, str, str, str, str]], list[Proposal]]:
@@ -93,7 +113,7 @@ class Snapshots:
 
         entries, pending = await self.s.read(gather)
         visible = [(track, scope, text) for track, scope, wk, ak, text in entries if view.sees(scope, wk, ak)]
-        # every pending proposal this session sees (not only its own), as the reference lists them
+        # the session's own pending proposals, fenced as the reference lists them
         shown = [(x.id, x.track, x.scope, x.text)
                  for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]
         usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
@@ -132,4 +152,27 @@ class Snapshots:
             raise
         if first:
             await ctx.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))
+        else:
+            undo()  # another request froze it first: this one took none
         return SnapshotResult(text=final)
+
+    async def prune(self, ctx: RequestContext, p: SnapshotPruneParams) -> SnapshotPruneResult:
+        facts = self.s.check_decider(ctx.peer, "prune frozen snapshots")
+        who = self.s.pipeline.who(ctx.peer)
+        held = self.s.sessions.held()
+
+        def job(tx: Tx) -> SnapshotPruneResult:
+            sessions, texts, size = store.prune_snapshots(tx.conn, held, p.before)
+            rows = []
+            for k in range(0, len(sessions), PRUNE_ROW_SESSIONS):
+                ledger.pruned(tx, who, sessions[k:k + PRUNE_ROW_SESSIONS], p.before, facts)
+                rows.append(tx.tip[0] if tx.tip else 0)
+            if self._held is not None:
+                self._held = (self._held[0] - len(sessions), self._held[1] - size)
+            return SnapshotPruneResult(sessions=len(sessions), texts=texts, bytes=size, rows=rows)
+
+        try:
+            return await self.s.writer.submit(job)
+        except BaseException:
+            self._held = None  # a commit that failed may have been counted: count again
+            raise

@@ -517,6 +517,25 @@ def decide_proposal(conn: sqlite3.Connection, proposal_id: str, status: str, ts:
     return cur.rowcount == 1
 
 
+def prune_snapshots(conn: sqlite3.Connection, held: frozenset[str], before: int | None) -> tuple[list[str], int, int]:
+    """Delete the frozen snapshots of the sessions not in ``held`` (frozen before ``before``,
+    when given), oldest first, and the texts that only they named: ``(sessions, texts,
+    bytes)``. A text no session named before stays (verify reports it if it was planted)."""
+    where, args = ("WHERE created_at < ? ", (before,)) if before is not None else ("", ())
+    found = conn.execute(f"SELECT session_id, digest FROM memoryd_snapshots {where}ORDER BY created_at, session_id",
+                         args).fetchall()
+    gone = [(str(sid), str(digest)) for sid, digest in found if sid not in held]
+    conn.executemany("DELETE FROM memoryd_snapshots WHERE session_id = ?", [(sid,) for sid, _ in gone])
+    texts = size = 0
+    for digest in sorted({digest for _, digest in gone}):
+        if conn.execute("SELECT 1 FROM memoryd_snapshots WHERE digest = ? LIMIT 1", (digest,)).fetchone() is None:
+            row = conn.execute("DELETE FROM memoryd_snapshot_texts WHERE digest = ? RETURNING bytes",
+                               (digest,)).fetchone()
+            if row is not None:
+                texts, size = texts + 1, size + int(row[0])
+    return [sid for sid, _ in gone], texts, size
+
+
 def freeze_snapshot(conn: sqlite3.Connection, session_id: str, digest: str, language: str, ts: int,
                     new_text: str | None = None) -> None:
     """Freeze the session's snapshot (it has none yet) as the text of ``digest``; ``new_text``:

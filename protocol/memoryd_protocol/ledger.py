@@ -38,7 +38,8 @@ from .types import (
 
 #: Runs one SELECT of this module and returns its rows (the caller's sqlite3 connection).
 Fetch = Callable[[str], Iterable[Sequence[Any]]]
-Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal", "foreign", "accepted"]
+Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal", "foreign", "accepted",
+               "pruned"]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -204,6 +205,10 @@ class ForeignBody(_Body):
     #: the cells whose memoryd_usage differed from their entries: "track/scope" →
     #: [entries, used] as stored, then as counted (the counted values are enforced from here)
     usage: dict[str, list[int]]
+    #: the schema objects another program added or changed (a trigger, view, index, table or
+    #: column), each with the sha256 of its definition: memoryd takes no write while one is
+    #: there and not accepted (absent in rows of an older memoryd)
+    schema: list[str] = msgspec.field(default_factory=list)
 
 
 class AcceptedBody(_Body):
@@ -215,12 +220,24 @@ class AcceptedBody(_Body):
     decider: ProcessFacts
 
 
+class PrunedBody(_Body):
+    """Frozen snapshots deleted (``snapshots/prune``) by a person over this connection: the
+    sessions, each ended. Their ``snapshot`` rows keep the digests; verify holds a pruned
+    session as pruned, and a session named again after it freezes a new snapshot."""
+
+    sessions: list[str]
+    #: only snapshots frozen before this (ms since the epoch); None: all of ended sessions
+    before: int | None
+    connection: str | None
+    decider: ProcessFacts
+
+
 Body = (StartBody | LedgerConnection | AuditBody | AskedBody | DecidedBody | FailedBody | ProposalBody | ForeignBody
-        | AcceptedBody)
+        | AcceptedBody | PrunedBody)
 _BODY_TYPES: dict[str, type[Body]] = {
     "start": StartBody, "connection": LedgerConnection, "audit": AuditBody, "asked": AskedBody,
     "decided": DecidedBody, "failed": FailedBody, "proposal": ProposalBody, "foreign": ForeignBody,
-    "accepted": AcceptedBody,
+    "accepted": AcceptedBody, "pruned": PrunedBody,
 }
 _encoder = msgspec.json.Encoder(order="sorted")
 

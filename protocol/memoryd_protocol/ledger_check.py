@@ -34,6 +34,7 @@ from .ledger import (
     Frozen,
     LedgerRow,
     ProposalBody,
+    PrunedBody,
     StartBody,
     audit_digest,
     audit_fields,
@@ -184,6 +185,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
     #: session id → (ledger n, audit seq, text) of its chained snapshot row (the text is the
     #: snapshot's ``sha256:`` digest, or in rows from before memoryd_schema 7 the text itself)
     recorded: dict[str, tuple[int, int, str]] = {}
+    #: sessions whose frozen snapshot a ``pruned`` row deleted (and none froze again since)
+    pruned: set[str] = set()
     #: foreign rows (n) and the accepted rows that name them
     foreign: dict[int, str] = {}
     accepted: set[int] = set()
@@ -240,6 +243,10 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
                 v.problem(f"the row accepts ledger row {body.foreign}, which records no change made outside memoryd",
                           row.n)
             accepted.add(body.foreign)
+        if isinstance(body, PrunedBody):
+            for sid in body.sessions:
+                recorded.pop(sid, None)
+            pruned.update(body.sessions)
         if not state.apply(row, body):
             continue
         if isinstance(body, ForeignBody) and state.digest() != body.after:
@@ -256,6 +263,7 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             _provenance(written, body)
             if body.action == "snapshot" and body.session_id is not None:
                 recorded[body.session_id] = (row.n, body.seq, body.text or "")
+                pruned.discard(body.session_id)
     for n, note in foreign.items():
         if n not in accepted:
             v.problem(f"ledger row {n} records a change another program made to the store, not accepted yet: "
@@ -284,7 +292,8 @@ def verify(ledger: Sequence[LedgerRow], audit: Iterable[AuditRow], entries: Iter
             return fields
 
         _compare(v, "entry", replayed, live, entry_differs)
-        _check_snapshots(v, frozen, recorded, start.snapshots if start is not None else {})
+        earlier = start.snapshots if start is not None else {}
+        _check_snapshots(v, frozen, recorded, {sid: d for sid, d in earlier.items() if sid not in pruned})
         if proposals is not None:
             _compare(v, "proposal", proposed, {p.id: p for p in proposals},
                      lambda _, want, have: [f for f in Proposal.__struct_fields__ if getattr(want, f) != getattr(have, f)])

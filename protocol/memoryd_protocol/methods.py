@@ -25,6 +25,7 @@ import msgspec
 
 from . import approval_types as apt
 from . import audit_types as at
+from . import snapshot_types as st
 from . import types as t
 from .constants import MAX_CONSOLIDATE, MAX_IMPORT_ENTRIES, MAX_WATCHED_SESSIONS
 from .mcp_wire import McpAttachParams, McpAttachResult
@@ -192,6 +193,14 @@ _ROWS: Final = (
         "Accept a change another program made to the store (a 'foreign' ledger row, which "
         "audit/verify reports until then): an 'accepted' row records it, with this connection. "
         "Only a connection that may decide approvals may accept.",
+        ("INVALID_INPUT",),
+    ),
+    Method(
+        "snapshots/prune", st.SnapshotPruneParams, st.SnapshotPruneResult, "lifecycle",
+        "Delete the frozen snapshots of sessions that ended (no open connection holds them), "
+        "frozen before before if given, and the texts no other session names: a 'pruned' ledger "
+        "row names each, so audit/verify still holds, and max_snapshots has room again at once. "
+        "Only a connection that may decide approvals may prune.",
         ("INVALID_INPUT",),
     ),
     Method(
