@@ -97,7 +97,7 @@ def texts(d: Any) -> list[str]:
 
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(VERBS) == {"list", "query", "add", "replace", "edit", "remove", "consolidate", "share", "budgets", "audit",
-                          "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "approve",
+                          "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "snapshots", "approve",
                           "watch", "socket", "rpc", "completion"}
     for verb, parser in verbs().items():
         assert parser.description and len(parser.description) > 40, verb

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -273,6 +274,18 @@ async def cmd_snapshot(c: Client, ctx: Ctx) -> None:
         print("(empty snapshot: no entries visible to this session)", file=sys.stderr)
 
 
+async def cmd_snapshots(c: Client, ctx: Ctx) -> None:
+    a = ctx.args
+    if getattr(a, "action", None) != "prune":
+        raise UsageError("memoryctl snapshots needs an action: prune (see memoryctl snapshots prune --help)")
+    if a.older_than is not None and a.older_than < 0:
+        raise UsageError("--older-than takes a number of days, 0 or more")
+    before = None if a.older_than is None else max(0, int(time.time() * 1000 - a.older_than * 86_400_000))
+    r = await c.snapshots_prune(before)
+    ctx.result(r, lambda: f"pruned the frozen snapshots of {r.sessions} ended sessions and {r.texts} texts "
+                          f"({r.bytes} bytes)" + (f": ledger rows {', '.join(map(str, r.rows))}" if r.rows else ""))
+
+
 async def cmd_approve(c: Client, ctx: Ctx) -> int:
     """Ctrl-C stops it (exit 0). SIGINT is taken here rather than left to asyncio's
     default, which cancels the main task natively: a cancel scope that happens to be
@@ -327,14 +340,15 @@ def init_key(ctx: Ctx) -> int:
 #: The commands that answer their own prompt (memoryctl's Approve? [y/N]) or decide, and
 #: so, under approvers = "keyed", prove the approver key first: (verb, action or None).
 PROMPTING = frozenset({("add", None), ("replace", None), ("remove", None), ("consolidate", None),
-                       ("share", None), ("import", None), ("proposals", "approve"), ("audit", "accept")})
+                       ("share", None), ("import", None), ("proposals", "approve"), ("audit", "accept"),
+                       ("snapshots", "prune")})
 
 
 async def _prove_for_prompt(c: Client, ctx: Ctx) -> None:
     """Under approvers = "keyed", prove the approver key so that this command's own prompt
     may decide its writes; without a readable key they are asked of a keyed approver."""
     a = ctx.args
-    command = (a.verb, getattr(a, "action", None) if a.verb in ("proposals", "audit") else None)
+    command = (a.verb, getattr(a, "action", None) if a.verb in ("proposals", "audit", "snapshots") else None)
     if c.server is None or c.server.approvers != "keyed" or not c.approvals or command not in PROMPTING:
         return
     try:
@@ -395,6 +409,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "status": cmd_status,
     "stop": cmd_stop,
     "snapshot": cmd_snapshot,
+    "snapshots": cmd_snapshots,
     "approve": cmd_approve,
     "watch": cmd_watch,
 }

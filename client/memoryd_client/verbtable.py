@@ -109,7 +109,7 @@ class _Only:
 
 #: Every verb, in the order --help lists them (test_cli_quick checks it against build_parser()).
 VERB_NAMES = ("list", "query", "add", "replace", "edit", "remove", "consolidate", "share", "budgets", "audit", "proposals",
-              "export", "import", "adapters", "status", "stop", "snapshot", "approve", "watch", "socket", "rpc",
+              "export", "import", "adapters", "status", "stop", "snapshot", "snapshots", "approve", "watch", "socket", "rpc",
               "completion")
 
 
@@ -452,6 +452,31 @@ def add_verbs(sub: _Only) -> None:
               default shows what a new session would see now.""",
         "memoryctl snapshot\nmemoryctl snapshot --session s-42 --cwd ~/proj --agent coder",
         arguments=_snapshot_args,
+    )
+
+    def _older_than(q: Verb) -> None:
+        q.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="only the snapshots frozen more than DAYS days ago (default: every ended session's)")
+
+    def _snapshots_args(p: Verb) -> None:
+        p.set_defaults(older_than=None)
+        _action(p, "prune", "delete the frozen snapshots of sessions that ended",
+                """Delete the frozen snapshots of the sessions no open connection holds (and
+                   the texts no other session shows), freeing room under max_snapshots and
+                   max_snapshot_bytes at once, without a restart. The ledger keeps each one's
+                   digest and records the prune, so 'audit verify' still holds. A session whose
+                   snapshot was pruned gets a new one if it is named again. Only an approver
+                   may prune (under approvers = "interactive", from a terminal).""",
+                "memoryctl snapshots prune\nmemoryctl snapshots prune --older-than 30", _older_than)
+
+    _verb(
+        sub,
+        "snapshots",
+        "prune the frozen snapshots of sessions that ended",
+        """The frozen snapshots the store keeps, one per session. Run 'memoryctl snapshots
+              prune --help' for its options.""",
+        "memoryctl snapshots prune",
+        arguments=_snapshots_args,
     )
 
     def _approve_args(p: argparse.ArgumentParser) -> None:
