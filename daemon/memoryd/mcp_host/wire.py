@@ -29,6 +29,9 @@ log = logging.getLogger("memoryd.mcp")
 MAX_INFLIGHT = 256
 #: How long a session that read EOF waits for the SDK to answer what it read.
 EOF_ANSWER_S = 10.0
+#: Requests that stay open until the host cancels them (a subscription's stream). A host that
+#: closed its end cancels nothing more, so at EOF the session does not wait for their answer.
+LASTING = frozenset({"subscriptions/listen"})
 
 _PARSE_ERROR = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}'
 _INVALID = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request: not a JSON-RPC 2.0 message"}}'
@@ -72,6 +75,8 @@ class Wire:
         #: not yet settled, oldest first (a host may reuse an id)
         self._open: dict[Any, list[object]] = {}
         self._count = 0
+        #: the open requests' tokens that are LASTING ones
+        self._lasting: set[object] = set()
         self._room = asyncio.Event()
 
     async def serve(self, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes], serve: Serve) -> None:
@@ -93,9 +98,10 @@ class Wire:
         if not tokens:
             return
         if token is None:
-            tokens.pop(0)
+            self._lasting.discard(tokens.pop(0))
         elif token in tokens:
             tokens.remove(token)
+            self._lasting.discard(token)
         else:
             return
         if not tokens:
@@ -135,7 +141,7 @@ class Wire:
                         break
                 self._on_eof()
                 with anyio.move_on_after(EOF_ANSWER_S):
-                    await self._until(lambda: self._count == 0)
+                    await self._until(lambda: self._count == len(self._lasting))
         except OSError as exc:
             log.debug("mcp session %s: read failed: %s", self._session_id, exc)
         finally:
@@ -155,6 +161,8 @@ class Wire:
             token = object()
             self._open.setdefault(message.id, []).append(token)
             self._count += 1
+            if message.method in LASTING:
+                self._lasting.add(token)
 
             async def unanswered(request_id: Any = message.id, token: object = token) -> None:
                 self._settle(request_id, token)  # cancelled by the host: the SDK writes no reply
