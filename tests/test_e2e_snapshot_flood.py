@@ -7,6 +7,7 @@ so that a full store never needs a restart; the ledger records each prune, and
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,23 @@ async def test_prune_is_a_persons_decision(daemon_factory: Any, tmp_path: Path) 
         assert err.error["message"] == ("only a process with a controlling terminal can prune frozen snapshots; run "
                                         "memoryctl in a terminal")
         assert dump(d.db_path) == before
+
+
+async def test_a_snapshot_deleted_without_a_prune_is_still_caught(daemon_factory: Any, tmp_path: Path) -> None:
+    """Only a ``pruned`` row makes a missing snapshot pruned: one deleted beside memoryd is
+    reported, live and offline, with the row that recorded it."""
+    d = configured(daemon_factory, tmp_path, 'approvers = "any"\n')
+    async with socket_client(d.socket_path) as raw:
+        await raw.ok("memory/snapshot", {"session": session("kept")})
+        await raw.ok("memory/snapshot", {"session": session("gone")})
+    [(n, seq)] = rows(d.db_path, "SELECT n, audit_seq FROM memoryd_ledger WHERE kind = 'audit' AND body LIKE "
+                                 "'%\"sessionId\":\"gone\"%'")
+    with sqlite3.connect(d.db_path) as rw:
+        rw.execute("DELETE FROM memoryd_snapshots WHERE session_id = 'gone'")
+    want = [{"n": n, "seq": seq, "reason": "the frozen snapshot of session gone was deleted"}]
+    async with socket_client(d.socket_path) as raw:
+        report = await raw.ok("audit/verify", {})
+        assert (report["ok"], report["problems"]) == (False, want)
+    assert d.stop() == 0
+    code, report = offline_verify(d.db_path, tmp_path)
+    assert (code, report["problems"]) == (1, want)
