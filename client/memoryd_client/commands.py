@@ -100,7 +100,7 @@ async def cmd_remove(c: Client, ctx: Ctx) -> None:
 
 
 async def cmd_consolidate(c: Client, ctx: Ctx) -> None:
-    r = await c.consolidate(_input(ctx, matches=ctx.args.matches))
+    r = await c.consolidate(_input(ctx, matches=ctx.args.matches, source=ctx.args.source))
     ctx.result(
         r, lambda: f"consolidated {len(r.removed)} entries into {render.short(r.entry.id)} ({render.usage(r.usage)})"
     )

@@ -236,6 +236,7 @@ def add_verbs(sub: _Only) -> None:
             help="unique substring of an entry to merge (repeat for each, 1..20)",
         )
         p.add_argument("--tag", action="append", metavar="TAG", help="tags of the new entry (repeatable)")
+        p.add_argument("--source", default="memoryctl", help="provenance label of the new entry (default: memoryctl)")
         _text_arg(p, "the merged entry's text")
 
     _verb(
