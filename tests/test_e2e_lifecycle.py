@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -261,13 +260,13 @@ async def test_export_envelope_and_import(daemon: Any, daemon_factory: Any, tmp_
                           ({"envelope": env, "adapter": "mem0", "payload": []}, "INVALID_INPUT"),
                           ({}, "INVALID_INPUT"),
                           ({"adapter": "nope", "payload": "x"}, "ADAPTER_NOT_FOUND"),
-                          ({"adapter": "hermes-memory-md", "payload": "# Notes\n- ok\nstray prose\n"},
+                          ({"adapter": "hermes-memory-md", "payload": "## Notes\n- ok\nstray prose\n"},
                            "ADAPTER_PAYLOAD"),
                           ({"adapter": "mem0", "payload": {"messages": [{"role": "user", "content": "hi"}]}},
                            "ADAPTER_PAYLOAD")]:
             err = await raw.fail("memory/import", {**bad, "write": write_ctx("imp")})
             assert err.code == code, (bad, err.error)
-        err = await raw.fail("memory/import", {"adapter": "hermes-memory-md", "payload": "# N\n- ok\nstray\n",
+        err = await raw.fail("memory/import", {"adapter": "hermes-memory-md", "payload": "## N\n- ok\nstray\n",
                                                "write": write_ctx("imp")})
         assert err.details["line"] == 3 and err.details["adapterId"] == "hermes-memory-md"
         assert await state(raw) == before
@@ -320,7 +319,7 @@ async def test_adapters_list_and_markdown_import(daemon: Any) -> None:
     async with socket_client(daemon.socket_path) as raw:
         ids = [a["id"] for a in await raw.ok("adapters/list", {})]
         assert ids == ["mem0", "hermes-memory-md", "claude-code-memory-md"]
-        claude_md = "# Project\n\nUse pnpm, never npm.\n\n## Style\n- tabs for indentation\n- no semicolons\n"
+        claude_md = "## Project\n\nUse pnpm, never npm.\n\n## Style\n- tabs for indentation\n- no semicolons\n"
         res = await raw.ok("memory/import", {"adapter": "claude-code-memory-md", "payload": claude_md,
                                              "write": write_ctx()})
         assert res["added"] == 3
@@ -329,7 +328,8 @@ async def test_adapters_list_and_markdown_import(daemon: Any) -> None:
             ("tabs for indentation", ["Style"], "claude-code-memory-md"),
             ("no semicolons", ["Style"], "claude-code-memory-md")]
         md = await raw.ok("memory/export", {"adapter": "hermes-memory-md"})
-        assert "## agent/user-global\n- Use pnpm, never npm." in (md if isinstance(md, str) else json.dumps(md))
+        assert md["plugin"] == "hermes-memory-md"
+        assert "## user/user-global\n- Use pnpm, never npm." in md["text"]
         err = await raw.fail("memory/export", {"adapter": "nope"})
         assert err.code == "ADAPTER_NOT_FOUND" and err.details == {"adapterId": "nope"}
 

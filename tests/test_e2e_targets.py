@@ -329,7 +329,7 @@ async def test_skip_existing_still_validates_every_entry(daemon: Any) -> None:
 
 async def test_adapter_reimport_with_skip_existing(daemon: Any) -> None:
     async with socket_client(daemon.socket_path) as raw:
-        claude_md = "# Project\n\nUse pnpm, never npm.\n\n## Style\n- tabs for indentation\n"
+        claude_md = "## Project\n\nUse pnpm, never npm.\n\n## Style\n- tabs for indentation\n"
         params = {"adapter": "claude-code-memory-md", "payload": claude_md, "write": write_ctx(),
                   "skipExisting": True}
         res = await raw.ok("memory/import", params)

@@ -273,7 +273,7 @@ def _budgets(cfg: Config, value: Any) -> None:
             scope = scope_key.replace("_", "-")
             if scope not in SCOPES:
                 raise ConfigError(f"config: unknown budget scope {scope_key!r} in [budgets.{track}]")
-            cfg.budgets[(track, scope)] = _int(f"budgets.{track}.{scope_key}", limit, 0, 10_000_000)
+            cfg.budgets[(track, scope)] = _int(f"budgets.{track}.{scope_key}", limit, 1, 10_000_000)
 
 
 def _write_policies(cfg: Config, value: Any) -> None:

@@ -75,6 +75,8 @@ class WritePlan(Generic[R]):
     lands: tuple[str, str, list[str]] | None = None
     #: a seed's batch, every entry shown to the approver
     entries: Sequence[Entry] | None = None
+    #: an import's user-global entries whose workspaceKey was dropped (the approval says so)
+    workspace_keys_dropped: int | None = None
 
 
 @dataclass
@@ -238,6 +240,7 @@ class Pipeline:
             entries=None if entries is None else [
                 ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
                               text=e.text, tags=list(e.tags)) for e in entries],
+            workspace_keys_dropped=plan.workspace_keys_dropped,
         )
 
     async def _deny(self, origin: LedgerConnection, view: SessionView, plan: WritePlan[Any], outcome: str,

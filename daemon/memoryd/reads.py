@@ -65,7 +65,8 @@ class Reads:
                 text = None
             else:
                 check_query_text(text, "filter.text")
-        limit = min(f.limit if f and f.limit else self.s.config.max_entries_per_query, QUERY_HARD_CAP)
+        # As the reference: a limit below 1 asks for the default page, not for an error.
+        limit = min(f.limit if f and f.limit and f.limit > 0 else self.s.config.max_entries_per_query, QUERY_HARD_CAP)
         session_id = o.session_id if o else None
         if session_id is not None:
             check_match(session_id, "opts.sessionId")

@@ -11,6 +11,7 @@ import msgspec
 from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
     AdapterInfo,
     Entry,
@@ -59,6 +60,18 @@ def existing_keys(conn: sqlite3.Connection) -> set[EntryKey]:
     return {(track, scope, wk or "", ak or "", text) for track, scope, wk, ak, text in rows}
 
 
+def _drop_user_global_workspaces(inputs: list[EntryInput]) -> int:
+    """Clear the workspaceKey of every user-global input; how many named one. Such entries
+    have none (the spec's ''), but dsh-memento stores the session's cwd there, so its own
+    exports carry one: memory must still move, so the key goes and the approval says so."""
+    dropped = 0
+    for i in inputs:
+        if i.scope == "user-global" and i.workspace_key is not None and js_trim(i.workspace_key):
+            i.workspace_key = None
+            dropped += 1
+    return dropped
+
+
 class Transfer:
     def __init__(self, s: Service, w: Writes, adapters: dict[str, Any]) -> None:
         self.s = s
@@ -96,8 +109,15 @@ class Transfer:
             inputs = adapt_payload(self.adapter(p.adapter), p.payload)
             source_default: str | None = p.adapter
         else:
+            if p.track is not None or p.scope is not None:
+                raise InvalidInput("track and scope go with an adapter import: an envelope names each entry's "
+                                   "track and scope", "track" if p.track is not None else "scope")
             inputs = self._envelope_inputs(p.envelope)
             source_default = None
+        for i in inputs:
+            i.track = p.track or i.track
+            i.scope = p.scope or i.scope
+        dropped = _drop_user_global_workspaces(inputs)
         if len(inputs) > MAX_IMPORT_ENTRIES:
             raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has {len(inputs)}: "
                                f"split it into parts of at most {MAX_IMPORT_ENTRIES} entries and import each "
@@ -106,18 +126,21 @@ class Transfer:
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.w.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
-            result = await self.w.seed_planned(ctx, view, planned)
+            result = await self.w.seed_planned(ctx, view, planned, dropped)
             if p.skip_existing is not None:
                 result.skipped = 0
-            return result
-        present = await self.s.read(existing_keys)
-        fresh = [e for e in planned if entry_key(e) not in present]
-        skipped = len(planned) - len(fresh)
-        if not fresh:
-            # Everything is already there: a no-op, with no approval to ask and nothing to audit.
-            return SeedResult(added=0, entries=[], skipped=skipped)
-        result = await self.w.seed_planned(ctx, view, fresh)
-        result.skipped = skipped
+        else:
+            present = await self.s.read(existing_keys)
+            fresh = [e for e in planned if entry_key(e) not in present]
+            skipped = len(planned) - len(fresh)
+            if not fresh:
+                # Everything is already there: a no-op, with no approval to ask and nothing to audit.
+                result = SeedResult(added=0, entries=[], skipped=skipped)
+            else:
+                result = await self.w.seed_planned(ctx, view, fresh, dropped)
+                result.skipped = skipped
+        if dropped:
+            result.workspace_keys_dropped = dropped
         return result
 
     @staticmethod

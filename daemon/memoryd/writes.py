@@ -282,11 +282,14 @@ class Writes:
                                           workspace_key=wk, agent_key=ak, ts=0))
         return planned
 
-    async def seed_planned(self, ctx: RequestContext, view: SessionView, planned: list[Entry]) -> SeedResult:
+    async def seed_planned(self, ctx: RequestContext, view: SessionView, planned: list[Entry],
+                           workspace_keys_dropped: int = 0) -> SeedResult:
         deltas: dict[tuple[str, str], int] = {}
         for e in planned:
             deltas[(e.track, e.scope)] = deltas.get((e.track, e.scope), 0) + utf16_len(e.text)
         text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
+        if workspace_keys_dropped:
+            text += "\n" + payloads.dropped_workspaces_note(workspace_keys_dropped)
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
 
@@ -306,7 +309,7 @@ class Writes:
             action="seed", track="batch", scope="batch", text=text, source=source,
             layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
             commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
-            count=len(planned), entries=planned))
+            count=len(planned), entries=planned, workspace_keys_dropped=workspace_keys_dropped or None))
 
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write)

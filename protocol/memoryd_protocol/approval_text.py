@@ -339,6 +339,10 @@ def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown:
     if asked.entries is not None:
         lines += _summary(asked.entries)
         lines += _entry_lines(asked.entries, shown)
+        if asked.workspace_keys_dropped:
+            from .payloads import dropped_workspaces_note
+
+            lines.append(f"  note:    {dropped_workspaces_note(asked.workspace_keys_dropped)}")
     else:
         lines += _change(asked.action, asked.text)
         if asked.tags is not None:

@@ -38,6 +38,13 @@ def seed_text(items: Sequence[tuple[str, str, str]]) -> str:
     return "\n".join(f"{track}/{scope}: {text}" for track, scope, text in items)
 
 
+def dropped_workspaces_note(count: int) -> str:
+    """The line an import's approval (and its seed row) ends with when ``count`` user-global
+    entries named a workspace: the reference writes the session's cwd there."""
+    return (f"user-global entries have no workspace: {count} of these named one (dsh-memento writes the "
+            "session's cwd there) and are imported without it")
+
+
 def reason(action: str, track: str, scope: str, source: str | None, text: str, count: int | None = None) -> str:
     head = f"[dsh-memento] {action}"
     if count is not None:
@@ -63,6 +70,7 @@ def outcome_label(outcome: str, policy: str) -> str:
 __all__ = [
     "add_text",
     "consolidate_text",
+    "dropped_workspaces_note",
     "normalize_outcome",
     "outcome_label",
     "reason",

@@ -216,7 +216,7 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
     "QueryFilter": {
         "text": {"maxLength": MAX_QUERY_TEXT_UNITS,
                  "description": f"Substring, ASCII case-insensitive; at most {MAX_QUERY_TEXT_UNITS} characters."},
-        "limit": {"description": f"Default 20 (configurable); the provider caps it at {QUERY_HARD_CAP}."},
+        "limit": {"description": f"Default 20 (configurable), also below 1; capped at {QUERY_HARD_CAP}."},
     },
     "QueryOpts": {
         "sessionId": {"maxLength": MAX_SESSION_ID_UNITS,

@@ -14,6 +14,8 @@ from msgspec import Meta
 
 from .approval_types import ProcessFacts, RelayInfo
 from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, MAX_QUERY_TEXT_UNITS, Scope, Track, WritePolicy
+from .transfer_types import AdapterInfo as AdapterInfo
+from .transfer_types import ExportParams as ExportParams
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -199,7 +201,7 @@ class QueryFilter(_In):
     track: Track | None = None
     scope: Scope | None = None
     text: str | None = None
-    limit: Annotated[int, Meta(ge=1)] | None = None
+    limit: int | None = None  # below 1: the default, as the reference reads it
 
 
 class QueryOpts(_In):
@@ -236,10 +238,6 @@ class WatchParams(_Env):
     session: Session
 
 
-class ExportParams(_Env):
-    adapter: str | None = None
-
-
 class ImportParams(_Env):
     write: Write
     envelope: Any = None
@@ -247,6 +245,9 @@ class ImportParams(_Env):
     payload: Any = None
     #: Skip every entry whose track, scope, workspaceKey, agentKey and text already exist.
     skip_existing: bool | None = None
+    #: with an adapter: every entry goes to this track and scope instead
+    track: Track | None = None
+    scope: Scope | None = None
 
 
 class ProposalInput(_In):
@@ -329,6 +330,8 @@ class SeedResult(_Out):
     entries: list[Entry]
     #: Entries an import with ``skipExisting`` left out (present only then).
     skipped: int | msgspec.UnsetType = msgspec.UNSET
+    #: import: user-global entries whose workspaceKey was dropped (present only when some were)
+    workspace_keys_dropped: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class QueryResult(_Out):
@@ -339,15 +342,6 @@ class QueryResult(_Out):
 
 class SnapshotResult(_Out):
     text: str
-
-
-class AdapterInfo(_Out):
-    id: str
-    name: str
-    description: str
-    version: str
-    import_formats: list[str]
-    export_format: str
 
 
 class ProposalApproveResult(_Out):
@@ -531,6 +525,8 @@ class ApprovalAsked(_Out, omit_defaults=True):
     #: the JSON-RPC id of the write that asked; only on the connection that sent it
     request_id: str | int | float | None = None
     origin: ApprovalOrigin | None = None
+    #: import: user-global entries whose workspaceKey is dropped (they have none)
+    workspace_keys_dropped: int | None = None
 
 
 class ApprovalResolved(_Out):
