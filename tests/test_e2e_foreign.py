@@ -355,24 +355,31 @@ async def test_memoryctl_prints_heads_and_accepts_with_yes(daemon_factory: Any, 
             'it)  text "Written by dsh-memento"') in life.stdout
 
 
-async def test_a_ledger_replay_cannot_read_does_not_stop_writes_or_the_start(daemon_factory: Any) -> None:
-    """Another program leaves the chain's first row unreadable: the check fails (logged), the
-    write it came before still commits, verify names the break, and the daemon starts again."""
+async def test_a_ledger_replay_cannot_read_stops_writes_not_reads_nor_the_start(daemon_factory: Any) -> None:
+    """Another program leaves the chain's first row unreadable: the check fails (logged), so
+    the write it came before commits nothing, verify names the break, and the daemon starts
+    again, serving reads and refusing writes while the check cannot run."""
     d = daemon_factory()
     async with socket_client(d.socket_path) as raw:
         await add(raw, "Prefers tabs")
         sql(d.db_path, "UPDATE memoryd_ledger SET body = 'not json' WHERE n = 1")
-        later = (await add(raw, "Uses uv"))["entry"]["id"]
-        assert later in {e["id"] for e in await raw.ok("memory/list")}
+        before = sql(d.db_path, "SELECT count(*) FROM entries"), sql(d.db_path, "SELECT count(*) FROM memoryd_ledger")
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        assert refused.code == "STORE_CORRUPT"
+        assert (sql(d.db_path, "SELECT count(*) FROM entries"), sql(d.db_path, "SELECT count(*) FROM memoryd_ledger")
+                ) == before
         report = await raw.ok("audit/verify")
         assert report["problems"][0] == {"n": 1, "reason": "the row's hash does not match its content: the row was "
                                                            "changed"}
     d.stop()
-    assert "checking for changes made outside memoryd failed; audit verify reports what is wrong" in d.stderr()
+    assert ("memoryd cannot check the store for changes another program made (JSON is malformed: invalid character "
+            "(byte 4)): it writes nothing until it can; audit verify names what is wrong") in d.stderr()
     sql(d.db_path, "UPDATE memoryd_usage SET used = 0")  # so the next start reconciles, and fails to
     again = daemon_factory(db=d.db_path, name="again")
     async with socket_client(again.socket_path) as raw:
-        assert len(await raw.ok("memory/list")) == 2
+        assert len(await raw.ok("memory/list")) == 1
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        assert refused.code == "STORE_CORRUPT"
 
 
 def append_raw(db: Path, kind: str, body: str, audit_seq: int | None) -> int:

@@ -239,25 +239,24 @@ def test_sockets_under_default_runtime_dir(tmp_path: Path) -> None:
     assert not sock.exists()
 
 
-async def test_internal_failure_is_32603_with_trace_in_log_only(daemon: Any) -> None:
+async def test_a_store_broken_behind_the_daemon_s_back_refuses_writes_and_says_why(daemon: Any) -> None:
     async with socket_client(daemon.socket_path) as raw:
         await add(raw, "secret memory text")
-        # break the store behind the daemon's back: the next write's transaction fails
+        # break the store behind the daemon's back: the next write cannot be checked
         conn = sqlite3.connect(daemon.db_path)
         conn.execute("ALTER TABLE audit RENAME TO audit_gone")
         conn.commit()
         conn.close()
         r = await raw.call("memory/add", {"input": {"track": "user", "scope": "user-global",
                                                     "text": "another secret"}, "write": write_ctx()})
-        assert r["error"]["code"] == -32603
-        assert r["error"]["message"] == "Internal error"
-        assert r["error"]["data"] == {"code": "INTERNAL_ERROR", "message": "Internal error", "details": {}}
-        # nothing half-written: the job's savepoint rolled back, the connection still serves
+        assert r["error"]["data"]["code"] == "STORE_CORRUPT"
+        assert "(no such table: audit)" in r["error"]["data"]["message"]
+        # nothing half-written: the batch ran nothing, the connection still serves
         assert [e["text"] for e in await raw.ok("memory/list", {})] == ["secret memory text"]
         assert (await raw.ok("memory/budgets", {}))[0]["used"] == len("secret memory text")
     daemon.stop()
     log = daemon.stderr()
-    assert "Traceback" in log and "OperationalError" in log
+    assert "memoryd cannot check the store for changes another program made (no such table: audit)" in log
     # memory text never reaches the log at the default level
     assert "secret" not in log
 

@@ -160,7 +160,7 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
 def audit_offline(ctx: Ctx) -> int:
     """``audit verify|explain|heads --db PATH``: read the store itself, read-only, no daemon."""
     from memoryd_protocol.ledger import SELECT_ENTRIES, Fetch
-    from memoryd_protocol.ledger_check import read_life, read_report
+    from memoryd_protocol.ledger_check import read_life, read_report, with_problems
 
     from . import offline
 
@@ -172,7 +172,8 @@ def audit_offline(ctx: Ctx) -> int:
     try:
         if a.action == "verify":
             witnessed = _witnessed(ctx, db, a.heads) if a.heads else []
-            return _ledger_report(ctx, offline.read(db, lambda fetch: read_report(fetch, None, witnessed)))
+            report = offline.read(db, lambda fetch: read_report(fetch, None, witnessed))
+            return _ledger_report(ctx, with_problems(report, offline.index_problems(db)))
         target: str = a.target
 
         def life(fetch: Fetch) -> T.EntryLife:

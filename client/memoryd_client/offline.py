@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from memoryd_protocol import text_index
 from memoryd_protocol.ledger import Fetch, consistent
 from memoryd_protocol.paths import owner_record_path
+from memoryd_protocol.types import LedgerProblem
 
 T = TypeVar("T")
 
@@ -113,4 +115,20 @@ def read(db_path: str, reader: Callable[[Fetch], T]) -> T:
             raise OfflineError(f"cannot read {db}: {exc}") from None
 
 
-__all__ = ["NO_LEDGER", "NoLedger", "OfflineError", "StoreHeld", "check_not_held", "read"]
+def index_problems(db_path: str) -> list[LedgerProblem]:
+    """Whether the text index agrees with the entries (text_index.agrees), checked on a copy
+    of the store in memory: the check writes, in a savepoint it rolls back, and the store
+    itself is only ever opened read-only."""
+    db = Path(db_path).expanduser()
+    with _read_only(db) as conn, contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as copy:
+        try:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memoryd_fts'").fetchone():
+                return []
+            conn.backup(copy)
+            agrees = text_index.agrees(copy.execute, sqlite3.DatabaseError)
+        except sqlite3.Error as exc:
+            raise OfflineError(f"cannot read {db}: {exc}") from None
+    return [] if agrees else [LedgerProblem(reason=text_index.PROBLEM)]
+
+
+__all__ = ["NO_LEDGER", "NoLedger", "OfflineError", "StoreHeld", "check_not_held", "index_problems", "read"]

@@ -309,6 +309,9 @@ class Daemon:
                 finally:
                     flush_scope.cancel()
                     with anyio.CancelScope(shield=True):
+                        # another program's change since the last batch is recorded before the
+                        # stop head vouches for the file as memoryd leaves it
+                        await self.writer.look_outside()
                         await self.writer.settled()
                     self.writer.close()
         finally:

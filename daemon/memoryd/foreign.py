@@ -3,10 +3,12 @@ enforced from (memoryd_protocol.ledger.ForeignBody has the row's format).
 
 Another connection's commit moves SQLite's ``PRAGMA data_version`` on the writer's
 connection, and the writer's own commits do not; so one pragma before each batch tells
-whether anybody else wrote (``Watch``). Only then does :func:`reconcile` read the store
-whole: it replays this daemon's chain, compares the entries, proposals, audit rows and
-usage counters with what it finds, and records the difference. Start-up runs the same
-comparison when the cheap checks disagree (:func:`open_chain`).
+whether anybody else wrote, and ``schema_version`` whether the schema changed (``Watch``).
+Only then does :func:`reconcile` read the store whole: it replays this daemon's chain,
+compares the entries, proposals, audit rows, usage counters and text index with what it
+finds, and records the difference. No batch commits over a change it did not compare: one
+whose check cannot run, or that finds a schema change nobody accepted, runs nothing of its
+own. Start-up runs the same comparison when the cheap checks disagree (:func:`open_chain`).
 
 A dsh-memento process writing the store in place is the legitimate case: its entries stay
 as it wrote them, readable and counted against the budgets, and the ledger says they came
@@ -15,20 +17,29 @@ from outside memoryd, never through its gate.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
 
+import anyio
 from memoryd_protocol import ledger as fmt
+from memoryd_protocol import text_index
 from memoryd_protocol.audit_types import WitnessedHead
 from memoryd_protocol.constants import GRID
+from memoryd_protocol.errors import StoreCorrupt
 from memoryd_protocol.ledger_check import replay
 from memoryd_protocol.text import utf16_len
 
-from . import ledger, store, storefile
+from . import ledger, schema, store, storefile
 from .atomic import atomic
 from .tx import Tx
+
+T = TypeVar("T")
 
 log = logging.getLogger("memoryd.foreign")
 
@@ -41,49 +52,127 @@ def _data_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
+def _versions(conn: sqlite3.Connection) -> tuple[int, int]:
+    """data_version, and schema_version: it moves with every change of the schema."""
+    return _data_version(conn), int(conn.execute("PRAGMA schema_version").fetchone()[0])
+
+
+#: what Watch.guard returns: the data_version accounted for, and the error that refuses the batch
+Guarded = tuple[int | None, StoreCorrupt | None]
+
+
 #: A reconcile reads the whole store; after one, the next waits this many times as long as
 #: it took (unless ``audit/verify`` asks), so that a program committing without pause costs
-#: the writer a tenth of its time at most. What it changes meanwhile is found by the next.
+#: the writer a tenth of its time at most. A batch that finds another program's commit
+#: meanwhile waits for it: what it would commit over must be compared first.
 SPACING = 10
+
+
+class Acceptance(Generic[T]):
+    """A writer job that accepts a change made outside memoryd: it runs while a schema change
+    nobody accepted stops every other write, since accepting it is how writes resume."""
+
+    def __init__(self, fn: Callable[[Tx], T]) -> None:
+        self.fn = fn
+
+    def __call__(self, tx: Tx) -> T:
+        return self.fn(tx)
+
+
+class SchemaChanged(StoreCorrupt):
+    """What every write fails with while the schema has a change nobody accepted."""
+
+
+def runs(job: object, refused: StoreCorrupt | None) -> bool:
+    """Whether a job of a batch that Watch.guard ``refused`` runs: only an acceptance, and
+    only of a schema change (a check that cannot run lets nothing through)."""
+    return refused is None or (isinstance(refused, SchemaChanged) and isinstance(job, Acceptance))
 
 
 @dataclass
 class Watch:
     """The writer connection's data_version as of the last time the store was as memoryd
-    left it: a batch that finds another value reconciles first."""
+    left it, and its schema_version as of the last time the schema was memoryd's (or
+    accepted): a batch that finds other values checks before anything of it runs."""
 
     version: int
+    #: the store, named in the errors of the writes refused
+    path: Path
     #: no reconcile before this (time.monotonic), unless ``force``
     not_before: float = 0.0
     #: set by audit/verify: the next batch reconciles whenever it is
     force: bool = False
+    #: the last check could not run: the next batch checks, whatever data_version says
+    owed: bool = False
+    #: None until the first batch looked, and while a schema change stops writes
+    schema: int | None = None
     _took: float = 0.0
+    _look: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    def of(cls, conn: sqlite3.Connection) -> Watch:
-        return cls(_data_version(conn))
+    def of(cls, conn: sqlite3.Connection, path: Path, *, owed: bool = False) -> Watch:
+        now, schema_now = _versions(conn)
+        return cls(now, path, owed=owed, schema=None if schema.changes(conn) else schema_now)
 
-    def changed(self, conn: sqlite3.Connection) -> int | None:
-        """Inside the batch's transaction: the new data_version when another connection
-        committed since (and a reconcile is due), else None."""
-        now = _data_version(conn)
-        if now == self.version or not (self.force or time.monotonic() >= self.not_before):
-            return None
+    async def due(self, conn: sqlite3.Connection) -> None:
+        """Before a batch's BEGIN, on the event loop: when another program wrote since the
+        last reconcile and the next one is not due yet, wait until it is (or until
+        audit/verify looks). The replay is spaced; a commit over an unchecked change is not."""
+        wait = self.not_before - time.monotonic()
+        if wait <= 0 or self.force or (not self.owed and _data_version(conn) == self.version):
+            return
+        self._look.clear()
+        with anyio.move_on_after(wait):
+            await self._look.wait()
+
+    def look(self) -> None:
+        """The next batch reconciles whenever it is, and one waiting for that begins now."""
+        self.force = True
+        self._look.set()
+
+    async def guard(self, tx: Tx, head_n: int, run: Callable[[Callable[[sqlite3.Connection], Guarded]],
+                                                              Awaitable[Guarded]]) -> Guarded:
+        """Inside the batch's transaction, before anything of the batch runs: when another
+        program wrote (or the schema moved), reconcile, on the writer's thread (``run``).
+        Returns the data_version the store is accounted for up to once the batch commits
+        (None: nothing new), and the error every job of the batch fails with instead of
+        running (None: they run). Nothing moved: two pragmas on the event loop."""
+        now, schema_now = _versions(tx.conn)
         self.force = False
-        return now
+        if now == self.version and schema_now == self.schema and not self.owed:
+            return None, None
+        return await run(lambda conn: self._guard(tx, head_n, now, schema_now))
 
-    def check(self, tx: Tx, head_n: int) -> bool:
-        """:func:`check`, timed for the spacing of the next."""
-        started = time.monotonic()
-        try:
-            return check(tx, head_n)
-        finally:
+    def _guard(self, tx: Tx, head_n: int, now: int, schema_now: int) -> Guarded:
+        conn = tx.conn
+        unknown = schema.unaccepted(conn) if schema_now != self.schema else []
+        new = [item for item, n in unknown if n is None]
+        moved = None
+        if now != self.version or self.owed or new:
+            started = time.monotonic()
+            why = check(tx, head_n, new_schema=new)
             self._took = time.monotonic() - started
+            self.not_before = time.monotonic() + SPACING * self._took
+            self.owed = why is not None
+            if why is not None:
+                return None, StoreCorrupt(f"nothing was written: memoryd cannot check the store for changes another "
+                                          f"program made ({why}); undo that change (audit verify names what is "
+                                          "wrong), then write again", {"path": str(self.path)})
+            moved = now
+        if unknown:
+            rows = [n for _, n in unknown if n is not None]
+            recorded = min(rows) if rows else tx.tip[0] if tx.tip else 0
+            names = ", ".join(schema.named(item) for item, _ in unknown)
+            return moved, SchemaChanged(f"nothing was written: another program changed the store's schema ({names}); "
+                                        f"remove it, or accept it with memoryctl audit accept {recorded}",
+                                        {"path": str(self.path)})
+        self.schema = schema_now
+        return moved, None
 
-    def reconciled(self, version: int) -> None:
-        """The batch that checked has committed: the store is accounted for up to ``version``."""
-        self.version = version
-        self.not_before = time.monotonic() + SPACING * self._took
+    def reconciled(self, version: int | None) -> None:
+        """The batch has committed: the store is accounted for up to ``version`` (None: as before)."""
+        if version is not None:
+            self.version = version
 
 
 #: Each cell's entries and characters, counted by SQLite itself: every start recounts them,
@@ -141,10 +230,11 @@ def _covered_audit(rows: list[fmt.LedgerRow]) -> int:
     return covered
 
 
-def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
+def reconcile(tx: Tx, head_n: int, cause: str, new_schema: Sequence[str] = ()) -> fmt.ForeignBody | None:
     """Compare the store with this daemon's chain up to row ``head_n`` (its newest) and,
     when another program changed it, append the ``foreign`` row, log one WARNING, count the
-    usage again and rebuild the text index. Runs in the caller's transaction."""
+    usage again and rebuild the text index. ``new_schema``: the schema items
+    (schema.changes) no foreign row names yet. Runs in the caller's transaction."""
     conn = tx.conn
     own = fmt.rows_from(conn.execute(_SELECT_OWN, (head_n,)))
     extra = [int(n) for (n,) in conn.execute("SELECT n FROM memoryd_ledger WHERE n > ? ORDER BY n", (head_n,))]
@@ -157,9 +247,15 @@ def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
     proposals = [p for pid, p in offered.items() if state.proposals.get(pid) != p]
     dropped = sorted(pid for pid in state.proposals if pid not in offered)
     usage = _usage_changes(conn)
-    if not (extra or audit or changed or removed or proposals or dropped or usage):
+    # A changed or deleted entry rebuilds the index anyway; otherwise rows deleted from it
+    # (or planted in it) would hide an entry from every query, or show one that is gone.
+    hidden = not (changed or removed) and not text_index.agrees(conn.execute, sqlite3.DatabaseError)
+    if not (extra or audit or changed or removed or proposals or dropped or usage or new_schema or hidden):
         return None
     parts = []
+    if new_schema:
+        parts.append("the schema changed: " + ", ".join(
+            n if n.endswith(" changed") else f"{n} added" for n in map(schema.named, new_schema)))
     if extra:
         parts.append(f"ledger rows {extra[0]}–{extra[-1]} appended" if len(extra) > 1
                      else f"ledger row {extra[0]} appended")
@@ -178,23 +274,25 @@ def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
     for cell, (n, used, counted_n, counted) in usage.items():
         parts.append(f"memoryd_usage said {cell} holds {n} entries of {used} characters, and they are "
                      f"{counted_n} of {counted}")
+    if hidden:
+        parts.append("the text index did not agree with the entries (a query would miss some), rebuilt")
     note = "; ".join(parts) + f" ({cause})"
     body = fmt.ForeignBody(note=note, ledger_rows=extra, audit_seqs=[a.seq for a in audit],
                            audit=fmt.audit_digest(audit) if audit else None, before=state.digest(),
                            after=fmt.state_digest(live.values(), offered.values()), entries=changed, removed=removed,
-                           proposals=proposals, removed_proposals=dropped, usage=usage)
+                           proposals=proposals, removed_proposals=dropped, usage=usage, schema=list(new_schema))
     # audit_seq: the newest audit row it accounts for, so that store.trusted counts it
     # chained (unless a row appended by the other program already names that row)
     newest = audit[-1].seq if audit else None
     if newest is not None and conn.execute("SELECT 1 FROM memoryd_ledger WHERE audit_seq = ?", (newest,)).fetchone():
         newest = None
-    ledger.append(tx, "foreign", body, audit_seq=newest)
+    ledger.append(tx, "foreign", body, ref=schema.REF if new_schema else None, audit_seq=newest)
     # The next audit row's seq must be one no ledger row claims (another program's row may
     # claim one not written yet): the audit table's counter moves past them all.
     conn.execute("UPDATE sqlite_sequence SET seq = (SELECT max(audit_seq) FROM memoryd_ledger) WHERE name = 'audit' "
                  "AND seq < (SELECT max(audit_seq) FROM memoryd_ledger)")
     recount(tx)
-    if changed or removed:
+    if changed or removed or hidden:
         # its text may be anywhere in the index, or in none: index every entry again
         conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
         store.save_mark(conn, rebuilt=True)
@@ -205,33 +303,36 @@ def reconcile(tx: Tx, head_n: int, cause: str) -> fmt.ForeignBody | None:
     return body
 
 
-def check(tx: Tx, head_n: int, cause: str = "while memoryd ran") -> bool:
-    """:func:`reconcile` in a savepoint of its own, so that a failure loses only the check
-    (logged; the next batch tries again) and never the writes of the batch, nor the start:
-    a store changed past what replay can read (a body that no longer decodes) is still
-    served, and audit verify names the break. True when the store is accounted for."""
+def check(tx: Tx, head_n: int, cause: str = "while memoryd ran", new_schema: Sequence[str] = ()) -> str | None:
+    """:func:`reconcile` in a savepoint of its own: None when the store is accounted for,
+    else why it could not be (logged), and nothing of the check stays. The caller writes
+    nothing then (a store changed past what replay can read is still served, and audit
+    verify names the break), except at start, which goes on and leaves the check owed."""
     saved = tx.save()
     try:
         with atomic(tx.conn, "outside"):
-            reconcile(tx, head_n, cause)
+            reconcile(tx, head_n, cause, new_schema)
     except Exception as exc:
         if isinstance(exc, sqlite3.Error) and store.fault_reason(exc) is not None:
             raise  # the store cannot take writes now: the batch fails as any batch would
         tx.restore(saved)
-        log.exception("checking for changes made outside memoryd failed; audit verify reports what is wrong")
-        return False
-    return True
+        why = str(exc) or type(exc).__name__
+        log.error("memoryd cannot check the store for changes another program made (%s): it writes nothing until it "
+                  "can; audit verify names what is wrong", why, exc_info=not isinstance(exc, sqlite3.Error))
+        return why
+    return None
 
 
-def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, untouched: bool = False) -> None:
+def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, untouched: bool = False) -> bool:
     """At start-up, on the writer's connection: begin the chain if the store has none, and
     reconcile whatever another program changed since memoryd's last run. ``stop``: the head
     the heads file recorded at the last clean stop (rows after it are not memoryd's);
-    ``untouched``: the store file is as that stop left it, so nothing needs counting again."""
+    ``untouched``: the store file is as that stop left it, so nothing needs counting again.
+    False when the check could not run: the writer's first batch owes it."""
     with ledger.transaction(conn) as tx:
         if ledger.ensure_start(tx):
             recount(tx)  # a store new to memoryd: its counts begin here, silently
-            return
+            return True
         tip = tx.tip[0] if tx.tip else 0
         since = tip
         if stop is not None and stop.event != "stop" and stop.n < tip:
@@ -250,7 +351,8 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
             elif stop.n < tip:
                 since = stop.n
         if untouched and since == tip and store.trusted(conn):
-            return  # the file is as memoryd's last stop left it: its counts are memoryd's own
-        if since == tip and store.trusted(conn) and not _usage_changes(conn):
-            return  # the cheap checks agree: nobody else wrote since memoryd's last commit
-        check(tx, since, "while memoryd was stopped")
+            return True  # the file is as memoryd's last stop left it: its counts are memoryd's own
+        if (since == tip and store.trusted(conn) and not _usage_changes(conn)
+                and text_index.agrees(conn.execute, sqlite3.DatabaseError)):
+            return True  # the cheap checks agree: nobody else wrote since memoryd's last commit
+        return check(tx, since, "while memoryd was stopped") is None

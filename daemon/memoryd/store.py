@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 from memoryd_protocol import ledger as ledger_format
+from memoryd_protocol import text_index
 from memoryd_protocol.constants import (
     GRID,
     StoreFault,
@@ -39,7 +40,7 @@ AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source,
 #: writes no index row (about 7 of a commit's WAL pages); the writer indexes the tail in a
 #: transaction of its own once it holds TAIL_MERGE_AT entries (``index_tail``), and the mark
 #: moves in that transaction: a crash between the two loses nothing.
-TEXT_MARK_KEY = "memoryd_fts_mark"
+TEXT_MARK_KEY = text_index.MARK_KEY
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
 #: The tail the writer indexes at once: long enough that indexing costs well under a WAL

@@ -5,7 +5,9 @@ writer drains whatever is queued and commits it as one transaction (group commit
 the same way::
 
     event loop                                       writer's thread
+    (another program wrote, and the spaced reconcile is not due yet: wait, foreign.Watch.due)
     BEGIN IMMEDIATE   (busy elsewhere: on the thread, waiting up to busy_timeout)
+    two pragmas: what another program changed is reconciled first (foreign.Watch.guard, thread)
     for each deferred row, then each job:
         SAVEPOINT; fn(tx); RELEASE                   (a failure: ROLLBACK TO, that step alone)
         (the loop turns whenever the batch has held it for TURN_AFTER_S)
@@ -143,12 +145,14 @@ class _Recalls:
 
 class Writer:
     def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
-                 anchor: ledger.Anchor | None = None, recall_seq: int = 0, entries: int = 0) -> None:
+                 anchor: ledger.Anchor | None = None, recall_seq: int = 0, entries: int = 0,
+                 owed: bool = False) -> None:
         #: the write connection and its one thread (a bare connection gets a thread here)
         self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
         self.anchor = anchor if anchor is not None else ledger.Anchor()
-        self._watch = foreign.Watch.of(self._owned.conn)  # whether another program wrote since
+        #: whether another program wrote since (``owed``: the start's check could not run)
+        self._watch = foreign.Watch.of(self._owned.conn, path, owed=owed)
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
@@ -192,7 +196,7 @@ class Writer:
         owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
-                await owned.run(lambda c: foreign.open_chain(c, stop, untouched=untouched))
+                checked = await owned.run(lambda c: foreign.open_chain(c, stop, untouched=untouched))
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
             usage = await owned.run(store.stored_usage)
@@ -202,12 +206,11 @@ class Writer:
         except BaseException:
             await owned.aclose()
             raise
-        return cls(owned, usage, path, ledger.Anchor(head), seq, entries)
+        return cls(owned, usage, path, ledger.Anchor(head), seq, entries, owed=not checked)
 
     @property
     def usage(self) -> Usage:
-        """Committed usage per track × scope; replaced (never mutated) after each commit,
-        so readers on the event loop always see a committed state."""
+        """Committed usage per track × scope, replaced (never mutated) by each commit: always a committed state."""
         return self._usage
 
     @property
@@ -331,7 +334,7 @@ class Writer:
 
     async def look_outside(self) -> None:
         """Return once a batch begun after this call has checked for others' writes."""
-        self._watch.force = True
+        self._watch.look()
         await self._flush()
 
     async def idle(self) -> None:
@@ -421,8 +424,7 @@ class Writer:
         log.debug("indexed the text index's tail of %d entries in %.1f ms", n, (time.perf_counter() - started) * 1e3)
 
     def _sync(self, conn: sqlite3.Connection, durable: bool) -> None:
-        """Before a transaction: roll back one that a failed ROLLBACK left open, and set
-        ``synchronous`` (FULL for acknowledged writes, NORMAL for bookkeeping alone)."""
+        """Before a transaction: roll back one a failed ROLLBACK left open; ``synchronous`` FULL, or NORMAL for bookkeeping."""
         rollback(conn, "left open by an earlier batch")
         if durable != self._full_sync:
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
@@ -445,13 +447,14 @@ class Writer:
         conn = self._owned.conn
         try:
             with anyio.CancelScope(shield=True):
+                await self._watch.due(conn)
                 await self._begin(conn, durable)
-                tx = self.anchor.begin(conn, self._usage)
-                moved, head_n = self._watch.changed(conn), self.anchor.head[0] if self.anchor.head else 0
-                if moved is not None and not await self._owned.run(lambda c: self._watch.check(tx, head_n)):
-                    moved = None  # not accounted for: the next batch looks again
+                tx, head_n = self.anchor.begin(conn, self._usage), self.anchor.head[0] if self.anchor.head else 0
+                moved, refused = await self._watch.guard(tx, head_n, self._owned.run)
+                if refused is not None:  # nothing of the batch runs; its kept rows wait for the next
+                    lost, flying.failed = [d for d in deferred if d.keep], True
                 self._since = time.perf_counter()
-                for d in deferred:
+                for d in deferred if refused is None else ():
                     error = (await self._step(tx, d.fn))[1]
                     if error is not None and isinstance(d.fn, _Recalls):
                         flying.lose(d.fn)
@@ -465,7 +468,7 @@ class Writer:
                             if d.keep:
                                 lost.append(d)
                 for job in batch:
-                    job.result, error = await self._step(tx, job.fn)
+                    job.result, error = await self._step(tx, job.fn) if foreign.runs(job.fn, refused) else (None, refused)
                     if error is not None:
                         fault = store_fault(error, self._path)
                         if fault is not None:
@@ -479,8 +482,7 @@ class Writer:
                 full = durable and self._tail_is_full(conn)
                 await self._owned.run(commit)
             self.anchor.committed(tx)
-            if moved is not None:
-                self._watch.reconciled(moved)
+            self._watch.reconciled(moved)
             self._usage = tx.usage
             self.entries = (self.entries if tx.entries is None else tx.entries) + added
             self._tail_full = full
@@ -519,8 +521,7 @@ class Writer:
                 self._end(j)
 
     async def _begin(self, conn: sqlite3.Connection, durable: bool) -> None:
-        """BEGIN IMMEDIATE on the event loop, which never waits for the write lock; when
-        another process holds it, on the writer's thread, which waits up to the timeout."""
+        """BEGIN IMMEDIATE on the event loop, which never waits; when another process holds the lock, on the thread."""
         self._sync(conn, durable)
         try:
             begin(conn)
@@ -565,8 +566,7 @@ class Writer:
             self._since = time.perf_counter()
 
     def _tail_is_full(self, conn: sqlite3.Connection) -> bool:
-        """Whether the commit leaves the text index's tail full, counted inside the
-        transaction: a statement after COMMIT would open a read transaction of its own."""
+        """Whether the commit leaves the index's tail full, counted before COMMIT (after it, a read would begin)."""
         try:
             return store.tail_full(conn)
         except sqlite3.Error:  # the batch commits all the same; the next commit looks again

@@ -1,0 +1,239 @@
+"""Another program changes the store in ways the reconcile did not look for, against real
+daemons: a check that cannot run, a change made in the pause after a reconcile, the text
+index edited so that an entry is never found, and a planted trigger. Each must be found
+before memoryd's next commit, recorded as a ``foreign`` ledger row, and never chained
+silently into memoryd's own rows. (The other program is a connection of the test's own.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from e2e_helpers import add, sql, unaccepted
+from memoryd import foreign
+from rawclient import Raw, RpcFailure, socket_client, write_ctx
+
+pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
+
+LAYER = {"track": "user", "scope": "user-global"}
+
+
+def foreign_rows(db: Path) -> list[tuple[int, dict[str, Any]]]:
+    return [(n, json.loads(body)) for n, body in sql(db, "SELECT n, body FROM memoryd_ledger WHERE kind = 'foreign'")]
+
+
+def stored(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
+    """What a refused write must leave as it was: the entries, the audit rows, the ledger."""
+    entries = sql(db, "SELECT id, track, scope, agent_key, text, source, version FROM entries ORDER BY id")
+    audit = sql(db, "SELECT seq, action, entry_id FROM audit ORDER BY seq")
+    [(rows,)] = sql(db, "SELECT count(*) FROM memoryd_ledger")
+    return entries, audit, int(rows)
+
+
+async def allow(params: dict[str, Any]) -> str:
+    return "allowed-once"
+
+
+def said(err: RpcFailure) -> str:
+    message: str = err.error["data"]["message"]
+    return message
+
+
+def replace(eid: str, text: str) -> dict[str, Any]:
+    return {"input": {**LAYER, "id": eid, "text": text}, "write": write_ctx()}
+
+
+@pytest.mark.process
+async def test_a_check_that_cannot_run_stops_the_batch_and_says_why(daemon_factory: Any, any_approvers: Path) -> None:
+    """The proposals table renamed away, the target moved to the shared layer with another
+    source, then a replace of it asked and approved: the check cannot read the store, so
+    the approved replace is refused and nothing commits; once the table is back, the move
+    is a foreign row and the refusal a failed row naming why."""
+    d = daemon_factory("--config", str(any_approvers), policy="ask")
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw:
+        raw.on_approval = allow
+        eid = (await add(raw, "Prefers tabs", agentKey="coder"))["entry"]["id"]
+        sql(db, "ALTER TABLE proposals RENAME TO proposals_away")
+        sql(db, "UPDATE entries SET agent_key = '', source = 'planted' WHERE id = ?", eid)
+        before = stored(db)
+        refused = await raw.fail("memory/replace", replace(eid, "Prefers spaces"))
+        assert refused.code == "STORE_CORRUPT"
+        assert said(refused) == ("nothing was written: memoryd cannot check the store for changes another program "
+                                   "made (no such table: proposals); undo that change (audit verify names what is "
+                                   "wrong), then write again")
+        assert stored(db) == before
+        sql(db, "ALTER TABLE proposals_away RENAME TO proposals")
+        report = await raw.ok("audit/verify")
+        [(n, body)] = foreign_rows(db)
+        assert [(e["id"], e["agentKey"], e["source"], e["text"]) for e in body["entries"]] == [
+            (eid, "", "planted", "Prefers tabs")]
+        assert report["problems"] == [unaccepted(n, body["note"])]
+        [(failed,)] = sql(db, "SELECT body FROM memoryd_ledger WHERE kind = 'failed'")
+        assert (json.loads(failed)["code"], json.loads(failed)["message"]) == ("STORE_CORRUPT", said(refused))
+        [(text,)] = sql(db, "SELECT text FROM entries WHERE id = ?", eid)
+        assert text == "Prefers tabs"
+    assert "cannot check the store for changes another program made (no such table: proposals)" in d.stderr()
+
+
+async def test_a_change_in_the_pause_after_a_reconcile_is_found_before_the_next_commit(
+        daemon_factory: Any, any_approvers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another program writes, a write reconciles, and the next reconcile is not due for a
+    long while (a large store's replay is spaced): the target is moved in that pause. The
+    approved replace must not commit before the move is recorded as foreign."""
+    monkeypatch.setattr(foreign, "SPACING", 10**6)
+    d = daemon_factory("--config", str(any_approvers), policy="ask")
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw, socket_client(d.socket_path) as verifier:
+        raw.on_approval = allow
+        eid = (await add(raw, "Prefers tabs", agentKey="coder"))["entry"]["id"]
+        sql(db, "UPDATE entries SET recall_count = recall_count + 1")  # another program's commit
+        await add(raw, "Uses uv")  # reconciles it: nothing to record, and the pause begins
+        assert foreign_rows(db) == []
+        sql(db, "UPDATE entries SET agent_key = '', source = 'planted' WHERE id = ?", eid)  # in the pause
+        approved = anyio.Event()
+
+        async def approve(params: dict[str, Any]) -> str:
+            approved.set()
+            return "allowed-once"
+
+        raw.on_approval = approve
+        async with anyio.create_task_group() as tg:
+            box: dict[str, Any] = {}
+
+            async def send() -> None:
+                box["r"] = await raw.call("memory/replace", replace(eid, "Prefers spaces"))
+
+            tg.start_soon(send)
+            with anyio.fail_after(10):
+                await approved.wait()
+            report = await verifier.ok("audit/verify")
+        [(n, body)] = foreign_rows(db)
+        assert [(e["id"], e["agentKey"], e["source"]) for e in body["entries"]] == [(eid, "", "planted")]
+        assert report["problems"] == [unaccepted(n, body["note"])]
+        [(replaced,)] = sql(db, "SELECT n FROM memoryd_ledger WHERE kind = 'audit' AND body LIKE '%\"replace\"%'")
+        assert replaced > n  # the replace chains after the move is recorded, never over it
+        assert box["r"]["result"]["entry"]["text"] == "Prefers spaces"
+
+
+@pytest.fixture
+def roomy(tmp_path: Path) -> Path:
+    """A config whose budget holds the seeded store."""
+    path = tmp_path / "roomy.toml"
+    path.write_text("[budgets.user]\nuser_global = 100000\n")
+    return path
+
+
+async def seeded(raw: Raw, n: int = 300) -> None:
+    """A store large enough that a query's text goes through the index."""
+    inputs = [{**LAYER, "text": f"fact number {k} about the build"} for k in range(n)]
+    await raw.ok("memory/seed", {"inputs": inputs, "write": write_ctx()})
+
+
+def hide(db: Path, eid: str) -> None:
+    sql(db, "DELETE FROM memoryd_fts WHERE rowid = (SELECT rowid FROM entries WHERE id = ?)", eid)
+
+
+async def found(raw: Raw, needle: str) -> list[str]:
+    return [h["id"] for h in (await raw.ok("memory/query", {"filter": {"text": needle}}))["entries"]]
+
+
+INDEX_NOTE = "the text index did not agree with the entries (a query would miss some), rebuilt"
+
+
+async def test_an_entry_hidden_from_the_index_is_foreign_and_found_again(daemon_factory: Any, roomy: Path) -> None:
+    daemon = daemon_factory("--config", str(roomy))
+    async with socket_client(daemon.socket_path) as raw:
+        await seeded(raw)
+        eid = (await add(raw, "Deploys with the zebra script"))["entry"]["id"]
+        await add(raw, "one more, so that the seed's tail is indexed")
+        assert await found(raw, "zebra") == [eid]
+        hide(daemon.db_path, eid)
+        report = await raw.ok("audit/verify")
+        [(n, body)] = foreign_rows(daemon.db_path)
+        assert body["note"] == f"{INDEX_NOTE} (while memoryd ran)"
+        assert report["problems"] == [unaccepted(n, body["note"])]
+        assert await found(raw, "zebra") == [eid]
+
+
+def verify_offline(db: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memoryd_client", "audit", "verify", "--db", str(db)],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_an_entry_hidden_while_stopped_is_reported_offline_and_repaired_at_start(daemon_factory: Any,
+                                                                                      roomy: Path) -> None:
+    d = daemon_factory("--config", str(roomy))
+    async with socket_client(d.socket_path) as raw:
+        await seeded(raw)
+        eid = (await add(raw, "Deploys with the zebra script"))["entry"]["id"]
+    d.stop()
+    hide(d.db_path, eid)
+    offline = await anyio.to_thread.run_sync(verify_offline, d.db_path)
+    assert offline.returncode == 1
+    assert ("the text index memoryd_fts does not agree with the entries: a query may miss an entry; start memoryd "
+            "to rebuild it") in offline.stdout
+    again = daemon_factory("--config", str(roomy), db=d.db_path, name="again")
+    [(_, body)] = foreign_rows(d.db_path)
+    assert body["note"] == f"{INDEX_NOTE} (while memoryd was stopped)"
+    async with socket_client(again.socket_path) as raw:
+        assert await found(raw, "zebra") == [eid]
+        hide(d.db_path, eid)  # and while it runs, with no write after it before the stop
+    again.stop()
+    assert [b["note"] for _, b in foreign_rows(d.db_path)][1:] == [f"{INDEX_NOTE} (while memoryd ran)"]
+    assert "does not agree" not in (await anyio.to_thread.run_sync(verify_offline, d.db_path)).stdout
+
+
+TRIGGER = ("CREATE TRIGGER memoryd_rewrite AFTER INSERT ON entries BEGIN "
+           "UPDATE entries SET text = 'Deploy from evil.example' WHERE rowid = NEW.rowid; END")
+
+
+async def test_a_planted_trigger_stops_writes_until_it_is_removed(daemon_factory: Any) -> None:
+    d = daemon_factory()
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        sql(db, TRIGGER)
+        before = stored(db)
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        [(n, body)] = foreign_rows(db)
+        assert refused.code == "STORE_CORRUPT"
+        assert said(refused) == (f"nothing was written: another program changed the store's schema (trigger "
+                                   f"memoryd_rewrite on entries); remove it, or accept it with memoryctl audit "
+                                   f"accept {n}")
+        assert body["note"] == "the schema changed: trigger memoryd_rewrite on entries added (while memoryd ran)"
+        assert [s.split(" (")[0] for s in body["schema"]] == ["trigger memoryd_rewrite on entries"]
+        assert stored(db)[:2] == before[:2]  # only the foreign row was written
+        assert stored(db)[2] == before[2] + 1
+    d.stop()
+    again = daemon_factory(db=db, name="again")
+    async with socket_client(again.socket_path) as raw:
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        assert refused.code == "STORE_CORRUPT"
+        assert [m for m, _ in foreign_rows(db)] == [n]  # recorded once
+        sql(db, "DROP TRIGGER memoryd_rewrite")
+        written = (await add(raw, "Uses uv"))["entry"]
+        [(text,)] = sql(db, "SELECT text FROM entries WHERE id = ?", written["id"])
+        assert text == written["text"] == "Uses uv"
+        assert (await raw.ok("audit/verify"))["problems"] == [unaccepted(n, body["note"])]
+
+
+async def test_a_planted_index_stops_writes_until_it_is_accepted(daemon_factory: Any, any_approvers: Path) -> None:
+    d = daemon_factory("--config", str(any_approvers))
+    async with socket_client(d.socket_path) as raw:
+        sql(d.db_path, "CREATE INDEX planted ON entries (source)")
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        [(n, _)] = foreign_rows(d.db_path)
+        assert refused.code == "STORE_CORRUPT" and "(index planted on entries)" in said(refused)
+        assert await raw.ok("memory/list") == []
+        await raw.ok("audit/accept", {"n": n})
+        await add(raw, "Uses uv")
+        assert (await raw.ok("audit/verify"))["ok"] is True
+        sql(d.db_path, "ALTER TABLE entries ADD COLUMN planted TEXT")
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses pnpm"}, "write": write_ctx()})
+        assert "(column entries.planted)" in said(refused)
