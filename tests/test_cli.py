@@ -362,7 +362,7 @@ def test_export_and_import(capsys: pytest.CaptureFixture[str], daemon_factory: A
     assert code == 0 and "- Prefers tabs" in md
 
     claude = tmp_path / "CLAUDE.md"
-    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n\nA paragraph\nof prose.\n")
+    claude.write_text("## Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n\nA paragraph\nof prose.\n")
     code, out, err = cli(capsys, b, "import", "--adapter", "claude-code-memory-md", str(claude))
     assert code == 0 and out.strip() == "imported 3 entries, skipped 0 already in the store", err
     assert texts(b)[-3:] == ["Use pnpm, not npm", "Tests live in tests/", "A paragraph of prose."]
@@ -1027,7 +1027,7 @@ def test_export_refuses_a_file_that_appeared_meanwhile(tmp_path: Path) -> None:
 
 def test_markdown_import_without_adapter_names_the_adapters(daemon: Any, tmp_path: Path) -> None:
     claude = tmp_path / "CLAUDE.md"
-    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
+    claude.write_text("## Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
     prose = tmp_path / "notes.md"  # no markdown syntax at all: known by its name
     prose.write_text("Just a paragraph.\n")
     before = store_state(daemon)
@@ -1108,7 +1108,7 @@ def test_reimporting_a_backup_or_claude_md_is_a_no_op(ask_daemon: Any, tmp_path:
     assert json.loads(r.stdout) == {"added": 0, "entries": [], "skipped": 3}
 
     claude = tmp_path / "CLAUDE.md"
-    claude.write_text("# Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
+    claude.write_text("## Project notes\n\n- Use pnpm, not npm\n- Tests live in tests/\n")
     md = ["import", "--adapter", "claude-code-memory-md", str(claude)]
     r = run(*sock(d), "--yes", *md)
     assert (r.returncode, r.stdout.strip()) == (0, "imported 2 entries, skipped 0 already in the store"), r.stderr
@@ -1122,7 +1122,7 @@ def test_reimporting_a_backup_or_claude_md_is_a_no_op(ask_daemon: Any, tmp_path:
     assert r.returncode == 1 and "WRITE_DENIED" in error_line(r.stderr)
     with mc.connect_sync(d.socket_path, timeout=10) as c:
         denied = c.audit_list(1)[0]
-    assert (denied.action, denied.text) == ("seed-denied", "agent/user-global: CI runs make check")
+    assert (denied.action, denied.text) == ("seed-denied", "user/user-global: CI runs make check")
     r = run(*sock(d), "--yes", *md)
     assert (r.returncode, r.stdout.strip()) == (0, "imported 1 entries, skipped 2 already in the store"), r.stderr
 

@@ -209,7 +209,7 @@ async def test_export_import_round_trip(daemon_factory: Any) -> None:
         r = await cb.import_(envelope)
         assert r.added == 2
         assert [(e.text, e.tags) for e in await cb.list()] == [("kept with tags", ["x"]), ("workspace fact", [])]
-        md = await cb.import_(adapter="claude-code-memory-md", payload="# Notes\n\n- Imported bullet\n")
+        md = await cb.import_(adapter="claude-code-memory-md", payload="## Notes\n\n- Imported bullet\n")
         assert md.added == 1 and md.entries[0].text == "Imported bullet"
 
 

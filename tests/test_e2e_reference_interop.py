@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 from e2e_helpers import state
+from memoryd_client.cli import main
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_text import approval_request
 from rawclient import Raw, socket_client, write_ctx
@@ -178,3 +179,28 @@ def test_a_budget_of_zero_is_refused_at_start(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "config: budgets.agent.workspace must be an integer from 1 to 10000000, got 0" in proc.stderr
     assert not db.exists()
+
+
+def memoryctl(capsys: pytest.CaptureFixture[str], daemon: Any, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--socket", str(daemon.socket_path), "--no-autostart", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_memoryctl_imports_the_references_saved_exports(daemon: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's command: a saved markdown export through a markdown adapter is read for its
+    text; the envelope goes in with its user-global keys dropped, and the output says so."""
+    code, out, err = memoryctl(capsys, daemon, "import", "--adapter", "claude-code-memory-md",
+                               str(REF / "exports" / "claude-code-memory-md.json"))
+    assert (code, out, err) == (0, "imported 5 entries, skipped 0 already in the store\n", "")
+    code, out, _ = memoryctl(capsys, daemon, "--json", "list")
+    stored = [(e["track"], e["scope"], e["text"], e["tags"]) for e in json.loads(out)]
+    assert stored == reference_entries("exports--claude-code-memory-md.json--claude-code-memory-md.json")
+    code, out, err = memoryctl(capsys, daemon, "import", str(REF / "exports" / "envelope.json"))
+    # "Prefers tea" came in with the markdown already: same layer, same text
+    assert (code, out, err) == (0, "imported 4 entries, skipped 1 already in the store; 3 user-global entries "
+                                   "named a workspace and were imported without it\n", "")
+    code, out, err = memoryctl(capsys, daemon, "import", "--track", "agent", str(REF / "exports" / "envelope.json"))
+    assert (code, out) == (2, "")
+    assert "import: --track and --scope go with --adapter" in err

@@ -188,13 +188,17 @@ class Client(Connection):
         write: Any = None,
         *,
         skip_existing: bool | None = None,
+        track: str | None = None,
+        scope: str | None = None,
     ) -> T.SeedResult:
         """Import an export envelope (``plugin`` "dsh-memento", ``schema`` "memory-export-v1",
         else INVALID_INPUT), or an adapter's ``payload`` (``adapter=`` given).
 
         ``skip_existing=True`` leaves out entries whose track, scope, workspaceKey, agentKey
         and text already exist (``result.skipped`` counts them); when that is all of them,
-        nothing is written and no approval is asked.
+        nothing is written and no approval is asked. ``track``/``scope`` (with an adapter)
+        put every entry in that layer. User-global entries that name a workspace (as
+        dsh-memento's exports do) are imported without it: ``result.workspace_keys_dropped``.
         """
         params: dict[str, Any] = {}
         if adapter is not None:
@@ -204,6 +208,7 @@ class Client(Connection):
             params["envelope"] = envelope
         if skip_existing is not None:
             params["skipExisting"] = skip_existing
+        params.update({k: v for k, v in (("track", track), ("scope", scope)) if v is not None})
         return await self._write_call("memory/import", params, write)  # type: ignore[no-any-return]
 
     async def adapters_list(self) -> builtins.list[T.AdapterInfo]:

@@ -178,14 +178,19 @@ async def cmd_import(c: Client, ctx: Ctx) -> None:
     a = ctx.args
     skip = None if a.allow_duplicates else True
     if a.adapter:
-        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx), skip_existing=skip)
+        r = await c.import_(adapter=a.adapter, payload=await _adapter_payload(c, ctx), skip_existing=skip,
+                            track=a.track, scope=a.scope)
     else:
         r = await c.import_(envelope=ctx.data["payload"], skip_existing=skip)
 
     def human() -> str:
-        if isinstance(r.skipped, msgspec.UnsetType):
-            return f"imported {r.added} entries"
-        return f"imported {r.added} entries, skipped {r.skipped} already in the store"
+        said = f"imported {r.added} entries"
+        if not isinstance(r.skipped, msgspec.UnsetType):
+            said += f", skipped {r.skipped} already in the store"
+        if not isinstance(r.workspace_keys_dropped, msgspec.UnsetType):
+            said += (f"; {r.workspace_keys_dropped} user-global entries named a workspace and were imported "
+                     "without it")
+        return said
 
     ctx.result(r, human)
 

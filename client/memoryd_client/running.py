@@ -223,6 +223,10 @@ def prepare(ctx: Ctx) -> None:
     if a.verb == "import":
         import json
 
+        if a.adapter is None and (a.track or a.scope):
+            raise UsageError("import: --track and --scope go with --adapter; an envelope names each entry's "
+                             "track and scope")
+
         raw = _read_input(a.file)
         if a.adapter is None or a.format == "json":
             try:

@@ -201,9 +201,12 @@ class SyncClient:
         write: Any = None,
         *,
         skip_existing: bool | None = None,
+        track: str | None = None,
+        scope: str | None = None,
     ) -> T.SeedResult:
         return self._run(  # type: ignore[no-any-return]
-            self._client.import_, envelope, adapter, payload, write, skip_existing=skip_existing
+            self._client.import_, envelope, adapter, payload, write, skip_existing=skip_existing, track=track,
+            scope=scope,
         )
 
     def adapters_list(self) -> builtins.list[T.AdapterInfo]:

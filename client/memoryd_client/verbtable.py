@@ -374,8 +374,9 @@ def add_verbs(sub: _Only) -> None:
         "export",
         "write every entry as JSON (or an adapter's format)",
         """Print the memory-export-v1 envelope (a complete backup), or with --adapter the
-              adapter's document (e.g. markdown). Read-only: no approval, no audit row.""",
-        "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o CLAUDE.md\n"
+              adapter's document as dsh-memento writes it (for markdown, {plugin, text}; both
+              providers import it back). Read-only: no approval, no audit row.""",
+        "memoryctl export > memory.json\nmemoryctl export --adapter claude-code-memory-md -o claude.json\n"
         "memoryctl export -o memory.json --force   # replace yesterday's backup",
         arguments=_export_args,
     )
@@ -393,6 +394,8 @@ def add_verbs(sub: _Only) -> None:
             default="auto",
             help="adapter payload: parsed JSON or the raw text (default auto: JSON if it parses)",
         )
+        p.add_argument("--track", choices=TRACKS, help="with --adapter: put every entry in this track")
+        p.add_argument("--scope", choices=SCOPES, help="with --adapter: put every entry in this scope")
         p.add_argument("file", metavar="FILE", help="file to import ('-' reads stdin)")
 
     _verb(
@@ -402,10 +405,13 @@ def add_verbs(sub: _Only) -> None:
         """Import entries through seed: one approval for the whole batch, a budget check
               of the whole batch, one transaction. Without --adapter FILE must be a
               memory-export-v1 envelope; with --adapter it is that adapter's format (JSON or
-              text, detected; --format to force). Entries that already exist (same track,
-              scope, workspace, agent and text) are skipped, so importing the same backup
-              or CLAUDE.md again changes nothing; --allow-duplicates imports them anyway.""",
+              text, detected; --format to force). A markdown file is read as dsh-memento reads
+              it: every entry in user/user-global, unless --track/--scope say otherwise.
+              Entries that already exist (same track, scope, workspace, agent and text) are
+              skipped, so importing the same backup or CLAUDE.md again changes nothing;
+              --allow-duplicates imports them anyway.""",
         "memoryctl import memory.json\nmemoryctl import --adapter claude-code-memory-md CLAUDE.md\n"
+        "memoryctl import --adapter claude-code-memory-md --track agent --scope workspace CLAUDE.md\n"
         "memoryctl import --adapter mem0 - < facts.json",
         arguments=_import_args,
     )
