@@ -62,3 +62,38 @@ async def test_an_import_s_approval_names_its_layers_not_batch(ask_daemon: Any) 
     assert "batch" not in text
     assert text.splitlines()[0] == "seed 2 entries into 2 layers:"
     assert "  source:  claude" in text.splitlines()
+
+
+async def test_an_import_of_several_sources_names_each_never_the_default(ask_daemon: Any) -> None:
+    asked: list[dict[str, Any]] = []
+
+    async def allow(params: dict[str, Any]) -> str:
+        asked.append(params)
+        return "allowed-once"
+
+    envelope = {"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": [
+        {"track": "user", "scope": "user-global", "text": "Prefers tea", "source": "claude"},
+        {"track": "user", "scope": "user-global", "text": "Uses vim", "source": "memoryctl"},
+        {"track": "user", "scope": "user-global", "text": "Runs pytest", "source": "claude"}]}
+    async with socket_client(ask_daemon.socket_path) as raw:
+        raw.on_approval = allow
+        assert (await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx()}))["added"] == 3
+    (params,) = asked
+    assert [e["source"] for e in params["entries"]] == ["claude", "memoryctl", "claude"]
+    lines = approval_request(msgspec.convert(params, T.ApprovalAsked)).splitlines()
+    assert "  sources: claude (2 entries), memoryctl (1 entry)" in lines
+    assert not any("dsh-memento" in line for line in lines)
+
+
+def test_a_source_with_the_list_s_punctuation_is_quoted() -> None:
+    def entry(source: str) -> T.ApprovalEntry:
+        return T.ApprovalEntry(track="user", scope="user-global", workspace_key="", agent_key="", text="x", tags=[],
+                               source=source)
+
+    asked = T.ApprovalAsked(id="i", action="seed", track="batch", scope="batch", text="", source="dsh-memento",
+                            session_id=None, reason="", entries=[entry("a"), entry("b, c (9 entries)"), entry("a")])
+    lines = approval_request(asked).splitlines()
+    assert '  sources: a (2 entries), "b, c (9 entries)" (1 entry)' in lines
+    # from a daemon that names no entry's source: the write's own
+    asked.entries = [entry("")]
+    assert "  source:  dsh-memento" in approval_request(asked).splitlines()

@@ -239,7 +239,7 @@ class Pipeline:
             tags=list(lands[2]) if lands else None,
             entries=None if entries is None else [
                 ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
-                              text=e.text, tags=list(e.tags)) for e in entries],
+                              text=e.text, tags=list(e.tags), source=e.source) for e in entries],
             workspace_keys_dropped=plan.workspace_keys_dropped,
         )
 

@@ -325,6 +325,26 @@ def _painted(line: str, style: str, paint: Callable[[str, str], str]) -> str:
     return mark + paint(line[len(mark):], style)
 
 
+def _source_line(asked: T.ApprovalAsked) -> str:
+    """The write's source; for a batch, its entries' own: a batch of several sources is
+    recorded under the protocol's default one, which none of its entries may carry."""
+    counts: dict[str, int] = {}
+    for e in asked.entries or ():
+        if e.source:
+            counts[e.source] = counts.get(e.source, 0) + 1
+    if len(counts) < 2:
+        return f"  source:  {one_line(next(iter(counts), asked.source))}"
+    parts = []
+    for source, n in counts.items():
+        # a label with the list's own punctuation is quoted: it cannot pass for two sources
+        label = quoted(source, "") if any(c in source for c in _LIST_PUNCTUATION) else one_line(source)
+        parts.append(f"{label} ({n} {'entry' if n == 1 else 'entries'})")
+    return "  sources: " + ", ".join(parts)
+
+
+_LIST_PUNCTUATION = frozenset(',()"')
+
+
 def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown: int = SHOWN_ENTRIES,
                      paint: Callable[[str, str], str] | None = None) -> str:
     """The approval as the human sees it before answering. Line 1 says what is asked and
@@ -348,7 +368,7 @@ def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown:
         if asked.tags is not None:
             lines.append(f"  tags:    {tags_text(asked.tags)}")
     lines += [
-        f"  source:  {one_line(asked.source)}",
+        _source_line(asked),
         f"  session: {one_line(asked.session_id or '-')}",
         *_origin_lines(asked.origin),
         f"  id:      {one_line(asked.id)}",

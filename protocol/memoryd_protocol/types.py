@@ -493,6 +493,8 @@ class ApprovalEntry(_Out):
     agent_key: str
     text: str
     tags: list[str]
+    #: the source the entry is stored with (empty from a daemon that does not say)
+    source: str = ""
 
 
 class ApprovalOrigin(_Out, omit_defaults=True):
