@@ -84,41 +84,26 @@ async def test_a_check_that_cannot_run_stops_the_batch_and_says_why(daemon_facto
 async def test_a_change_in_the_pause_after_a_reconcile_is_found_before_the_next_commit(
         daemon_factory: Any, any_approvers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another program writes, a write reconciles, and the next reconcile is not due for a
-    long while (a large store's replay is spaced): the target is moved in that pause. The
-    approved replace must not commit before the move is recorded as foreign."""
-    monkeypatch.setattr(foreign, "SPACING", 10**6)
+    while (a large store's replay is spaced; here the spacing is raised instead): the target
+    is moved in that pause. The approved replace waits for the next reconcile, which records
+    the move as foreign before the replace chains after it."""
+    monkeypatch.setattr(foreign, "SPACING", 1000)
     d = daemon_factory("--config", str(any_approvers), policy="ask")
     db = d.db_path
-    async with socket_client(d.socket_path) as raw, socket_client(d.socket_path) as verifier:
+    async with socket_client(d.socket_path) as raw:
         raw.on_approval = allow
         eid = (await add(raw, "Prefers tabs", agentKey="coder"))["entry"]["id"]
         sql(db, "UPDATE entries SET recall_count = recall_count + 1")  # another program's commit
         await add(raw, "Uses uv")  # reconciles it: nothing to record, and the pause begins
         assert foreign_rows(db) == []
         sql(db, "UPDATE entries SET agent_key = '', source = 'planted' WHERE id = ?", eid)  # in the pause
-        approved = anyio.Event()
-
-        async def approve(params: dict[str, Any]) -> str:
-            approved.set()
-            return "allowed-once"
-
-        raw.on_approval = approve
-        async with anyio.create_task_group() as tg:
-            box: dict[str, Any] = {}
-
-            async def send() -> None:
-                box["r"] = await raw.call("memory/replace", replace(eid, "Prefers spaces"))
-
-            tg.start_soon(send)
-            with anyio.fail_after(10):
-                await approved.wait()
-            report = await verifier.ok("audit/verify")
+        replaced = await raw.ok("memory/replace", replace(eid, "Prefers spaces"))
         [(n, body)] = foreign_rows(db)
         assert [(e["id"], e["agentKey"], e["source"]) for e in body["entries"]] == [(eid, "", "planted")]
-        assert report["problems"] == [unaccepted(n, body["note"])]
-        [(replaced,)] = sql(db, "SELECT n FROM memoryd_ledger WHERE kind = 'audit' AND body LIKE '%\"replace\"%'")
-        assert replaced > n  # the replace chains after the move is recorded, never over it
-        assert box["r"]["result"]["entry"]["text"] == "Prefers spaces"
+        [(written,)] = sql(db, "SELECT n FROM memoryd_ledger WHERE kind = 'audit' AND body LIKE '%\"replace\"%'")
+        assert written > n  # the replace chains after the move is recorded, never over it
+        assert replaced["entry"]["text"] == "Prefers spaces"
+        assert (await raw.ok("audit/verify"))["problems"] == [unaccepted(n, body["note"])]
 
 
 @pytest.fixture
@@ -129,14 +114,25 @@ def roomy(tmp_path: Path) -> Path:
     return path
 
 
-async def seeded(raw: Raw, n: int = 300) -> None:
-    """A store large enough that a query's text goes through the index."""
-    inputs = [{**LAYER, "text": f"fact number {k} about the build"} for k in range(n)]
-    await raw.ok("memory/seed", {"inputs": inputs, "write": write_ctx()})
+async def seeded(raw: Raw, db: Path) -> tuple[str, int]:
+    """A store large enough that a query's text goes through the index, one entry of it
+    saying "zebra", and the seed's tail indexed: that entry's id and rowid."""
+    inputs = [{**LAYER, "text": f"fact number {k} about the build"} for k in range(299)]
+    await raw.ok("memory/seed", {"inputs": [*inputs, {**LAYER, "text": "Deploys with the zebra script"}],
+                                 "write": write_ctx()})
+    await add(raw, "one more: its batch comes after the seed's tail is indexed")
+    [(eid, rowid)] = sql(db, "SELECT id, rowid FROM entries WHERE text LIKE '%zebra%'")
+    assert indexed(db) == [rowid]
+    return eid, rowid
 
 
-def hide(db: Path, eid: str) -> None:
-    sql(db, "DELETE FROM memoryd_fts WHERE rowid = (SELECT rowid FROM entries WHERE id = ?)", eid)
+def indexed(db: Path) -> list[int]:
+    """The rowids the index itself names for "zebra" (not the tail, which a query also reads)."""
+    return [r for (r,) in sql(db, "SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH '\"zebra\"'")]
+
+
+def hide(db: Path, rowid: int) -> None:
+    sql(db, "DELETE FROM memoryd_fts WHERE rowid = ?", rowid)
 
 
 async def found(raw: Raw, needle: str) -> list[str]:
@@ -147,17 +143,16 @@ INDEX_NOTE = "the text index did not agree with the entries (a query would miss 
 
 
 async def test_an_entry_hidden_from_the_index_is_foreign_and_found_again(daemon_factory: Any, roomy: Path) -> None:
-    daemon = daemon_factory("--config", str(roomy))
-    async with socket_client(daemon.socket_path) as raw:
-        await seeded(raw)
-        eid = (await add(raw, "Deploys with the zebra script"))["entry"]["id"]
-        await add(raw, "one more, so that the seed's tail is indexed")
-        assert await found(raw, "zebra") == [eid]
-        hide(daemon.db_path, eid)
+    d = daemon_factory("--config", str(roomy))
+    async with socket_client(d.socket_path) as raw:
+        eid, rowid = await seeded(raw, d.db_path)
+        hide(d.db_path, rowid)
+        assert indexed(d.db_path) == []
         report = await raw.ok("audit/verify")
-        [(n, body)] = foreign_rows(daemon.db_path)
+        [(n, body)] = foreign_rows(d.db_path)
         assert body["note"] == f"{INDEX_NOTE} (while memoryd ran)"
         assert report["problems"] == [unaccepted(n, body["note"])]
+        assert indexed(d.db_path) == [rowid]
         assert await found(raw, "zebra") == [eid]
 
 
@@ -170,10 +165,9 @@ async def test_an_entry_hidden_while_stopped_is_reported_offline_and_repaired_at
                                                                                       roomy: Path) -> None:
     d = daemon_factory("--config", str(roomy))
     async with socket_client(d.socket_path) as raw:
-        await seeded(raw)
-        eid = (await add(raw, "Deploys with the zebra script"))["entry"]["id"]
+        eid, rowid = await seeded(raw, d.db_path)
     d.stop()
-    hide(d.db_path, eid)
+    hide(d.db_path, rowid)
     offline = await anyio.to_thread.run_sync(verify_offline, d.db_path)
     assert offline.returncode == 1
     assert ("the text index memoryd_fts does not agree with the entries: a query may miss an entry; start memoryd "
@@ -183,10 +177,32 @@ async def test_an_entry_hidden_while_stopped_is_reported_offline_and_repaired_at
     assert body["note"] == f"{INDEX_NOTE} (while memoryd was stopped)"
     async with socket_client(again.socket_path) as raw:
         assert await found(raw, "zebra") == [eid]
-        hide(d.db_path, eid)  # and while it runs, with no write after it before the stop
+        hide(d.db_path, rowid)  # and while it runs, with no write after it before the stop
     again.stop()
     assert [b["note"] for _, b in foreign_rows(d.db_path)][1:] == [f"{INDEX_NOTE} (while memoryd ran)"]
     assert "does not agree" not in (await anyio.to_thread.run_sync(verify_offline, d.db_path)).stdout
+
+
+async def test_an_index_row_rewritten_while_stopped_is_found_by_verify(daemon_factory: Any, roomy: Path) -> None:
+    """The entry's index row rewritten with other text, the index's row count unchanged: a
+    start, which only counts, does not see it (a query misses the entry); verify reads the
+    whole index."""
+    d = daemon_factory("--config", str(roomy))
+    async with socket_client(d.socket_path) as raw:
+        eid, rowid = await seeded(raw, d.db_path)
+    d.stop()
+    sql(d.db_path, "INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, "
+                   "'Deploys with the zebra script')", rowid)
+    sql(d.db_path, "INSERT INTO memoryd_fts (rowid, text) VALUES (?, 'Deploys with the script')", rowid)
+    again = daemon_factory("--config", str(roomy), db=d.db_path, name="again")
+    assert foreign_rows(d.db_path) == []
+    async with socket_client(again.socket_path) as raw:
+        assert await found(raw, "zebra") == []
+        report = await raw.ok("audit/verify")
+        [(n, body)] = foreign_rows(d.db_path)
+        assert body["note"] == f"{INDEX_NOTE} (while memoryd ran)"
+        assert report["problems"] == [unaccepted(n, body["note"])]
+        assert await found(raw, "zebra") == [eid]
 
 
 TRIGGER = ("CREATE TRIGGER memoryd_rewrite AFTER INSERT ON entries BEGIN "

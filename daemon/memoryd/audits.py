@@ -105,7 +105,7 @@ class Audits:
         return with_problems(report, heads_problems(await self.s.readers.run(found), wanted))
 
     async def _verify_once(self) -> LedgerReport:
-        await self.s.writer.look_outside()
+        await self.s.writer.look_outside(index=True)
         await self.s.writer.settled()
         anchor = self.s.writer.anchor
         head, lost = anchor.head, anchor.lost  # committed before the read begins: the read must hold it

@@ -102,6 +102,8 @@ class Watch:
     not_before: float = 0.0
     #: set by audit/verify: the next batch reconciles whenever it is
     force: bool = False
+    #: set by audit/verify: the next batch reads the whole text index too (text_index.agrees)
+    index: bool = False
     #: the last check could not run: the next batch checks, whatever data_version says
     owed: bool = False
     #: None until the first batch looked, and while a schema change stops writes
@@ -125,9 +127,10 @@ class Watch:
         with anyio.move_on_after(wait):
             await self._look.wait()
 
-    def look(self) -> None:
-        """The next batch reconciles whenever it is, and one waiting for that begins now."""
-        self.force = True
+    def look(self, index: bool = False) -> None:
+        """The next batch reconciles whenever it is, and one waiting for that begins now;
+        ``index``: it checks the text index against the entries even if nothing moved."""
+        self.force, self.index = True, self.index or index
         self._look.set()
 
     async def guard(self, tx: Tx, head_n: int, run: Callable[[Callable[[sqlite3.Connection], Guarded]],
@@ -138,17 +141,18 @@ class Watch:
         (None: nothing new), and the error every job of the batch fails with instead of
         running (None: they run). Nothing moved: two pragmas on the event loop."""
         now, schema_now = _versions(tx.conn)
-        self.force = False
-        if now == self.version and schema_now == self.schema and not self.owed:
+        index, self.force, self.index = self.index, False, False
+        if now == self.version and schema_now == self.schema and not self.owed and not index:
             return None, None
-        return await run(lambda conn: self._guard(tx, head_n, now, schema_now))
+        return await run(lambda conn: self._guard(tx, head_n, now, schema_now, index))
 
-    def _guard(self, tx: Tx, head_n: int, now: int, schema_now: int) -> Guarded:
+    def _guard(self, tx: Tx, head_n: int, now: int, schema_now: int, index: bool) -> Guarded:
         conn = tx.conn
         unknown = schema.unaccepted(conn) if schema_now != self.schema else []
         new = [item for item, n in unknown if n is None]
         moved = None
-        if now != self.version or self.owed or new:
+        if (now != self.version or self.owed or new
+                or (index and not text_index.agrees(conn.execute, sqlite3.DatabaseError))):
             started = time.monotonic()
             why = check(tx, head_n, new_schema=new)
             self._took = time.monotonic() - started
@@ -323,6 +327,13 @@ def check(tx: Tx, head_n: int, cause: str = "while memoryd ran", new_schema: Seq
     return None
 
 
+def _index_counted(conn: sqlite3.Connection) -> bool:
+    """The text index counts as many rows as it must hold (text_index.indexed_rows): the
+    whole index is read only when the count says it was changed, or audit verify asks."""
+    averages, entries = conn.execute(text_index.SELECT_COUNTS).fetchone()
+    return text_index.indexed_rows(averages) == int(entries)
+
+
 def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, untouched: bool = False) -> bool:
     """At start-up, on the writer's connection: begin the chain if the store has none, and
     reconcile whatever another program changed since memoryd's last run. ``stop``: the head
@@ -352,7 +363,6 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
                 since = stop.n
         if untouched and since == tip and store.trusted(conn):
             return True  # the file is as memoryd's last stop left it: its counts are memoryd's own
-        if (since == tip and store.trusted(conn) and not _usage_changes(conn)
-                and text_index.agrees(conn.execute, sqlite3.DatabaseError)):
+        if since == tip and store.trusted(conn) and not _usage_changes(conn) and _index_counted(conn):
             return True  # the cheap checks agree: nobody else wrote since memoryd's last commit
         return check(tx, since, "while memoryd was stopped") is None

@@ -332,9 +332,9 @@ class Writer:
             await self._flush()
         await self._bookkeeping_committed()
 
-    async def look_outside(self) -> None:
-        """Return once a batch begun after this call has checked for others' writes."""
-        self._watch.look()
+    async def look_outside(self, index: bool = False) -> None:
+        """Return once a batch begun after this call has checked for others' writes (and the text ``index``)."""
+        self._watch.look(index)
         await self._flush()
 
     async def idle(self) -> None:
