@@ -103,7 +103,7 @@ describe('error mapping (policy auto)', () => {
       client.add({ track: 'bogus', scope: 'user-global', text: 't' }),
       client.add({ ...UG, text: 't', tag: ['typo'] }),
       client.consolidate({ ...UG, matches: [], text: 't' }),
-      client.query({ limit: 0 }),
+      client.query({ limit: 'ten' }),  // a limit below 1 is the default page, as the reference reads it
     ];
     for (const p of bad) {
       const err = await rejection(p);
