@@ -114,7 +114,11 @@ class Watch:
     @classmethod
     def of(cls, conn: sqlite3.Connection, path: Path, *, owed: bool = False) -> Watch:
         now, schema_now = _versions(conn)
-        return cls(now, path, owed=owed, schema=None if schema.changes(conn) else schema_now)
+        try:
+            known = not schema.changes(conn)
+        except sqlite3.Error:
+            known = False  # the first batch looks again, and says why it cannot
+        return cls(now, path, owed=owed, schema=schema_now if known else None)
 
     async def due(self, conn: sqlite3.Connection) -> None:
         """Before a batch's BEGIN, on the event loop: when another program wrote since the
@@ -148,13 +152,19 @@ class Watch:
 
     def _guard(self, tx: Tx, head_n: int, now: int, schema_now: int, index: bool) -> Guarded:
         conn = tx.conn
-        unknown = schema.unaccepted(conn) if schema_now != self.schema else []
-        new = [item for item, n in unknown if n is None]
+        try:
+            unknown = schema.unaccepted(conn) if schema_now != self.schema else []
+            looked = True
+            stale = (now != self.version or self.owed or any(n is None for _, n in unknown)
+                     or (index and not text_index.agrees(conn.execute, sqlite3.DatabaseError)))
+        except sqlite3.Error as exc:
+            if store.fault_reason(exc) is not None:
+                raise
+            unknown, looked, stale = [], False, True  # the check below says why it cannot run
         moved = None
-        if (now != self.version or self.owed or new
-                or (index and not text_index.agrees(conn.execute, sqlite3.DatabaseError))):
+        if stale:
             started = time.monotonic()
-            why = check(tx, head_n, new_schema=new)
+            why = check(tx, head_n, new_schema=[item for item, n in unknown if n is None])
             self._took = time.monotonic() - started
             self.not_before = time.monotonic() + SPACING * self._took
             self.owed = why is not None
@@ -170,7 +180,8 @@ class Watch:
             return moved, SchemaChanged(f"nothing was written: another program changed the store's schema ({names}); "
                                         f"remove it, or accept it with memoryctl audit accept {recorded}",
                                         {"path": str(self.path)})
-        self.schema = schema_now
+        if looked:
+            self.schema = schema_now
         return moved, None
 
     def reconciled(self, version: int | None) -> None:
