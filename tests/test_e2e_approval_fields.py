@@ -141,10 +141,11 @@ async def test_seed_and_import_carry_every_entry(ask_daemon: Any) -> None:
             "action": "seed", "track": "batch", "scope": "batch", "text": text, "source": "dsh-memento",
             "sessionId": "s-1", "reason": reason("seed", "batch/batch", "dsh-memento", text, 3), "count": 3,
             "entries": [
-                {**UG, "workspaceKey": "", "agentKey": "coder", "text": "a", "tags": ["t1"]},
+                {**UG, "workspaceKey": "", "agentKey": "coder", "text": "a", "tags": ["t1"], "source": "dsh-memento"},
                 {"track": "agent", "scope": "workspace", "workspaceKey": "/home/u/proj", "agentKey": "coder",
-                 "text": "b", "tags": []},
-                {"track": "agent", "scope": "user-global", "workspaceKey": "", "agentKey": "", "text": "c", "tags": []},
+                 "text": "b", "tags": [], "source": "dsh-memento"},
+                {"track": "agent", "scope": "user-global", "workspaceKey": "", "agentKey": "", "text": "c", "tags": [],
+                 "source": "dsh-memento"},
             ],
             "requestId": "seed-1", "origin": RAW_ORIGIN,
         }
@@ -162,8 +163,8 @@ async def test_seed_and_import_carry_every_entry(ask_daemon: Any) -> None:
             "sessionId": "s-1", "reason": reason("seed", "batch/batch", "dsh-memento", text, 2), "count": 2,
             "entries": [
                 {"track": "agent", "scope": "workspace", "workspaceKey": "/srv/other", "agentKey": "ops",
-                 "text": "deploy with make ship", "tags": ["deploy"]},
-                {**UG, "workspaceKey": "", "agentKey": "", "text": "likes tea", "tags": []},
+                 "text": "deploy with make ship", "tags": ["deploy"], "source": "claude"},
+                {**UG, "workspaceKey": "", "agentKey": "", "text": "likes tea", "tags": [], "source": "dsh-memento"},
             ],
             "requestId": 77, "origin": RAW_ORIGIN,
         }
