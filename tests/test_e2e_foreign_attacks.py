@@ -81,6 +81,28 @@ async def test_a_check_that_cannot_run_stops_the_batch_and_says_why(daemon_facto
     assert "cannot check the store for changes another program made (no such table: proposals)" in d.stderr()
 
 
+@pytest.mark.process
+async def test_a_check_stopped_by_a_text_that_is_not_utf8_says_why_without_the_text(daemon_factory: Any) -> None:
+    """SQLite's own error for a row that does not decode quotes the row's text: the reason
+    the client, the ledger and the log get names the column, never what the row holds."""
+    d = daemon_factory()
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        sql(db, "UPDATE entries SET text = CAST(X'FF' || CAST('secret-in-row' AS BLOB) AS TEXT)")
+        rows = "SELECT id, hex(text), version, (SELECT count(*) FROM audit), (SELECT count(*) FROM memoryd_ledger) FROM entries"
+        before = sql(db, rows)
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
+        assert refused.code == "STORE_CORRUPT"
+        assert said(refused) == (
+            "nothing was written: memoryd cannot check the store for changes another program made (Could not "
+            "decode to UTF-8 column 'text' (a stored text is not valid UTF-8)); undo that change (audit verify "
+            "names what is wrong), then write again")
+        assert sql(db, rows) == before
+    assert "secret-in-row" not in d.stderr()
+    assert "(a stored text is not valid UTF-8)" in d.stderr()
+
+
 async def test_a_change_in_the_pause_after_a_reconcile_is_found_before_the_next_commit(
         daemon_factory: Any, any_approvers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another program writes, a write reconciles, and the next reconcile is not due for a
@@ -215,7 +237,8 @@ async def test_a_planted_trigger_stops_writes_until_it_is_removed(daemon_factory
     async with socket_client(d.socket_path) as raw:
         await add(raw, "Prefers tabs")
         sql(db, TRIGGER)
-        before = stored(db)
+        rows = "SELECT id, hex(text), version, (SELECT count(*) FROM audit), (SELECT count(*) FROM memoryd_ledger) FROM entries"
+        before = sql(db, rows)
         refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
         [(n, body)] = foreign_rows(db)
         assert refused.code == "STORE_CORRUPT"

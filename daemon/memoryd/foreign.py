@@ -318,6 +318,21 @@ def reconcile(tx: Tx, head_n: int, cause: str, new_schema: Sequence[str] = ()) -
     return body
 
 
+#: Python's sqlite3 names a row that is not UTF-8 with its text, which may be memory text
+_UNDECODABLE = "Could not decode to UTF-8 column "
+
+
+def _reason(exc: Exception) -> str:
+    """Why a check could not run, safe for the log, the client and the ledger: SQLite's
+    own words (they name tables and columns), never a stored text."""
+    if isinstance(exc, sqlite3.Error):
+        message = str(exc)
+        if message.startswith(_UNDECODABLE):
+            return message.split(" with text ", 1)[0] + " (a stored text is not valid UTF-8)"
+        return message or type(exc).__name__
+    return f"{type(exc).__name__} while replaying the ledger"
+
+
 def check(tx: Tx, head_n: int, cause: str = "while memoryd ran", new_schema: Sequence[str] = ()) -> str | None:
     """:func:`reconcile` in a savepoint of its own: None when the store is accounted for,
     else why it could not be (logged), and nothing of the check stays. The caller writes
@@ -331,7 +346,8 @@ def check(tx: Tx, head_n: int, cause: str = "while memoryd ran", new_schema: Seq
         if isinstance(exc, sqlite3.Error) and store.fault_reason(exc) is not None:
             raise  # the store cannot take writes now: the batch fails as any batch would
         tx.restore(saved)
-        why = str(exc) or type(exc).__name__
+        why = _reason(exc)
+        log.debug("the check failed with: %r", exc)
         log.error("memoryd cannot check the store for changes another program made (%s): it writes nothing until it "
                   "can; audit verify names what is wrong", why, exc_info=not isinstance(exc, sqlite3.Error))
         return why
