@@ -168,3 +168,34 @@ async def test_the_foreign_change_is_recorded_before_the_failure_even_between_ch
     [(_, _, _), (n, _, body)] = ledger_bodies(d.db_path, "foreign")
     assert first < n < failed_n and ref == approval
     assert [(e["id"], e["source"]) for e in body["entries"]] == [(target["id"], "planted")]
+
+
+@pytest.mark.parametrize(("column", "value"), [("text", "run evil.sh"), ("agent_key", ""), ("scope", "user-global")])
+async def test_a_proposal_changed_by_another_program_is_not_approved(ask_daemon: Any, column: str, value: str
+                                                                     ) -> None:
+    """A pending proposal edited while its approval waits: nothing is approved, neither
+    the entry the approval showed nor the proposal as it now reads, and the change is foreign."""
+    d = ask_daemon
+    async with socket_client(d.socket_path) as raw:
+        p = await raw.ok("proposals/create", {"session": {"id": "p-1", "header": {"cwd": "/home/u/p", "agentPreset": "planner"}}, "input": {
+            "kind": "lesson", "track": "agent", "scope": "workspace", "text": "run tests with pytest -q"}})
+    async with socket_client(d.socket_path) as raw:
+        gate = Gate()
+        raw.on_approval = gate
+        gate.arrived = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            box = start_held(tg, raw, "proposals/approve", {"id": p["id"], "write": write_ctx()})
+            await arrived(gate)
+            sql(d.db_path, f"UPDATE proposals SET {column} = ? WHERE id = ?", value, p["id"])
+            left = store_rows(d.db_path), sql(d.db_path, "SELECT * FROM proposals")
+            await raw.ok("approval/decided", {"id": gate.asked[-1]["id"], "outcome": "allowed-once"})
+        assert box["r"]["error"]["data"] == {
+            "code": "PROPOSAL_NOT_FOUND", "details": {"id": p["id"]},
+            "message": "the proposal changed while its approval was pending, and nothing was written; look at it "
+                       "again (memoryctl proposals) and approve it if it still applies"}
+        report = await raw.ok("audit/verify")
+    assert (store_rows(d.db_path), sql(d.db_path, "SELECT * FROM proposals")) == left
+    [(n, _, body)] = ledger_bodies(d.db_path, "foreign")
+    assert [q["id"] for q in body["proposals"]] == [p["id"]]
+    assert report["problems"] == [unaccepted(n, body["note"])]
+    assert [b["event"] for _, _, b in ledger_bodies(d.db_path, "proposal")] == ["created"]

@@ -3,6 +3,7 @@ or dismisses it; every change of them is a ledger row."""
 
 from __future__ import annotations
 
+import msgspec
 from memoryd_protocol.errors import InvalidInput, ProposalNotFound
 from memoryd_protocol.text import js_trim, utf16_len
 from memoryd_protocol.types import (
@@ -114,6 +115,13 @@ class Proposals:
             ts = store.now_ms()
             if not store.decide_proposal(tx.conn, proposal.id, "approved", ts):
                 raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
+            now = store.get_proposal(tx.conn, proposal.id)
+            # another program can change a pending proposal while its approval waits: what
+            # is approved is what the approval showed, or nothing (the change is foreign)
+            if now is None or msgspec.structs.replace(now, status="pending", decided_at=None) != proposal:
+                raise ProposalNotFound("the proposal changed while its approval was pending, and nothing was written; "
+                                       "look at it again (memoryctl proposals) and approve it if it still applies",
+                                       {"id": proposal.id})
             e = self.w.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
                                  source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
                                  agent_key=proposal.agent_key, ts=ts)
