@@ -7,7 +7,6 @@ and nothing acknowledged is lost."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -191,12 +190,13 @@ async def test_rows_appended_after_a_clean_stop_are_named_by_the_heads_file(daem
     assert [e["id"] for e in body["entries"]] == [eid]
 
 
-def heads_file() -> Path:
-    return Path(os.environ["XDG_STATE_HOME"]) / "memoryd" / "heads"
+def heads_file(db: Path) -> Path:
+    """A store other than the default one keeps its heads beside it."""
+    return db.with_name(db.name + ".memoryd-heads")
 
 
 def heads_of(db: Path) -> list[dict[str, Any]]:
-    return [h for h in map(json.loads, heads_file().read_text().splitlines()) if h["store"] == str(db.resolve())]
+    return [h for h in map(json.loads, heads_file(db).read_text().splitlines()) if h["store"] == str(db.resolve())]
 
 
 async def test_the_heads_file_witnesses_start_stop_and_every_n_rows(daemon_factory: Any, tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ async def test_verify_with_heads_catches_a_clean_truncation(daemon_factory: Any,
     sql(d.db_path, "DELETE FROM memoryd_ledger WHERE n >= ?", n_gone)
     sql(d.db_path, "UPDATE memoryd_usage SET entries = 1, used = 12 WHERE track = 'user' AND scope = 'user-global'")
     copy = tmp_path / "copy-of-heads"
-    copy.write_bytes(heads_file().read_bytes())
+    copy.write_bytes(heads_file(d.db_path).read_bytes())
     d2 = daemon_factory(db=d.db_path, name="again")
     async with socket_client(d2.socket_path) as raw:
         assert (await raw.ok("audit/verify"))["ok"] is True  # the chain alone cannot tell
@@ -317,7 +317,7 @@ async def test_verify_with_heads_catches_a_full_rehash(daemon_factory: Any, tmp_
         conn.close()
     alone = memoryctl("audit", "verify", "--db", str(d.db_path))
     assert alone.returncode == 0, alone.stdout
-    with_heads = memoryctl("audit", "verify", "--db", str(d.db_path), "--heads", str(heads_file()))
+    with_heads = memoryctl("audit", "verify", "--db", str(d.db_path), "--heads", str(heads_file(d.db_path)))
     assert with_heads.returncode == 1
     stop = heads_of(d.db_path)[-1]["n"]
     assert f"ledger row {stop} is not the head witnessed outside the store: the ledger was rewritten" in with_heads.stdout

@@ -29,11 +29,10 @@ NEXT_STEP = "remove it, and memoryd writes a new one at its next head"
 
 
 @pytest.fixture
-def heads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The heads file of this test's own $XDG_STATE_HOME: what a test plants there is no
-    other test's heads file."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return tmp_path / "state" / "memoryd" / "heads"
+def heads(tmp_path: Path) -> Path:
+    """The heads file of the store daemon_factory opens by default (``d.db``, not the
+    default store): beside it, in this test's own directory."""
+    return tmp_path / "d.db.memoryd-heads"
 
 
 @pytest.fixture

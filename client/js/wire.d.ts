@@ -249,7 +249,7 @@ export interface LedgerReport {
   problems: LedgerProblem[];
 }
 
-/** A ledger head witnessed outside the store (a line of `$XDG_STATE_HOME/memoryd/heads`). */
+/** A ledger head witnessed outside the store (a line of the store's heads file: `$XDG_STATE_HOME/memoryd/heads` for the default store, `<db>.memoryd-heads` beside any other). */
 export interface HeadRef {
   n: number;
   /** sha256, lower-case hex */

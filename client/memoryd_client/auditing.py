@@ -13,7 +13,7 @@ from memoryd_protocol import types as T
 from memoryd_protocol.audit_types import MAX_HEADS, WitnessedHead, parse_heads
 from memoryd_protocol.constants import AUDIT_HARD_CAP
 from memoryd_protocol.heads_file import HeadsFileRefused, read_heads_file
-from memoryd_protocol.paths import default_heads_path
+from memoryd_protocol.paths import heads_path_for
 
 from . import render
 from .client import Client
@@ -54,8 +54,9 @@ def _entry_life(ctx: Ctx, life: T.EntryLife) -> int:
 
 
 def _heads(ctx: Ctx, store: str, path: str | None) -> list[WitnessedHead]:
-    """The heads ``path`` (default: the daemon's heads file) witnessed for ``store``."""
-    file = Path(path) if path else default_heads_path()
+    """The heads ``path`` (default: the heads file the daemon keeps for ``store``) witnessed
+    for ``store``."""
+    file = Path(path) if path else heads_path_for(Path(store))
     if file is None:
         raise UsageError("this platform has no default heads file: name one with --heads FILE")
     try:
@@ -73,10 +74,12 @@ def _heads(ctx: Ctx, store: str, path: str | None) -> list[WitnessedHead]:
     return parse_heads(data, str(Path(store).resolve()))
 
 
-def _show_heads(ctx: Ctx, store: str, heads: list[WitnessedHead]) -> int:
-    """One JSON line per head, the heads file's own format: ``--heads`` reads a copy back."""
+def _show_heads(ctx: Ctx, store: str, path: str | None) -> int:
+    """One JSON line per head, the heads file's own format: ``--heads`` reads a copy back;
+    none, it says which file it read."""
+    heads = _heads(ctx, store, path)
     ctx.result(heads, lambda: "\n".join(msgspec.json.encode(h).decode() for h in heads) if heads
-               else f"no heads witnessed for {store} yet")
+               else f"no heads witnessed for {store} yet in {path or heads_path_for(Path(store))}")
     return EXIT_OK
 
 
@@ -129,7 +132,7 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
     if a.action == "verify":
         return _ledger_report(ctx, await c.audit_verify(_witnessed(ctx, store, a.heads) if a.heads else ()))
     if a.action == "heads":
-        return _show_heads(ctx, store, _heads(ctx, store, a.heads))
+        return _show_heads(ctx, store, a.heads)
     if a.action == "accept":
         n = int(a.target)
         report = await c.audit_verify()
@@ -168,7 +171,7 @@ def audit_offline(ctx: Ctx) -> int:
     if a.action == "accept":
         raise UsageError("audit accept asks the daemon: run it without --db")
     if a.action == "heads":
-        return _show_heads(ctx, db, _heads(ctx, db, a.heads))
+        return _show_heads(ctx, db, a.heads)
     try:
         if a.action == "verify":
             witnessed = _witnessed(ctx, db, a.heads) if a.heads else []

@@ -302,7 +302,8 @@ def add_verbs(sub: _Only) -> None:
                 "memoryctl audit verify\nmemoryctl audit verify --db ~/backup/memory.db\n"
                 "memoryctl audit verify --heads ~/memoryd-heads",
                 lambda q: _heads(q, "also check every head FILE witnessed for this store (memoryctl audit heads "
-                                    "prints them; the daemon keeps them in $XDG_STATE_HOME/memoryd/heads)"))
+                                    "prints them; the daemon keeps the default store's in "
+                                    "$XDG_STATE_HOME/memoryd/heads, any other's beside it in <db>.memoryd-heads)"))
         _action(p, "explain", "tell one entry's life: every write, who asked and approved",
                 """Tell one entry's life: every write, who asked, who approved and how, and which
                    sessions' snapshots showed it. TEXT|ID is an entry's id (or a prefix of it),
@@ -319,10 +320,12 @@ def add_verbs(sub: _Only) -> None:
                 "memoryctl audit verify   # names the row N\nmemoryctl audit accept 42",
                 lambda q: q.add_argument("target", metavar="N", help="the ledger row that records the change"))
         _action(p, "heads", "print the ledger heads witnessed outside the store",
-                """Print the ledger heads the daemon witnessed outside the store (one line each);
-                   keep a copy elsewhere and check it with 'audit verify --heads FILE'.""",
+                """Print the ledger heads the daemon witnessed outside the store (one line each),
+                   from the store's heads file: $XDG_STATE_HOME/memoryd/heads for the default
+                   store, <db>.memoryd-heads beside any other. Keep a copy elsewhere and check
+                   it with 'audit verify --heads FILE'.""",
                 "memoryctl audit heads > ~/memoryd-heads",
-                lambda q: _heads(q, "read the heads from FILE instead of the daemon's heads file"))
+                lambda q: _heads(q, "read the heads from FILE instead of the store's heads file"))
 
     _verb(
         sub,

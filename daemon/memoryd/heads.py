@@ -3,8 +3,11 @@
 A process with the user's rights can truncate the ledger cleanly, or rewrite it whole with
 recomputed hashes, and the chain alone still checks out. So at start, at stop, and every
 ``heads_every_rows`` rows or ``heads_every_s`` seconds of writing (config), the daemon appends its head ``{store, n,
-hash, ts, event}`` as one JSON line to ``$XDG_STATE_HOME/memoryd/heads`` and logs it (under
-systemd, the log is the journal, which a same-uid process cannot rewrite).
+hash, ts, event}`` as one JSON line to the store's heads file and logs it (under systemd,
+the log is the journal, which a same-uid process cannot rewrite). The default store's heads
+file is ``$XDG_STATE_HOME/memoryd/heads``, any other store's ``<db>.memoryd-heads`` beside
+it (memoryd_protocol.paths.heads_path_for), so a scratch store never writes into the
+user's witness.
 ``memoryctl audit verify --heads FILE`` checks that every head witnessed is still in the
 chain; ``memoryctl audit heads`` prints them, for a copy kept elsewhere.
 
@@ -25,7 +28,7 @@ import anyio
 import msgspec
 from memoryd_protocol.audit_types import StoreFile, WitnessedHead, parse_heads
 from memoryd_protocol.heads_file import HeadsFileRefused, append_head, read_heads_file
-from memoryd_protocol.paths import default_heads_path
+from memoryd_protocol.paths import heads_path_for
 
 log = logging.getLogger("memoryd.heads")
 
@@ -37,7 +40,7 @@ class Heads:
 
     def __init__(self, store: Path, every_rows: int, every_s: float, path: Path | None = None) -> None:
         self.store = store.resolve()
-        self.path = path if path is not None else default_heads_path()
+        self.path = path if path is not None else heads_path_for(self.store)
         self.every_rows, self.every_s = every_rows, every_s
         self._n = 0
         self._at = time.monotonic()

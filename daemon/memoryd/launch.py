@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from memoryd_protocol.paths import log_path_for
+from memoryd_protocol.paths import AUTOSTART_LOCK_NAME, log_path_for
 
 from .rundir import check_private_dir
 
 #: Shared with memoryctl's autostart: whoever holds it is starting the daemon of this
 #: runtime directory, and everyone else waits, then finds it running.
-LOCK_NAME = ".memoryd-autostart.lock"
+LOCK_NAME = AUTOSTART_LOCK_NAME
 DEFAULT_WAIT_S = 15.0
 _UCRED = struct.Struct("3i")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
+from memoryd_protocol.paths import temporary_twin
 
 from .errors import DaemonError
 from .outbound import Outbound
@@ -94,7 +95,7 @@ MAX_SOCKET_PATH = 107
 
 def _temporary(path: Path) -> Path:
     """The name bind_unix binds first (then renames into place), a few bytes longer."""
-    return path.with_name(f".{path.name}.{os.getpid()}")
+    return temporary_twin(path)
 
 
 def refuse_taken(path: Path) -> None:

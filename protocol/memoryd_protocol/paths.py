@@ -125,10 +125,28 @@ def default_config_path() -> Path:
 
 
 def default_heads_path() -> Path | None:
-    """``$XDG_STATE_HOME/memoryd/heads``: where the daemon witnesses its ledger's heads
-    (memoryd.heads); None off Linux."""
+    """``$XDG_STATE_HOME/memoryd/heads``: where the daemon witnesses the default store's
+    ledger heads (memoryd.heads); None off Linux."""
     base = _xdg("XDG_STATE_HOME", ".local/state")
     return None if base is None else base / "heads"
+
+
+#: beside a store other than the default one, the file its heads are witnessed in
+HEADS_SUFFIX = ".memoryd-heads"
+
+
+def heads_path_for(db: Path) -> Path | None:
+    """Where the heads of the store ``db`` are witnessed: the default store's in
+    :func:`default_heads_path` (the user's witness), any other's beside it,
+    ``<db>.memoryd-heads``. A scratch or test store then never writes into the user's
+    witness, and its heads go when its directory goes. Decided by the resolved path alone,
+    so memoryctl finds the file the daemon writes from the store's path."""
+    from pathlib import Path
+
+    store = Path(db).resolve()
+    if store == default_db_path().resolve():
+        return default_heads_path()
+    return store.with_name(store.name + HEADS_SUFFIX)
 
 
 #: The daemon's log, next to its socket, when a starter (the relay, ``serve --detach``,
@@ -145,6 +163,35 @@ def owner_record_path(db: Path) -> Path:
     (an exclusive flock on the db file), next to the store. It means something only while
     that flock is held."""
     return db.with_name(db.name + ".memoryd-owner")
+
+
+#: next to the socket: held by whoever is starting a daemon there (memoryd.launch)
+AUTOSTART_LOCK_NAME = ".memoryd-autostart.lock"
+
+
+def temporary_twin(path: Path) -> Path:
+    """The name a file is written under before it is renamed over ``path`` (the owner
+    record, the socket): ``.<name>.<pid>`` beside it."""
+    return path.with_name(f".{path.name}.{os.getpid()}")
+
+
+def store_files(db: Path) -> tuple[Path, ...]:
+    """Every file the daemon serving the store ``db`` writes for it: the store, SQLite's
+    journals beside it, the owner record (and its temporary twin, renamed over it), and the
+    heads file. The systemd unit leaves each one's directory writable
+    (memoryd.units), and its tests hold the daemon to this list."""
+    owner = owner_record_path(db)
+    heads = heads_path_for(db)
+    return (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal")), owner, temporary_twin(owner),
+            *(() if heads is None else (heads,)))
+
+
+def runtime_files(socket_path: Path) -> tuple[Path, ...]:
+    """Every file written next to the socket ``socket_path``: the socket (and its temporary
+    twin, renamed over it), the log of a daemon started in the background, and the
+    autostart lock."""
+    return (socket_path, temporary_twin(socket_path), log_path_for(socket_path),
+            socket_path.with_name(AUTOSTART_LOCK_NAME))
 
 
 # --- the approver key (approvers = "keyed") ---------------------------------------------------
@@ -229,5 +276,6 @@ def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-__all__ = ["APPROVER_KEY_NAME", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "absolute_str", "approver_key_path", "approver_proof", "create_approver_key", "default_config_path", "default_config_str", "default_db_path", "default_heads_path", "default_socket", "default_socket_path",
-           "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path", "read_approver_key", "runtime_dir"]
+__all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "absolute_str", "approver_key_path", "approver_proof", "create_approver_key", "default_config_path", "default_config_str", "default_db_path", "default_heads_path", "default_socket", "default_socket_path",
+           "heads_path_for", "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path",
+           "read_approver_key", "runtime_dir", "runtime_files", "store_files", "temporary_twin"]
