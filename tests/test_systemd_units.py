@@ -175,10 +175,16 @@ def test_private_tmp_is_dropped_only_for_paths_it_would_hide(path: str, temporar
 
 def test_detect_keeps_private_tmp_unless_the_store_or_install_is_temporary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", "/home/someone/.local/share")
+    monkeypatch.setenv("XDG_STATE_HOME", "/home/someone/.local/state")
     monkeypatch.setattr(units, "memoryd_command", lambda: ("/home/someone/.local/bin/memoryd",))
     assert units.detect().private_tmp is True
     monkeypatch.setenv("XDG_DATA_HOME", "/tmp/xdg-data")
     assert units.detect().private_tmp is False
+    # the default store's heads file, under /tmp, would be hidden just the same
+    monkeypatch.setenv("XDG_DATA_HOME", "/home/someone/.local/share")
+    monkeypatch.setenv("XDG_STATE_HOME", "/tmp/xdg-state")
+    assert units.detect().private_tmp is False
+    monkeypatch.setenv("XDG_STATE_HOME", "/home/someone/.local/state")
     monkeypatch.setenv("XDG_DATA_HOME", "/home/someone/.local/share")
     monkeypatch.setattr(units, "memoryd_command", lambda: ("/var/tmp/venv/bin/memoryd",))
     assert units.detect().private_tmp is False
@@ -442,7 +448,7 @@ def test_generated_exec_start_serves_the_inherited_socket_and_the_store_the_unit
     argv = shlex.split(exec_start)  # plain paths here: the unit's quoting is shell-compatible
     assert argv[-1] == "serve" and Path(argv[0]).is_absolute()
     (writable,) = service["ReadWritePaths"]
-    store_dir, runtime = shlex.split(writable)
+    store_dir, *_, runtime = shlex.split(writable)
     assert runtime == "%t/memoryd"
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -2,7 +2,9 @@
 
 They are generated, not shipped: ``ExecStart=`` must name the ``memoryd`` of the
 environment it was installed into, and the sandbox must leave exactly the store directory
-and ``%t/memoryd`` writable, which depends on the user's config. ``memoryd.socket`` listens
+(and each other directory the daemon writes a file of the store's in: the default store's
+heads file is under ``$XDG_STATE_HOME``) and ``%t/memoryd`` writable, which depends on the
+user's config. ``memoryd.socket`` listens
 where memoryctl looks first; ``memoryd.service`` inherits that listener and reports
 ``READY=1`` once the store is open. Hardening a user manager cannot apply (``User=``,
 ``ProtectControlGroups=``, ``ProtectProc=``, ``IPAddressDeny=``) is left out rather than
@@ -39,15 +41,16 @@ class Install:
     """What the units depend on; everything else in them is fixed. A plain class: the
     command line imports this module, and dataclasses is not free to import."""
 
-    __slots__ = ("documentation", "exec_start", "mkdir", "private_tmp", "store_dir")
+    __slots__ = ("also_writable", "documentation", "exec_start", "mkdir", "private_tmp", "store_dir")
 
     def __init__(self, exec_start: Sequence[str], documentation: Sequence[str], store_dir: Path, mkdir: str,
-                 private_tmp: bool = True) -> None:
+                 private_tmp: bool = True, also_writable: Sequence[Path] = ()) -> None:
         self.exec_start = tuple(exec_start)  # argv without "serve"
         self.documentation = tuple(documentation)  # URIs
         self.store_dir = store_dir
         self.mkdir = mkdir  # absolute path of mkdir(1), for ExecStartPre
         self.private_tmp = private_tmp  # False when memoryd or its store is in a temporary directory
+        self.also_writable = tuple(also_writable)  # other directories the daemon writes the store's files in
 
 
 # --- discovering this install --------------------------------------------------------------
@@ -92,17 +95,30 @@ def documentation(package_root: Path | None = None) -> tuple[str, ...]:
     return tuple(uris)
 
 
-def store_dir() -> Path:
-    """The directory of the store ``memoryd serve`` opens: ``db_path`` from the default
-    config file when it sets one, else the per-user data dir (platformdirs)."""
+def store_path() -> Path:
+    """The store ``memoryd serve`` opens: ``db_path`` from the default config file when it
+    sets one, else the per-user data dir's (platformdirs)."""
     from memoryd_protocol.paths import default_config_path, default_db_path
 
     config_path = default_config_path()
     if config_path.exists():
         from . import config
 
-        return config.load(config_path).db_path.parent
-    return default_db_path().parent
+        return config.load(config_path).db_path
+    return default_db_path()
+
+
+def store_dir() -> Path:
+    """The directory of :func:`store_path`."""
+    return store_path().parent
+
+
+def written_dirs(db: Path) -> tuple[Path, ...]:
+    """The directory of every file the daemon writes for the store ``db``
+    (memoryd_protocol.paths.store_files), the store's first."""
+    from memoryd_protocol.paths import store_files
+
+    return tuple(dict.fromkeys([db.parent, *(f.parent for f in store_files(db))]))
 
 
 TEMPORARY_DIRS = (Path("/tmp"), Path("/var/tmp"))
@@ -117,10 +133,10 @@ def detect() -> Install:
     import shutil
 
     command = memoryd_command()
-    store = store_dir()
+    store, *others = written_dirs(store_path())
     mkdir = shutil.which("mkdir") or "/bin/mkdir"
-    private_tmp = not any(in_temporary_dir(Path(p)) for p in (command[0], store))
-    return Install(command, documentation(), store, mkdir, private_tmp)
+    private_tmp = not any(in_temporary_dir(p) for p in (Path(command[0]), store, *others))
+    return Install(command, documentation(), store, mkdir, private_tmp, others)
 
 
 # --- rendering (pure) ----------------------------------------------------------------------
@@ -191,6 +207,7 @@ def render_socket(install: Install) -> str:
 
 def render_service(install: Install) -> str:
     store = str(install.store_dir)
+    writable = [store, *map(str, install.also_writable)]
     private_tmp = (["PrivateTmp=yes"] if install.private_tmp else
                    ["# No PrivateTmp=: memoryd or its store is under /tmp or /var/tmp, which it would hide."])
     return _text([
@@ -205,9 +222,9 @@ def render_service(install: Install) -> str:
         "# READY=1 once the store is open; the listening socket is inherited from memoryd.socket.",
         "Type=notify",
         "NotifyAccess=main",
-        "# '+': outside the sandbox, where the store's parent directory is writable (the store",
-        "# directory must exist before ReadWritePaths= can make it writable).",
-        f"ExecStartPre=+{_command([install.mkdir, '-p', '-m', '0700', store])}",
+        "# '+': outside the sandbox, where their parent directories are writable (a directory",
+        "# must exist before ReadWritePaths= can make it writable).",
+        f"ExecStartPre=+{_command([install.mkdir, '-p', '-m', '0700', *writable])}",
         f"ExecStart={_command([*install.exec_start, 'serve'])}",
         "Restart=on-failure",
         "# SIGTERM: stop accepting, deny pending approvals (audited), finish queued commits.",
@@ -219,8 +236,9 @@ def render_service(install: Install) -> str:
         "PrivateUsers=yes",
         "ProtectSystem=strict",
         "ProtectHome=read-only",
-        "# Writable: the store (db, -wal, -shm) and the socket's directory; nothing else.",
-        f"ReadWritePaths={quote(store, command=False)} %t/memoryd",
+        "# Writable: the directories of the store's files (db, -wal, -shm, owner record, ledger",
+        "# heads) and the socket's; nothing else.",
+        f"ReadWritePaths={' '.join(quote(d, command=False) for d in writable)} %t/memoryd",
         *private_tmp,
         "PrivateDevices=yes",
         "PrivateIPC=yes",
