@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import sqlite3
 from functools import cache
 
@@ -30,6 +31,9 @@ REF = "schema"
 _STATISTICS = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
 #: a table's columns: name → (declared type, not null, default, primary key position)
 Columns = dict[str, tuple[str, int, "str | None", int]]
+#: a string literal, or an identifier quoted in any of SQLite's three ways (its name in a group)
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"((?:[^\"]|\"\")*)\"|`((?:[^`]|``)*)`|\[([^\]]*)\]")
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> Columns:
@@ -47,6 +51,16 @@ def _objects(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[str, str, 
         plain = kind == "table" and not definition.upper().startswith("CREATE VIRTUAL")
         found[(str(kind), str(name))] = (str(table), definition, _columns(conn, name) if plain else {})
     return found
+
+
+def _unquoted(definition: str) -> str:
+    """The definition with each quoted identifier that is a plain word unquoted: ALTER TABLE
+    RENAME writes the table's name quoted into each of its indexes and triggers, renamed back
+    or not, and they name the same table as before."""
+    def plain(m: re.Match[str]) -> str:
+        name = next((g for g in m.groups() if g is not None), None)
+        return name if name is not None and _PLAIN.fullmatch(name) else m.group(0)
+    return _QUOTED.sub(plain, definition)
 
 
 @cache
@@ -76,7 +90,7 @@ def changes(conn: sqlite3.Connection) -> list[str]:
                     items.append(f"column {name}.{col} (sha256:{_digest(columns[col])})")
                 elif columns[col] != expected[2][col]:
                     items.append(f"column {name}.{col} changed (sha256:{_digest(columns[col])})")
-        elif definition != expected[1] or table != expected[0]:
+        elif _unquoted(definition) != _unquoted(expected[1]) or table != expected[0]:
             items.append(f"{what} changed (sha256:{_digest(table, definition)})")
     return items
 
