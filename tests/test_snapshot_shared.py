@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import add
+from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from memoryd_protocol.snapshot import render
 from memoryd_protocol.types import Entry, LedgerConnection
 from rawclient import socket_client, write_ctx
@@ -214,7 +215,7 @@ async def test_a_store_from_before_shared_texts_migrates_in_place_and_verifies(d
 
     d = daemon_factory(db=db)
     await verified(d)
-    assert rows(db, "SELECT value FROM meta WHERE key = 'memoryd_schema'") == [("7",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'memoryd_schema'") == [(str(MEMORYD_SCHEMA_VERSION),)]
     assert [r[1] for r in rows(db, "PRAGMA table_info(memoryd_snapshots)")] == [
         "session_id", "digest", "language", "created_at"]
     assert stored(db) == ([(sha(""), 0, ""), (sha(TABS), len(TABS.encode()), TABS)],

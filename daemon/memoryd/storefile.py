@@ -19,68 +19,14 @@ from memoryd_protocol import ledger as ledger_format
 from memoryd_protocol.constants import DEFAULT_BUSY_TIMEOUT_MS, MEMORYD_SCHEMA_VERSION, STORE_SCHEMA_VERSION
 from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable, StoreUnsupportedVersion
 
-from . import store
+from . import reference_ddl, store
 from .atomic import atomic
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
-# Step n creates schema n from schema n-1 (0 = empty file). Each runs in one transaction
-# together with the meta row that records it.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE IF NOT EXISTS entries (
-            id TEXT PRIMARY KEY,
-            track TEXT NOT NULL,
-            scope TEXT NOT NULL,
-            workspace_key TEXT NOT NULL DEFAULT '',
-            text TEXT NOT NULL,
-            source TEXT NOT NULL,
-            created_at INTEGER NOT NULL,
-            updated_at INTEGER NOT NULL,
-            session_id TEXT
-        )""",
-        """CREATE TABLE IF NOT EXISTS audit (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            ts INTEGER NOT NULL,
-            action TEXT NOT NULL,
-            track TEXT,
-            scope TEXT,
-            entry_id TEXT,
-            text TEXT,
-            outcome TEXT,
-            source TEXT,
-            session_id TEXT
-        )""",
-        "CREATE INDEX IF NOT EXISTS entries_track_scope ON entries (track, scope)",
-    ),
-    2: (
-        """CREATE TABLE IF NOT EXISTS proposals (
-            id TEXT PRIMARY KEY,
-            kind TEXT NOT NULL,
-            track TEXT NOT NULL,
-            scope TEXT NOT NULL,
-            workspace_key TEXT NOT NULL DEFAULT '',
-            text TEXT NOT NULL,
-            source TEXT NOT NULL,
-            session_id TEXT,
-            status TEXT NOT NULL,
-            created_at INTEGER NOT NULL,
-            decided_at INTEGER,
-            UNIQUE (session_id, kind)
-        )""",
-    ),
-    3: (
-        "ALTER TABLE entries ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE entries ADD COLUMN last_recalled INTEGER",
-        "ALTER TABLE entries ADD COLUMN recall_count INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE proposals ADD COLUMN agent_key TEXT NOT NULL DEFAULT ''",
-    ),
-    4: (
-        "ALTER TABLE entries ADD COLUMN tags TEXT NOT NULL DEFAULT '[]'",
-        "ALTER TABLE entries ADD COLUMN version INTEGER NOT NULL DEFAULT 1",
-    ),
-}
+# Step n creates schema n from schema n-1 (0 = empty file): the reference's own statements.
+# Each runs in one transaction together with the meta row that records it.
+MIGRATIONS = reference_ddl.MIGRATIONS
 
 #: memoryd_usage (see MEMORYD_TABLES); created again by foreign.recount when another
 #: program dropped it, since the entries hold everything it counts.
@@ -146,10 +92,14 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: ("DROP INDEX IF EXISTS memoryd_entries_rank",),
     # snapshot texts stored once per digest: ``share_snapshot_texts`` moves the rows
     7: (),
+    # the reference's definitions of its own tables and indexes: ``reference_ddl.adopt``
+    8: (),
 }
 
 #: The first memoryd_schema with the tail.
 TAIL_SCHEMA = 5
+#: The first memoryd_schema whose stores hold the reference's DDL, not memoryd's own.
+REFERENCE_DDL_SCHEMA = 8
 REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
     1: {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}},
 }
@@ -329,6 +279,10 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         for step in steps:
             for sql in step:
                 conn.execute(sql)
+        if was is None or was < REFERENCE_DDL_SCHEMA:
+            # None too: a store from before meta.memoryd_schema may hold an older memoryd's
+            # DDL (one the reference made holds its own, and nothing changes)
+            reference_ddl.adopt(conn)
         for sql in MEMORYD_TABLES:
             conn.execute(sql)
         # by its columns, not ``was``: a store memoryd never opened may hold an older
@@ -410,6 +364,10 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
     except sqlite3.Error as exc:
         conn.close()
         raise store.store_fault(exc, path) or exc from None
+    except StoreCorrupt as exc:  # a row the upgrade to the reference's DDL cannot keep
+        conn.close()
+        exc.details.setdefault("path", str(path))
+        raise
     except BaseException:
         conn.close()
         raise

@@ -22,7 +22,7 @@ EXPORT_PLUGIN: Final = "dsh-memento"
 #: a store that memoryd wrote (memoryd versions its own extra tables separately).
 STORE_SCHEMA_VERSION: Final = 4
 #: memoryd's own tables (frozen snapshots, ...) carry this version in meta.memoryd_schema.
-MEMORYD_SCHEMA_VERSION: Final = 7
+MEMORYD_SCHEMA_VERSION: Final = 8
 
 TRACKS: Final[tuple[Track, ...]] = ("user", "agent")
 SCOPES: Final[tuple[Scope, ...]] = ("user-global", "workspace")
