@@ -339,3 +339,34 @@ async def test_an_older_store_with_an_entry_the_checks_refuse_is_refused_untouch
     assert digest(db) == before
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == ("7",)
+
+
+async def test_an_upgrade_stopped_half_way_leaves_the_older_store_as_it_was(daemon_factory: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upgrade is one transaction with the schema number: a failure after ``entries`` was
+    rebuilt and before ``proposals`` was leaves every row, definition and number as they
+    were, and the next start upgrades it."""
+    from memoryd import reference_ddl
+
+    db = await old_store(daemon_factory)
+    sql(db, "PRAGMA wal_checkpoint(TRUNCATE)")
+    before, definitions = snapshot(db), sql(db, "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name")
+    rebuild = reference_ddl._rebuild
+
+    def stopping(conn: sqlite3.Connection, table: str, definition: str) -> None:
+        if table == "proposals":
+            raise RuntimeError("stopped half way")
+        rebuild(conn, table, definition)
+
+    monkeypatch.setattr(reference_ddl, "_rebuild", stopping)
+    with pytest.raises(RuntimeError, match="stopped half way"):
+        storefile.open_store(db, storefile.inspect(db))
+    assert snapshot(db) == before
+    assert sql(db, "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name") == definitions
+    assert sql(db, "SELECT value FROM meta WHERE key = 'memoryd_schema'") == [("7",)]
+    monkeypatch.undo()
+    storefile.open_store(db, storefile.inspect(db)).close()
+    assert snapshot(db) == before
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert collapsed(reference_objects(conn)) == collapsed(expected_objects())
+    assert memoryctl_verify(db).returncode == 0
