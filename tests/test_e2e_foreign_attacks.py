@@ -237,8 +237,7 @@ async def test_a_planted_trigger_stops_writes_until_it_is_removed(daemon_factory
     async with socket_client(d.socket_path) as raw:
         await add(raw, "Prefers tabs")
         sql(db, TRIGGER)
-        rows = "SELECT id, hex(text), version, (SELECT count(*) FROM audit), (SELECT count(*) FROM memoryd_ledger) FROM entries"
-        before = sql(db, rows)
+        before = stored(db)
         refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses uv"}, "write": write_ctx()})
         [(n, body)] = foreign_rows(db)
         assert refused.code == "STORE_CORRUPT"

@@ -17,16 +17,16 @@ from outside memoryd, never through its gate.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import anyio
+import msgspec
 from memoryd_protocol import ledger as fmt
 from memoryd_protocol import text_index
 from memoryd_protocol.audit_types import WitnessedHead
@@ -109,7 +109,8 @@ class Watch:
     #: None until the first batch looked, and while a schema change stops writes
     schema: int | None = None
     _took: float = 0.0
-    _look: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set when audit/verify looks: a batch waiting in :meth:`due` begins at once
+    _look: anyio.Event | None = None
 
     @classmethod
     def of(cls, conn: sqlite3.Connection, path: Path, *, owed: bool = False) -> Watch:
@@ -127,7 +128,7 @@ class Watch:
         wait = self.not_before - time.monotonic()
         if wait <= 0 or self.force or (not self.owed and _data_version(conn) == self.version):
             return
-        self._look.clear()
+        self._look = anyio.Event()
         with anyio.move_on_after(wait):
             await self._look.wait()
 
@@ -135,7 +136,8 @@ class Watch:
         """The next batch reconciles whenever it is, and one waiting for that begins now;
         ``index``: it checks the text index against the entries even if nothing moved."""
         self.force, self.index = True, self.index or index
-        self._look.set()
+        if self._look is not None:
+            self._look.set()
 
     async def guard(self, tx: Tx, head_n: int, run: Callable[[Callable[[sqlite3.Connection], Guarded]],
                                                               Awaitable[Guarded]]) -> Guarded:
@@ -330,6 +332,8 @@ def _reason(exc: Exception) -> str:
         if message.startswith(_UNDECODABLE):
             return message.split(" with text ", 1)[0] + " (a stored text is not valid UTF-8)"
         return message or type(exc).__name__
+    if isinstance(exc, msgspec.MsgspecError):
+        return str(exc)  # where a body stops decoding, by position and path, never the value
     return f"{type(exc).__name__} while replaying the ledger"
 
 
