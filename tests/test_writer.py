@@ -909,11 +909,12 @@ async def test_daemon_open_lets_go_of_the_lock_and_threads_when_a_later_step_fai
     assert not cfg.db_path.with_name("memory.db.memoryd-owner").exists()
     daemon = await Daemon.open(cfg)  # the lock was let go: a second open takes it
     try:
-        started = [t.name for t in set(threading.enumerate()) - threads]
+        # anyio's worker threads (the heads file's I/O) are its pool's, kept idle for reuse
+        started = [t.name for t in set(threading.enumerate()) - threads if t.name != "AnyIO worker thread"]
         assert sorted(started) == sorted(["memoryd-writer", *(f"memoryd-reader-{k}" for k in range(readers.READERS))])
     finally:
         await daemon.close()
-    assert set(threading.enumerate()) == threads
+    assert {t for t in threading.enumerate() if t.name != "AnyIO worker thread"} == threads
     await daemon.close()  # a second close does nothing
 
 
