@@ -37,8 +37,11 @@ _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> Columns:
-    return {str(name): (str(kind).upper(), int(notnull), dflt, int(pk)) for _, name, kind, notnull, dflt, pk
-            in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+    # table_xinfo: table_info leaves out a generated column; one says so (hidden), so that
+    # the columns of memoryd's own DDL keep the digests they were accepted under
+    return {str(name): (str(kind).upper(), int(notnull), dflt, int(pk), *((int(hidden),) if hidden else ()))
+            for _, name, kind, notnull, dflt, pk, hidden
+            in conn.execute("SELECT * FROM pragma_table_xinfo(?)", (table,))}
 
 
 def _objects(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[str, str, Columns]]:
@@ -84,13 +87,15 @@ def changes(conn: sqlite3.Connection) -> list[str]:
         expected = want.get((kind, name))
         if expected is None:
             items.append(f"{what} (sha256:{_digest(definition)})")
-        elif columns or expected[2]:
+        elif (columns or expected[2]) and columns != expected[2]:
             for col in sorted(columns):
                 if col not in expected[2]:
                     items.append(f"column {name}.{col} (sha256:{_digest(columns[col])})")
                 elif columns[col] != expected[2][col]:
                     items.append(f"column {name}.{col} changed (sha256:{_digest(columns[col])})")
         elif _unquoted(definition) != _unquoted(expected[1]) or table != expected[0]:
+            # the same columns under another constraint (ON CONFLICT REPLACE, a UNIQUE, a
+            # CHECK): a table rebuilt with it changes what memoryd's own statements do
             items.append(f"{what} changed (sha256:{_digest(table, definition)})")
     return items
 
