@@ -34,7 +34,6 @@ def said(err: RpcFailure) -> str:
 
 
 def schema_items(db: Path) -> list[str]:
-
     return [item.split(" (sha256:")[0] for (body,) in sql(db, "SELECT body FROM memoryd_ledger WHERE kind = 'foreign'")
             for item in json.loads(body)["schema"]]
 
