@@ -35,9 +35,9 @@ from memoryd_protocol.errors import StoreCorrupt
 from memoryd_protocol.ledger_check import replay
 from memoryd_protocol.text import utf16_len
 
-from . import ledger, schema, store, storefile
+from . import ledger, queries, schema, store, storefile
 from .atomic import atomic
-from .tx import Tx
+from .tx import Tx, Usage
 
 T = TypeVar("T")
 
@@ -397,3 +397,26 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
         if since == tip and store.trusted(conn) and not _usage_changes(conn) and _index_counted(conn):
             return True  # the cheap checks agree: nobody else wrote since memoryd's last commit
         return check(tx, since, "while memoryd was stopped") is None
+
+
+@dataclass
+class Opened:
+    """The store as a start leaves it, read in the transaction of its check: another
+    program's commit after it is one the writer's first batch compares, never one taken
+    for the store the check saw."""
+
+    usage: Usage
+    head: tuple[int, str] | None
+    recall_seq: int
+    entries: int
+    watch: Watch
+
+
+def opened(conn: sqlite3.Connection, path: Path, stop: WitnessedHead | None = None, *,
+           untouched: bool = False) -> Opened:
+    """:func:`open_chain`, then the usage, the ledger's head and the Watch of ``path``, all
+    in one transaction holding the write lock: nothing commits between the check and them."""
+    with atomic(conn, "opened"):
+        checked = open_chain(conn, stop, untouched=untouched)
+        return Opened(store.stored_usage(conn), ledger.head(conn), store.recall_seq(conn), queries.entry_count(conn),
+                      Watch.of(conn, path, owed=not checked))

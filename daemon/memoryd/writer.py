@@ -192,21 +192,19 @@ class Writer:
     async def open(cls, path: Path, version: int, busy_timeout_ms: int,
                    stop: WitnessedHead | None = None, *, untouched: bool = False) -> Writer:
         """Open (and migrate) the store on the writer's own new thread, begin or reconcile
-        the ledger's chain (foreign.open_chain, with the last ``stop``), read the usage."""
+        the ledger's chain (foreign.opened, with the last ``stop``), read the usage."""
         owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
-                checked = await owned.run(lambda c: foreign.open_chain(c, stop, untouched=untouched))
+                o = await owned.run(lambda c: foreign.opened(c, path, stop, untouched=untouched))
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
-            usage = await owned.run(store.stored_usage)
-            head = await owned.run(ledger.head)
-            seq = await owned.run(store.recall_seq)
-            entries = await owned.run(queries.entry_count)
         except BaseException:
             await owned.aclose()
             raise
-        return cls(owned, usage, path, ledger.Anchor(head), seq, entries, owed=not checked)
+        writer = cls(owned, o.usage, path, ledger.Anchor(o.head), o.recall_seq, o.entries)
+        writer._watch = o.watch  # as the check left the store, not as it is by now
+        return writer
 
     @property
     def usage(self) -> Usage:
