@@ -190,12 +190,12 @@ class Daemon:
     _slot_freed: anyio.Event = field(default_factory=anyio.Event)
     _accept_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     _refuse_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
-    #: the cap on unsent output over every connection (max_unsent_bytes_total)
+    #: the caps on unsent output and on requests in flight over every connection together
     outbound: Outbound = field(init=False)
 
     def __post_init__(self) -> None:
         self.service.live = self.connections  # daemon/status lists them
-        self.outbound = Outbound(self.config.max_unsent_bytes_total)
+        self.outbound = Outbound(self.config.max_unsent_bytes_total, self.config.max_inflight_total)
 
     @classmethod
     async def open(cls, config: Config, *, endpoint: str | None = None) -> Daemon:
@@ -231,7 +231,8 @@ class Daemon:
     def new_connection(self, sink: Any, name: str) -> Connection:
         cfg = self.config
         return Connection(sink, self.dispatcher, self.approvals, cfg.max_message_bytes, name,
-                          max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s)
+                          max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s,
+                          inflight=self.outbound)
 
     async def _serve_connection(self, conn: Connection, chunks: Any, end_chunks: Callable[[], None] | None = None
                                 ) -> None:

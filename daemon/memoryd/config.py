@@ -37,6 +37,11 @@ from .errors import DaemonError
 #: more of the largest kind (an audit/list of a thousand snapshot rows), and a bound that the
 #: daemon's memory stays well within on a small machine (the allocator keeps more than this).
 DEFAULT_MAX_UNSENT_BYTES_TOTAL = 32 * 1024 * 1024
+#: The default max_inflight_total: requests read from every connection together and not yet
+#: answered. An MCP call in flight holds the SDK's tasks and objects besides the daemon's, so
+#: this many stay a small part of the daemon's memory, and are still four connections' full
+#: pipelines (connection.MAX_INFLIGHT each).
+DEFAULT_MAX_INFLIGHT_TOTAL = 1024
 #: The default max_snapshots: a year and more of a few hundred sessions a day (each a small
 #: row naming its text by digest).
 DEFAULT_MAX_SNAPSHOTS = 100_000
@@ -111,6 +116,8 @@ class Config:
         self.max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
         #: unsent output over all connections together before the longest behind are dropped
         self.max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
+        #: requests in flight over all connections together: past it, connections stop reading
+        self.max_inflight_total: int = DEFAULT_MAX_INFLIGHT_TOTAL
         #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
         self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
         #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
@@ -222,6 +229,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "max_pending_approvals": (1, 10_000),
     "max_sessions_per_connection": (1, 1_000_000),
     "max_unsent_bytes_total": (1024 * 1024, 64 * 1024 * 1024 * 1024),
+    "max_inflight_total": (1, 1_000_000),
     "max_snapshots": (1, 1_000_000_000),
     "max_snapshot_bytes": (1, 1024 * 1024 * 1024 * 1024),
     "max_new_snapshots_per_connection": (1, 1_000_000_000),

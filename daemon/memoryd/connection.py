@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
@@ -41,6 +41,9 @@ from .rpc import (
 )
 from .transports import PeerProcess
 
+if TYPE_CHECKING:
+    from .outbound import Outbound
+
 log = logging.getLogger("memoryd.connection")
 
 
@@ -61,7 +64,7 @@ class Connection:
     def __init__(self, sink: Sink, dispatcher: Dispatcher, approvals: Approvals,
                  max_bytes: int, name: str = "socket", *,
                  max_buffered: int = DEFAULT_MAX_BUFFERED_BYTES,
-                 half_line_s: float = DEFAULT_HALF_LINE_TIMEOUT_S) -> None:
+                 half_line_s: float = DEFAULT_HALF_LINE_TIMEOUT_S, inflight: Outbound | None = None) -> None:
         self.id = next(_ids)
         #: the transport: "socket" or "stdio"
         self.name = name
@@ -89,6 +92,8 @@ class Connection:
         self._max_buffered = max_buffered
         #: half_line_timeout_s: how long an incomplete line may be held
         self._half_line_s = half_line_s
+        #: the places for requests in flight over every connection (max_inflight_total)
+        self._inflight = inflight
         #: set by ``mcp/attach``: once its reply is out, the rest of the connection's bytes
         #: go to this (the MCP front-end), with the lines already framed and the framer
         self.handoff: Callable[[list[bytes], Framer, AsyncIterator[bytes]], Awaitable[None]] | None = None
@@ -149,6 +154,23 @@ class Connection:
         return ConnectionInfo(id=self.id, transport=transport,  # type: ignore[arg-type]
                               pid=p.pid if p else None, uid=p.uid if p else None, exe=p.exe if p else None,
                               client=self.client, approver=approver, opened_at=self.opened_at)
+
+    @property
+    def dropped(self) -> bool:
+        """Dropped for not reading (outbound.py): what it sent and was not served yet never is."""
+        return bool(getattr(self._sink, "dropped", False))
+
+    async def admit(self) -> None:
+        """A place for one more request in flight, over every connection together
+        (max_inflight_total): the caller reads no further line until it has one. The socket's
+        requests and an MCP session's calls take theirs here alike."""
+        if self._inflight is not None and not self._inflight.enter(self._sink):
+            await self._inflight.admit(self._sink)
+
+    def leave(self, count: int = 1) -> None:
+        """``count`` requests admitted are answered, parked on an approval, or never will be."""
+        if self._inflight is not None:
+            self._inflight.leave(self._sink, count)
 
     async def notify(self, method: str, params: Any) -> None:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""
@@ -236,6 +258,9 @@ class Connection:
                                 turn, size = inflight.popleft()
                                 await turn.wait()
                                 held -= size
+                            # Inline requests take no place: one at a time, in this loop, which
+                            # reads nothing meanwhile, so an approver's decision never waits here.
+                            await self.admit()
                             turn = asyncio.Event()
                             task = loop.create_task(self._handle(message, prev, turn))
                             tasks.add(task)
@@ -277,15 +302,29 @@ class Connection:
             log.debug("connection %d closed", self.id)
 
     async def _handle(self, message: Message, prev: asyncio.Event, turn: asyncio.Event) -> None:
-        if not prev.is_set():
-            await prev.wait()
-        try:
-            await self._serve_one(message, turn.set)
-        finally:
+        left = False
+
+        def parked() -> None:
+            # parked on an approval: the next request's turn, and the place for another
+            nonlocal left
             turn.set()
+            if not left:
+                left = True
+                self.leave()
+
+        try:
+            if not prev.is_set():
+                await prev.wait()
+            try:
+                await self._serve_one(message, parked)
+            finally:
+                turn.set()
+        finally:
+            if not left:
+                self.leave()
 
     async def _serve_one(self, message: Message | Any, release_turn: Callable[[], None] | None = None) -> None:
-        if getattr(self._sink, "dropped", False):
+        if self.dropped:
             return  # dropped for not reading (outbound.py): what it sent after is not served
         if message is UNPARSABLE:
             await self.send_line(PARSE_ERROR_LINE)

@@ -14,11 +14,21 @@ reader that reads keeps catching up and goes to the end of that order each time 
 behind; a peer that stopped reading stays at its front.
 Nothing here waits: a notification (``approval/asked``) is queued at once like any line,
 and counted like any.
+
+Requests in flight (read, and not yet answered or parked on an approval) are counted here
+too, over every connection together (``max_inflight_total``): a connection's reader takes a
+place before it hands a request on (``admit``) and stops reading while there is none. An
+MCP session answers its calls concurrently, so without this many hosts that pipeline and
+do not read would each have the daemon hold its whole window of calls at once. Places are
+given in the order they were asked for; while someone waits, the connections that stopped
+reading and hold places are dropped by the rule above, the first behind first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import deque
 
 from .ratelog import RateLimitedLog
 
@@ -37,15 +47,30 @@ log = logging.getLogger("memoryd.transports")
 
 
 class Outbound:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, inflight_limit: int) -> None:
         self.limit = limit
         #: the connections behind, in the order they fell behind (a dict keeps it)
         self._behind: dict[StreamProtocol, None] = {}
         self._drops = RateLimitedLog(log)
+        self.inflight_limit = inflight_limit
+        #: requests in flight on every connection together, and the most there ever were
+        self.inflight = 0
+        self.inflight_peak = 0
+        #: requests in flight per connection (only those holding any)
+        self._holding: dict[object, int] = {}
+        #: connections waiting for a place, in the order they asked
+        self._waiting: deque[tuple[asyncio.Future[None], object]] = deque()
+        #: dropped connections still holding places (freed as their requests end)
+        self._dropped: set[object] = set()
 
     def behind(self, sink: StreamProtocol) -> None:
-        """``sink`` has fallen behind, or got more output while behind: enforce the cap."""
+        """``sink`` has fallen behind, or got more output while behind: enforce the caps."""
         self._behind.setdefault(sink, None)
+        self._cap_unsent(sink)
+        if self._waiting:
+            self._make_room()
+
+    def _cap_unsent(self, sink: StreamProtocol) -> None:
         if len(self._behind) < 2:
             return
         held = [(s, s.unsent()) for s in self._behind]
@@ -73,4 +98,80 @@ class Outbound:
         self._behind.pop(sink, None)
         self._drops.say(f"dropping a connection that stopped reading: {unsent} bytes unsent, {total} unsent on all "
                         f"connections (max_unsent_bytes_total {self.limit})")
+        if self._holding.get(sink):
+            self._dropped.add(sink)
         sink.drop()
+
+    # --- requests in flight ----------------------------------------------------------------
+
+    def enter(self, sink: object) -> bool:
+        """Take a place for one request of ``sink`` if one is free and nobody waits for it."""
+        if self._waiting or self.inflight >= self.inflight_limit:
+            return False
+        self._take(sink)
+        return True
+
+    async def admit(self, sink: object) -> None:
+        """Take a place for one request of ``sink``, waiting in turn while there is none."""
+        if self.enter(sink):
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((waiter, sink))
+        self._hand_on()  # the waiters before it may all have been cancelled
+        if not waiter.done():
+            self._make_room()
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.leave(sink)  # given a place as it was cancelled: not taken after all
+            else:
+                waiter.cancel()  # _hand_on skips it
+            raise
+
+    def leave(self, sink: object, count: int = 1) -> None:
+        """``count`` requests of ``sink`` are answered (or parked, or will never be)."""
+        held = self._holding.get(sink, 0)
+        count = min(count, held)
+        if count <= 0:
+            return
+        if held == count:
+            del self._holding[sink]
+            self._dropped.discard(sink)
+        else:
+            self._holding[sink] = held - count
+        self.inflight -= count
+        self._hand_on()
+
+    def _take(self, sink: object) -> None:
+        self._holding[sink] = self._holding.get(sink, 0) + 1
+        self.inflight += 1
+        if self.inflight > self.inflight_peak:
+            self.inflight_peak = self.inflight
+
+    def _hand_on(self) -> None:
+        while self._waiting and self.inflight < self.inflight_limit:
+            waiter, sink = self._waiting.popleft()
+            if not waiter.done():
+                self._take(sink)
+                waiter.set_result(None)
+
+    def _make_room(self) -> None:
+        """While connections wait for places, drop those behind that hold some, the first
+        behind first, until what they hold covers the waiters: they never free them otherwise."""
+        freeing = sum(self._holding.get(s, 0) for s in self._dropped)
+        # a dropped connection's waiter gives its place back at once: it waits for nobody
+        waiting = {s for w, s in self._waiting if not w.done() and not getattr(s, "dropped", False)}
+        for s in list(self._behind):
+            if freeing >= len(waiting):
+                return
+            held = self._holding.get(s, 0)
+            if not held or s in waiting:
+                continue  # a waiter is not dropped for itself: it is let in when its turn comes
+            self._behind.pop(s, None)
+            self._drops.say(f"dropping a connection that stopped reading: {s.unsent()} bytes unsent, {held} of its "
+                            f"requests in flight, {len(waiting)} connections waiting for a place "
+                            f"(max_inflight_total {self.inflight_limit})")
+            self._dropped.add(s)
+            freeing += held
+            s.drop()

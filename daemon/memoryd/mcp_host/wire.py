@@ -3,8 +3,9 @@
 Lines are framed as on the socket, each parsed into the SDK's ``SessionMessage``; a line
 that is no JSON-RPC message is answered here. Replies go out without waiting (a host that
 stops reading is dropped by the transport). Beyond ``MAX_INFLIGHT`` requests read and not
-yet answered or cancelled, no further line is read; at EOF, what was read is answered
-before the streams close.
+yet answered or cancelled, as on the socket, or while every connection's requests together
+hold every place (``Connection.admit``), no further line is read; at EOF, what was read is
+answered before the streams close.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ import msgspec
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from memoryd_protocol.framing import OVERSIZE, Framer
 
+from ..connection import MAX_INFLIGHT as MAX_INFLIGHT
 from ..connection import Connection
 from ..rpc import HALF_LINE_LINE
 
 log = logging.getLogger("memoryd.mcp")
-
-#: Requests of one session read and not yet answered; the session stops reading beyond it.
-MAX_INFLIGHT = 256
 #: How long a session that read EOF waits for the SDK to answer what it read.
 EOF_ANSWER_S = 10.0
 #: Requests that stay open until the host cancels them (a subscription's stream). A host that
@@ -86,10 +85,16 @@ class Wire:
             tg.start_soon(self._read, read_send, lines, framer, source)
             written = anyio.Event()
             tg.start_soon(self._write, write_recv, written)
-            async with write_send:
-                await serve(read_recv, write_send)
-            await written.wait()
-            tg.cancel_scope.cancel()
+            try:
+                async with write_send:
+                    await serve(read_recv, write_send)
+                await written.wait()
+                tg.cancel_scope.cancel()
+            finally:
+                # requests the SDK ended without a reply (the session is over) free their places
+                self.conn.leave(self._count)
+                self._count = 0
+                self._open.clear()
 
     def _settle(self, request_id: Any, token: object | None = None) -> None:
         """One request with ``request_id`` is settled: ``token``'s (cancelled, no reply), else
@@ -107,6 +112,7 @@ class Wire:
         if not tokens:
             del self._open[request_id]
         self._count -= 1
+        self.conn.leave()
         self._room.set()
 
     async def _until(self, done: Callable[[], bool]) -> None:
@@ -148,6 +154,8 @@ class Wire:
             self._on_eof()
 
     async def _take(self, send: Any, line: bytes) -> None:
+        if self.conn.dropped:
+            return
         if line is OVERSIZE:
             self.conn.post_line(_OVERSIZE)
             return
@@ -158,6 +166,10 @@ class Wire:
             return
         if isinstance(message, types.JSONRPCRequest):
             await self._until(lambda: self._count < MAX_INFLIGHT)
+            await self.conn.admit()
+            if self.conn.dropped:
+                self.conn.leave()  # as on the socket: what a dropped host sent is not served
+                return
             token = object()
             self._open.setdefault(message.id, []).append(token)
             self._count += 1
