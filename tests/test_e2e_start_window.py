@@ -17,7 +17,7 @@ import anyio
 import pytest
 from e2e_helpers import add, sql
 from memoryd import foreign, ledger
-from rawclient import socket_client
+from rawclient import socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
@@ -71,4 +71,29 @@ async def test_a_commit_right_after_the_start_check_is_found_by_the_first_batch(
     assert sql(db, "SELECT agent_key, source FROM entries WHERE id = ?", eid) == [("", "planted")]
     async with socket_client(again.socket_path) as raw:
         await add(raw, "Uses uv")
+        assert foreign_entries(db) == [[(eid, "", "planted")]]
+
+
+async def allow(params: dict[str, Any]) -> str:
+    return "allowed-once"
+
+
+async def test_an_entry_moved_while_memoryd_was_stopped_is_recorded_before_a_write_over_it(
+        daemon_factory: Any, any_approvers: Path) -> None:
+    """A raw edit while memoryd is stopped that leaves the counts, the audit rows and the
+    text index as they were: moved to the shared layer, with another source. The start
+    must compare it, so that an approved replace of the entry never chains over the move
+    as if memoryd had made it."""
+    d = daemon_factory("--config", str(any_approvers), policy="ask")
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw:
+        raw.on_approval = allow
+        eid = (await add(raw, "Prefers tabs", agentKey="coder"))["entry"]["id"]
+    d.stop()
+    sql(db, "UPDATE entries SET agent_key = '', source = 'planted' WHERE id = ?", eid)
+    again = daemon_factory("--config", str(any_approvers), db=db, name="again", policy="ask")
+    async with socket_client(again.socket_path) as raw:
+        raw.on_approval = allow
+        await raw.ok("memory/replace", {"input": {"track": "user", "scope": "user-global", "id": eid,
+                                                  "text": "Prefers spaces"}, "write": write_ctx()})
         assert foreign_entries(db) == [[(eid, "", "planted")]]

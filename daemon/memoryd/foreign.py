@@ -8,7 +8,8 @@ Only then does :func:`reconcile` read the store whole: it replays this daemon's 
 compares the entries, proposals, audit rows, usage counters and text index with what it
 finds, and records the difference. No batch commits over a change it did not compare: one
 whose check cannot run, or that finds a schema change nobody accepted, runs nothing of its
-own. Start-up runs the same comparison when the cheap checks disagree (:func:`open_chain`).
+own. Start-up runs the same comparison when the cheap checks disagree (:func:`open_chain`),
+and otherwise leaves it to the first batch, unless the file is as memoryd's clean stop left it.
 
 A dsh-memento process writing the store in place is the legitimate case: its entries stay
 as it wrote them, readable and counted against the budgets, and the ledger says they came
@@ -370,7 +371,8 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
     reconcile whatever another program changed since memoryd's last run. ``stop``: the head
     the heads file recorded at the last clean stop (rows after it are not memoryd's);
     ``untouched``: the store file is as that stop left it, so nothing needs counting again.
-    False when the check could not run: the writer's first batch owes it."""
+    False when the store was not compared whole (the check could not run, or only the cheap
+    checks did): the writer's first batch owes the comparison."""
     with ledger.transaction(conn) as tx:
         if ledger.ensure_start(tx):
             recount(tx)  # a store new to memoryd: its counts begin here, silently
@@ -395,7 +397,10 @@ def open_chain(conn: sqlite3.Connection, stop: WitnessedHead | None = None, *, u
         if untouched and since == tip and store.trusted(conn):
             return True  # the file is as memoryd's last stop left it: its counts are memoryd's own
         if since == tip and store.trusted(conn) and not _usage_changes(conn) and _index_counted(conn):
-            return True  # the cheap checks agree: nobody else wrote since memoryd's last commit
+            # The cheap checks agree, but an entry edited in place (moved to another layer,
+            # given another source) leaves them so: the first batch compares the store whole
+            # before it commits, or a write over that entry would chain it as memoryd's own.
+            return False
         return check(tx, since, "while memoryd was stopped") is None
 
 
