@@ -150,7 +150,7 @@ async def test_the_foreign_change_is_recorded_before_the_failure_even_between_ch
     change made just after one look is still recorded before the failure it caused."""
     from memoryd import foreign
 
-    monkeypatch.setattr(foreign, "SPACING", 10**9)  # after the first look, none unless forced
+    monkeypatch.setattr(foreign, "SPACING", 1000)  # after the first look, the next is a while away
     d = ask_daemon
     target, other = await setup(d, "deploys on fridays", "deploys from ci")
     sql(d.db_path, "UPDATE entries SET tags = '[\"x\"]' WHERE id = ?", other["id"])
