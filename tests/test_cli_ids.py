@@ -118,10 +118,9 @@ def test_the_prompts_source_is_what_is_stored(ask_daemon: Any, tmp_path: Path) -
     # replace keeps the entry's source: the prompt names that one
     r = run(d, "--yes", "replace", *UG, "vim", "Uses neovim")
     assert prompt_source(r.stderr) == sources(d)["Uses neovim"] == "notes"
-    # consolidate takes no source on the wire: the new entry gets the protocol's default,
-    # and the prompt says so
+    # consolidate: memoryctl's own label as for add, and the prompt says so
     r = run(d, "--yes", "consolidate", *UG, "-m", "tabs", "-m", "neovim", "Prefers tabs in neovim")
-    assert prompt_source(r.stderr) == sources(d)["Prefers tabs in neovim"] == "dsh-memento"
+    assert prompt_source(r.stderr) == sources(d)["Prefers tabs in neovim"] == "memoryctl"
     # import: the envelope's entries' source; an adapter's entries get the adapter's id
     backup = tmp_path / "backup.json"
     backup.write_text(json.dumps({"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": [

@@ -140,6 +140,7 @@ async def test_a_peer_that_leaves_mid_pipeline_gets_every_reply_in_order_and_lea
     db = tmp_path / "memory.db"
     async with memory_daemon(["--db", str(db), "--write-policy", "auto"]) as d:
         await d.daemon.writer.idle()
+        await anyio.wait_all_tasks_blocked()  # the daemon's own tasks (the heads' appender) have started
         baseline = {t for t in asyncio.all_tasks() if not t.done()}
         async with d.connect() as raw:
             lines = []
