@@ -4,27 +4,30 @@ The portal runs an event loop in a background thread; each method blocks the cal
 until the answer arrives. A plain-function ``on_approval`` handler (and every listener given
 to :meth:`SyncClient.on`) runs in a worker thread, so it may prompt, block, and call this
 client's methods.
+
+Each daemon method is one line, ``name = _Blocking(Client.name)``: the async method's
+signature, result type and docstring carry over, so mypy checks the blocking calls as
+precisely as the async ones, and a test fails when a coroutine of :class:`Client` has no line.
 """
 
 from __future__ import annotations
 
-import builtins
-import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from memoryd_protocol import types as T
-from memoryd_protocol.approval_types import ApprovalChallenge
-from memoryd_protocol.audit_types import AuditAccepted
-from memoryd_protocol.snapshot_types import SnapshotPruneResult
 
-from .client import _DEFAULT, Client, Event, EventStream, SessionLike, connect
+from .client import Client, Event, EventStream, connect
 from .errors import ConnectionClosed
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class SyncEventStream:
@@ -55,8 +58,53 @@ class SyncEventStream:
         self.close()
 
 
+class _Blocking(Generic[P, R]):
+    """A :class:`SyncClient` method made from one of :class:`Client`'s coroutines: it runs
+    the coroutine on the portal's loop and blocks until it returns or raises (the
+    coroutine's own exception)."""
+
+    def __init__(self, method: Callable[Concatenate[Client, P], Coroutine[Any, Any, R]]) -> None:
+        self.method = method
+        self.name = method.__name__
+        self.__doc__ = method.__doc__
+        self._signature: inspect.Signature | None = None
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> _Blocking[P, R]: ...
+    @overload
+    def __get__(self, obj: SyncClient, owner: type[Any]) -> Callable[P, R]: ...
+    def __get__(self, obj: SyncClient | None, owner: type[Any]) -> _Blocking[P, R] | Callable[P, R]:
+        if obj is None:
+            return self
+        method = self.method
+
+        def blocking(*args: P.args, **kwargs: P.kwargs) -> R:
+            client = obj._live()
+
+            async def run() -> R:
+                return await method(client, *args, **kwargs)
+
+            return obj._portal.call(run)
+
+        if self._signature is None:
+            # help() and editors show the async method's parameters, less its self.
+            sig = inspect.signature(method)
+            self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
+        blocking.__name__ = blocking.__qualname__ = self.name
+        blocking.__doc__ = self.__doc__
+        blocking.__signature__ = self._signature  # type: ignore[attr-defined]
+        return blocking
+
+    def __call__(self, obj: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``SyncClient.add(c, ...)``, as for any method looked up on the class."""
+        return self.__get__(obj, type(obj))(*args, **kwargs)
+
+
 class SyncClient:
-    """Blocking twin of :class:`Client`: same methods, same results, same exceptions."""
+    """Blocking :class:`Client`: same methods, same results, same exceptions."""
 
     def __init__(self, path: str | Path | None = None, **kwargs: Any) -> None:
         self._closed = False
@@ -112,10 +160,10 @@ class SyncClient:
     def closed(self) -> bool:
         return self._closed or self._client.closed
 
-    def _run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _live(self) -> Client:
         if self._closed:
             raise ConnectionClosed("client closed")
-        return self._portal.call(functools.partial(func, *args, **kwargs))
+        return self._client
 
     # --- events ------------------------------------------------------------------------
 
@@ -130,117 +178,43 @@ class SyncClient:
         return lambda: self._portal.call(off)
 
     def events(self, *methods: str) -> SyncEventStream:
-        return SyncEventStream(self._portal, self._portal.call(functools.partial(self._client.events, *methods)))
+        client = self._client
+        return SyncEventStream(self._portal, self._portal.call(lambda: client.events(*methods)))
 
-    # --- the daemon's methods ----------------------------------------------------------
+    # --- the daemon's methods: Client's coroutines, blocking ---------------------------
 
-    def call(self, method: str, params: Any = None, **kwargs: Any) -> Any:
-        return self._run(self._client.call, method, params, **kwargs)
-
-    def notify(self, method: str, params: Any = None) -> None:
-        self._run(self._client.notify, method, params)
-
-    def initialize(self, **kwargs: Any) -> T.InitializeResult:
-        return self._run(self._client.initialize, **kwargs)  # type: ignore[no-any-return]
-
-    def add(self, input: Mapping[str, Any] | T.EntryInput, write: Any = None) -> T.WriteResult:
-        return self._run(self._client.add, input, write)  # type: ignore[no-any-return]
-
-    def replace(self, input: Mapping[str, Any] | T.ReplaceInput, write: Any = None) -> T.ReplaceResult:
-        return self._run(self._client.replace, input, write)  # type: ignore[no-any-return]
-
-    def remove(self, input: Mapping[str, Any] | T.RemoveInput, write: Any = None) -> T.WriteResult:
-        return self._run(self._client.remove, input, write)  # type: ignore[no-any-return]
-
-    def consolidate(self, input: Mapping[str, Any] | T.ConsolidateInput, write: Any = None) -> T.ConsolidateResult:
-        return self._run(self._client.consolidate, input, write)  # type: ignore[no-any-return]
-
-    def seed(self, inputs: Sequence[Mapping[str, Any] | T.EntryInput], write: Any = None) -> T.SeedResult:
-        return self._run(self._client.seed, inputs, write)  # type: ignore[no-any-return]
-
-    def query(self, filter: Any = None, opts: Any = _DEFAULT) -> T.QueryResult:
-        """Without ``opts``, the session's visible set (see :attr:`Client.query_opts`)."""
-        return self._run(self._client.query, filter, opts)  # type: ignore[no-any-return]
-
-    def budgets(self) -> builtins.list[T.BudgetRow]:
-        return self._run(self._client.budgets)  # type: ignore[no-any-return]
-
-    def list(self) -> builtins.list[T.Entry]:
-        return self._run(self._client.list)  # type: ignore[no-any-return]
-
-    def audit_list(self, limit: int | None = None) -> builtins.list[T.AuditRow]:
-        return self._run(self._client.audit_list, limit)  # type: ignore[no-any-return]
-
-    def audit_verify(self, heads: Sequence[tuple[int, str]] = ()) -> T.LedgerReport:
-        return self._run(self._client.audit_verify, heads)  # type: ignore[no-any-return]
-
-    def audit_accept(self, n: int) -> AuditAccepted:
-        return self._run(self._client.audit_accept, n)  # type: ignore[no-any-return]
-
-    def snapshots_prune(self, before: int | None = None) -> SnapshotPruneResult:
-        return self._run(self._client.snapshots_prune, before)  # type: ignore[no-any-return]
-
-    def audit_explain(self, target: str) -> T.EntryLife:
-        return self._run(self._client.audit_explain, target)  # type: ignore[no-any-return]
-
-    def snapshot(self, session: SessionLike | None = None, language: str | None = None) -> T.SnapshotResult:
-        return self._run(self._client.snapshot, session, language)  # type: ignore[no-any-return]
-
-    def watch(self, session: SessionLike | None = None) -> T.Empty:
-        """``memory/watch``; receive the events with :meth:`on` or :meth:`events`."""
-        return self._run(self._client.watch, session)  # type: ignore[no-any-return]
-
-    def export(self, adapter: str | None = None) -> Any:
-        return self._run(self._client.export, adapter)
-
-    def import_(
-        self,
-        envelope: Any = None,
-        adapter: str | None = None,
-        payload: Any = None,
-        write: Any = None,
-        *,
-        skip_existing: bool | None = None,
-        track: str | None = None,
-        scope: str | None = None,
-    ) -> T.SeedResult:
-        return self._run(  # type: ignore[no-any-return]
-            self._client.import_, envelope, adapter, payload, write, skip_existing=skip_existing, track=track,
-            scope=scope,
-        )
-
-    def adapters_list(self) -> builtins.list[T.AdapterInfo]:
-        return self._run(self._client.adapters_list)  # type: ignore[no-any-return]
-
-    def proposals_create(self, input: Any, session: SessionLike | None = None) -> T.Proposal | None:
-        return self._run(self._client.proposals_create, input, session)  # type: ignore[no-any-return]
-
-    def proposals_list(self, status: str | None = None) -> builtins.list[T.Proposal]:
-        return self._run(self._client.proposals_list, status)  # type: ignore[no-any-return]
-
-    def proposals_approve(self, id: str, write: Any = None) -> T.ProposalApproveResult:
-        return self._run(self._client.proposals_approve, id, write)  # type: ignore[no-any-return]
-
-    def proposals_dismiss(self, id: str) -> T.Proposal:
-        return self._run(self._client.proposals_dismiss, id)  # type: ignore[no-any-return]
-
-    def approval_decided(self, id: str, outcome: str, by: T.ApprovalBy | Mapping[str, Any] | None = None) -> T.Empty:
-        return self._run(self._client.approval_decided, id, outcome, by)  # type: ignore[no-any-return]
-
-    def approval_subscribe(self, proof: str | None = None) -> T.Empty:
-        return self._run(self._client.approval_subscribe, proof)  # type: ignore[no-any-return]
-
-    def approval_challenge(self) -> ApprovalChallenge:
-        return self._run(self._client.approval_challenge)  # type: ignore[no-any-return]
-
-    def approval_prove(self, proof: str) -> T.Empty:
-        return self._run(self._client.approval_prove, proof)  # type: ignore[no-any-return]
-
-    def prove_approver_key(self, key: str | Path | None = None, *, subscribe: bool = False) -> None:
-        self._run(self._client.prove_approver_key, key, subscribe=subscribe)
-
-    def status(self) -> T.DaemonStatus:
-        return self._run(self._client.status)  # type: ignore[no-any-return]
+    call = _Blocking(Client.call)
+    notify = _Blocking(Client.notify)
+    wait_closed = _Blocking(Client.wait_closed)
+    initialize = _Blocking(Client.initialize)
+    add = _Blocking(Client.add)
+    replace = _Blocking(Client.replace)
+    remove = _Blocking(Client.remove)
+    consolidate = _Blocking(Client.consolidate)
+    seed = _Blocking(Client.seed)
+    query = _Blocking(Client.query)
+    budgets = _Blocking(Client.budgets)
+    list = _Blocking(Client.list)
+    audit_list = _Blocking(Client.audit_list)
+    audit_verify = _Blocking(Client.audit_verify)
+    audit_accept = _Blocking(Client.audit_accept)
+    audit_explain = _Blocking(Client.audit_explain)
+    snapshots_prune = _Blocking(Client.snapshots_prune)
+    snapshot = _Blocking(Client.snapshot)
+    watch = _Blocking(Client.watch)
+    export = _Blocking(Client.export)
+    import_ = _Blocking(Client.import_)
+    adapters_list = _Blocking(Client.adapters_list)
+    proposals_create = _Blocking(Client.proposals_create)
+    proposals_list = _Blocking(Client.proposals_list)
+    proposals_approve = _Blocking(Client.proposals_approve)
+    proposals_dismiss = _Blocking(Client.proposals_dismiss)
+    approval_decided = _Blocking(Client.approval_decided)
+    approval_subscribe = _Blocking(Client.approval_subscribe)
+    approval_challenge = _Blocking(Client.approval_challenge)
+    approval_prove = _Blocking(Client.approval_prove)
+    prove_approver_key = _Blocking(Client.prove_approver_key)
+    status = _Blocking(Client.status)
 
 
 def connect_sync(path: str | Path | None = None, **kwargs: Any) -> SyncClient:
