@@ -20,6 +20,13 @@ class ProtocolError(Exception):
     CODE: ClassVar[str] = "INTERNAL_ERROR"
     RPC_CODE: ClassVar[int] = INTERNAL_ERROR
 
+    def __init_subclass__(cls, code: str | None = None, **kwargs: Any) -> None:
+        # A class names its code once (``class X(ProtocolError, code="...")``); the JSON-RPC
+        # code comes from the one table, so the two cannot drift apart.
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.CODE, cls.RPC_CODE = code, ERROR_CODES[code]
+
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -45,84 +52,62 @@ class ProtocolError(Exception):
         return f"{type(self).__name__}({self.message!r}, details={self.details!r})"
 
 
-class InvalidInput(ProtocolError):
-    CODE = "INVALID_INPUT"
-    RPC_CODE = ERROR_CODES["INVALID_INPUT"]
-
+class InvalidInput(ProtocolError, code="INVALID_INPUT"):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message, {"field": field} if field else {})
 
 
-class WriteRequiresAgent(ProtocolError):
-    CODE = "WRITE_REQUIRES_AGENT"
-    RPC_CODE = ERROR_CODES["WRITE_REQUIRES_AGENT"]
-
+class WriteRequiresAgent(ProtocolError, code="WRITE_REQUIRES_AGENT"):
     def __init__(self, message: str = "write requires an agent session", details: dict[str, Any] | None = None) -> None:
         super().__init__(message, details or {})
 
 
-class BudgetExceeded(ProtocolError):
-    CODE = "BUDGET_EXCEEDED"
-    RPC_CODE = ERROR_CODES["BUDGET_EXCEEDED"]
+class BudgetExceeded(ProtocolError, code="BUDGET_EXCEEDED"):
+    pass
 
 
-class EntryNotFound(ProtocolError):
-    CODE = "ENTRY_NOT_FOUND"
-    RPC_CODE = ERROR_CODES["ENTRY_NOT_FOUND"]
+class EntryNotFound(ProtocolError, code="ENTRY_NOT_FOUND"):
+    pass
 
 
-class AmbiguousMatch(ProtocolError):
-    CODE = "AMBIGUOUS_MATCH"
-    RPC_CODE = ERROR_CODES["AMBIGUOUS_MATCH"]
+class AmbiguousMatch(ProtocolError, code="AMBIGUOUS_MATCH"):
     #: how many candidates' ids ``details.ids`` carries, so the caller can name one by id
     MAX_IDS: ClassVar[int] = 10
 
 
-class WriteDenied(ProtocolError):
-    CODE = "WRITE_DENIED"
-    RPC_CODE = ERROR_CODES["WRITE_DENIED"]
+class WriteDenied(ProtocolError, code="WRITE_DENIED"):
+    pass
 
 
-class ProposalNotFound(ProtocolError):
-    CODE = "PROPOSAL_NOT_FOUND"
-    RPC_CODE = ERROR_CODES["PROPOSAL_NOT_FOUND"]
+class ProposalNotFound(ProtocolError, code="PROPOSAL_NOT_FOUND"):
+    pass
 
 
-class StoreCorrupt(ProtocolError):
-    CODE = "STORE_CORRUPT"
-    RPC_CODE = ERROR_CODES["STORE_CORRUPT"]
+class StoreCorrupt(ProtocolError, code="STORE_CORRUPT"):
+    pass
 
 
-class StoreUnsupportedVersion(ProtocolError):
-    CODE = "STORE_UNSUPPORTED_VERSION"
-    RPC_CODE = ERROR_CODES["STORE_UNSUPPORTED_VERSION"]
+class StoreUnsupportedVersion(ProtocolError, code="STORE_UNSUPPORTED_VERSION"):
+    pass
 
 
-class StoreUnavailable(ProtocolError):
+class StoreUnavailable(ProtocolError, code="STORE_UNAVAILABLE"):
     """The store cannot take a write right now (``details``: ``reason``, one of busy, full,
     readonly, io, and ``path``). Reads may still work; a busy or full store recovers by
     itself once the other writer lets go or space is freed."""
 
-    CODE = "STORE_UNAVAILABLE"
-    RPC_CODE = ERROR_CODES["STORE_UNAVAILABLE"]
 
-
-class StoreLocked(ProtocolError):
+class StoreLocked(ProtocolError, code="STORE_LOCKED"):
     """Another memoryd owns the store (``details``: ``path``, and the holder's ``pid`` and
     ``socket`` when it recorded them)."""
 
-    CODE = "STORE_LOCKED"
-    RPC_CODE = ERROR_CODES["STORE_LOCKED"]
+
+class AdapterNotFound(ProtocolError, code="ADAPTER_NOT_FOUND"):
+    pass
 
 
-class AdapterNotFound(ProtocolError):
-    CODE = "ADAPTER_NOT_FOUND"
-    RPC_CODE = ERROR_CODES["ADAPTER_NOT_FOUND"]
-
-
-class AdapterPayload(ProtocolError):
-    CODE = "ADAPTER_PAYLOAD"
-    RPC_CODE = ERROR_CODES["ADAPTER_PAYLOAD"]
+class AdapterPayload(ProtocolError, code="ADAPTER_PAYLOAD"):
+    pass
 
 
 class RpcError(ProtocolError):
