@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import NEEDLES
-from .report import _div, _get, _mb, _ms, _x
+from .figures import _div, _get, _mb, _ms, _x
 
 #: the daemon's RSS with this many MCP sessions attached is the target's
 RSS_LIMIT_MB = 120

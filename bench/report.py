@@ -7,35 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from .common import NEEDLES
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us < 100_000 else f"{us / 1000:.0f} ms"
-
-
-def _x(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}×"
-
-
-def _ms_or(us: float | None) -> str:
-    return "–" if us is None else _ms(us)
-
-
-def _div(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
-def _mb(kb: int | None) -> str:
-    return "–" if kb is None else f"{kb / 1024:.1f} MB"
-
+from .figures import _div, _get, _mb, _ms, _ms_or, _x
+from .mcp_report import markdown as mcp_markdown
+from .mcp_report import plot as mcp_plot
+from .mcp_report import targets as mcp_targets
 
 #: Why a target that a run does not meet is missed: what the profiles and the in-process
 #: measurements (bench/results/*.md) show, by the start of the target's name. RESULTS.md
@@ -170,8 +145,6 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     v = None if empty is None or full is None else (full - empty) / 1000
     ratio_target(f"daemon start on a {_get(st, 'ready_big_entries') or 100_000:,}-entry store ≤ 100 ms beyond an empty "
                  "one", v, v is not None and v <= 100, "+{:.0f} ms")
-    from .mcp_report import targets as mcp_targets
-
     return out + mcp_targets(r)
 
 
@@ -299,8 +272,6 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| server-memory peak (VmHWM, over its runs) | {_mb(peer['peak_rss_kb'])} |")
         lines.append("")
 
-    from .mcp_report import markdown as mcp_markdown
-
     lines += mcp_markdown(r)
 
     if floors:
@@ -354,8 +325,6 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     pw = _get(r, "peer", "writes", "per_s")
     if pw:
         a.plot([1], [pw], "x", markersize=10, color="red", label="server-memory (1 stdio client)")
-    from .mcp_report import plot as mcp_plot
-
     mcp_plot(r, a, b, c)
     mcp_sessions = [int(k.split("/")[1]) for k in _get(r, "mcp", "writes") or {} if k.startswith("auto/")]
     a.set_xscale("log", base=2)

@@ -25,8 +25,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memoryd_client import cli, commands, quick, running, verbtable
-from memoryd_protocol import approval_text, paths
+from memoryd_client import cli, cliparser, commands, quick, running, verbtable
+from memoryd_protocol import approval_text, methods, paths
 from memoryd_protocol import types as T
 
 pytestmark = pytest.mark.inprocess
@@ -392,7 +392,7 @@ def _shape(kind: Any) -> Any:
 
 @pytest.mark.parametrize("method", sorted(quick.RESULTS))
 def test_every_shape_is_its_struct(method: str) -> None:
-    assert _shape(quick.RESULTS[method]) == _kind(msgspec.inspect.type_info(T.RESULTS[method]))
+    assert _shape(quick.RESULTS[method]) == _kind(msgspec.inspect.type_info(methods.RESULTS[method]))
 
 
 def test_a_converted_result_reads_as_the_struct_does() -> None:
@@ -408,13 +408,13 @@ def test_a_converted_result_reads_as_the_struct_does() -> None:
 
 def test_cleandoc_is_inspects_on_every_help_text(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    ours = cli.cleandoc
+    ours = verbtable.cleandoc
 
     def record(text: str) -> str:
         seen.append(text)
         return ours(text)
 
-    monkeypatch.setattr(cli, "cleandoc", record)
+    monkeypatch.setattr(cliparser, "cleandoc", record)
     monkeypatch.setattr(verbtable, "cleandoc", record)
     cli.build_parser()
     assert len(seen) > 30
@@ -438,18 +438,18 @@ def test_the_help_is_the_whole_parsers(capsys: pytest.CaptureFixture[str]) -> No
     for verb, parser in cli.verbs(full).items():
         part = cli.build_parser([verb, "x", "--json"])
         assert cli.verbs(part)[verb].format_help() == parser.format_help(), verb
-    assert tuple(cli.verbs(full)) == cli.VERB_NAMES
+    assert tuple(cli.verbs(full)) == verbtable.VERB_NAMES
     assert cli.main(["--agent", "list"]) == 2  # no verb: the usage lists every verb
     err = capsys.readouterr().err
-    assert all(v in err for v in cli.VERB_NAMES)
+    assert all(v in err for v in verbtable.VERB_NAMES)
     assert cli.main(["--agent", "list", "bogus"]) == 2
     err = capsys.readouterr().err
-    assert "invalid choice: 'bogus'" in err and all(f"'{v}'" in err for v in cli.VERB_NAMES)
+    assert "invalid choice: 'bogus'" in err and all(f"'{v}'" in err for v in verbtable.VERB_NAMES)
 
 
 @pytest.mark.parametrize("word", ["-h", "--help", "--he", "--h", "-yh", "-hy", "--help=x"])
 def test_help_words_build_every_verb(word: str) -> None:
-    assert cli._named_verbs(["query", word]) is None
+    assert cliparser._named_verbs(["query", word]) is None
 
 
 @pytest.mark.parametrize("argv", [
@@ -475,14 +475,14 @@ def test_an_error_in_the_parser_for_some_verbs_goes_to_the_whole_one(capsys: pyt
         cli._parse(cli.build_parser(argv), argv)
     capsys.readouterr()
     assert cli.main(argv) == 2
-    choices = ", ".join(f"'{v}'" for v in cli.VERB_NAMES)  # every verb, not only the one argv names
+    choices = ", ".join(f"'{v}'" for v in verbtable.VERB_NAMES)  # every verb, not only the one argv names
     assert capsys.readouterr().err == (f"error: USAGE: argument VERB: invalid choice: '3' (choose from {choices}) "
                                        "(see 'memoryctl --help')\n")
 
 
 def test_option_values_that_name_verbs_are_parsed_as_argparse_does() -> None:
     argv = ["--agent", "list", "query", "--session", "status", "x"]
-    assert cli._named_verbs(argv) == {"list", "query", "status"}
+    assert cliparser._named_verbs(argv) == {"list", "query", "status"}
     args = cli._parse(cli.build_parser(argv), argv)
     assert (args.verb, args.agent, args.session, args.text) == ("query", "list", "status", "x")
 

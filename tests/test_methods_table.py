@@ -24,11 +24,10 @@ NEVER_PARKED_BEFORE = {
 
 
 def test_params_and_results_derive_from_the_table() -> None:
-    assert list(types.PARAMS) == list(METHODS) == list(types.RESULTS)
+    assert list(methods.PARAMS) == list(METHODS) == list(methods.RESULTS)
     for name, m in METHODS.items():
         assert m.name == name
-        assert types.PARAMS[name] is m.params and types.RESULTS[name] is m.result
-    assert types.PARAMS is methods.PARAMS and types.RESULTS is methods.RESULTS
+        assert methods.PARAMS[name] is m.params and methods.RESULTS[name] is m.result
     with pytest.raises(AttributeError):
         types.NO_SUCH_NAME  # type: ignore[attr-defined]  # noqa: B018
 

@@ -22,11 +22,12 @@ from contract import (
 )
 from jsonschema import Draft7Validator, Draft202012Validator
 from memoryd_protocol import errors, schemas, types, validation
+from memoryd_protocol import methods as methods_table
 from memoryd_protocol.constants import ERROR_CODES, RPC_LEVEL_CODES
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: wire-v1.md §4, transcribed independently of types.PARAMS.
+#: wire-v1.md §4, transcribed independently of memoryd_protocol.methods.PARAMS.
 WIRE_METHODS = [
     "initialize",
     "memory/add",
@@ -208,10 +209,10 @@ def test_openrpc_document_structure(openrpc: dict[str, Any]) -> None:
     assert openrpc["openrpc"].startswith("1.3.")
     methods = {m["name"]: m for m in openrpc["methods"]}
     assert list(methods) == WIRE_METHODS
-    assert set(methods) == set(types.PARAMS) == set(types.RESULTS)
+    assert set(methods) == set(methods_table.PARAMS) == set(methods_table.RESULTS)
     for name, method in methods.items():
         assert method["paramStructure"] == "by-name", name
-        fields = msgspec.structs.fields(types.PARAMS[name])
+        fields = msgspec.structs.fields(methods_table.PARAMS[name])
         assert [p["name"] for p in method["params"]] == [f.encode_name for f in fields], name
         for param, field in zip(method["params"], fields, strict=True):
             assert param["required"] is field.required, (name, param["name"])

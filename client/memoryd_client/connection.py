@@ -442,7 +442,7 @@ class Connection:
     async def call(self, method: str, params: Any = None, *, timeout: float | None = _DEFAULT) -> Any:  # noqa: ASYNC109
         """Send a request and wait for its answer.
 
-        The result is decoded with the protocol's type for ``method`` (``types.RESULTS``);
+        The result is decoded with the protocol's type for ``method`` (``methods.RESULTS``);
         unknown methods give plain JSON. ``timeout`` (seconds, ``None`` = wait forever)
         defaults to the connection's; the clock stops while this connection's approval
         handler is deciding, since the daemon holds the write until then.

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cliparser import build_parser, verbs
 from .running import EXIT_OK, Ctx, UsageError
 
 TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
@@ -35,8 +36,6 @@ def full_parser(*, global_help: bool = False) -> Parser:
     """memoryctl's parser with the options of every verb and action added (they are added
     on first use otherwise), for argparse-manpage and shtab, which read them all. With
     ``global_help`` each verb lists the global options too, which completes them after it."""
-    from .cli import build_parser, verbs
-
     parser = build_parser(global_help=global_help)
     for verb in verbs(parser).values():
         verb.actions_completed()  # type: ignore[attr-defined]

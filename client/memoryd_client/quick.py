@@ -386,7 +386,7 @@ DAEMON_STATUS = _required(
     ("connection_list", "connectionList", _list(CONNECTION_INFO)),
 )
 
-#: The result kind of each method the quick path calls (``memoryd_protocol.types.RESULTS``).
+#: The result kind of each method the quick path calls (``memoryd_protocol.methods.RESULTS``).
 RESULTS: dict[str, Any] = {
     "memory/query": QUERY_RESULT,
     "memory/list": _list(ENTRY),

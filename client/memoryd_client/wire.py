@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeAlias
 
 import msgspec
+from memoryd_protocol import methods
 from memoryd_protocol import types as T
 
 from .errors import BadResponse
@@ -19,12 +20,12 @@ SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
 
 _ANY: Final = msgspec.json.Decoder()
 _RESULT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    method: msgspec.json.Decoder(rtype) for method, rtype in T.RESULTS.items()
+    method: msgspec.json.Decoder(rtype) for method, rtype in methods.RESULTS.items()
 }
 
 
 def decode_result(method: str, raw: bytes | msgspec.Raw) -> Any:
-    """A ``result`` as ``method``'s protocol Struct (``types.RESULTS``; plain JSON for a
+    """A ``result`` as ``method``'s protocol Struct (``methods.RESULTS``; plain JSON for a
     method it does not name); :class:`BadResponse` when it does not fit."""
     try:
         return _RESULT_DECODERS.get(method, _ANY).decode(raw)

@@ -7,7 +7,7 @@ for ``tags`` is an INVALID_INPUT, not lost data. Envelope-level objects a harnes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -568,21 +568,6 @@ class MemoryRecalled(_Out):
 class MemorySnapshot(_Out):
     session_id: str
     text: str
-
-
-# PARAMS and RESULTS (method name → params/result type) are the methods table's (methods.py,
-# built from the Structs above), loaded on first use so either module may import first.
-if TYPE_CHECKING:
-    PARAMS: dict[str, type[msgspec.Struct]]
-    RESULTS: dict[str, Any]
-else:
-
-    def __getattr__(name: str) -> Any:
-        if name in ("PARAMS", "RESULTS"):
-            from . import methods
-
-            return getattr(methods, name)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: notification method → params type.
