@@ -3,7 +3,7 @@
 memoryctl's read commands read a plain command line without argparse
 (:func:`memoryd_client.quick.quick_args`): importing argparse, and building a parser (its
 messages go through gettext, which imports locale and looks for translations on disk, and
-its parse compiles regular expressions), was a sixth of ``memoryctl query``'s start-up. So
+its parse compiles regular expressions), is a large part of ``memoryctl query``'s start-up. So
 the classes that extend argparse's live here, not in :mod:`memoryd_client.cli`.
 """
 
@@ -78,7 +78,7 @@ def did_you_mean(message: str) -> str:
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """The help formatter, told the terminal's width (:func:`_columns`) as argparse would
     find it itself: argparse makes a formatter for every option it adds, and the first one
-    imported shutil, a tenth of what the read commands' quick path costs otherwise."""
+    imported shutil, which the read commands' quick path never needs."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:

@@ -44,7 +44,7 @@ def _text_arg(p: argparse.ArgumentParser, help: str) -> None:
 
 def cleandoc(text: str) -> str:
     """``inspect.cleandoc``, the same steps, without importing ``inspect`` or ``textwrap``:
-    with ``dataclasses`` they were a tenth of memoryctl's start-up (``textwrap`` compiles its
+    with ``dataclasses`` they were a large part of memoryctl's start-up (``textwrap`` compiles its
     regular expressions at import; argparse imports it only to print help).
     tests/test_cli_quick.py checks that both agree on every help text here."""
     lines = text.expandtabs().split("\n")

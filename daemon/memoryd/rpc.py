@@ -7,7 +7,7 @@ Who does what:
 - Our own code, each part for the reason given where it is: the request shape check
   (:func:`_shape_error`), batches (:meth:`Dispatcher.handle`), the per-request dispatch of
   the table's methods (:meth:`Dispatcher._dispatch`: jsonrpcserver's cost per request is
-  half the budget of a write at the floor), the ordering of a connection's requests
+  too much of a write's budget at the floor), the ordering of a connection's requests
   (connection.py), and :func:`error_object`, the one place where an exception becomes a
   wire error.
 - A method outside the table is answered METHOD_NOT_FOUND. jsonrpcserver is not called:

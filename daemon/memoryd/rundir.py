@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 # pathlib is not imported here: the relay's check runs on every harness spawn, with the
-# directory's name as a string (pathlib was a third of python -c pass there).
+# directory's name as a string (importing pathlib would be a large part of that check).
 
 
 class UnsafeDir(DaemonError):

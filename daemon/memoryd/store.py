@@ -37,7 +37,7 @@ AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source,
 #: memoryd_schema 5: the ``meta`` row of the text index's mark, the highest entries rowid it
 #: covers. Every entry up to the mark is in memoryd_fts with its current text; the entries
 #: above it (the tail) are in no index, and a query takes them all as candidates. An add
-#: writes no index row (about 7 of a commit's WAL pages); the writer indexes the tail in a
+#: writes no index row (index rows were much of a commit's WAL pages); the writer indexes the tail in a
 #: transaction of its own once it holds TAIL_MERGE_AT entries (``index_tail``), and the mark
 #: moves in that transaction: a crash between the two loses nothing.
 TEXT_MARK_KEY = text_index.MARK_KEY

@@ -129,7 +129,7 @@ RPC_LEVEL_CODES: Final[dict[int, str]] = {
 
 
 # The Literal aliases (Track, Scope, WritePolicy, StoreFault) are built from the tuples
-# above on first use, not at import: importing ``typing`` was a tenth of the start-up of the
+# above on first use, not at import: importing ``typing`` is a noticeable part of the start-up of the
 # stdio relay and of memoryctl's read commands, which import this module and need none of
 # them. For the same reason the modules on those paths import ``typing`` only for the type
 # checker (``TYPE_CHECKING = False``; mypy treats the name as true).

@@ -1,8 +1,8 @@
 """A strict subset of ``json.loads`` and ``json.dumps`` for small lines: the stdio relay's
 probe answer, and memoryctl's read commands' requests and answers.
 
-``import json`` costs the stdio relay about a fifth of ``python -c pass`` (json's decoder
-and encoder compile regular expressions at import, so ``re`` comes with it), on every
+``import json`` is a large part of the stdio relay's start-up (json's decoder and encoder
+compile regular expressions at import, so ``re`` comes with it), on every
 harness spawn, to read one ``daemon/status`` answer; memoryctl's read commands pay it too.
 :func:`loads` reads the JSON those lines are made of exactly as ``json.loads`` reads it
 (the same values, the last of two equal keys winning), and raises :class:`Unsure` for
@@ -21,8 +21,8 @@ TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the blo
 if TYPE_CHECKING:
     from typing import Any
 
-#: Longer lines go to json: a status answer with a few connections is ~1 KiB, a query's 20
-#: entries ~7 KiB, and the pure-Python reader costs about a microsecond per token.
+#: Longer lines go to json: the pure-Python reader pays per token, which on a long line costs
+#: more than importing json.
 MAX_BYTES = 16384
 MAX_DEPTH = 32
 _WS = " \t\n\r"

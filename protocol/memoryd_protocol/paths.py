@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 # pathlib is imported where a Path is made, not here: memoryctl's read commands need only
 # the socket's name (default_socket, pathlib_str), and pathlib (with urllib.parse, which it
-# imports) was a tenth of their start-up.
+# imports) is a noticeable part of their start-up.
 
 APP = "memoryd"
 
@@ -77,8 +77,8 @@ def default_socket() -> str:
 def _xdg_str(var: str, fallback: str) -> str | None:
     """The XDG base directory on Linux, as the XDG spec and platformdirs have it (``$VAR``
     when it is an absolute path, else ``~/<fallback>``), joined with ``memoryd``, or None
-    elsewhere. Importing platformdirs costs the stdio relay and memoryctl a third of their
-    start-up for what is, on Linux, one environment lookup; tests/test_paths.py keeps the
+    elsewhere. Importing platformdirs costs the stdio relay and memoryctl a large part of
+    their start-up for what is, on Linux, one environment lookup; tests/test_paths.py keeps the
     two equal. A string as os.path.join makes it (not normalized as a Path is)."""
     import sys
 
