@@ -8,7 +8,9 @@ A decision counts only from the process that opened the deciding connection, sti
 (:func:`check_decider`; its kernel facts go into the ledger), and a subscribed approver never
 decides a write of its own process, an ancestor's or a descendant's (peers.related). Under
 ``approvers = "keyed"`` a connection decides only once it proved the approver key: an HMAC of
-a fresh nonce of this connection's (:func:`challenge`, :func:`prove`).
+a fresh nonce of this connection's (:func:`challenge`, :func:`prove`). Under ``approvers =
+"interactive"`` only a process with a controlling terminal subscribes as an approver or makes
+a person's decision outside a prompt (:func:`_require_terminal`, :meth:`Approvals.check_person`).
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ def check_decider(peer: Peer, config: Config) -> ProcessFacts:
     return facts.wire()
 
 
+def _require_terminal(peer: Peer, config: Config, refusal: str, field: str | None = None) -> None:
+    """Under ``approvers = "interactive"``, raise InvalidInput(``refusal``) unless the process on
+    ``peer``'s socket has a controlling terminal: the one place that rule is written."""
+    if config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
+        raise InvalidInput(refusal, field)
+
+
 def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
     """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one.
     It names the process on the socket, pid and start time: a client signs only a challenge
@@ -165,9 +174,30 @@ class Approvals:
         #: the daemon's config: its ``approvers`` says who may decide (the Service sets it)
         self.config = config if config is not None else Config()
 
-    def subscribe(self, peer: Peer) -> None:
+    def subscribe(self, peer: Peer, proof: str | None = None) -> None:
+        """Admit ``peer`` as an approver (``proof``: approval/subscribe's, answering its challenge),
+        or raise InvalidInput naming what it lacks under the config's ``approvers``."""
+        if not peer.can_approve:
+            raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
+        if proof is not None:
+            prove(peer, proof)
+        if self.config.approvers == "keyed" and not proven(peer):
+            raise InvalidInput('approvers = "keyed": only a connection that proved the approver key can subscribe; '
+                               "send approval/challenge, then approval/subscribe with its proof (memoryctl approve "
+                               "does both)")
+        _require_terminal(peer, self.config, "only a process with a controlling terminal can subscribe as an "
+                                             'approver; set approvers = "any" in the daemon\'s config to admit others')
         if peer not in self.approvers:
             self.approvers.append(peer)
+
+    def check_person(self, peer: Peer, what: str, field: str | None = None) -> ProcessFacts:
+        """Raise INVALID_INPUT unless ``peer`` may make a person's decision (``what``) now: as it
+        may decide an approval (:func:`check_decider`), and under ``approvers = "interactive"``
+        from a process with a controlling terminal. Returns its facts, to record."""
+        facts = check_decider(peer, self.config)
+        _require_terminal(peer, self.config, f"only a process with a controlling terminal can {what}; run memoryctl "
+                                             "in a terminal", field)
+        return facts
 
     def full(self, origin: Peer) -> bool:
         """``origin`` already has max_pending_approvals writes waiting for a decision."""

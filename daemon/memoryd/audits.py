@@ -117,7 +117,7 @@ class Audits:
             return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def audit_accept(self, ctx: RequestContext, p: AuditAcceptParams) -> AuditAccepted:
-        facts = self.s.check_decider(ctx.peer, "accept a change made outside memoryd", "n")
+        facts = self.s.approvals.check_person(ctx.peer, "accept a change made outside memoryd", "n")
         who = self.s.pipeline.who(ctx.peer)
 
         def accept(tx: Tx) -> int:

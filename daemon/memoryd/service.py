@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams, ProcessFacts
+from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams
 from memoryd_protocol.constants import (
     GRID,
     PROTOCOL,
@@ -52,7 +52,7 @@ from memoryd_protocol.validation import (
 )
 
 from . import __version__, store
-from .approvals import Approvals, challenge, check_decider, prove, proven
+from .approvals import Approvals, challenge, prove
 from .config import Config
 from .context import Handler, Peer, RequestContext
 from .peers import NotThatProcess, declare_relay
@@ -222,16 +222,6 @@ class Service:
         self.approvals.decide(ctx.peer, p.id, p.outcome, p.by)
         return Empty()
 
-    def check_decider(self, peer: Peer, what: str, field: str | None = None) -> ProcessFacts:
-        """Raise INVALID_INPUT unless ``peer`` may make a person's decision (``what``) now,
-        as it may decide an approval (approvals.check_decider), and under ``approvers =
-        "interactive"`` from a process with a controlling terminal; its facts, to record."""
-        facts = check_decider(peer, self.config)
-        if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
-            raise InvalidInput(f"only a process with a controlling terminal can {what}; run memoryctl in a terminal",
-                               field)
-        return facts
-
     async def approval_challenge(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:
         return challenge(ctx.peer, f"{self.pipeline.run_id}/{ctx.peer.id}")
 
@@ -240,19 +230,7 @@ class Service:
         return Empty()
 
     async def approval_subscribe(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
-        peer = ctx.peer
-        if not peer.can_approve:
-            raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
-        if p.proof is not None:
-            prove(peer, p.proof)
-        if self.config.approvers == "keyed" and not proven(peer):
-            raise InvalidInput('approvers = "keyed": only a connection that proved the approver key can subscribe; '
-                               "send approval/challenge, then approval/subscribe with its proof (memoryctl approve "
-                               "does both)")
-        if self.config.approvers == "interactive" and (peer.peer is None or not peer.peer.interactive()):
-            raise InvalidInput('only a process with a controlling terminal can subscribe as an approver; '
-                               'set approvers = "any" in the daemon\'s config to admit others')
-        self.approvals.subscribe(peer)
+        self.approvals.subscribe(ctx.peer, p.proof)
         return Empty()
 
     async def watch(self, ctx: RequestContext, p: WatchParams) -> Empty:

@@ -157,7 +157,7 @@ class Snapshots:
         return SnapshotResult(text=final)
 
     async def prune(self, ctx: RequestContext, p: SnapshotPruneParams) -> SnapshotPruneResult:
-        facts = self.s.check_decider(ctx.peer, "prune frozen snapshots")
+        facts = self.s.approvals.check_person(ctx.peer, "prune frozen snapshots")
         who = self.s.pipeline.who(ctx.peer)
         held = self.s.sessions.held()
 
