@@ -33,6 +33,23 @@ async def sources(daemon: Any) -> dict[str, str]:
     return {e["text"]: e["source"] for e in json.loads(r.stdout)}
 
 
+async def imported(daemon: Any, entries: list[dict[str, Any]]) -> T.ApprovalAsked:
+    """Import ``entries`` (an envelope), allowed: the one approval it asked."""
+    asked: list[dict[str, Any]] = []
+
+    async def allow(params: dict[str, Any]) -> str:
+        asked.append(params)
+        return "allowed-once"
+
+    envelope = {"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": entries}
+    async with socket_client(daemon.socket_path) as raw:
+        raw.on_approval = allow
+        result = await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx()})
+    assert result["added"] == len(entries)
+    (params,) = asked
+    return msgspec.convert(params, T.ApprovalAsked)
+
+
 async def test_consolidate_labels_its_entry_memoryctl_unless_told(daemon: Any) -> None:
     for text in ("Uses vim", "Uses tmux", "Uses zsh", "Uses fish"):
         assert (await memoryctl(daemon, "add", *UG, text)).returncode == 0
@@ -44,43 +61,21 @@ async def test_consolidate_labels_its_entry_memoryctl_unless_told(daemon: Any) -
 
 
 async def test_an_import_s_approval_names_its_layers_not_batch(ask_daemon: Any) -> None:
-    asked: list[dict[str, Any]] = []
-
-    async def allow(params: dict[str, Any]) -> str:
-        asked.append(params)
-        return "allowed-once"
-
-    envelope = {"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": [
+    text = approval_request(await imported(ask_daemon, [
         {"track": "user", "scope": "user-global", "text": "Prefers tea", "source": "claude"},
-        {"track": "agent", "scope": "user-global", "text": "Runs pytest", "source": "claude"}]}
-    async with socket_client(ask_daemon.socket_path) as raw:
-        raw.on_approval = allow
-        result = await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx()})
-    assert result["added"] == 2
-    (params,) = asked
-    text = approval_request(msgspec.convert(params, T.ApprovalAsked))
+        {"track": "agent", "scope": "user-global", "text": "Runs pytest", "source": "claude"}]))
     assert "batch" not in text
     assert text.splitlines()[0] == "seed 2 entries into 2 layers:"
     assert "  source:  claude" in text.splitlines()
 
 
 async def test_an_import_of_several_sources_names_each_never_the_default(ask_daemon: Any) -> None:
-    asked: list[dict[str, Any]] = []
-
-    async def allow(params: dict[str, Any]) -> str:
-        asked.append(params)
-        return "allowed-once"
-
-    envelope = {"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": [
+    asked = await imported(ask_daemon, [
         {"track": "user", "scope": "user-global", "text": "Prefers tea", "source": "claude"},
         {"track": "user", "scope": "user-global", "text": "Uses vim", "source": "memoryctl"},
-        {"track": "user", "scope": "user-global", "text": "Runs pytest", "source": "claude"}]}
-    async with socket_client(ask_daemon.socket_path) as raw:
-        raw.on_approval = allow
-        assert (await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx()}))["added"] == 3
-    (params,) = asked
-    assert [e["source"] for e in params["entries"]] == ["claude", "memoryctl", "claude"]
-    lines = approval_request(msgspec.convert(params, T.ApprovalAsked)).splitlines()
+        {"track": "user", "scope": "user-global", "text": "Runs pytest", "source": "claude"}])
+    assert [e.source for e in asked.entries or []] == ["claude", "memoryctl", "claude"]
+    lines = approval_request(asked).splitlines()
     assert "  sources: claude (2 entries), memoryctl (1 entry)" in lines
     assert not any("dsh-memento" in line for line in lines)
 

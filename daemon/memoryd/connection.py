@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
@@ -27,6 +27,7 @@ from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals
+from .outbound import Outbound
 from .rpc import (
     HALF_LINE_LINE,
     OVERSIZE_LINE,
@@ -40,9 +41,6 @@ from .rpc import (
     serves_inline,
 )
 from .transports import PeerProcess
-
-if TYPE_CHECKING:
-    from .outbound import Outbound
 
 log = logging.getLogger("memoryd.connection")
 
@@ -164,7 +162,7 @@ class Connection:
         """A place for one more request in flight, over every connection together
         (max_inflight_total): the caller reads no further line until it has one. The socket's
         requests and an MCP session's calls take theirs here alike."""
-        if self._inflight is not None and not self._inflight.enter(self._sink):
+        if self._inflight is not None:
             await self._inflight.admit(self._sink)
 
     def leave(self, count: int = 1) -> None:
