@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
@@ -443,6 +444,15 @@ def _readme_dialog(workspace: Path) -> list[str]:
     return [line.strip() for line in lines]
 
 
+def _shows(screen: Screen, text: str, timeout: float) -> bool:
+    """Whether the screen shows ``text`` within ``timeout`` seconds."""
+    try:
+        screen.wait_for(lambda t: text in t, timeout=timeout)
+    except AssertionError:
+        return False
+    return True
+
+
 def _squeezed(text: str) -> str:
     """``text`` without its whitespace: a line the terminal wrapped compares equal."""
     return "".join(text.split())
@@ -456,9 +466,17 @@ def test_claude_codes_approval_dialog_accepts_a_write_in_a_real_terminal(
     h = _host("claude-code", hosts_install, tmp_path, d, tap, standin)
     argv = [*h.argv(), "--allowedTools", "mcp__memoryd", "--debug-file", str(h.home / "claude-debug.txt")]
     with Screen(argv, cwd=h.workspace, env=h.env()) as screen:
-        # interactive Claude Code does not wait for its MCP servers: type once they are listed
-        tap.wait_for(_listed)
+        # interactive Claude Code does not wait for its MCP servers, and the tap seeing the
+        # tool list go by is not the host holding it: type once its own /mcp panel counts them
+        tools = len(tap.wait_for(_listed)["msg"]["result"]["tools"])
         screen.wait_for(lambda t: "❯" in t, what="the prompt")
+        screen.type("/mcp")
+        screen.wait_for(lambda t: "/mcp" in t, what="the typed /mcp")
+        screen.press_until("Enter", lambda t: _shows(screen, "MCP servers", t), what="the MCP panel")
+        screen.wait_for(lambda t: re.search(rf"✔ memoryd +{tools} tools", t) is not None,
+                        what=f"memoryd connected with {tools} tools")
+        screen.send("Escape")
+        screen.wait_for(lambda t: "MCP servers" not in t, what="the MCP panel closed")
         screen.type('CALL memory_add {"track":"user","scope":"workspace","text":"Prefers tabs"}')
         screen.wait_for(lambda t: "Prefers tabs" in t, what="the typed prompt")
         screen.press_until("Enter", lambda t: tap.arrived(_call(retry=False), t), what="a tools/call",
