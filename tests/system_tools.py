@@ -36,6 +36,8 @@ TOOLS = (
     Tool("fish", "fish", "tests/test_manual.py (the fish completion)"),
     Tool("man", "man-db", "tests/test_manual.py (the man page)"),
     Tool("tmux", "tmux", "tests/test_real_hosts.py (the hosts' terminal UIs)"),
+    Tool("sshd", "openssh-server", "tests/test_e2e_ssh.py (remote sessions through a real sshd on 127.0.0.1)"),
+    Tool("ssh", "openssh-client", "tests/test_e2e_ssh.py (the ssh client and ssh-keygen)"),
 )
 NODE_MAJOR = 20
 APT_TIMEOUT_S = 900

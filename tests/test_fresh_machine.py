@@ -46,7 +46,7 @@ def test_every_program_the_tests_run_is_listed() -> None:
     """What .ci/run installed before, by command: each is the test run's to install now."""
     assert {t.command: t.package for t in TOOLS} == {
         "node": "nodejs", "npm": "npm", "systemd-analyze": "systemd", "zsh": "zsh", "fish": "fish", "man": "man-db",
-        "tmux": "tmux"}
+        "tmux": "tmux", "sshd": "openssh-server", "ssh": "openssh-client"}
 
 
 def test_without_root_nothing_is_installed_and_the_packages_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
