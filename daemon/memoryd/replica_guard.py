@@ -1,0 +1,76 @@
+"""No two writers: before memoryd replicates its store, the replica's newest ledger row must
+be a row of the store's own chain.
+
+Litestream ships this store's pages over whatever the replica holds. When another machine
+took over (restored the replica and wrote to it), this store's history has parted from the
+replica's, and replicating it would overwrite the other machine's. So before each
+``litestream replicate``, the replica is copied (:mod:`memoryd.litestream`), its newest row
+compared with the store's (:mod:`memoryd_protocol.replica_chain`), and a store that is
+behind the replica or diverged from it is refused, naming both heads and the restore that
+takes the replica's history. Blocking: the supervisor runs it on a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import tempfile
+from pathlib import Path
+
+from memoryd_protocol.replica_chain import Head, Relation, refusal, relation
+
+from . import litestream
+from .errors import DaemonError
+from .replica import Replica
+
+_NEWEST = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
+_AT = "SELECT hash FROM memoryd_ledger WHERE n = ?"
+
+
+class ReplicaDiverged(DaemonError):
+    """The store's ledger does not extend the replica's chain: replicating would overwrite
+    another machine's history. The message names both heads and how to restore."""
+
+    def __init__(self, message: str, rel: Relation, local: Head | None, replica: Head | None) -> None:
+        super().__init__(message)
+        self.relation, self.local, self.replica = rel, local, replica
+
+
+def _read(path: Path, at: int | None) -> tuple[Head | None, str | None]:
+    """The newest row of the store at ``path`` and its hash of row ``at``, read only, in one
+    read transaction."""
+    with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
+                                            isolation_level=None)) as conn:
+        conn.execute("BEGIN")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "memoryd_ledger" not in tables:
+            return None, None
+        row = conn.execute(_NEWEST).fetchone()
+        found = conn.execute(_AT, (at,)).fetchone() if at is not None else None
+    return (None if row is None else Head(int(row[0]), str(row[1]))), (None if found is None else str(found[0]))
+
+
+def check(replica: Replica, store: Path) -> Relation:
+    """How ``store`` stands to ``replica`` (``empty`` or ``extends``); raises
+    :class:`ReplicaDiverged` when it is behind it or diverged from it, and LitestreamError
+    when the replica cannot be read."""
+    with tempfile.TemporaryDirectory(prefix="memoryd-replica-check-") as tmp:
+        copy = Path(tmp) / "replica.db"
+        try:
+            litestream.restore(replica, copy)
+        except litestream.NoBackup:
+            return "empty"
+        try:
+            theirs, _ = _read(copy, None)
+            ours, ours_at = _read(store, None if theirs is None else theirs.n)
+            _, theirs_at = _read(copy, None if ours is None else ours.n)
+        except sqlite3.Error as exc:
+            raise litestream.LitestreamError(f"the copy restored from {replica.shown_url} cannot be read as a "
+                                              f"memoryd store: {exc}") from None
+    rel = relation(ours, ours_at, theirs, theirs_at)
+    if rel in ("behind", "diverged"):
+        raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)), rel, ours, theirs)
+    return rel
+
+
+__all__ = ["ReplicaDiverged", "check"]
