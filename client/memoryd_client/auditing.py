@@ -14,6 +14,7 @@ from memoryd_protocol.audit_types import MAX_HEADS, WitnessedHead, parse_heads
 from memoryd_protocol.constants import AUDIT_HARD_CAP
 from memoryd_protocol.heads_file import HeadsFileRefused, read_heads_file
 from memoryd_protocol.paths import heads_path_for
+from memoryd_protocol.replica_chain import Head
 
 from . import render
 from .client import Client
@@ -108,6 +109,28 @@ def _witnessed(ctx: Ctx, store: str, path: str) -> list[tuple[int, str]]:
     return pairs
 
 
+def _against(ctx: Ctx, witnessed: list[tuple[int, str]]) -> Head | None:
+    """``verify --against URL``: the replica's newest row, added to ``witnessed``: the
+    replica is a witness kept off this machine, so a truncation or a full rehash of the
+    ledger (its heads file rewritten too) no longer checks out."""
+    if not getattr(ctx.args, "against", None):
+        return None
+    from .replicas import against
+
+    head = against(ctx, ctx.args.against)
+    if head is not None:
+        witnessed.append((head.n, head.hash))
+    return head
+
+
+def _behind(ctx: Ctx, report: T.LedgerReport, replica: Head | None) -> T.LedgerReport:
+    if replica is not None:
+        from .replicas import behind_hint
+
+        behind_hint(report, ctx.args.against, replica)
+    return report
+
+
 async def _confirm(ctx: Ctx, n: int, problem: str) -> bool:
     """Show what is being accepted and ask; ``--yes`` accepts without asking."""
     print(f"ledger row {n}: {problem}", file=sys.stderr)
@@ -130,7 +153,10 @@ async def cmd_audit(c: Client, ctx: Ctx) -> int:
     if a.action in ("verify", "heads", "accept"):
         store = (await c.status()).store.path
     if a.action == "verify":
-        return _ledger_report(ctx, await c.audit_verify(_witnessed(ctx, store, a.heads) if a.heads else ()))
+        witnessed = _witnessed(ctx, store, a.heads) if a.heads else []
+        replica = _against(ctx, witnessed)
+        report = await c.audit_verify(witnessed)
+        return _ledger_report(ctx, _behind(ctx, report, replica))
     if a.action == "heads":
         return _show_heads(ctx, store, a.heads)
     if a.action == "accept":
@@ -175,8 +201,9 @@ def audit_offline(ctx: Ctx) -> int:
     try:
         if a.action == "verify":
             witnessed = _witnessed(ctx, db, a.heads) if a.heads else []
+            replica = _against(ctx, witnessed)
             report = offline.read(db, lambda fetch: read_report(fetch, None, witnessed))
-            return _ledger_report(ctx, with_problems(report, offline.index_problems(db)))
+            return _ledger_report(ctx, _behind(ctx, with_problems(report, offline.index_problems(db)), replica))
         target: str = a.target
 
         def life(fetch: Fetch) -> T.EntryLife:
