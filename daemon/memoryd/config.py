@@ -131,6 +131,8 @@ class Config:
         #: how often the ledger's head is witnessed in the heads file while writes go on
         self.heads_every_rows: int = 1000
         self.heads_every_s: float = 600.0
+        #: ``[workspace_aliases]``: (path, canonical path) pairs, longest path first
+        self.workspace_aliases: tuple[tuple[str, str], ...] = ()
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: the config file set ``socket_path`` (a relay then never looks for another socket)
@@ -265,6 +267,13 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             _budgets(cfg, value)
         elif key == "write_policies":
             _write_policies(cfg, value)
+        elif key == "workspace_aliases":
+            from memoryd_protocol import workspaces  # only with the table: the relay never loads it
+
+            try:
+                cfg.workspace_aliases = workspaces.parse_aliases(value)
+            except workspaces.AliasTableError as exc:
+                raise ConfigError(f"config: {exc}") from None
         else:
             raise ConfigError(f"config: unknown key {key!r}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from contextvars import ContextVar
 
 from .constants import MAX_AGENT_KEY_UNITS, MAX_KEY_UNITS, MAX_TAG_UNITS, MAX_TAGS
 from .errors import InvalidInput
@@ -90,9 +91,38 @@ def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
     return out
 
 
+#: The workspace aliases in force: ``(path, canonical)`` pairs, longest path first (see
+#: workspaces.py, which checks a table and sets it). A context variable, not a global: each
+#: daemon sets its own table for its own tasks (tests run several daemons in one process),
+#: and code that never set one (a client) gets no aliasing.
+WORKSPACE_ALIASES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("memoryd_workspace_aliases", default=())
+
+
 def normalize_workspace_key(cwd: str | None) -> str:
+    """The workspace key of a cwd, the one place a path becomes a key: the normalized path
+    (below), then mapped by the workspace alias in force whose path is it or contains it."""
+    path = normalize_workspace_path(cwd)
+    return alias_workspace(path, WORKSPACE_ALIASES.get()) if path else path
+
+
+def alias_workspace(path: str, aliases: tuple[tuple[str, str], ...]) -> str:
+    """``path`` under the first (longest) alias whose path is it or a directory above it,
+    moved to that alias's canonical path; ``path`` itself when none is."""
+    for source, canonical in aliases:
+        if path == source:
+            return canonical
+        if path.startswith(source.rstrip("/") + "/"):
+            key = canonical.rstrip("/") + path[len(source.rstrip("/")):]
+            if utf16_len(key) > MAX_KEY_UNITS:
+                raise InvalidInput(f"cwd (workspaceKey) longer than {MAX_KEY_UNITS} characters once aliased to "
+                                   f"{canonical}", "workspaceKey")
+            return key
+    return path
+
+
+def normalize_workspace_path(cwd: str | None) -> str:
     """Normalized absolute cwd: POSIX paths as-is after normpath; Windows paths folded
-    (they are case-insensitive) with forward slashes. ``''`` for no cwd."""
+    (they are case-insensitive) with forward slashes. ``''`` for no cwd. No alias applied."""
     if cwd is None:
         return ""
     cwd = js_trim(cwd)
@@ -126,6 +156,8 @@ def normalize_agent_key(preset: str | None) -> str:
 
 
 __all__ = [
+    "WORKSPACE_ALIASES",
+    "alias_workspace",
     "ascii_fold",
     "check_storable",
     "cut_units",
@@ -134,5 +166,6 @@ __all__ = [
     "normalize_agent_key",
     "normalize_tags",
     "normalize_workspace_key",
+    "normalize_workspace_path",
     "utf16_len",
 ]
