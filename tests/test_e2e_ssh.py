@@ -55,6 +55,8 @@ class Sshd:
     port: int
     key: Path
     known_hosts: Path
+    #: the remote sessions' XDG_RUNTIME_DIR, where their default socket is
+    runtime: Path
 
     def argv(self, *remote: str, tty: bool = False) -> list[str]:
         """``ssh … 127.0.0.1 <remote>``: the remote words quoted for the remote shell, which
@@ -99,6 +101,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     for name in ("host_key", "user_key"):
         subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / name)], check=True, timeout=60)
     (tmp / "authorized_keys").write_bytes((tmp / "user_key.pub").read_bytes())
+    runtime = tmp / "run"
+    runtime.mkdir(mode=0o700)
     if os.geteuid() == 0:
         # root's sshd runs its pre-auth child in this empty directory (the init script makes it)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -113,8 +117,10 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
             "KbdInteractiveAuthentication no\nUsePAM no\n"
             # pytest's tmp directories are not laid out for sshd's ownership checks
             "StrictModes no\nPidFile none\n"
+            # a login's runtime directory, as pam_systemd gives one: the remote default socket
+            f"SetEnv XDG_RUNTIME_DIR={runtime}"
             # the remote memoryd runs the code this test imports (a checkout on PYTHONPATH too)
-            + (f"SetEnv PYTHONPATH={os.environ['PYTHONPATH']}\n" if os.environ.get("PYTHONPATH") else ""))
+            + (f" PYTHONPATH={os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "") + "\n")
         proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if _listening(proc, port):
@@ -123,7 +129,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     else:
         raise AssertionError("sshd could not bind a free port on 127.0.0.1 three times")
     try:
-        yield Sshd(proc, port, tmp / "user_key", tmp / "known_hosts")
+        yield Sshd(proc, port, tmp / "user_key", tmp / "known_hosts", runtime)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -325,3 +331,17 @@ def test_ssh_t_memoryctl_approve_answers_a_pending_write(daemon_factory: Any, ss
     assert (decision["outcome"], decision["by"]["kind"]) == ("allowed-once", "human")
     decider = decision["decider"]
     assert (decider["pid"], decider["exe"]) == (approver["pid"], PYTHON) and decider["tty"].startswith("pts/")
+
+
+async def test_the_remote_relay_finds_the_daemon_by_the_store_s_owner_record(daemon_factory: Any, sshd: Sshd) -> None:
+    """Without ``--socket``: no daemon answers the remote session's default socket (its
+    XDG_RUNTIME_DIR is not the daemon's), so memoryd's relay reads the store's owner record
+    and attaches to the daemon that serves it; it starts no second one."""
+    d = daemon_factory()
+    async with ssh_relay(sshd, "--db", str(d.db_path)) as remote:
+        added = await remote.ok("memory/add", {"input": entry_input("Found by its owner record", **LAYER),
+                                               "write": write_ctx("s-ssh", PROJ, "coder")})
+        status = await remote.ok("daemon/status")
+    assert (status["pid"], status["socket"]) == (d.proc.pid, str(d.socket_path))
+    assert added["entry"]["workspaceKey"] == PROJ
+    assert list(sshd.runtime.iterdir()) == []  # nothing started or bound where it looked first
