@@ -138,7 +138,7 @@ def test_the_reference_docs_and_the_help_agree() -> None:
     global_options = {o for strings in parser.added for o in strings.option_strings}
     for verb, p in verbs(parser).items():
         assert verb in sections, f"docs/memoryctl.md has no section for memoryctl {verb}"
-        actions = p.actions_completed()
+        actions = p.action_parsers
         text = "".join(t for name, t in sections.items() if name == verb or name.startswith(f"{verb} "))
         options = {o for q in [p, *actions.values()] for strings in q.option_strings for o in strings}
         for strings in [s for q in [p, *actions.values()] for s in q.option_strings]:

@@ -217,65 +217,20 @@ def test_the_relay_does_not_import_the_daemon_stack(daemon_factory: Any) -> None
     assert json.loads(r.stdout)["id"] == 1
 
 
-def test_a_plain_standalone_start_builds_no_parser_and_reads_no_distributions(tmp_path: Path) -> None:
-    """``serve --stdio --standalone --db D``: read without argparse; with no third-party
-    adapter installed, importlib.metadata never imported (adapter_registry.may_register);
-    without $XDG_RUNTIME_DIR, no tempfile for a default socket it does not serve. The daemon
-    serves its store on stdio all the same."""
+def test_a_standalone_start_reads_no_distributions(tmp_path: Path) -> None:
+    """``serve --stdio --standalone --db D``: with no third-party adapter installed,
+    importlib.metadata is never imported (adapter_registry.may_register). The daemon serves
+    its store on stdio all the same."""
     argv = ["serve", "--stdio", "--standalone", "--db", str(tmp_path / "m.db"), "--log-level", "warning"]
     code = ("import sys, memoryd.cli as c\n"
             f"rc = c.main({argv!r})\n"
-            "heavy = ('argparse', 'importlib.metadata', 'email', 'zipfile', 'memoryd.units', 'tempfile')\n"
+            "heavy = ('importlib.metadata', 'email', 'zipfile')\n"
             "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "MEMORYD_SOCKET")}
     r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30,
                        env={**env, "XDG_CONFIG_HOME": str(tmp_path / "no-config")})
     assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
     assert json.loads(r.stdout) == {"jsonrpc": "2.0", "id": 1, "result": []}
-
-
-def test_a_plain_relay_command_line_builds_no_parser(daemon_factory: Any, tmp_path: Path) -> None:
-    """``serve --stdio --socket S --db D --log-level L``: read without argparse, and the default
-    socket (tempfile without $XDG_RUNTIME_DIR) never computed."""
-    d: Daemon = daemon_factory()
-    argv = ["serve", "--stdio", "--socket", str(d.socket_path), f"--db={d.db_path}", "--log-level", "warning"]
-    code = ("import sys, memoryd.cli as c\n"
-            f"rc = c.main({argv!r})\n"
-            "heavy = ('argparse', 'typing', 'tempfile', 'shutil', 'anyio', 'msgspec', 'sqlite3', 'memoryd.units')\n"
-            "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n")
-    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30, env=env)
-    assert r.stderr.decode().strip().splitlines()[-1] == "0 []"
-    assert json.loads(r.stdout)["id"] == 1
-
-
-@pytest.mark.parametrize("argv", [
-    ["serve", "--stdio"],
-    ["serve", "--stdio", "--socket", "/s", "--db", "d.db", "--config=/c.toml", "--write-policy", "auto",
-     "--log-level=debug"],
-    ["serve", "--db", "a", "--stdio", "--db", "b", "--stdio"],
-    ["serve", "--stdio", "--standalone"], ["serve", "--standalone", "--db=m.db", "--stdio", "--log-level", "warning"],
-    ["serve", "--stdio", "--standalone", "--config", "/c.toml", "--write-policy=ask", "--standalone"],
-])
-def test_quick_args_are_the_parsers(argv: list[str]) -> None:
-    from memoryd.cli import build_parser, quick_args
-
-    quick = quick_args(argv)
-    assert quick is not None
-    assert vars(quick) == vars(build_parser().parse_args(argv))
-
-
-@pytest.mark.parametrize("argv", [
-    ["serve"], ["serve", "--standalone"], ["serve", "--stdio", "--standalone", "--socket", "/s"],
-    ["serve", "--stdio", "--standalone", "--detach"], ["serve", "--stdio", "--detach"], ["serve", "--stdio", "--sock", "x"],
-    ["serve", "--stdio", "--socket"], ["serve", "--stdio", "--db", "-x"], ["serve", "--stdio", "--write-policy", "never"],
-    ["serve", "--stdio", "-h"], ["serve", "--stdio", "--db="], ["--version"], ["systemd-units"], [],
-    ["serve", "--stdio", "extra"], ["serve", "--stdio", "--"],
-])
-def test_anything_else_goes_to_the_parser(argv: list[str]) -> None:
-    from memoryd.cli import quick_args
-
-    assert quick_args(argv) is None
 
 
 def test_detach_starts_once_and_reports_a_running_daemon(sock_dir: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ def test_a_verbs_help_is_its_own_options_and_one_line_for_the_global_ones() -> N
     assert r.stdout.rstrip().endswith(verbtable.GLOBAL_OPTIONS_LINE)
     assert len(r.stdout.splitlines()) <= 30
     for verb, parser in cli.verbs().items():  # every verb, every action: short, ending in the pointer
-        for p in [parser, *parser.actions_completed().values()]:  # type: ignore[attr-defined]
+        for p in [parser, *parser.action_parsers.values()]:
             text = p.format_help()
             assert text.rstrip().endswith(verbtable.GLOBAL_OPTIONS_LINE), verb
             assert "--socket PATH" not in text, verb

@@ -1,29 +1,12 @@
-"""The default locations: memoryd's Linux fast path agrees with platformdirs."""
+"""The default locations, as the README documents them."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import platformdirs
 import pytest
 from memoryd_protocol import paths
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fast path is Linux's XDG lookup")
-@pytest.mark.parametrize("data_home, config_home", [
-    (None, None), ("", ""), ("   ", " "), ("/srv/data", "/srv/conf"),
-])
-def test_xdg_fast_path_equals_platformdirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                           data_home: str | None, config_home: str | None) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for var, value in (("XDG_DATA_HOME", data_home), ("XDG_CONFIG_HOME", config_home)):
-        if value is None:
-            monkeypatch.delenv(var, raising=False)
-        else:
-            monkeypatch.setenv(var, value)
-    assert paths.default_db_path() == Path(platformdirs.user_data_dir("memoryd")) / "memory.db"
-    assert paths.default_config_path() == Path(platformdirs.user_config_dir("memoryd")) / "config.toml"
 
 
 def test_socket_path_prefers_memoryd_socket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

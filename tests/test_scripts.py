@@ -5,16 +5,13 @@ through its script imports no re at all."""
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import Daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"memoryd": "memoryd.cli", "memoryctl": "memoryd_client.cli"}
@@ -44,18 +41,3 @@ def test_a_script_exits_with_mains_status(name: str) -> None:
                        timeout=60)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.startswith(f"{name} ")
-
-
-def test_the_relay_through_its_script_imports_no_re(daemon_factory: Any, tmp_path: Path) -> None:
-    d: Daemon = daemon_factory()
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "none")}
-    r = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "memoryd"), "serve", "--stdio",
-                        "--socket", str(d.socket_path), "--db", str(d.db_path)],
-                       input=b'{"jsonrpc":"2.0","id":1,"method":"memory/list"}\n', capture_output=True, timeout=60,
-                       env=env)
-    assert r.returncode == 0, r.stderr.decode()
-    assert json.loads(r.stdout)["id"] == 1
-    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()
-                if line.startswith("import time:")}
-    assert "memoryd.relay" in imported
-    assert not imported & {"re", "json", "pathlib", "threading", "argparse", "typing"}, imported

@@ -1,9 +1,6 @@
-"""``memoryctl``'s verbs that run over the async client (:mod:`memoryd_client.client`):
-writes with their approval prompt, ``approve``, ``stop``, ``--json`` output, and every verb
-the quick path (:func:`memoryd_client.quick.run_quick`) does not take.
-
-Imported only when such a verb runs: anyio, msgspec and the wire Structs are most of
-memoryctl's start-up, and its read commands do without them.
+"""``memoryctl``'s verbs that talk to a daemon, over the async client
+(:mod:`memoryd_client.client`): reads, writes with their approval prompt, ``approve``,
+``stop``, and ``--json`` output.
 """
 
 from __future__ import annotations

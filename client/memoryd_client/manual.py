@@ -7,12 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from .cliparser import build_parser, verbs
+from .cliparser import build_parser
+from .parsing import Parser
 from .running import EXIT_OK, Ctx, UsageError
-
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from .parsing import Parser
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -33,13 +30,9 @@ def man_page_command(output: Path) -> list[str]:
 
 
 def full_parser(*, global_help: bool = False) -> Parser:
-    """memoryctl's parser with the options of every verb and action added (they are added
-    on first use otherwise), for argparse-manpage and shtab, which read them all. With
-    ``global_help`` each verb lists the global options too, which completes them after it."""
-    parser = build_parser(global_help=global_help)
-    for verb in verbs(parser).values():
-        verb.actions_completed()  # type: ignore[attr-defined]
-    return parser
+    """memoryctl's parser, for argparse-manpage and shtab. With ``global_help`` each verb
+    lists the global options too, which completes them after it."""
+    return build_parser(global_help=global_help)
 
 
 def _parsers(parser: Parser) -> list[Parser]:

@@ -1,44 +1,37 @@
-"""memoryctl's argparse classes, imported only when a command line is parsed with argparse.
-
-memoryctl's read commands read a plain command line without argparse
-(:func:`memoryd_client.quick.quick_args`): importing argparse, and building a parser (its
-messages go through gettext, which imports locale and looks for translations on disk, and
-its parse compiles regular expressions), is a large part of ``memoryctl query``'s start-up. So
-the classes that extend argparse's live here, not in :mod:`memoryd_client.cli`.
-"""
+"""memoryctl's argparse classes: the parser, a verb's parser (with its actions), the
+"did you mean" for a mistyped word, and the global options every verb takes."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from memoryd_protocol.paths import default_socket
+from memoryd_protocol.paths import default_socket_path
 
-from .running import EXIT_USAGE, _columns, _Partial, _seconds
+from .running import EXIT_USAGE, _seconds
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, NoReturn
+#: the formatter of memoryctl's parsers: descriptions and epilogs keep their lines
+FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
 class Parser(argparse.ArgumentParser):
-    #: --socket, whose help names the default socket: filled in only when help is shown,
-    #: since computing it can import tempfile (no $XDG_RUNTIME_DIR), a cost on every run
+    #: --socket, whose help names the default socket: filled in when help is shown, so the
+    #: man page, generated from the parser, names the variables rather than one user's path
     socket_option: argparse.Action | None = None
 
-    def __init__(self, *args: Any, partial: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         #: every option's strings, in the order added (for docs and tests: argparse keeps
         #: its own list only in a private attribute). Set first: argparse adds --help.
         self.option_strings: list[tuple[str, ...]] = []
         #: every argument's action, in the order added (the global options' included)
         self.added: list[argparse.Action] = []
         #: the verbs' parsers by name, as build_parser adds them
-        self.verb_parsers: dict[str, Parser] = {}
+        self.verb_parsers: dict[str, Verb] = {}
         super().__init__(*args, **kwargs)
-        #: built for some verbs only (build_parser(argv)): errors are the whole parser's to print
-        self.partial = partial
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
@@ -47,14 +40,12 @@ class Parser(argparse.ArgumentParser):
         return action
 
     def error(self, message: str) -> NoReturn:
-        if self.partial:
-            raise _Partial(message)
         sys.stderr.write(f"error: USAGE: {did_you_mean(message)} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
 
     def format_help(self) -> str:
         if self.socket_option is not None:
-            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket()})"
+            self.socket_option.help = f"daemon socket (default: $MEMORYD_SOCKET, else {default_socket_path()})"
         return super().format_help()
 
 
@@ -67,43 +58,29 @@ def did_you_mean(message: str) -> str:
     found = _INVALID_CHOICE.search(message)
     if found is None:
         return message
-    import difflib
-
     close = difflib.get_close_matches(found[1], re.findall(r"'([^']*)'", found[2]), n=3, cutoff=0.6)
     if not close:
         return message
     return f"{message[:found.start()]}invalid choice: {found[1]!r}; did you mean {' or '.join(map(repr, close))}?"
 
 
-class Formatter(argparse.RawDescriptionHelpFormatter):
-    """The help formatter, told the terminal's width (:func:`_columns`) as argparse would
-    find it itself: argparse makes a formatter for every option it adds, and the first one
-    imported shutil, which the read commands' quick path never needs."""
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
-
-
 class Verb(Parser):
-    """A verb's parser, given its options (the global ones, then ``arguments``) when it is
-    first used, to parse or to print help. Seventeen verbs with a dozen options each took
-    most of memoryctl's start-up to build, and a run uses one of them."""
+    """A verb's parser: the global options (left out of its help unless ``global_help``,
+    which the completion scripts need), then its own (``arguments``)."""
 
     def __init__(self, *args: Any, arguments: Callable[[Verb], object] | None = None,
-                 global_options: bool = True, global_help: bool = False, summary: str = "",
-                 **kwargs: Any) -> None:
+                 global_help: bool = False, summary: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: the one line that the verbs' list shows
         self.summary = summary
-        self._arguments = arguments
-        self._global_options = global_options
         #: whether the global options are in this verb's help (the completion scripts')
         self.global_help = global_help
-        self._complete = False
         self._action_choices: Any = None
         #: a verb's actions' parsers by name (``audit verify``), as :meth:`add_action` adds them
         self.action_parsers: dict[str, Verb] = {}
+        _global_options(self, suppress=True, hidden=not global_help)
+        if arguments is not None:
+            arguments(self)
 
     def add_action(self, name: str, summary: str, description: str, epilog: str | None,
                    arguments: Callable[[Verb], object] | None = None) -> None:
@@ -114,26 +91,9 @@ class Verb(Parser):
                                                        parser_class=Verb)
         self.action_parsers[name] = self._action_choices.add_parser(
             name, help=summary, summary=summary, description=description, epilog=epilog, formatter_class=FORMATTER,
-            partial=self.partial, global_options=self._global_options, global_help=self.global_help,
-            arguments=arguments)
-
-    def complete(self) -> Verb:
-        """Add the options, once (and the actions' own, for docs and tests)."""
-        if not self._complete:
-            self._complete = True
-            if self._global_options:
-                _global_options(self, suppress=True, hidden=not self.global_help)
-            if self._arguments is not None:
-                self._arguments(self)
-        return self
-
-    def actions_completed(self) -> dict[str, Verb]:
-        """:attr:`action_parsers`, each with its options added."""
-        self.complete()
-        return {name: p.complete() for name, p in self.action_parsers.items()}
+            global_help=self.global_help, arguments=arguments)
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        self.complete()
         argv = args[0] if args else kwargs.get("args")
         if argv is not None and not self.action_parsers:  # a verb with actions: its action checks
             self._refuse_unknown_options(list(argv))
@@ -149,31 +109,16 @@ class Verb(Parser):
             name = word.split("=", 1)[0]
             if not name.startswith("--") or name == "--" or any(o.startswith(name) for o in known):
                 continue  # not a long option, or one argparse takes (abbreviations included)
-            import difflib
-
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
             self.error(f"unrecognized option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
 
-    def format_usage(self) -> str:
-        self.complete()
-        return super().format_usage()
 
-    def format_help(self) -> str:
-        self.complete()
-        return super().format_help()
-
-
-#: the formatter of memoryctl's parsers
-FORMATTER = Formatter
-
-__all__ = ["FORMATTER", "Formatter", "Parser", "Verb"]
+__all__ = ["FORMATTER", "Parser", "Verb", "did_you_mean"]
 
 
 def _positive_seconds(raw: str) -> float:
     value = _seconds(raw)
     if value is None:
-        import argparse
-
         try:
             float(raw)
         except ValueError:
@@ -206,8 +151,6 @@ class _Recorded:
 def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
     defaults are suppressed, so an option given before the verb is not reset after it."""
-    import argparse
-
     def d(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 

@@ -1,30 +1,25 @@
-"""What one memoryctl run shares, on the quick path and off it: the exit statuses, the run's
-context (:class:`Ctx`), the local checks before any connection (:func:`prepare`), and the one
-line every failure prints (:func:`fail`). :mod:`memoryd_client.cli` (the front), :mod:`memoryd_client.quick`
-(the read commands' quick path), :mod:`memoryd_client.commands` and
-:mod:`memoryd_client.watching` import it; it imports none of them. Lean as the quick path is: no argparse, json or re at import.
+"""What one memoryctl run shares: the exit statuses, the run's context (:class:`Ctx`), the
+local checks before any connection (:func:`prepare`), and the one line every failure prints
+(:func:`fail`). :mod:`memoryd_client.cli` (the front), :mod:`memoryd_client.commands` and
+:mod:`memoryd_client.watching` import it; it imports none of them.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
-from memoryd_protocol.paths import default_socket, pathlib_str
+from memoryd_protocol.paths import default_socket_path
 
 from .errors import ClientError, ConnectFailed, ProtocolError
+from .prompt import Approver
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    import argparse
-    from collections.abc import Callable, Mapping
-    from types import SimpleNamespace
-    from typing import Any
-
-    from .prompt import Approver
-
-    #: a command line read: by argparse, or by quick_args (a read command's plain one)
-    Args = argparse.Namespace | SimpleNamespace
+#: a command line, as the parser read it
+Args = argparse.Namespace
 
 PROG = "memoryctl"
 EXIT_OK, EXIT_PROTOCOL, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -47,44 +42,12 @@ class UsageError(Exception):
     """A local problem with the command line or its input files (exit 2)."""
 
 
-class _Partial(Exception):
-    """A parser built for some verbs only met an error: the whole parser must say it."""
-
-
-_COLUMNS: list[int] = []
-
-
-def _columns() -> int:
-    """``shutil.get_terminal_size().columns``, the same steps ($COLUMNS, else stdout's
-    terminal, else 80), without importing shutil (which imports zlib, bz2 and lzma); found
-    once per run (argparse asks for every option it adds)."""
-    if _COLUMNS:
-        return _COLUMNS[0]
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    try:
-        lines = int(os.environ["LINES"])
-    except (KeyError, ValueError):
-        lines = 0
-    if columns <= 0 or lines <= 0:
-        try:
-            size = os.get_terminal_size(sys.__stdout__.fileno())  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            size = os.terminal_size((80, 24))
-        if columns <= 0:
-            columns = size.columns or 80
-    _COLUMNS.append(columns)
-    return columns
-
-
 # --- running ---------------------------------------------------------------------------
 
 
 class Ctx:
     """One run: the arguments, the socket (as ``str(Path)`` has it), whether stdout is a terminal (``fit``), and what
-    :func:`prepare` read (``data``). A plain class: ``dataclasses`` imports ``inspect``."""
+    :func:`prepare` read (``data``)."""
 
     #: the approval handler, set by memoryd_client.commands for the verbs that run there
     approver: Approver
@@ -116,8 +79,6 @@ def _read_input(name: str) -> str:
     if name == "-":
         return sys.stdin.read()
     try:
-        from pathlib import Path
-
         return Path(name).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -177,7 +138,6 @@ _MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
 
 def _is_markdown(name: str, raw: str) -> bool:
     import re
-    from pathlib import Path
 
     return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
 
@@ -189,8 +149,6 @@ def _markdown_without_adapter(name: str) -> UsageError:
     from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
 
     ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
-    from pathlib import Path
-
     pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
     shown = "stdin" if name == "-" else name
     return UsageError(
@@ -258,7 +216,7 @@ def _workspace(a: Args) -> str:
 
 def _socket(a: Args) -> str:
     """--socket (``~`` expanded), else the default socket, as ``str(Path)`` has them."""
-    return pathlib_str(a.socket) if a.socket else default_socket()
+    return str(Path(a.socket).expanduser()) if a.socket else str(default_socket_path())
 
 
 def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | None = None) -> None:
@@ -292,7 +250,7 @@ def _serve_command(ctx: Ctx) -> str:
     """The ``memoryd serve`` that would serve what this command asked for."""
     a = ctx.args
     cmd = ["memoryd", "serve"]
-    if ctx.socket != default_socket():
+    if ctx.socket != str(default_socket_path()):
         cmd += ["--socket", ctx.socket]
     if a.db:
         cmd += ["--db", a.db]
@@ -303,7 +261,7 @@ def _serve_command(ctx: Ctx) -> str:
     return shlex.join(cmd)
 
 
-# --- what both paths share -----------------------------------------------------------
+# --- what several verbs share ----------------------------------------------------------
 
 
 def only_layer(entries: list[Any], a: Args) -> list[Any]:

@@ -8,71 +8,33 @@ Three ways to run ``serve``:
 - ``memoryd serve --stdio --standalone`` owns a store privately and serves one client on
   stdin/stdout (tests, sandboxes).
 
-Only the daemon paths import the daemon's stack; the relay, spawned for every harness
-session, skips the parser for a plain command line (:func:`quick_words`) and, without a
-config file, the config and pathlib too (:func:`_lean_relay`).
+Only the daemon paths import the daemon's stack (:mod:`memoryd.app`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
+from pathlib import Path
+from typing import Any
 
+from memoryd_protocol import __version__
+from memoryd_protocol.constants import WRITE_POLICIES
+
+from . import config as config_mod
+from . import launch, relay, units
 from .errors import DaemonError
+from .rundir import UnsafeDir, ensure_private_dir
 
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    import argparse
-    from pathlib import Path
-    from types import SimpleNamespace
-    from typing import Any
-
-    from . import config as config_mod
-
-#: serve's options that take a value, and the values each allows (None: any). The parser
-#: and :func:`quick_args` both read them.
-SERVE_VALUES: dict[str, tuple[str, ...] | None] = {
-    "--socket": None,
-    "--db": None,
-    "--config": None,
-    "--write-policy": ("ask", "auto", "off"),
-    "--log-level": ("debug", "info", "warning", "error"),
-}
-#: serve's flags
-SERVE_FLAGS = ("--stdio", "--standalone", "--detach")
-#: ``memoryd mcp``'s options: the relay's, and the session's workspace and agent
-MCP_VALUES: dict[str, tuple[str, ...] | None] = {**SERVE_VALUES, "--cwd": None, "--agent": None}
-
-
-def _print_version() -> type[argparse.Action]:
-    import argparse
-
-    class PrintVersion(argparse.Action):
-        """``--version``, reading the version only when asked (it is not free to import)."""
-
-        def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                             help="show program's version number and exit")
-
-        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                     option_string: str | None = None) -> None:
-            from . import __version__
-
-            print(f"memoryd {__version__} (dsh-memory-protocol/v1)")
-            parser.exit()
-
-    return PrintVersion
+#: the values --log-level allows
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import argparse
-    from pathlib import Path
-
-    from . import config as config_mod
-    from . import units
-
     parser = argparse.ArgumentParser(prog="memoryd", description="memoryd: the dsh-memory-protocol v1 daemon.")
-    parser.add_argument("--version", action=_print_version())
+    parser.add_argument("--version", action="version", version=f"memoryd {__version__} (dsh-memory-protocol/v1)")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve", help="run the daemon, or attach a harness to it over stdio",
@@ -90,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", type=Path, help="SQLite store (default: the per-user data dir's memory.db)")
     serve.add_argument("--config", type=Path,
                        help=f"TOML config file (default: {config_mod.DEFAULT_CONFIG_HINT} if it exists)")
-    serve.add_argument("--write-policy", choices=SERVE_VALUES["--write-policy"], help="override the config's write_policy")
-    serve.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
+    serve.add_argument("--write-policy", choices=WRITE_POLICIES, help="override the config's write_policy")
+    serve.add_argument("--log-level", default=None, choices=LOG_LEVELS,
                        help="stderr log level (default: $MEMORYD_LOG_LEVEL, else info)")
     mcp = sub.add_parser(
         "mcp", help="an MCP server on stdio, into the shared daemon (for Claude Code, Codex, Cursor, ...)",
@@ -103,97 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--db", type=Path, help="the store the daemon must serve (refused when it serves another)")
     mcp.add_argument("--config", type=Path,
                      help=f"TOML config file (default: {config_mod.DEFAULT_CONFIG_HINT} if it exists)")
-    mcp.add_argument("--write-policy", choices=SERVE_VALUES["--write-policy"],
+    mcp.add_argument("--write-policy", choices=WRITE_POLICIES,
                      help="refuse to attach unless the daemon runs this write policy")
     mcp.add_argument("--cwd", type=Path, help="the session's workspace (default: the current directory, where "
                      "hosts start MCP servers)")
     mcp.add_argument("--agent", help="give the host a private agent layer (default: the layer every agent "
                      "shares, so every host reads the same memory)")
-    mcp.add_argument("--log-level", default=None, choices=SERVE_VALUES["--log-level"],
+    mcp.add_argument("--log-level", default=None, choices=LOG_LEVELS,
                      help="log level of a daemon started on this session's behalf")
     units.add_parser(sub)
     return parser
 
 
-def quick_args(argv: list[str]) -> SimpleNamespace | None:
-    """:func:`quick_words` as the parser's Namespace has them (paths as Path)."""
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    values = quick_words(argv)
-    if values is None:
-        return None
-    for name in ("socket", "db", "config", "cwd"):  # the parser makes a Path of these
-        if values.get(name) is not None:
-            values[name] = Path(values[name])
-    return SimpleNamespace(**values)
-
-
-def quick_words(argv: list[str]) -> dict[str, Any] | None:
-    """``serve``'s (or ``mcp``'s) arguments read without argparse, which is costly to import
-    on every harness spawn, when ``argv`` is a plain ``--stdio`` command line: each word a
-    flag, or an option with an allowed value. None for anything else (help, an
-    abbreviation, an error, another command): the parser reads that. Paths stay strings."""
-    if argv[:1] not in (["serve"], ["mcp"]):
-        return None
-    mcp = argv[0] == "mcp"
-    options, flags = (MCP_VALUES, ()) if mcp else (SERVE_VALUES, SERVE_FLAGS)
-    values: dict[str, Any] = {"command": argv[0], "stdio": mcp, "standalone": False, "detach": False,
-                              "socket": None, "db": None, "config": None, "write_policy": None, "log_level": None}
-    if mcp:
-        values.update(cwd=None, agent=None)
-    words = iter(argv[1:])
-    for word in words:
-        if word in flags:
-            values[word[2:]] = True
-            continue
-        name, eq, value = word.partition("=")
-        if name not in options:
-            return None
-        if not eq:
-            value = next(words, "")
-        choices = options[name]
-        if not value or value.startswith("-") or (choices is not None and value not in choices):
-            return None
-        values[name[2:].replace("-", "_")] = value
-    if not values["stdio"] or values["detach"]:
-        return None  # the parser refuses --detach with --stdio, and serves the socket
-    if values["standalone"] and values["socket"] is not None:
-        return None  # which the parser refuses
-    return values
-
-
-def _lean_relay(values: dict[str, Any]) -> tuple[str, str | None, list[str]] | None:
-    """What :func:`serve_config` and :func:`_forwarded` make of plain relay arguments, as
-    strings: the socket, the store the relay insists on, the daemon's options. None when a
-    config file may be read: the Config then decides (tests/test_e2e_relay_lean.py keeps
-    the two equal)."""
-    from memoryd_protocol.paths import absolute_str, default_config_str, default_socket
-
-    if values["config"] is not None:
-        return None
-    config_file = default_config_str()
-    if config_file is None:
-        return None
-    try:
-        os.stat(config_file)
-    except (FileNotFoundError, NotADirectoryError):
-        pass  # no default config file: Config's defaults, which --socket and --db override
-    except (OSError, ValueError):
-        return None  # Path.exists() decides
-    else:
-        return None
-    db = None if values["db"] is None else absolute_str(values["db"])
-    socket_path = default_socket() if values["socket"] is None else absolute_str(values["socket"])
-    forwarded = [] if db is None else ["--db", db]
-    if values["write_policy"] is not None:
-        forwarded += ["--write-policy", values["write_policy"]]
-    if values["log_level"] is not None:
-        forwarded += ["--log-level", values["log_level"]]
-    return socket_path, db, forwarded
-
-
-def _forwarded(args: argparse.Namespace | SimpleNamespace, config_path: Path | None) -> list[str]:
+def _forwarded(args: argparse.Namespace, config_path: Path | None) -> list[str]:
     """The options a daemon started on our behalf gets (absolute: it runs in /)."""
     out: list[str] = []
     if args.db is not None:
@@ -217,11 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
-def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | None, config_mod.Config]:
+def serve_config(args: argparse.Namespace) -> tuple[Path | None, config_mod.Config]:
     """The config file ``serve`` reads (or None) and the Config it runs with: that file,
     then ``--db``, ``--socket`` and ``--write-policy`` over it."""
-    from . import config as config_mod
-
     config_path = args.config.expanduser() if args.config is not None else config_mod.default_config_file()
     cfg = config_mod.load(config_path)
     if args.db is not None:
@@ -234,39 +116,21 @@ def serve_config(args: argparse.Namespace | SimpleNamespace) -> tuple[Path | Non
 
 
 def _main(argv: list[str] | None) -> int:
-    words = sys.argv[1:] if argv is None else argv
-    quick = quick_words(words)
-    if quick is not None and not quick["standalone"]:
-        lean = _lean_relay(quick)
-        if lean is not None:
-            from . import relay
-
-            try:
-                return relay.run(lean[0], lean[1], quick["write_policy"], lean[2], _mcp_session(quick),
-                                 default_socket=quick["socket"] is None and not os.environ.get("MEMORYD_SOCKET"))
-            except KeyboardInterrupt:
-                return 130
-    args: argparse.Namespace | SimpleNamespace | None = quick_args(words) if quick is not None else None
-    if args is None:
-        parser = build_parser()
-        args = parser.parse_args(words)
-        if args.command == "systemd-units":
-            from . import units
-
-            return units.run(args)
-        if args.command == "mcp":
-            args.stdio, args.standalone, args.detach = True, False, False
-        if args.standalone and not args.stdio:
-            parser.error("--standalone needs --stdio")
-        if args.standalone and args.socket is not None:
-            parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
-        if args.detach and args.stdio:
-            parser.error("--detach cannot be combined with --stdio")
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "systemd-units":
+        return units.run(args)
+    if args.command == "mcp":
+        args.stdio, args.standalone, args.detach = True, False, False
+    if args.standalone and not args.stdio:
+        parser.error("--standalone needs --stdio")
+    if args.standalone and args.socket is not None:
+        parser.error("--socket has no meaning with --standalone (a standalone daemon serves stdio only)")
+    if args.detach and args.stdio:
+        parser.error("--detach cannot be combined with --stdio")
     config_path, cfg = serve_config(args)
 
     if args.stdio and not args.standalone:
-        from . import relay
-
         explicit_db = cfg.db_path if (args.db is not None or cfg.db_path_configured) else None
         try:
             return relay.run(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
@@ -279,7 +143,7 @@ def _main(argv: list[str] | None) -> int:
     if args.detach:
         return _detach(cfg.socket_path, _forwarded(args, config_path))
 
-    from .app import serve
+    from .app import serve  # the daemon's whole stack: only a daemon imports it
 
     level = args.log_level or os.environ.get("MEMORYD_LOG_LEVEL", "info")
     return serve(cfg, stdio=args.stdio, log_level=level)
@@ -317,11 +181,6 @@ def _given_workspace(cwd: str) -> str:
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status 0 (also when one already answers), else the daemon's own."""
-    import signal
-
-    from . import launch
-    from .rundir import UnsafeDir, ensure_private_dir
-
     runtime = socket_path.parent
     log = launch.log_path_for(socket_path)
     try:

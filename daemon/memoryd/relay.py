@@ -6,32 +6,29 @@ parsing them, so approvals, events, errors and ordering pass through unchanged. 
 stdin half-closes the connection: the daemon answers what was sent, and the relay exits 0.
 The daemon closing first gives the harness EOF, one line on stderr, and exit status 1.
 
-A harness spawns one per session, so attaching to a running daemon imports little beyond
-``socket`` and ``select``: paths stay strings (as ``str(Path)`` gives them), the probe's
-answer is read by :mod:`memoryd_protocol.leanjson`, and the stdin half runs on a
-``_thread`` thread. Starting a daemon imports the rest.
+A harness spawns one per session. Paths stay strings (as ``str(Path)`` gives them), and the
+stdin half runs on a ``_thread`` thread.
 """
 
 from __future__ import annotations
 
 import _thread
 import errno
+import json
 import os
 import select
 import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from .errors import DaemonError
 from .rundir import UnsafeDir, check_private_dir
 
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any
-
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
-#: The probe, as ``json.dumps`` wrote it (tests/test_e2e_relay_lean.py checks that it still would).
-PROBE = f'{{"jsonrpc": "2.0", "id": "{PROBE_ID}", "method": "daemon/status", "params": {{}}}}\n'.encode()
+#: The relay's own question: what the daemon serves.
+PROBE = (json.dumps({"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status", "params": {}}) + "\n").encode()
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -56,16 +53,9 @@ def _parent(path: str) -> str:
 
 
 def _as_path_str(value: Any) -> str:
-    """``str(Path(value))`` for a value read from JSON (TypeError unless a string), importing
-    pathlib only for a relative one."""
+    """``str(Path(value))`` for a value read from JSON (TypeError unless a string)."""
     if not isinstance(value, str):
         raise TypeError(f"not a path: {value!r}")
-    from memoryd_protocol.paths import pathlib_str
-
-    if value.startswith("/"):  # expanduser leaves it be
-        return pathlib_str(value)
-    from pathlib import Path
-
     return str(Path(value))
 
 
@@ -84,8 +74,6 @@ def _connect(path: str) -> socket.socket | None:
 def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     """The daemon that already owns ``store``, by the socket its owner record names (next
     to the store), when that socket is in a private directory and answers."""
-    from pathlib import Path
-
     from memoryd_protocol.paths import owner_record_path
 
     try:
@@ -126,7 +114,6 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
         if found is not None:
             return found[0], found[1], store
     import signal
-    from pathlib import Path
 
     from . import launch  # only when no daemon answers: subprocess and friends cost start-up
     from .rundir import ensure_private_dir
@@ -168,15 +155,7 @@ def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
 
 
 def _loads(line: bytes) -> Any:
-    """``json.loads(line)``, importing json only for what :mod:`memoryd_protocol.leanjson` leaves."""
-    from memoryd_protocol.leanjson import Unsure, loads
-
-    try:
-        return loads(line)
-    except Unsure:
-        import json
-
-        return json.loads(line)
+    return json.loads(line)
 
 
 def _ask(sock: socket.socket, socket_path: str, request: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
@@ -323,16 +302,9 @@ MCP_ATTACH_ID = "memoryd-mcp-attach"
 
 def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
     """The ``mcp/attach`` request ``memoryd mcp`` sends once the store is checked."""
-    from memoryd_protocol.leanjson import Unsure, dumps
-
     params: dict[str, Any] = {"cwd": cwd} if agent is None else {"cwd": cwd, "agent": agent}
     request = {"jsonrpc": "2.0", "id": MCP_ATTACH_ID, "method": "mcp/attach", "params": params}
-    try:
-        text = dumps(request)
-    except Unsure:
-        import json
-
-        text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
     try:
         return text.encode() + b"\n"
     except UnicodeEncodeError:

@@ -6,14 +6,12 @@ Every number here is part of dsh-memory-protocol v1 or of memoryd's wire contrac
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Final, Literal
+from typing import Final, Literal
 
-    Track = Literal["user", "agent"]
-    Scope = Literal["user-global", "workspace"]
-    WritePolicy = Literal["ask", "auto", "off"]
-    StoreFault = Literal["busy", "full", "readonly", "io"]
+Track = Literal["user", "agent"]
+Scope = Literal["user-global", "workspace"]
+WritePolicy = Literal["ask", "auto", "off"]
+StoreFault = Literal["busy", "full", "readonly", "io"]
 
 PROTOCOL: Final = "dsh-memory-protocol/v1"
 EXPORT_SCHEMA: Final = "memory-export-v1"
@@ -126,23 +124,3 @@ RPC_LEVEL_CODES: Final[dict[int, str]] = {
     METHOD_NOT_FOUND: "METHOD_NOT_FOUND",
     INTERNAL_ERROR: "INTERNAL_ERROR",
 }
-
-
-# The Literal aliases (Track, Scope, WritePolicy, StoreFault) are built from the tuples
-# above on first use, not at import: importing ``typing`` is a noticeable part of the start-up of the
-# stdio relay and of memoryctl's read commands, which import this module and need none of
-# them. For the same reason the modules on those paths import ``typing`` only for the type
-# checker (``TYPE_CHECKING = False``; mypy treats the name as true).
-_LITERALS = {"Track": TRACKS, "Scope": SCOPES, "WritePolicy": WRITE_POLICIES, "StoreFault": STORE_FAULTS}
-
-if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> object:
-        values = _LITERALS.get(name)
-        if values is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from typing import Literal
-
-        alias = Literal[values]
-        globals()[name] = alias
-        return alias

@@ -3,28 +3,25 @@ socket that ``memoryd serve`` opened without either importing the other)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
+import stat
+import sys
+import tempfile
+from pathlib import Path
 
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    from pathlib import Path
-
-# pathlib is imported where a Path is made, not here: memoryctl's read commands need only
-# the socket's name (default_socket, pathlib_str), and pathlib (with urllib.parse, which it
-# imports) is a noticeable part of their start-up.
+import platformdirs
 
 APP = "memoryd"
 
 
 def runtime_dir() -> Path:
     """``$XDG_RUNTIME_DIR/memoryd``, else ``<tmp>/memoryd-<uid>``; created 0700 by the daemon."""
-    from pathlib import Path
-
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / APP
-    import tempfile  # only needed without XDG_RUNTIME_DIR; keeps the daemon's start-up lean
-
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
 
@@ -35,100 +32,26 @@ def private_socket_path() -> Path:
 
 def default_socket_path() -> Path:
     """``$MEMORYD_SOCKET`` when set, else the per-user socket."""
-    from pathlib import Path
-
     env = os.environ.get("MEMORYD_SOCKET")
     return Path(env) if env else private_socket_path()
 
 
-def _plain(path: str) -> bool:
-    """Whether ``str(Path(path))`` is ``path`` itself (and ``expanduser`` leaves it be): an
-    absolute path without empty or ``.`` components."""
-    return path.startswith("/") and "//" not in path and "/./" not in path and not path.endswith(("/", "/."))
-
-
-def pathlib_str(path: str) -> str:
-    """``str(Path(path).expanduser())``, importing pathlib only when ``path`` is not plain."""
-    if _plain(path):
-        return path
-    from pathlib import Path
-
-    return str(Path(path).expanduser())
-
-
-def absolute_str(path: str) -> str:
-    """``str(Path(path).expanduser().absolute())``, importing pathlib only when ``path`` is
-    not plain (the stdio relay's ``--socket`` and ``--db``)."""
-    if _plain(path):
-        return path
-    from pathlib import Path
-
-    return str(Path(path).expanduser().absolute())
-
-
-def default_socket() -> str:
-    """``str(default_socket_path())``, importing pathlib only when that path is not plain."""
-    env = os.environ.get("MEMORYD_SOCKET")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    path = env if env else f"{xdg}/{APP}/memoryd.sock" if xdg else ""
-    return path if _plain(path) else str(default_socket_path())
-
-
-def _xdg_str(var: str, fallback: str) -> str | None:
-    """The XDG base directory on Linux, as the XDG spec and platformdirs have it (``$VAR``
-    when it is an absolute path, else ``~/<fallback>``), joined with ``memoryd``, or None
-    elsewhere. Importing platformdirs costs the stdio relay and memoryctl a large part of
-    their start-up for what is, on Linux, one environment lookup; tests/test_paths.py keeps the
-    two equal. A string as os.path.join makes it (not normalized as a Path is)."""
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    value = os.environ.get(var, "")
-    return os.path.join(value if os.path.isabs(value) else os.path.expanduser(f"~/{fallback}"), APP)
-
-
-def _xdg(var: str, fallback: str) -> Path | None:
-    from pathlib import Path
-
-    base = _xdg_str(var, fallback)
-    return None if base is None else Path(base)
-
-
-def default_config_str() -> str | None:
-    """The default config file's name as a string (it names the file
-    :func:`default_config_path` names, unnormalized), without pathlib; None off Linux."""
-    base = _xdg_str("XDG_CONFIG_HOME", ".config")
-    return None if base is None else os.path.join(base, "config.toml")
-
-
 def default_db_path() -> Path:
-    base = _xdg("XDG_DATA_HOME", ".local/share")
-    if base is None:
-        from pathlib import Path
-
-        import platformdirs
-
-        base = Path(platformdirs.user_data_dir(APP))
-    return base / "memory.db"
+    """``$XDG_DATA_HOME/memoryd/memory.db`` on Linux (platformdirs' data dir elsewhere)."""
+    return platformdirs.user_data_path(APP) / "memory.db"
 
 
 def default_config_path() -> Path:
-    base = _xdg("XDG_CONFIG_HOME", ".config")
-    if base is None:
-        from pathlib import Path
-
-        import platformdirs
-
-        base = Path(platformdirs.user_config_dir(APP))
-    return base / "config.toml"
+    """``$XDG_CONFIG_HOME/memoryd/config.toml`` on Linux (platformdirs' config dir elsewhere)."""
+    return platformdirs.user_config_path(APP) / "config.toml"
 
 
 def default_heads_path() -> Path | None:
     """``$XDG_STATE_HOME/memoryd/heads``: where the daemon witnesses the default store's
     ledger heads (memoryd.heads); None off Linux."""
-    base = _xdg("XDG_STATE_HOME", ".local/state")
-    return None if base is None else base / "heads"
+    if not sys.platform.startswith("linux"):
+        return None
+    return platformdirs.user_state_path(APP) / "heads"
 
 
 #: beside a store other than the default one, the file its heads are witnessed in
@@ -141,8 +64,6 @@ def heads_path_for(db: Path) -> Path | None:
     ``<db>.memoryd-heads``. A scratch or test store then never writes into the user's
     witness, and its heads go when its directory goes. Decided by the resolved path alone,
     so memoryctl finds the file the daemon writes from the store's path."""
-    from pathlib import Path
-
     store = Path(db).resolve()
     if store == default_db_path().resolve():
         return default_heads_path()
@@ -215,8 +136,6 @@ def approver_key_path() -> Path:
 def read_approver_key(path: Path) -> bytes:
     """The key in ``path``: a regular file of this user's, readable by nobody else, holding
     64 hex digits. Never through a symbolic link, which another path could be swapped in for."""
-    import stat
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -255,8 +174,6 @@ def read_approver_key(path: Path) -> bytes:
 def create_approver_key(path: Path) -> None:
     """Write a new random key to ``path`` (mode 0600, its directory made 0700 if missing);
     FileExistsError when there is one already: replacing a key is the user's decision."""
-    import secrets
-
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -269,13 +186,11 @@ def create_approver_key(path: Path) -> None:
 def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
     """``approval/prove``'s proof of ``key`` for one challenge (approval_types.ApprovalChallenge):
     hex HMAC-SHA256 of the tag, nonce, connection and pid, NUL-separated."""
-    import hashlib
-    import hmac
-
     message = "\0".join((PROOF_TAG, nonce, connection, str(pid))).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-__all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "absolute_str", "approver_key_path", "approver_proof", "create_approver_key", "default_config_path", "default_config_str", "default_db_path", "default_heads_path", "default_socket", "default_socket_path",
-           "heads_path_for", "log_path_for", "owner_record_path", "pathlib_str", "private_socket_path",
+__all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "approver_key_path", "approver_proof",
+           "create_approver_key", "default_config_path", "default_db_path", "default_heads_path",
+           "default_socket_path", "heads_path_for", "log_path_for", "owner_record_path", "private_socket_path",
            "read_approver_key", "runtime_dir", "runtime_files", "store_files", "temporary_twin"]
