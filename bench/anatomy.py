@@ -4,10 +4,8 @@ In-process, on a copy of the 2,000-entry store opened with memoryd's own ``store
 (its pragmas: WAL, ``synchronous=FULL``), one transaction per write, built with memoryd's
 own functions, one layer more in each run:
 
-1. the entry: its row, its indexes and the kept counts (``store.insert_entry``), and its
-   share of the text index: as the writer does, the transaction that brings the index's
-   tail to ``store.TAIL_MERGE_AT`` entries is followed by one that indexes it
-   (``store.index_tail``, ``synchronous=NORMAL``), timed and counted with the writes;
+1. the entry: its row, its indexes, its text index row and the kept counts
+   (``store.insert_entry``, ``store.flush``);
 2. and its audit row (``store.audit``);
 3. and its chained ledger row, with the head check and move the writer does around each
    transaction (``ledger.Stamp.audit``, ``ledger.Anchor``): what a daemon commits for one add.
@@ -67,16 +65,10 @@ def write_anatomy(src: Path, tmp: Path, n: int) -> dict[str, dict[str, float]]:
                 elif depth == 3:
                     stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
                                 source=e.source, entry=e, ts=ts)
-                store.flush_counts(tx)
+                store.flush(tx)
                 conn.execute("COMMIT")
                 if depth == 3:
                     anchor.committed(tx)
-                if store.tail_full(conn):
-                    conn.execute("PRAGMA synchronous = NORMAL")
-                    conn.execute("BEGIN IMMEDIATE")
-                    store.index_tail(conn)
-                    conn.execute("COMMIT")
-                    conn.execute("PRAGMA synchronous = FULL")
 
             out[layer] = _run(write, n, functools.partial(wal_pages, db, page_size))
         finally:

@@ -21,6 +21,10 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
+#: The start-up targets, in one place: each start's bound as a multiple of ``python -c pass``
+#: measured beside it (RESULTS.md's targets and ``python -m bench.startup`` read them).
+START_BOUNDS = {"relay": 4.0, "mcp": 4.0, "memoryctl query": 5.0, "memoryctl status": 5.0}
+
 WRITE = {"agent": {"session": {"id": "bench", "header": {"cwd": "/bench"}}}}
 
 # --- statistics ----------------------------------------------------------------------
@@ -102,7 +106,6 @@ def seed_store(path: Path, n: int) -> None:
                     id=f"00000000-0000-4000-8000-{i:012d}", track="agent", scope="user-global", workspace_key="",
                     text=fact(i), source="bench", created_at=ts, updated_at=ts, session_id=None, agent_key="",
                     last_recalled=None, recall_count=0, tags=[], version=1))
-            store.index_tail(conn)  # as the writer would have, 256 entries at a time
     finally:
         conn.close()
     settle(path)

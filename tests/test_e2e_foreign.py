@@ -228,6 +228,9 @@ async def test_verify_with_heads_catches_a_clean_truncation(daemon_factory: Any,
     [(seq,)] = sql(d.db_path, "SELECT seq FROM audit WHERE entry_id = ?", gone)
     [(n_gone,)] = sql(d.db_path, "SELECT n FROM memoryd_ledger WHERE audit_seq = ?", seq)
     witnessed = heads_of(d.db_path)[-1]
+    # the entry's text index row too: memoryd indexes every entry as it writes it
+    sql(d.db_path, "INSERT INTO memoryd_fts (memoryd_fts, rowid, text) SELECT 'delete', rowid, text FROM entries "
+                   "WHERE id = ?", gone)
     sql(d.db_path, "DELETE FROM entries WHERE id = ?", gone)
     sql(d.db_path, "DELETE FROM audit WHERE seq = ?", seq)
     sql(d.db_path, "DELETE FROM memoryd_ledger WHERE n >= ?", n_gone)
@@ -303,7 +306,11 @@ async def test_verify_with_heads_catches_a_full_rehash(daemon_factory: Any, tmp_
     conn = sqlite3.connect(d.db_path)
     try:
         with conn:
+            # the entry's text index row too: memoryd indexes every entry as it writes it
+            conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) SELECT 'delete', rowid, text FROM "
+                         "entries WHERE id = ?", (first,))
             conn.execute("UPDATE entries SET text = 'uses npm' WHERE id = ?", (first,))
+            conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (first,))
             conn.execute("UPDATE audit SET text = 'uses npm' WHERE entry_id = ?", (first,))
             conn.execute("UPDATE memoryd_usage SET used = used - 1 WHERE track = 'user'")
             prev = ""

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memoryd import foreign, ledger, queries, store, storefile
-from memoryd.atomic import atomic
 from memoryd.tx import Tx
-from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
+from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION, QUERY_HARD_CAP
 from memoryd_protocol.text import ascii_fold, utf16_len
 from memoryd_protocol.types import Entry
 
@@ -55,12 +54,6 @@ def write(conn: sqlite3.Connection, fn: Callable[[Tx], object]) -> None:
         fn(tx)
 
 
-def merge(conn: sqlite3.Connection) -> None:
-    """Index the text index's tail in a transaction of its own, as the writer does."""
-    with atomic(conn):
-        store.index_tail(conn)
-
-
 def chain_newest_audit_row(conn: sqlite3.Connection) -> None:
     """What memoryd's ledger does for every audit row it writes, in miniature."""
     conn.execute("BEGIN IMMEDIATE")
@@ -78,47 +71,35 @@ def computed_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return used
 
 
-#: query_page's plans: the scan; the index with each way of reading its page
-PAGE_PLANS: list[tuple[queries.QueryPlan, queries.IndexPage]] = [
-    ("scan", "auto"), ("index", "keys"), ("index", "walk"), ("index", "sorted")]
-
-
-def page(conn: sqlite3.Connection, needle: str, limit: int, plan: queries.QueryPlan,
-         how: queries.IndexPage) -> tuple[list[str], int]:
-    got, total = queries.query_page(conn, track=None, scope=None, text=needle, agent_key=None, workspace_key=None,
-                                    limit=limit, plan=plan, page=how)
-    return [e.id for e in sorted(got, key=queries.rank)], total
+def page(conn: sqlite3.Connection, needle: str | None, limit: int, plan: queries.QueryPlan = "auto",
+         track: str | None = None) -> tuple[list[str], int]:
+    """The ids of query_page's page, and its count of all hits."""
+    got, total = queries.query_page(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None,
+                                    limit=limit, plan=plan)
+    return [e.id for e in got], total
 
 
 def assert_index_holds_the_entries(conn: sqlite3.Connection) -> None:
-    """Once its tail is indexed, the text index holds exactly the entries' texts (FTS5's
-    integrity-check reads them back from entries): each entry up to the mark once, with its
-    current text, and none of the tail before. Rolled back: the store is left as it was."""
-    conn.execute("SAVEPOINT check_index")
-    try:
-        store.index_tail(conn)
-        conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
-    finally:
-        conn.execute("ROLLBACK TO check_index")
-        conn.execute("RELEASE check_index")
+    """The text index holds exactly the entries' texts (FTS5's integrity-check reads them
+    back from entries): each entry once, with its current text."""
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rank) VALUES ('integrity-check', 1)")
 
 
 def hits(conn: sqlite3.Connection, needle: str, plan: queries.QueryPlan) -> list[str]:
-    return [e.id for e in queries.query(conn, track=None, scope=None, text=needle, agent_key=None,
-                                      workspace_key=None, plan=plan)]
+    """Every hit, in rank order: a page as large as a query may ask for."""
+    return page(conn, needle, QUERY_HARD_CAP, plan)[0]
 
 
 def assert_plans_agree(conn: sqlite3.Connection, entries: list[Entry], needles: list[str]) -> None:
-    """Every plan, and every way of reading an index plan's page, returns exactly the plain
-    scan's hits, and the scan returns exactly what the protocol's rule (``reference``) does."""
+    """Every plan returns exactly the plain scan's hits, and a short page of them, and the
+    scan returns exactly what the protocol's rule (``reference``) does."""
     for needle in needles:
         scan = hits(conn, needle, "scan")
         assert set(scan) == reference(entries, needle), needle
-        if len(needle) >= queries.INDEX_MIN_NEEDLE:
-            assert hits(conn, needle, "index") == scan, needle
-        assert hits(conn, needle, "auto") == scan, needle
-        for plan, how in PAGE_PLANS if len(needle) >= queries.INDEX_MIN_NEEDLE else PAGE_PLANS[:1]:
-            assert page(conn, needle, 3, plan, how) == (scan[:3], len(scan)), (needle, plan, how)
+        plans: list[queries.QueryPlan] = ["scan", "auto", "index"]
+        for plan in plans if len(needle) >= queries.INDEX_MIN_NEEDLE else plans[:2]:
+            assert hits(conn, needle, plan) == scan, (needle, plan)
+            assert page(conn, needle, 3, plan) == (scan[:3], len(scan)), (needle, plan)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -136,16 +117,15 @@ def test_the_index_plan_returns_exactly_the_scan_and_the_rule(tmp_path_factory: 
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "replace", "remove", "remove newest", "merge"]),
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "replace", "remove", "remove newest"]),
                           texts, st.integers(0, 39)), min_size=1, max_size=40),
        st.lists(texts, min_size=1, max_size=6), st.data())
-def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
+def test_after_any_writes_the_index_holds_the_entries_and_the_index_plan_is_the_scan(
         tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, str, int]], needles: list[str],
         data: st.DataObject) -> None:
-    """Stores with an index tail: adds, replaces and removes of indexed entries and of tail
-    entries, merges in between, rowids reused below the mark (removing the newest entry
-    and adding again), each write its own transaction or several in one."""
-    path = tmp_path_factory.mktemp("tail") / "m.db"
+    """Adds, replaces and removes, rowids reused (removing the newest entry and adding
+    again), each write its own transaction or several in one."""
+    path = tmp_path_factory.mktemp("writes") / "m.db"
     live: dict[str, Entry] = {}
     serial = itertools.count()
     with opened(path) as conn:
@@ -154,12 +134,10 @@ def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
             together = data.draw(st.integers(1, 3))  # writes in this transaction
             conn.execute("BEGIN IMMEDIATE")
             for op, text, pick in ops[n:n + together]:
-                tx = Tx(conn, {}, None)  # one per write: a merge in between moves the mark
+                tx = Tx(conn, {}, None)
                 ids = sorted(live, key=lambda i: conn.execute("SELECT rowid FROM entries WHERE id = ?",
                                                                  (i,)).fetchone()[0])
-                if op == "merge":
-                    store.index_tail(conn)
-                elif op == "add" or not ids:
+                if op == "add" or not ids:
                     e = entry(next(serial), text)
                     live[e.id] = e
                     store.insert_entry(tx, e)
@@ -170,7 +148,7 @@ def test_with_a_tail_merged_and_written_over_the_index_plan_is_the_scan(
                 else:
                     gone = live.pop(ids[-1] if op == "remove newest" else ids[pick % len(ids)])
                     store.delete_entry(tx, gone.id)
-                store.flush_counts(tx)
+                store.flush(tx)
             conn.execute("COMMIT")
             n += together
         entries = list(live.values())
@@ -184,8 +162,6 @@ def test_the_index_follows_replace_and_remove(tmp_path: Path) -> None:
         a, b = entry(1, "Prefers TABS over spaces"), entry(2, "uses 記憶 daily")
         write(conn, lambda c: (store.insert_entry(c, a), store.insert_entry(c, b)))
         assert hits(conn, "tabs", "index") == ["e0001"] and hits(conn, "記憶 d", "index") == ["e0002"]
-        merge(conn)  # in the index now, no longer in its tail
-        assert store.text_tail(conn) == 0
         a.text = "Prefers spaces now"
         write(conn, lambda c: store.update_entry(c, a))
         assert hits(conn, "tabs", "index") == [] and hits(conn, "spaces now", "index") == ["e0001"]
@@ -205,16 +181,11 @@ def segments(conn: sqlite3.Connection) -> int:
 def test_a_transaction_of_many_writes_adds_one_segment_to_the_index(tmp_path: Path) -> None:
     """FTS5 writes what a transaction indexed as one new segment at COMMIT, unless a
     statement savepoint flushes it earlier (an INSERT ... SELECT opens one): a batch of
-    adds must cost the index one segment, not one per add. Adds go to the index's tail
-    (no segment), and indexing the tail is one segment however long it is."""
+    adds must cost the index one segment, not one per add."""
     with opened(tmp_path / "m.db") as conn:
         write(conn, lambda c: store.insert_entry(c, entry(0, "the first entry")))
-        assert segments(conn) == 0
-        merge(conn)
         assert segments(conn) == 1
         write(conn, lambda c: [store.insert_entry(c, entry(n, f"entry number {n}")) for n in range(1, 17)])
-        assert segments(conn) == 1
-        merge(conn)
         assert segments(conn) == 2
         a = entry(3, "entry number 3, edited")
         write(conn, lambda c: (store.update_entry(c, a), store.insert_entry(c, entry(20, "one more"))))
@@ -227,13 +198,9 @@ def test_a_common_needle_is_scanned_and_a_rare_one_uses_the_index(tmp_path: Path
     with opened(tmp_path / "m.db") as conn:
         entries = [entry(n, f"common text {n} {'rare' if n == 7 else ''}") for n in range(queries.INDEX_MIN_ENTRIES)]
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
-        count = queries.entry_count(conn)
-        # in the index's tail, every entry is a candidate
-        assert queries.choose_plan(conn, "rare", count) == "scan"
-        merge(conn)
-        assert queries.choose_plan(conn, "common", count) == "scan"
-        assert queries.choose_plan(conn, "rare", count) == "index"
-        assert queries.choose_plan(conn, "ra", count) == "scan"  # shorter than a trigram
+        assert queries.choose_plan(conn, "common") == "scan"
+        assert queries.choose_plan(conn, "rare") == "index"
+        assert queries.choose_plan(conn, "ra") == "scan"  # shorter than a trigram
         assert hits(conn, "RARE", "auto") == ["e0007"]
 
 
@@ -245,15 +212,13 @@ def test_a_needle_with_a_nul_is_matched_whole_by_every_plan(tmp_path: Path) -> N
     with opened(tmp_path / "m.db") as conn:
         entries = [entry(n, f"fact {n}" + ("\x00 Tabby" if n % 50 == 3 else "")) for n in range(300)]
         write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
-        merge(conn)
         for needle in ["\x00qqq", "\x00 TAB", "3\x00 tabby", "\x00"]:
             expected = sorted(reference(entries, needle))
-            assert sorted(hits(conn, needle, "scan")) == expected, repr(needle)
-            assert sorted(hits(conn, needle, "auto")) == expected, repr(needle)
-            assert sorted(hits(conn, needle, "index")) == expected, repr(needle)
-            for plan, how in PAGE_PLANS:
-                got, total = page(conn, needle, 3, plan, how)
-                assert (got, total) == (hits(conn, needle, "scan")[:3], len(expected)), (repr(needle), plan, how)
+            plans: list[queries.QueryPlan] = ["scan", "auto", "index"]
+            for plan in plans:
+                assert sorted(hits(conn, needle, plan)) == expected, (repr(needle), plan)
+                got, total = page(conn, needle, 3, plan)
+                assert (got, total) == (hits(conn, needle, "scan")[:3], len(expected)), (repr(needle), plan)
 
 
 def test_entries_written_by_another_program_are_indexed_at_the_next_start(tmp_path: Path) -> None:
@@ -311,61 +276,43 @@ def test_the_kept_counts_follow_every_write(tmp_path_factory: pytest.TempPathFac
         assert int(n_kept) == len(live)
 
 
-def boost(entries: list[Entry], extra: dict[str, int]) -> list[Entry]:
-    """The writer's overlay, in miniature: queued recalls counted in, then ranked again."""
-    for e in entries:
-        e.recall_count += extra.get(e.id, 0)
-    return sorted(entries, key=queries.rank)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["ab", "abc", "x", "Abc d"]), st.integers(0, 3), st.integers(0, 5),
                           st.sampled_from([("user", "user-global"), ("agent", "workspace")])),
                 min_size=1, max_size=30),
        st.sampled_from([None, "ab", "abc", "zz", "c d", "ABC"]), st.integers(1, 6),
-       st.dictionaries(st.integers(0, 29), st.integers(1, 3), max_size=5),
-       st.sampled_from([None, "user", "agent"]), st.sampled_from([*PAGE_PLANS, ("auto", "auto")]))
+       st.sampled_from([None, "user", "agent"]), st.sampled_from(["scan", "index", "auto"]))
 def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory,
                                         rows: list[tuple[str, int, int, tuple[str, str]]], needle: str | None,
-                                        limit: int, queued: dict[int, int], track: str | None,
-                                        plan: tuple[queries.QueryPlan, queries.IndexPage]) -> None:
-    """Every plan of query_page (the scan; the index with each way of reading its page),
-    with queued recalls and a track filter: the page of all hits."""
-    if plan[0] == "index" and (needle is None or len(needle) < queries.INDEX_MIN_NEEDLE):
-        plan = ("scan", "auto")
+                                        limit: int, track: str | None, plan: queries.QueryPlan) -> None:
+    """Every plan of query_page, with a track filter: the first hits in rank order, and
+    the count of all of them."""
+    if plan == "index" and (needle is None or len(needle) < queries.INDEX_MIN_NEEDLE):
+        plan = "scan"
     path = tmp_path_factory.mktemp("pages") / "m.db"
+    entries: list[Entry] = []
+    for n, (text, recalls, updated, (t, sc)) in enumerate(rows):
+        e = entry(n, text, t, sc)
+        e.recall_count, e.updated_at = recalls, updated
+        entries.append(e)
     with opened(path) as conn:
-        def fill(c: Tx) -> None:
-            for n, (text, recalls, updated, (t, sc)) in enumerate(rows):
-                e = entry(n, text, t, sc)
-                e.recall_count, e.updated_at = recalls, updated
-                store.insert_entry(c, e)
-
-        write(conn, fill)
-        extra = {f"e{n:04d}": k for n, k in queued.items() if n < len(rows)}
-        every = boost(queries.query(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None),
-                      extra)
-        got, total = queries.query_page(conn, track=track, scope=None, text=needle, agent_key=None, workspace_key=None,
-                                        limit=limit, boosted=extra.keys(), plan=plan[0], page=plan[1])
-        assert total == len(every)
-        assert [e.id for e in boost(got, extra)[:limit]] == [e.id for e in every[:limit]]
+        write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
+        matching = reference(entries, needle) if needle else {e.id for e in entries}
+        every = [e.id for e in sorted(entries, key=queries.rank) if e.id in matching and track in (None, e.track)]
+        assert page(conn, needle, limit, plan, track) == (every[:limit], len(every))
 
 
-def test_the_index_plan_walks_the_rank_index_for_dense_hits_only(tmp_path: Path) -> None:
-    """At 2,000 entries, a needle in 142 of them walks the rank index for a page of 20, one
-    in 20 sorts its hits; and the statements each plan runs read the entries as intended."""
-    assert queries.walks(142, 20, 2_000) and not queries.walks(40, 20, 2_000)
-    assert queries.walks(1_000, 20, 100_000) and not queries.walks(300, 20, 100_000)
+def test_the_statements_of_each_plan_read_the_entries_as_intended(tmp_path: Path) -> None:
+    """The index plan looks its candidates up by rowid; a page without the index walks the
+    rank index."""
     with opened(tmp_path / "m.db") as conn:
         where, args, _ = queries._filters(conn, "user", None, "abc", None, None, "index")
-        plans = {sql: [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args)] for sql in (
-            f"SELECT count(*) FROM entries NOT INDEXED{where}",
-            f"SELECT rowid, id FROM entries NOT INDEXED{where}{queries.RANK_ORDER}")}
-        for steps in plans.values():
-            assert steps[0] == "SEARCH entries USING INTEGER PRIMARY KEY (rowid=?)", steps
-        where, args, _ = queries._filters(conn, "user", None, "abc", None, None, "scan")
-        steps = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT 1 FROM entries INDEXED BY "
-                                            f"memoryd_entries_rank{where}{queries.RANK_ORDER} LIMIT ?", [*args, 20])]
+        steps = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT rowid FROM entries NOT INDEXED{where}"
+                                            f"{queries.RANK_ORDER}", args)]
+        assert steps[0] == "SEARCH entries USING INTEGER PRIMARY KEY (rowid=?)", steps
+        where, args, _ = queries._filters(conn, None, None, "abc", None, None, "scan")
+        steps = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT 1 FROM entries{where}{queries.RANK_ORDER} "
+                                            "LIMIT ?", [*args, 20])]
         assert steps == ["SCAN entries USING INDEX memoryd_entries_rank"]
 
 
@@ -441,15 +388,24 @@ def page_plan(conn: sqlite3.Connection) -> list[str]:
                                        f"{queries.RANK_ORDER} LIMIT ?", (5,))]
 
 
-def test_a_schema_5_store_gets_the_ascending_rank_index_and_keeps_its_tail(tmp_path: Path) -> None:
+def leave_a_tail(conn: sqlite3.Connection, mark: int) -> None:
+    """What an earlier memoryd left: the entries above rowid ``mark`` in no index yet, and
+    the mark that says so."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) SELECT 'delete', rowid, text FROM entries "
+                 "WHERE rowid > ?", (mark,))
+    store.set_meta(conn, store.TEXT_MARK_KEY, str(mark))
+    conn.execute("COMMIT")
+
+
+def test_a_schema_5_store_gets_the_ascending_rank_index_and_its_tail_indexed(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     with opened(path) as conn:
         rows = [entry(n, f"fact number {n}") for n in range(6)]
         for n, e in enumerate(rows):
             e.recall_count, e.updated_at = n % 3, 100 - n
-        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[:4]])
-        merge(conn)
-        write(conn, lambda c: [store.insert_entry(c, e) for e in rows[4:]])  # a tail of 2
+        write(conn, lambda c: [store.insert_entry(c, e) for e in rows])
+        leave_a_tail(conn, 4)
         chain_newest_audit_row(conn)
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("DROP INDEX memoryd_entries_rank")
@@ -461,12 +417,11 @@ def test_a_schema_5_store_gets_the_ascending_rank_index_and_keeps_its_tail(tmp_p
         assert conn.execute("SELECT value FROM meta WHERE key = 'memoryd_schema'").fetchone() == (
             str(MEMORYD_SCHEMA_VERSION),)
         assert conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memoryd_entries_rank'").fetchone() == (RANK_6,)
-        assert (store.text_mark(conn), store.text_tail(conn)) == (4, 2)  # the tail stays a tail
+        assert store.text_mark(conn) is None  # the tail indexed
         assert page_plan(conn) == ["SCAN entries USING INDEX memoryd_entries_rank"]  # no temp B-tree
         expected = [e.id for e in sorted(rows, key=queries.rank)]
         got, total = queries.query_page(conn, track=None, scope=None, text=None, agent_key=None, workspace_key=None,
                                         limit=6)
         assert [e.id for e in got] == expected and total == 6
-        assert [e.id for e in queries.query(conn, track=None, scope=None, text="number", agent_key=None,
-                                            workspace_key=None, plan="index")] == expected
+        assert hits(conn, "number", "index") == expected
         assert_index_holds_the_entries(conn)

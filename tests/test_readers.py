@@ -1,6 +1,5 @@
-"""Reads (memoryd.readers): a large store's entries and the ledger are read on the readers'
-threads, so a long read in flight there holds up nothing on the event loop; a small
-store's entries are read on the loop's own connection."""
+"""Reads (memoryd.readers): every read of the store runs on a reader's thread, so a long
+read in flight there holds up nothing on the event loop."""
 
 from __future__ import annotations
 
@@ -80,23 +79,21 @@ async def test_a_scan_of_100000_entries_in_flight_holds_up_no_approval_and_no_sm
         assert scan["reply"]["total"] == BIG and len(scan["reply"]["entries"]) == 5  # the add has no "fact number"
 
 
-async def test_a_small_stores_query_runs_on_the_loop_and_every_other_read_on_a_reader(tmp_path: Path) -> None:
-    """Where each read runs: a query of a store of at most LOOP_READ_ENTRIES entries and
-    LOOP_READ_UNITS of text on the loop's own connection (its page's worth of work costs less
-    than the hop); a read that builds every entry (a list) and the ledger's on a reader."""
+async def test_every_read_a_small_stores_query_too_runs_on_a_reader_in_one_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query of a one-entry store runs where every other read does: on a reader's thread,
+    never on the event loop, inside one read transaction (one moment of the store)."""
     loop_thread = threading.get_ident()
-    seen: list[tuple[str, bool]] = []
+    seen: list[tuple[bool, bool]] = []
+    real = queries.query_page
 
-    def where(name: str) -> Any:
-        def read(conn: Any) -> None:
-            seen.append((name, threading.get_ident() == loop_thread))
-        return read
+    def watched(conn: Any, **kw: Any) -> Any:
+        seen.append((threading.get_ident() == loop_thread, conn.in_transaction))
+        return real(conn, **kw)
 
+    monkeypatch.setattr(queries, "query_page", watched)
     async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
         await raw.ok("memory/add", {"input": entry_input("a small store"), "write": write_ctx()})
-        service = d.daemon.service
-        assert service.small() and service.writer.entries == 1
-        await service.readers.run(where("a query"), small=service.small())
-        await service.read(where("every entry"))
-        await service.read(where("the ledger"))
-    assert seen == [("a query", True), ("every entry", False), ("the ledger", False)]
+        got = await raw.ok("memory/query", {"filter": {"text": "small"}})
+    assert [e["text"] for e in got["entries"]] == ["a small store"]
+    assert seen == [(False, True)]

@@ -265,9 +265,11 @@ def reconcile(tx: Tx, head_n: int, cause: str, new_schema: Sequence[str] = ()) -
     proposals = [p for pid, p in offered.items() if state.proposals.get(pid) != p]
     dropped = sorted(pid for pid in state.proposals if pid not in offered)
     usage = _usage_changes(conn)
-    # A changed or deleted entry rebuilds the index anyway; otherwise rows deleted from it
-    # (or planted in it) would hide an entry from every query, or show one that is gone.
-    hidden = not (changed or removed) and not text_index.agrees(conn.execute, sqlite3.DatabaseError)
+    # A changed or deleted entry rebuilds the index anyway, as do counts that no longer
+    # match the entries (an entry changed with the ledger rewritten to match); otherwise
+    # rows deleted from the index (or planted in it) would hide an entry from every query,
+    # or show one that is gone.
+    hidden = not (changed or removed or usage) and not text_index.agrees(conn.execute, sqlite3.DatabaseError)
     if not (extra or audit or changed or removed or proposals or dropped or usage or new_schema or hidden):
         return None
     parts = []
@@ -310,11 +312,9 @@ def reconcile(tx: Tx, head_n: int, cause: str, new_schema: Sequence[str] = ()) -
     conn.execute("UPDATE sqlite_sequence SET seq = (SELECT max(audit_seq) FROM memoryd_ledger) WHERE name = 'audit' "
                  "AND seq < (SELECT max(audit_seq) FROM memoryd_ledger)")
     recount(tx)
-    if changed or removed or hidden:
+    if changed or removed or usage or hidden:
         # its text may be anywhere in the index, or in none: index every entry again
         conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-        store.save_mark(conn, rebuilt=True)
-        tx.mark_read = False
     n = tx.tip[0] if tx.tip else 0
     log.warning("another program changed the store: %s; ledger row %d records it, and audit verify reports it "
                 "until memoryctl audit accept %d", note, n, n)

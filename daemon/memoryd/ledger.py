@@ -40,6 +40,7 @@ from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConne
 
 from . import store
 from .atomic import atomic
+from .context import Peer
 from .tx import Tx, Usage
 
 log = logging.getLogger("memoryd.ledger")
@@ -62,11 +63,11 @@ def append(tx: Tx, kind: Kind, body: Body, *, ref: str | None = None, audit_seq:
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[Tx]:
     """A write transaction outside the writer (start-up, tools, tests): BEGIN, its Tx,
-    the counts it gathered written, COMMIT."""
+    what it gathered written (store.flush), COMMIT."""
     with atomic(conn):
         tx = Tx(conn, {}, head(conn))
         yield tx
-        store.flush_counts(tx)
+        store.flush(tx)
 
 
 def ensure_start(tx: Tx) -> bool:
@@ -115,6 +116,21 @@ def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
     """The newest ledger row: (n, hash); None for an empty ledger."""
     row = conn.execute("SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
     return None if row is None else (int(row[0]), str(row[1]))
+
+
+def connection(peer: Peer, run: str) -> LedgerConnection:
+    """``peer`` as the ledger records it (``run``: this daemon run's id): the kernel's facts
+    of its socket's process at connect (a relay's own), and what it claims (its client; a
+    relay's harness)."""
+    info = peer.listing(approver=False)
+    p = peer.peer
+    f = p.facts if p is not None else None
+    if f is None:  # memoryd saw no process: what the listing has
+        return LedgerConnection(ref=f"{run}/{info.id}", run=run, id=info.id, transport=info.transport, pid=info.pid,
+                                uid=info.uid, exe=info.exe, client=info.client, opened_at=info.opened_at)
+    return LedgerConnection(ref=f"{run}/{info.id}", run=run, id=info.id, transport=info.transport, pid=f.pid,
+                            uid=f.uid, exe=f.exe, client=info.client, opened_at=info.opened_at, start=f.start,
+                            tty=f.tty, session=f.session, harness=p.pid if p is not None and p.via is not None else None)
 
 
 @dataclass

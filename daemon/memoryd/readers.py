@@ -3,11 +3,6 @@ transaction on a read-only connection and the thread that owns it (owned.py), on
 so that a long read (a whole-ledger verify, a 100,000-entry scan) holds one of them while
 queries and approvals go on through the others.
 
-One exception, ``small=True``: a query of a store small enough (Service.small) runs on the
-event loop's own connection, because for it the thread hop costs more than the read (the
-README's design notes give the measurement). A query does a page's worth of work; reads
-that build every entry (a list, an export, a replace's candidates) always take a thread.
-
 Why not aiosqlite: its public API is statement-level, a thread hop for every statement,
 where one hop per read runs the whole function.
 """
@@ -29,10 +24,6 @@ T = TypeVar("T")
 
 #: How many read connections with a thread of their own a daemon keeps.
 READERS = 3
-#: The store (its entries, and their text in UTF-16 units) up to which a query runs on the
-#: event loop: below both, its scan costs less than a thread hop (the README says how much).
-LOOP_READ_ENTRIES = 4_000
-LOOP_READ_UNITS = 200_000
 
 
 def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
@@ -50,12 +41,10 @@ def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection],
 
 
 class Readers:
-    def __init__(self, owned: list[Owned], here: sqlite3.Connection) -> None:
+    def __init__(self, owned: list[Owned]) -> None:
         self._all = owned
         self._free = list(owned)
         self._slots = anyio.Semaphore(len(owned))
-        #: the event loop's own connection, for small reads
-        self._here = here
 
     @classmethod
     async def open(cls, path: Path, busy_timeout_ms: int, n: int = READERS) -> Readers:
@@ -63,16 +52,13 @@ class Readers:
         try:
             for k in range(n):
                 owned.append(await Owned.open(f"memoryd-reader-{k}", lambda: _connect(path, busy_timeout_ms)))
-            here = _connect(path, busy_timeout_ms)
         except BaseException:
             for o in owned:
                 await o.aclose()
             raise
-        return cls(owned, here)
+        return cls(owned)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
-        if small:
-            return _in_transaction(self._here, fn)
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         async with self._slots:
             owned = self._free.pop()
             try:
@@ -87,4 +73,3 @@ class Readers:
     async def aclose(self) -> None:
         for o in self._all:
             await o.aclose()
-        self._here.close()

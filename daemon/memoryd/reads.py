@@ -1,17 +1,19 @@
 """The read methods: budgets, list and queries (audits.py has the ledger's).
 
-Every read runs on a reader's thread (readers.py), in one read transaction.
+Every read runs on a reader's thread (readers.py), in one read transaction. A query's
+recalls (its page's recall counts, and its ``recalled`` row) are then a job of the writer's,
+as any write is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from memoryd_protocol.constants import (
     QUERY_HARD_CAP,
     RECALLED_TEXT_UNITS,
 )
+from memoryd_protocol.errors import StoreUnavailable
 from memoryd_protocol.text import (
     cut_units,
     js_trim,
@@ -35,13 +37,14 @@ from . import queries, store
 from .context import Handler, RequestContext
 from .ledger import Stamp
 from .tx import Tx
+from .writer import WriterClosed
 
 if TYPE_CHECKING:
     from .service import Service
 
 class Reads:
-    def __init__(self, s: Service) -> None:
-        self.s = s
+    def __init__(self, service: Service) -> None:
+        self.service = service
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -51,10 +54,10 @@ class Reads:
         }
 
     async def budgets(self, ctx: RequestContext, p: Any) -> list[BudgetRow]:
-        return self.s.budget_rows()
+        return self.service.budget_rows()
 
     async def list_entries(self, ctx: RequestContext, p: Any) -> list[Entry]:
-        return await self.s.read(store.list_entries)
+        return await self.service.read(store.list_entries)
 
     async def query(self, ctx: RequestContext, p: QueryParams) -> QueryResult:
         f = p.filter
@@ -66,7 +69,7 @@ class Reads:
             else:
                 check_query_text(text, "filter.text")
         # As the reference: a limit below 1 asks for the default page, not for an error.
-        limit = min(f.limit if f and f.limit and f.limit > 0 else self.s.config.max_entries_per_query, QUERY_HARD_CAP)
+        limit = min(f.limit if f and f.limit and f.limit > 0 else self.service.config.max_entries_per_query, QUERY_HARD_CAP)
         session_id = o.session_id if o else None
         if session_id is not None:
             check_match(session_id, "opts.sessionId")
@@ -76,29 +79,35 @@ class Reads:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        small = self.s.small()
-
-        def read(boosted: Collection[str]) -> Awaitable[tuple[list[Entry], int, int]]:
-            return self.s.readers.run(lambda c: (*queries.query_page(
-                c, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key,
-                limit=limit, boosted=boosted), store.recall_seq(c)), small=small)
-
-        hits, total = await self.s.writer.with_recalls(read)
-        page = hits[:limit]
+        hits, total = await self.service.readers.run(lambda c: queries.query_page(
+            c, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key, limit=limit))
         ts = store.now_ms()
-        recalled: Callable[[Tx], None] | None = None
-        if session_id is not None:  # only a query that names its session leaves a ledger row
-            stamp = Stamp(origin=self.s.pipeline.who(ctx.peer), session_id=session_id)
+        stamp = None if session_id is None else Stamp(origin=self.service.pipeline.who(ctx.peer), session_id=session_id)
+        ids = [e.id for e in hits]
 
-            def recalled(tx: Tx) -> None:
+        def recalled(tx: Tx) -> dict[str, int]:
+            counts = store.recall(tx.conn, ids, ts) if ids else {}
+            if stamp is not None:  # only a query that names its session leaves a ledger row
                 stamp.audit(tx, "recalled", track=track, scope=scope, entry_id=None,
                             text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
+            return counts
 
-        # Recall counters and the recalled row are bookkeeping, not an acknowledged write:
-        # the reply does not wait for their commit. The writer's overlay keeps every next
-        # query exact meanwhile, and ledger reads flush them first (Writer.settled).
-        self.s.writer.record_recalls(page, ts, recalled)
+        # Recall counts and the recalled row are ranking and audit metadata, not a write the
+        # caller asked for: their commit may skip the fsync (durable=False), and queries in
+        # flight together share it. The page shows each entry's count as its own recall left
+        # it. A store that cannot take the commit (busy, full) does not fail the query: its
+        # hits are served as read, and the writer has logged the fault.
+        counts: dict[str, int] = {}
+        try:
+            if ids or stamp is not None:
+                counts = await self.service.writer.submit(recalled, durable=False)
+        except (StoreUnavailable, WriterClosed):
+            pass
+        for e in hits:
+            if e.id in counts:
+                e.recall_count, e.last_recalled = counts[e.id], ts
+        hits.sort(key=queries.rank)
         if session_id is not None:
             await ctx.notify("memory/recalled", MemoryRecalled(query=text or "", matches=total, session_id=session_id))
-        return QueryResult(entries=page, total=total, truncated=total > len(page))
+        return QueryResult(entries=hits, total=total, truncated=total > len(hits))
 

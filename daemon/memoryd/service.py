@@ -57,7 +57,7 @@ from .config import Config
 from .context import Handler, Peer, RequestContext
 from .peers import NotThatProcess, declare_relay
 from .pipeline import Pipeline
-from .readers import LOOP_READ_ENTRIES, LOOP_READ_UNITS, Readers
+from .readers import Readers
 from .sessions import Sessions
 from .tx import Usage
 from .watchers import Watchers
@@ -116,11 +116,6 @@ class Service:
         bookkeeping queued so far."""
         await self.writer.settled()
         return await self.readers.run(fn)
-
-    def small(self) -> bool:
-        """Whether a query's read may run on the event loop: a page's worth of work over a
-        store this small costs less than the thread hop (readers.py)."""
-        return self.writer.entries <= LOOP_READ_ENTRIES and sum(self.writer.usage.values()) <= LOOP_READ_UNITS
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]

@@ -34,18 +34,14 @@ ENTRY_COLUMNS = (
 PROPOSAL_COLUMNS = ledger_format.PROPOSAL_COLUMNS
 AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source, session_id"
 
-#: memoryd_schema 5: the ``meta`` row of the text index's mark, the highest entries rowid it
-#: covers. Every entry up to the mark is in memoryd_fts with its current text; the entries
-#: above it (the tail) are in no index, and a query takes them all as candidates. An add
-#: writes no index row (index rows were much of a commit's WAL pages); the writer indexes the tail in a
-#: transaction of its own once it holds TAIL_MERGE_AT entries (``index_tail``), and the mark
-#: moves in that transaction: a crash between the two loses nothing.
+#: The ``meta`` row of the text index's mark, which memoryd_schema 5 to 8 stores of an
+#: earlier memoryd may hold: the entries above that rowid (its tail) were in no index yet.
+#: Every write now indexes its entry in its own transaction, so a start indexes such a tail
+#: and deletes the row (``sync_text_index``); a store without it has every entry indexed,
+#: which is also how an earlier memoryd reads it.
 TEXT_MARK_KEY = text_index.MARK_KEY
 #: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
 TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
-#: The tail the writer indexes at once: long enough that indexing costs well under a WAL
-#: page per add, short enough that writes queued behind its merge wait little.
-TAIL_MERGE_AT = 256
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -228,13 +224,19 @@ def trusted(conn: sqlite3.Connection) -> bool:
 
 def sync_text_index(conn: sqlite3.Connection) -> bool:
     """At start: unless the store is ``trusted``, rebuild the text index from the entries
-    (foreign.open_chain counts them again, and records why). True when it rebuilt. Runs in
-    the caller's transaction."""
-    if trusted(conn):
-        return False
-    conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-    save_mark(conn, rebuilt=True)
-    return True
+    (foreign.open_chain counts them again, and records why); a trusted store's tail (an
+    earlier memoryd's, see TEXT_MARK_KEY) is indexed. Either way the mark goes. True when it
+    rebuilt. Runs in the caller's transaction; a store with neither writes nothing."""
+    rebuild = not trusted(conn)
+    if rebuild:
+        conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
+    mark = text_mark(conn)
+    if mark is not None:
+        if not rebuild:
+            conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE rowid > ?",
+                         (mark,))
+        conn.execute("DELETE FROM meta WHERE key = ?", (TEXT_MARK_KEY,))
+    return rebuild
 
 
 def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
@@ -292,25 +294,6 @@ def text_mark(conn: sqlite3.Connection) -> int | None:
     return None if row[0] is None else int(row[0])
 
 
-def _mark_of(tx: Tx) -> int | None:
-    """The mark, read once per transaction: only ``index_tail`` and a rebuild move it, each
-    in a transaction of its own."""
-    if not tx.mark_read:
-        tx.mark, tx.mark_read = text_mark(tx.conn), True
-    return tx.mark
-
-
-def save_mark(conn: sqlite3.Connection, *, rebuilt: bool = False) -> None:
-    """The index covers every entry now: the mark moves to the highest rowid. Only a rebuild
-    moves it back (the index holds exactly the entries then); otherwise an entry inserted at
-    or below it later, once the highest ones are gone, is indexed as written. Written only
-    when it moves."""
-    (top,) = conn.execute("SELECT coalesce(max(rowid), 0) FROM entries").fetchone()
-    mark = text_mark(conn)
-    if mark is None or top > mark or (rebuilt and top != mark):
-        set_meta(conn, TEXT_MARK_KEY, str(top))
-
-
 def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
     """Write one row of ``meta``, the key/value table both programs keep."""
     conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -331,64 +314,32 @@ def save_recall_seq(conn: sqlite3.Connection, seq: int) -> None:
     set_meta(conn, RECALL_SEQ_KEY, str(seq))
 
 
-def text_tail(conn: sqlite3.Connection) -> int:
-    """How many entries are above the mark (in no index yet)."""
-    (n,) = conn.execute(f"SELECT count(*) FROM entries WHERE rowid > {TEXT_MARK_SQL}").fetchone()
-    return int(n)
-
-
 def tail_full(conn: sqlite3.Connection) -> bool:
-    """Whether the tail holds TAIL_MERGE_AT entries or more. While the highest rowid is less
-    than that far above the mark, the tail is shorter (its rowids are distinct and above
-    the mark): one B-tree descent, not a count of the tail, after each commit."""
-    top, mark = conn.execute(f"SELECT max(rowid), {TEXT_MARK_SQL} FROM entries").fetchone()
-    if top is None or mark is None or top - mark < TAIL_MERGE_AT:
-        return False
-    return text_tail(conn) >= TAIL_MERGE_AT
+    """No tail: every write indexes its entry."""
+    return False
 
 
 def index_tail(conn: sqlite3.Connection) -> int:
-    """Index the entries above the mark and move it, in the caller's transaction; how many.
-    One statement: FTS5 writes what it indexed as one new segment at COMMIT (a statement
-    savepoint flushes pending terms, but none are pending at its start)."""
-    mark = text_mark(conn)
-    if mark is None:
-        return 0  # a store without a mark has no tail
-    n = conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE rowid > ?",
-                     (mark,)).rowcount
-    if n:
-        save_mark(conn)
-    return n
+    """No tail: every write indexes its entry."""
+    return 0
 
 
-def _indexed(rowid: int, mark: int | None) -> bool:
-    """Whether the entry at ``rowid`` is (or, just inserted, must be) in the text index."""
-    return mark is None or rowid <= mark
-
-
-def _unindex(tx: Tx, entry_id: str, mark: int | None) -> int | None:
-    """Take the entry out of the text index (unless it is in the tail) and the counts; its
-    rowid (None: no such entry). External content: FTS5's 'delete' needs the indexed text,
-    i.e. the entry's text before this write."""
+def _unindex(tx: Tx, entry_id: str) -> int | None:
+    """Take the entry out of the text index and the counts; its rowid (None: no such entry).
+    An entry this transaction indexed is in no index yet: it leaves ``tx.index_rows``. Any other
+    is the index's with its text as stored, which FTS5's 'delete' needs (external content)."""
     row = tx.conn.execute("SELECT rowid, text, track, scope FROM entries WHERE id = ?", (entry_id,)).fetchone()
     if row is None:
         return None
     rowid, text, track, scope = row
-    if _indexed(rowid, mark):
-        tx.conn.execute("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, text))
+    if tx.index_rows.pop(rowid, None) is None:
+        tx.unindex_rows[rowid] = text
     _count(tx, track, scope, -1, -utf16_len(text))
     return int(rowid)
 
 
-def _index(tx: Tx, rowid: int, e: Entry, mark: int | None) -> None:
-    # An entry in the tail (above the mark) waits for ``index_tail``. One at or below it (a
-    # rowid reused: entries has no AUTOINCREMENT, so once the highest are deleted SQLite
-    # hands out their rowids again) is indexed now, as are all of a store without a mark.
-    # One row of VALUES, not INSERT ... SELECT FROM entries: a statement that may write
-    # several rows opens a statement savepoint, and FTS5 flushes its pending terms to a
-    # new segment at every savepoint. The text is the one the row was just written with.
-    if _indexed(rowid, mark):
-        tx.conn.execute("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", (rowid, e.text))
+def _index(tx: Tx, rowid: int, e: Entry) -> None:
+    tx.index_rows[rowid] = e.text
     _count(tx, e.track, e.scope, 1, utf16_len(e.text))
 
 
@@ -398,22 +349,33 @@ _COUNT_SQL = ("INSERT INTO memoryd_usage (track, scope, entries, used) VALUES (?
 
 
 def _count(tx: Tx, track: str, scope: str, entries: int, used: int) -> None:
-    """Counted in the transaction, written once per cell by ``flush_counts``: one statement
-    per batch, not one per write."""
+    """Counted in the transaction, written once per cell by ``flush``: one statement per
+    batch, not one per write."""
     n, u = tx.counts.get((track, scope), (0, 0))
     tx.counts[(track, scope)] = (n + entries, u + used)
 
 
-def flush_counts(tx: Tx) -> None:
-    """Add the counts the transaction has gathered to memoryd_usage, before its COMMIT."""
+def flush(tx: Tx) -> None:
+    """Write what the transaction has gathered, before its COMMIT: the counts, added to
+    memoryd_usage, and the text index's rows of the entries it wrote. Gathered, not written
+    by each write: FTS5 writes its pending rows as a new segment at every savepoint (each
+    job of a batch has one), and a batch's rows written together are one segment. One row
+    of VALUES a statement, as a statement that may write several rows opens a savepoint."""
     counts = [(t, s, n, u) for (t, s), (n, u) in tx.counts.items() if n or u]
     tx.counts = {}
     if counts:
         tx.conn.executemany(_COUNT_SQL, counts)
+    if tx.unindex_rows:
+        tx.conn.executemany("INSERT INTO memoryd_fts (memoryd_fts, rowid, text) VALUES ('delete', ?, ?)",
+                            tx.unindex_rows.items())
+        tx.unindex_rows = {}
+    if tx.index_rows:
+        tx.conn.executemany("INSERT INTO memoryd_fts (rowid, text) VALUES (?, ?)", tx.index_rows.items())
+        tx.index_rows = {}
 
 
 def insert_entry(tx: Tx, e: Entry) -> None:
-    _index(tx, _insert_row(tx.conn, e), e, _mark_of(tx))
+    _index(tx, _insert_row(tx.conn, e), e)
 
 
 def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
@@ -442,19 +404,26 @@ def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
 
 
 def update_entry(tx: Tx, e: Entry) -> None:
-    mark = _mark_of(tx)
-    rowid = _unindex(tx, e.id, mark)
+    rowid = _unindex(tx, e.id)
     tx.conn.execute(
         "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
         (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
     )
     if rowid is not None:
-        _index(tx, rowid, e, mark)
+        _index(tx, rowid, e)
 
 
 def delete_entry(tx: Tx, entry_id: str) -> None:
-    _unindex(tx, entry_id, _mark_of(tx))
+    _unindex(tx, entry_id)
     tx.conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+
+
+def recall(conn: sqlite3.Connection, ids: list[str], ts: int) -> dict[str, int]:
+    """The entries of ``ids`` (a page's) recalled once more at ``ts``: their recall counts
+    now. An entry removed since the page was read is not among them."""
+    marks = ", ".join("?" * len(ids))
+    return dict(conn.execute(f"UPDATE entries SET recall_count = recall_count + 1, last_recalled = ? "
+                             f"WHERE id IN ({marks}) RETURNING id, recall_count", [ts, *ids]).fetchall())
 
 
 def bump_recalls(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:

@@ -58,9 +58,8 @@ MEMORYD_TABLES = (
     # memoryd_schema 3: a trigram index of the entries' text, for query candidates. External
     # content (the text lives once, in entries) and no triggers: dsh-memento's SQLite need
     # not have FTS5, and a trigger it cannot run would break its writes. memoryd keeps the
-    # index in step in its own write jobs (its adds in a tail, memoryd_schema 5: see
-    # TEXT_MARK_KEY), and rebuilds it at start unless the store is ``trusted``, i.e. after
-    # another program wrote the entries.
+    # index in step in its own write jobs, and rebuilds it at start unless the store is
+    # ``trusted``, i.e. after another program wrote the entries.
     # memoryd_schema 4: columnsize=0, no row per entry in memoryd_fts_docsize (nothing
     # here ranks by length): one B-tree page less per write (see MEMORYD_MIGRATIONS).
     "CREATE VIRTUAL TABLE IF NOT EXISTS memoryd_fts USING fts5("
@@ -85,8 +84,8 @@ MEMORYD_TABLES = (
 MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     # memoryd_fts with columnsize=0, memoryd_ledger_ref partial: two B-tree pages less per write
     4: ("DROP TABLE IF EXISTS memoryd_fts", "DROP INDEX IF EXISTS memoryd_ledger_ref"),
-    # memoryd_schema 5: the text index's mark (TEXT_MARK_KEY), which ``migrate`` sets for a
-    # store from before it: a store of schema 4 has every entry in the index.
+    # memoryd_schema 5: the text index's mark (store.TEXT_MARK_KEY), which memoryd no longer
+    # keeps: a store of schema 4 has every entry in the index.
     5: (),
     # memoryd_entries_rank ascending (see MEMORYD_TABLES)
     6: ("DROP INDEX IF EXISTS memoryd_entries_rank",),
@@ -96,7 +95,7 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (),
 }
 
-#: The first memoryd_schema with the tail.
+#: The first memoryd_schema whose memoryd kept a tail of the text index (store.TEXT_MARK_KEY).
 TAIL_SCHEMA = 5
 #: The first memoryd_schema whose stores hold the reference's DDL, not memoryd's own.
 REFERENCE_DDL_SCHEMA = 8
@@ -292,17 +291,12 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> None:
         # such a store: a memoryd of schema 4 or older wrote over a store of 5+, and never
         # indexed the tail it found above the mark.
         before_tail = was is not None and was < TAIL_SCHEMA
-        rebuild = any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps) or (
-            before_tail and store.text_mark(conn) is not None)
-        if rebuild:
-            # the counts and the ledger may be store.trusted (store.sync_text_index would not rebuild)
+        if any("DROP TABLE IF EXISTS memoryd_fts" in step for step in steps) or (
+                before_tail and store.text_mark(conn) is not None):
+            # the counts and the ledger may be store.trusted (store.sync_text_index would not
+            # rebuild); the index holds every entry now, and the mark goes
             conn.execute("INSERT INTO memoryd_fts (memoryd_fts) VALUES ('rebuild')")
-        if was is None or before_tail or rebuild:
-            # The index holds every entry now: a store of schema 4 indexed each as written,
-            # one rebuilt just now holds them all, and a store memoryd never opened (an empty
-            # index beside its entries) is not ``trusted``, so store.sync_text_index rebuilds it
-            # next. (A store of schema 5+ keeps its mark, and its tail.)
-            store.save_mark(conn, rebuilt=True)
+            conn.execute("DELETE FROM meta WHERE key = ?", (store.TEXT_MARK_KEY,))
         store.set_meta(conn, "memoryd_schema", str(MEMORYD_SCHEMA_VERSION))
 
 
@@ -351,16 +345,6 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         migrate(conn, version)
         with atomic(conn):
             store.sync_text_index(conn)
-        if store.tail_full(conn):  # left by a bulk write, or a daemon killed before its merge
-            try:
-                with atomic(conn):
-                    store.index_tail(conn)
-            except sqlite3.Error as exc:
-                # Optional, as the writer's merge is: queries find the tail where it is, and
-                # the writer indexes it after its next commit. A store that is busy (or full)
-                # right now still opens, as it would with a shorter tail.
-                if store.fault_reason(exc) is None:
-                    raise
     except sqlite3.Error as exc:
         conn.close()
         raise store.store_fault(exc, path) or exc from None

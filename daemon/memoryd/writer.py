@@ -476,7 +476,7 @@ class Writer:
                 if flying.seq is not None:
                     store.save_recall_seq(conn, flying.seq)
                 added = sum(n for n, _ in tx.counts.values())
-                store.flush_counts(tx)
+                store.flush(tx)
                 full = durable and self._tail_is_full(conn)
                 await self._owned.run(commit)
             self.anchor.committed(tx)
