@@ -192,3 +192,46 @@ def test_memoryctl_s_cwd_is_aliased(daemon_factory: Any, tmp_path: Path) -> None
     assert (entry["text"], entry["workspaceKey"]) == ("Reviews in pairs", DEVBOX)
     with mc.connect_sync(d.socket_path, timeout=10) as c:
         assert [(e.text, e.workspace_key) for e in c.list()] == [("Reviews in pairs", DEVBOX)]
+
+
+def test_memoryctl_s_own_choices_see_the_aliased_workspace(daemon_factory: Any, tmp_path: Path) -> None:
+    """What memoryctl picks itself (share's entries of --cwd, an --id prefix) is chosen by the
+    workspace the daemon maps --cwd to: memoryctl reads the same table from the config file."""
+    d = aliased_daemon(daemon_factory, tmp_path)
+    config = str(tmp_path / "aliases.toml")
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        entry = c.add({**WS, "text": "Lints before pushing", "source": "claude-code"},
+                      write=write_ctx("s-cc", DEVBOX, "claude-code")).entry
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*MEMORYCTL, *sock(d), "--config", config, *args], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+
+    r = ctl("--yes", "--agent", "claude-code", "--cwd", LAPTOP, "share", "--scope", "workspace")
+    assert r.returncode == 0, r.stderr
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        [shared] = c.list()
+    assert (shared.text, shared.workspace_key, shared.agent_key) == ("Lints before pushing", DEVBOX, "")
+    assert r.stdout.splitlines()[0].startswith(f"shared {entry.id[:8]} as {shared.id[:8]} ")
+    r = ctl("--yes", "--cwd", LAPTOP + "/", "remove", "--track", "user", "--scope", "workspace", "--id", shared.id[:6])
+    assert r.returncode == 0, r.stderr
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        assert c.list() == []
+
+
+def test_memoryctl_names_a_bad_table_in_its_config(daemon_factory: Any, tmp_path: Path) -> None:
+    d = daemon_factory()
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        c.add({**WS, "text": "Stays"}, write=write_ctx("s-1", DEVBOX, "coder"))
+        before = [mc.plain(e) for e in c.list()], c.audit_list(10_000)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[workspace_aliases]\n"{LAPTOP}" = "proj"\n')
+    r = subprocess.run([*MEMORYCTL, *sock(d), "--config", str(bad), "--yes", "--cwd", DEVBOX, "remove", "--track",
+                        "user", "--scope", "workspace", "--id", "abc"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"error: USAGE: the config file {bad}: [workspace_aliases] '{LAPTOP}''s canonical "
+                                "path must be an absolute path, got 'proj' (cwd must be an absolute path); fix it "
+                                "(memoryd refuses it too)")
+    with mc.connect_sync(d.socket_path, timeout=10) as c:
+        assert ([mc.plain(e) for e in c.list()], c.audit_list(10_000)) == before

@@ -3,13 +3,17 @@ where an --id that names no entry the session sees lives instead."""
 
 from __future__ import annotations
 
+import functools
 import shlex
+from pathlib import Path
 
 from memoryd_protocol import types as T
 from memoryd_protocol.constants import SHORT_ID_LENGTH
 from memoryd_protocol.errors import EntryNotFound, ProtocolError
-from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
+from memoryd_protocol.paths import default_config_path
+from memoryd_protocol.text import alias_workspace, normalize_agent_key, normalize_workspace_path
 from memoryd_protocol.validation import SessionView
+from memoryd_protocol.workspaces import Aliases, AliasTableError, parse_aliases
 
 from .client import Client
 from .errors import ClientError
@@ -17,9 +21,33 @@ from .running import FULL_ID_LENGTH, Ctx, UsageError, _workspace
 
 
 def _view(ctx: Ctx) -> SessionView:
-    """The set of entries this run's session (--cwd, --agent) sees."""
+    """The set of entries this run's session (--cwd, --agent) sees: its workspace mapped by
+    the config's workspace aliases, as the daemon maps the cwd memoryctl sends it."""
     a = ctx.args
-    return SessionView(None, normalize_workspace_key(_workspace(a)), normalize_agent_key(a.agent))
+    path = normalize_workspace_path(_workspace(a))
+    config = Path(a.config) if a.config else default_config_path()
+    return SessionView(None, alias_workspace(path, _aliases(config)), normalize_agent_key(a.agent))
+
+
+@functools.cache  # per file: share asks for the view once per entry
+def _aliases(path: Path) -> Aliases:
+    """``[workspace_aliases]`` of the config file a daemon memoryctl starts reads (--config,
+    else the default file): the choices memoryctl makes itself (edit, share, an --id prefix)
+    must see the workspace the daemon does. A daemon refuses a bad table at start; here it is
+    a usage error naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc}") from None
+    import tomllib  # only with a config file: most runs have none
+
+    try:
+        raw = tomllib.loads(text).get("workspace_aliases")
+        return () if raw is None else parse_aliases(raw)
+    except (tomllib.TOMLDecodeError, AliasTableError) as exc:
+        raise UsageError(f"the config file {path}: {exc}; fix it (memoryd refuses it too)") from None
 
 
 def visible(entries: list[T.Entry], ctx: Ctx) -> list[T.Entry]:
