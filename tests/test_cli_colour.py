@@ -9,7 +9,6 @@ import os
 import pty
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +173,7 @@ def piped(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[s
                           timeout=60, start_new_session=True)
 
 
-@pytest.mark.parametrize("verb", [["list"], ["audit", "--limit", "5"]])  # the quick path, and the async client's
+@pytest.mark.parametrize("verb", [["list"], ["audit", "--limit", "5"]])  # an entry table, and the ledger's
 def test_tables_on_a_terminal_are_coloured_and_nowhere_else(daemon: Any, verb: list[str]) -> None:
     tabs, vim = add(daemon, "Prefers tabs", "Uses vim")
     code, shown = on_pty([*sock(daemon), *verb], coloured_env())
@@ -223,20 +222,3 @@ def test_the_prompt_is_coloured_by_the_stream_it_goes_to(ask_daemon: Any, tmp_pa
     # the same on a terminal: coloured
     code, shown = on_pty([*sock(ask_daemon), "--yes", "add", *UG, "Uses vim"], coloured_env())
     assert code == 0 and f"\n  + {GREEN}Uses vim{RESET}\n" in shown and "\nmemoryctl: approved (--yes)\n" in shown, shown
-
-
-def test_colour_keeps_the_quick_path_lean() -> None:
-    """colour is on the read commands' quick path: it imports nothing (os is loaded already)."""
-    code = ("import sys, memoryd_client\nbefore = set(sys.modules)\nimport memoryd_client.colour\n"
-            "print(sorted(set(sys.modules) - before - {'memoryd_client.colour'}))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.stdout == "[]\n", r.stderr
-
-
-def test_an_error_line_on_a_terminal_starts_in_red(daemon: Any) -> None:
-    code, shown = on_pty([*sock(daemon), "remove", *UG, "nothing"], coloured_env())
-    assert code == 1 and shown.startswith("\x1b[31;1merror:\x1b[0m ENTRY_NOT_FOUND: "), shown
-    code, shown = on_pty([*sock(daemon), "remove", *UG, "nothing"], coloured_env(NO_COLOR="1"))
-    assert code == 1 and shown.startswith("error: ENTRY_NOT_FOUND: ") and "\x1b" not in shown, shown
-    r = piped([*sock(daemon), "remove", *UG, "nothing"], coloured_env())
-    assert r.returncode == 1 and r.stderr.startswith("error: ENTRY_NOT_FOUND: "), r.stderr

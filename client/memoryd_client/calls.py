@@ -1,20 +1,15 @@
-"""What a call sends, for both of the client's paths: the async
-:class:`~memoryd_client.client.Client` and memoryctl's quick path
-(:mod:`memoryd_client.quick`) build their requests here, so they send the same ones.
-Standard library only, as the quick path needs.
+"""What a call sends: the requests :class:`~memoryd_client.client.Client` builds, and the
+errors it raises when no daemon answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Final
 
 from memoryd_protocol import __version__ as __version__
 
 from .errors import ConnectFailed, Timeout
-
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Any, Final
 
 #: The longest line the client buffers. The daemon's own limit is 4 MiB per message it
 #: accepts; its answers (an export of 1000 entries) can be larger, so the client allows more.

@@ -5,21 +5,17 @@ on wherever ``FORCE_COLOR`` asks for it (https://force-color.org) unless ``NO_CO
 A painter is ``paint(text, style)``: ``style`` is one or more of :data:`STYLES`' names,
 space-separated. Text is escaped (:func:`memoryd_protocol.approval_text.visible`) before it
 is painted, so the only escape sequences on the terminal are these. Painting happens after
-padding and cutting, so widths are counted on the visible text. Standard library only, and
-only ``os``: the read commands' quick path imports this module.
+padding and cutting, so widths are counted on the visible text.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
-
-    #: ``paint(text, style)``
-    Paint = Callable[[str, str], str]
+#: ``paint(text, style)``
+Paint = Callable[[str, str], str]
 
 #: SGR parameters by style name
 STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33"}

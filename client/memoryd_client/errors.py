@@ -13,6 +13,8 @@ Two families, on purpose:
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from memoryd_protocol.errors import (
     AdapterNotFound,
     AdapterPayload,
@@ -31,10 +33,6 @@ from memoryd_protocol.errors import (
     WriteRequiresAgent,
     from_wire,
 )
-
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Any, ClassVar
 
 
 class ClientError(Exception):

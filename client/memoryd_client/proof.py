@@ -8,14 +8,11 @@ a proof of that challenge would make the proxy an approver, so none is made.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from memoryd_protocol.approval_types import ApprovalChallenge
 
 from .errors import ApproverRelayed
-
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def own_start() -> int | None:

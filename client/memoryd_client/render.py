@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
+from memoryd_protocol import types as T
 from memoryd_protocol.approval_text import (
     GUTTER,
     SHOWN_ENTRIES,
@@ -23,21 +25,13 @@ from memoryd_protocol.approval_text import (
     tags_text,
     visible,
 )
+from memoryd_protocol.approval_types import ProcessFacts
 from memoryd_protocol.constants import SHORT_ID_LENGTH
 
 from . import colour
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Any
-
-    from memoryd_protocol import types as T
-    from memoryd_protocol.approval_types import ProcessFacts
-
-# msgspec, the wire types, shutil and unicodedata (for text that is not ASCII) are imported
-# where they are used, not here: the read commands' quick path (memoryd_client.quick)
-# renders their tables without them. The approval text and the escaping are the protocol
-# package's: the daemon's MCP front-end shows the same text.
+# The approval text and the escaping are the protocol package's: the daemon's MCP front-end
+# shows the same text.
 
 
 def to_json(value: Any) -> str:

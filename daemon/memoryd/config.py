@@ -7,7 +7,9 @@ bug, not a convenience).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
@@ -57,11 +59,6 @@ DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE = 120
 #: The default proposal_max_pending_total: far above one session's proposal_max_pending, a
 #: bound on the table, not a share everyone competes for.
 DEFAULT_PROPOSAL_MAX_PENDING_TOTAL = 1024
-
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-    from typing import Any
 
 #: For --help, which must not compute the real path (that costs the relay a platformdirs import).
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"

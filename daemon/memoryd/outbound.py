@@ -29,19 +29,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from typing import Protocol
 
 from .ratelog import RateLimitedLog
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Protocol
 
-    class StreamProtocol(Protocol):
-        """What of a connection's transport (transports.StreamProtocol) the cap needs."""
+class StreamProtocol(Protocol):
+    """What of a connection's transport (transports.StreamProtocol) the cap needs."""
 
-        def unsent(self) -> int: ...
+    def unsent(self) -> int: ...
 
-        def drop(self) -> None: ...
+    def drop(self) -> None: ...
+
 
 log = logging.getLogger("memoryd.transports")
 

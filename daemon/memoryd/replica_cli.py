@@ -10,15 +10,12 @@ its url is URL, the credentials otherwise from the environment; never from this 
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from .errors import DaemonError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import argparse
 
 
 def add_parser(sub: Any) -> None:

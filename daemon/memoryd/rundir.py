@@ -15,15 +15,9 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 from .errors import DaemonError
-
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    from pathlib import Path
-
-# pathlib is not imported here: the relay's check runs on every harness spawn, with the
-# directory's name as a string (importing pathlib would be a large part of that check).
 
 
 class UnsafeDir(DaemonError):

@@ -13,6 +13,7 @@ pretended. Cheap to import: the config is read (for ``db_path``) only when rende
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -21,10 +22,6 @@ from pathlib import Path
 from memoryd_protocol import DISTRIBUTION
 
 from .errors import DaemonError
-
-TYPE_CHECKING = False  # typing itself costs an import; mypy still reads the block below
-if TYPE_CHECKING:
-    import argparse
 
 SOCKET_UNIT = "memoryd.socket"
 SERVICE_UNIT = "memoryd.service"

@@ -10,17 +10,10 @@ interpreted. ``memoryctl``'s prompt and the daemon's MCP elicitation both show
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from . import types as T
 from .constants import CONSOLIDATE_EXCERPT_UNITS, GRID
-
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Any
-
-    from . import types as T
-
-# msgspec, shutil and unicodedata (for text that is not ASCII) are imported where they are
-# used: memoryctl's read commands render their tables without them.
 
 
 def compact_json(value: Any) -> str:

@@ -7,11 +7,9 @@ wire contract asks for them.
 
 from __future__ import annotations
 
-from .constants import ERROR_CODES, INTERNAL_ERROR, RPC_LEVEL_CODES
+from typing import Any, ClassVar
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Any, ClassVar
+from .constants import ERROR_CODES, INTERNAL_ERROR, RPC_LEVEL_CODES
 
 
 class ProtocolError(Exception):

@@ -7,9 +7,7 @@ whatever bytes arrived; it returns the complete lines.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: see memoryd_protocol.constants
-if TYPE_CHECKING:
-    from typing import Final
+from typing import Final
 
 #: Returned in place of a line that exceeded the limit (the line itself is discarded).
 OVERSIZE: Final = b"\x00oversize"
