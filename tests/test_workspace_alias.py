@@ -17,6 +17,7 @@ import memoryd_client as mc
 import pytest
 from e2e_helpers import Gate, arrived, entry_input, sql, start_held
 from mcp import Client, StdioServerParameters
+from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA
 from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.text import alias_workspace, normalize_workspace_key
 from memoryd_protocol.workspaces import MAX_WORKSPACE_ALIASES, AliasTableError, parse_aliases
@@ -235,3 +236,15 @@ def test_memoryctl_names_a_bad_table_in_its_config(daemon_factory: Any, tmp_path
                                 "(memoryd refuses it too)")
     with mc.connect_sync(d.socket_path, timeout=10) as c:
         assert ([mc.plain(e) for e in c.list()], c.audit_list(10_000)) == before
+
+
+async def test_an_import_from_the_other_machine_lands_in_the_canonical_workspace(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """An export of the laptop's store names the laptop's paths; imported on the dev box, each
+    entry's workspaceKey is mapped by the table as a cwd is."""
+    d = aliased_daemon(daemon_factory, tmp_path)
+    async with socket_client(d.socket_path) as raw:
+        r = await raw.ok("memory/import", {"envelope": {"plugin": EXPORT_PLUGIN, "schema": EXPORT_SCHEMA, "entries": [
+            {**WS, "workspaceKey": LAPTOP + "/api", "text": "From the laptop", "source": "backup", "tags": []}]},
+            "write": write_ctx("s-import", DEVBOX, "coder")})
+        assert [e["workspaceKey"] for e in r["entries"]] == [DEVBOX + "/api"]

@@ -91,10 +91,10 @@ def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
     return out
 
 
-#: The workspace aliases in force: ``(path, canonical)`` pairs, longest path first (see
-#: workspaces.py, which checks a table and sets it). A context variable, not a global: each
-#: daemon sets its own table for its own tasks (tests run several daemons in one process),
-#: and code that never set one (a client) gets no aliasing.
+#: The workspace aliases in force: ``(path, canonical)`` pairs, longest path first, as
+#: workspaces.parse_aliases checked them. A context variable, not a global: each daemon sets
+#: its own table for its own tasks (tests run several daemons in one process), and code that
+#: never set one (a client) gets no aliasing.
 WORKSPACE_ALIASES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("memoryd_workspace_aliases", default=())
 
 

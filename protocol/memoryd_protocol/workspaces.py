@@ -4,17 +4,16 @@
 The config's ``[workspace_aliases]`` table maps a path to the canonical path whose key it
 shares: ``"/Users/me/proj" = "/home/me/proj"``. A cwd that is the path, or lies under it,
 becomes the canonical path's key (``/Users/me/proj/api`` → ``/home/me/proj/api``), wherever a
-cwd becomes a key (text.normalize_workspace_key). The table is checked here, once, at start.
+cwd becomes a key (text.normalize_workspace_key, under the table the daemon set there). The
+table is checked here, once, at start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .errors import ProtocolError
-from .text import WORKSPACE_ALIASES, normalize_workspace_path
+from .text import normalize_workspace_path
 
 #: Most entries in ``[workspace_aliases]``: a user's machines times their projects, with room;
 #: every cwd is compared with each path, so the table stays small.
@@ -67,15 +66,4 @@ def parse_aliases(raw: Any, where: str = "workspace_aliases") -> Aliases:
     return tuple(sorted(table.items(), key=lambda item: len(item[0]), reverse=True))
 
 
-@contextmanager
-def aliases_in_force(aliases: Aliases) -> Iterator[None]:
-    """``aliases`` are the ones normalize_workspace_key applies, in this context (the
-    daemon's tasks: they inherit it), until the block ends."""
-    token = WORKSPACE_ALIASES.set(aliases)
-    try:
-        yield
-    finally:
-        WORKSPACE_ALIASES.reset(token)
-
-
-__all__ = ["MAX_WORKSPACE_ALIASES", "AliasTableError", "Aliases", "aliases_in_force", "parse_aliases"]
+__all__ = ["MAX_WORKSPACE_ALIASES", "AliasTableError", "Aliases", "parse_aliases"]
