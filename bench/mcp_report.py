@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import NEEDLES
+from .common import NEEDLES, START_BOUNDS
 from .figures import _div, _get, _mb, _ms, _x
 
 #: the daemon's RSS with this many MCP sessions attached is the target's
@@ -23,7 +23,9 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     st = _get(m, "start", "2000") or {}
     raw = _get(st, "raw", "p50_us")
     v = _div(raw, _get(st, "python_pass", "p50_us"))
-    row("MCP spawn → tools/list answered (memoryd mcp, raw lines) ≤ 2× python -c pass", v, v is not None and v <= 2.0)
+    bound = START_BOUNDS["mcp"]
+    row(f"MCP spawn → tools/list answered (memoryd mcp, raw lines) ≤ {bound:g}× python -c pass", v,
+        v is not None and v <= bound)
     v = _div(raw, _get(m, "start", "peer", "raw", "p50_us"))
     row("MCP spawn → tools/list answered ≤ 0.25× server-memory's", v, v is not None and v <= 0.25)
     q = _get(m, "query", "needles") or {}
@@ -173,7 +175,8 @@ def plot(r: dict[str, Any], a: Any, b: Any, c: Any) -> None:
     c.bar([x - 0.2 for x in xs], [v / 1000 for _, v, _ in bars], 0.4, label="raw NDJSON lines")
     c.bar([x + 0.2 for x in xs], [(s or 0) / 1000 for _, _, s in bars], 0.4, label="the SDK's mcp.Client")
     if py:
-        c.axhline(2 * py / 1000, color="grey", linestyle=":", label="target: 2× python -c pass")
+        bound = START_BOUNDS["mcp"]
+        c.axhline(bound * py / 1000, color="grey", linestyle=":", label=f"target: {bound:g}× python -c pass")
     c.set_xticks(list(xs), [name for name, _, _ in bars], fontsize=8)
     c.set_ylabel("p50, ms")
     c.set_title("MCP spawn → tools/list answered")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import NEEDLES
+from .common import NEEDLES, START_BOUNDS
 from .figures import _div, _get, _mb, _ms, _ms_or, _x
 from .mcp_report import markdown as mcp_markdown
 from .mcp_report import plot as mcp_plot
@@ -39,14 +39,6 @@ WHY_NOT: dict[str, str] = {
         "does not fsync at all: on a disk whose FULL commit floor is low (416 commits/s in the run of "
         "2026-12-01 23:22, 1,934 in the run before it) the client is at the floor (0.93× in that run) "
         "and the ratio is the disk's, not the daemon's."),
-    "MCP spawn → tools/list answered (memoryd mcp, raw lines) ≤ 2× python -c pass": (
-        "The relay process alone (serve --stdio, spawn → initialize) takes most of the budget (1.55-1.76× "
-        "python -c pass). On the daemon's side a session costs, measured over a direct socket: attach "
-        "0.2 ms, initialize 1.5 ms at 50 entries (0.8 ms of it the frozen snapshot's synchronous=FULL "
-        "commit with its audit row) and 8 ms at 2,000 (every visible entry rendered into a 114 KB "
-        "snapshot, stored, hashed into the ledger and sent as the instructions), tools/list 0.8 ms "
-        "(the SDK's dispatch). At 50 entries the whole is about 2.1× python -c pass; the snapshot is "
-        "the protocol's and is never deferred past its commit (bench/results/MCP.md)."),
     "MCP memory_query at 2,000 ≥ 5× faster than server-memory's search_nodes": (
         "server-memory answers the selective needles in 2.3-2.7 ms, so 5× means a round trip under "
         "0.5 ms. An MCP memory_query is the session's query: its visibility filter and its audited "
@@ -125,11 +117,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         out.append(("query at 100,000 (3+ chars ≤ 0.3× scan; no text follows the page)", "not measured", None))
     st = r.get("start") or {}
     v = _div(_get(st, "relay", "p50_us"), _get(st, "relay_python_pass", "p50_us"))
-    ratio_target("stdio spawn → initialize through the relay ≤ 2× python -c pass", v, v is not None and v <= 2.0)
+    bound = START_BOUNDS["relay"]
+    ratio_target(f"stdio spawn → initialize through the relay ≤ {bound:g}× python -c pass", v,
+                 v is not None and v <= bound)
     cli = r.get("cli") or {}
     for verb in ("query", "status"):
         v = _div(_get(cli, verb, "p50_us"), _get(cli, f"{verb}_python_pass", "p50_us"))
-        ratio_target(f"memoryctl {verb} ≤ 3× python -c pass", v, v is not None and v <= 3.0)
+        bound = START_BOUNDS[f"memoryctl {verb}"]
+        ratio_target(f"memoryctl {verb} ≤ {bound:g}× python -c pass", v, v is not None and v <= bound)
     v = _div(_get(st, "standalone", "p50_us"), _get(r, "peer", "start", "p50_us"))
     ratio_target("--standalone start ≤ 0.75× server-memory's start", v, v is not None and v <= 0.75)
     rs_ = r.get("rss") or {}

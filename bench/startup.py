@@ -1,0 +1,108 @@
+"""The start-up rows, this tree beside a checkout of another build, alternating in one run:
+the relay's spawn → ``initialize`` answered, ``memoryd mcp``'s spawn → ``tools/list``
+answered, ``memoryctl query`` and ``memoryctl status``, each beside ``python -c pass``.
+
+    python -m bench.startup --base DIR [--runs N] [--json FILE]
+
+Each build's processes run from its checkout's ``scripts/`` (as installed) with its packages
+first on PYTHONPATH, against one daemon of this tree on a 2,000-entry store (policy auto), so
+only the started process differs. A row's builds and its ``python -c pass`` take turns, the
+build that goes first alternating. Prints a Markdown table of the medians, each build's ratio
+to the floor and the bound (``common.START_BOUNDS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .common import ROOT, START_BOUNDS, copy_store, python_pass, seed_store, start_daemon, summary
+from .mcp import CWD, spawn_list
+from .suites import stdio_start
+
+ENTRIES = 2_000
+
+
+def _env(tree: Path, tmp: Path) -> dict[str, str]:
+    """A started process's environment: ``tree``'s packages, no config file."""
+    path = os.pathsep.join(str(tree / p) for p in ("protocol", "daemon", "client"))
+    return dict(os.environ, PYTHONPATH=path, XDG_CONFIG_HOME=str(tmp / "no-config"), XDG_STATE_HOME=str(tmp))
+
+
+def _rows(tree: Path, tmp: Path, sock: str, db: Path) -> dict[str, Callable[[], float]]:
+    """Each row's one timed start of ``tree``'s build, in seconds."""
+    env = _env(tree, tmp)
+    memoryd = [sys.executable, str(tree / "scripts" / "memoryd")]
+    memoryctl = [sys.executable, str(tree / "scripts" / "memoryctl"), "--socket", sock, "--no-autostart"]
+
+    def run(argv: list[str]) -> float:
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
+        return time.perf_counter() - t
+
+    return {
+        "relay": lambda: stdio_start([*memoryd, "serve", "--stdio", "--socket", sock, "--db", str(db),
+                                      "--log-level", "warning"], env)[0],
+        "mcp": lambda: spawn_list(([*memoryd, "mcp", "--socket", sock, "--db", str(db), "--cwd", CWD], env)),
+        "memoryctl query": lambda: run([*memoryctl, "query", "postgres"]),
+        "memoryctl status": lambda: run([*memoryctl, "status"]),
+    }
+
+
+LABELS = {"relay": "relay spawn → initialize", "mcp": "`memoryd mcp` spawn → tools/list",
+          "memoryctl query": "`memoryctl query`", "memoryctl status": "`memoryctl status`"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", metavar="DIR", type=Path, required=True, help="the checkout of the build before")
+    ap.add_argument("--runs", type=int, default=40, help="timed starts per row and build (default 40)")
+    ap.add_argument("--json", metavar="FILE", type=Path, help="also write every figure here")
+    args = ap.parse_args(argv)
+    base: Path = args.base.resolve()
+    builds = {"after": ROOT, "before": base}
+    for tree in builds.values():  # as an installed wheel ships them: no compiling at a timed start
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(tree / p) for p in ("protocol", "daemon",
+                        "client"))], check=True, stdout=subprocess.DEVNULL)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="mdb-start-", dir="/tmp") as d:
+        tmp = Path(d)
+        seed_store(tmp / "seed.db", ENTRIES)
+        daemon = start_daemon(tmp, "startup", copy_store(tmp / "seed.db", tmp / "startup.db"))
+        try:
+            rows = {name: _rows(tree, tmp, daemon.sock, daemon.db) for name, tree in builds.items()}
+            for name in builds:  # the daemon's first MCP session imports the SDK; the page cache warms
+                for once in rows[name].values():
+                    once()
+            for row in START_BOUNDS:
+                times: dict[str, list[float]] = {"after": [], "before": [], "python -c pass": []}
+                for i in range(args.runs):
+                    for name in (("after", "before") if i % 2 == 0 else ("before", "after")):
+                        times[name].append(rows[name][row]())
+                    times["python -c pass"].append(python_pass())
+                out[row] = {k: summary(v) for k, v in times.items()}
+                print(f"[startup] {row}: done", file=sys.stderr, flush=True)
+        finally:
+            daemon.stop()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print("| row | before | after | python -c pass | before × python | after × python | bound | met |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row, f in out.items():
+        py = f["python -c pass"]["p50_us"]
+        before, after = f["before"]["p50_us"] / py, f["after"]["p50_us"] / py
+        bound = START_BOUNDS[row]
+        print(f"| {LABELS[row]} | {f['before']['p50_us'] / 1000:.1f} ms | {f['after']['p50_us'] / 1000:.1f} ms | "
+              f"{py / 1000:.1f} ms | {before:.2f}× | {after:.2f}× | ≤ {bound:g}× | {'yes' if after <= bound else 'no'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
