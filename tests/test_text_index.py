@@ -12,7 +12,9 @@ from typing import Any
 
 import anyio
 import pytest
-from memoryd import queries, store
+from memoryd import ledger, queries, store
+from memoryd.atomic import atomic
+from memoryd.tx import Tx
 from memoryd_protocol.constants import MEMORYD_SCHEMA_VERSION
 from rawclient import socket_client, write_ctx
 from test_query_plans import (
@@ -22,6 +24,7 @@ from test_query_plans import (
     hits,
     leave_a_tail,
     opened,
+    segments,
     write,
 )
 
@@ -50,6 +53,42 @@ def test_a_new_store_has_no_mark_and_every_write_is_indexed_as_it_commits(tmp_pa
         assert (indexed(conn, "fact"), indexed(conn, "edited")) == (2, 1)
         assert_index_holds_the_entries(conn)
     assert mark_row(path) is None
+
+
+def test_a_batch_writes_its_index_rows_as_one_segment_and_a_rolled_back_step_takes_its_own_back(
+        tmp_path: Path) -> None:
+    """As the writer runs a batch: each step in its savepoint, a failed one rolled back with
+    what it gathered in the Tx. An entry added and then changed or removed in the same batch
+    reaches the index as it ends, or not at all; the index is one new segment."""
+    with opened(tmp_path / "m.db") as conn:
+        write(conn, lambda c: store.insert_entry(c, entry(0, "stored before")))
+        before = segments(conn)
+        a, b, c = entry(1, "added a"), entry(2, "added b"), entry(3, "added c")
+
+        def edited(tx: Tx) -> None:
+            a.text = "added a, edited"
+            store.update_entry(tx, a)
+
+        def fails(tx: Tx) -> None:
+            store.insert_entry(tx, entry(4, "added d, rolled back"))
+            store.delete_entry(tx, "e0000")
+            raise RuntimeError("a job's bug")
+
+        steps = [lambda tx: store.insert_entry(tx, a), lambda tx: store.insert_entry(tx, b), edited,
+                 lambda tx: store.delete_entry(tx, b.id), fails, lambda tx: store.insert_entry(tx, c),
+                 lambda tx: store.delete_entry(tx, "e0000")]
+        with ledger.transaction(conn) as tx:
+            for step in steps:
+                saved = tx.save()
+                try:
+                    with atomic(conn, "step"):
+                        step(tx)
+                except RuntimeError:
+                    tx.restore(saved)
+        assert segments(conn) == before + 1
+        assert sorted(hits(conn, "added", "index")) == ["e0001", "e0003"]
+        assert (indexed(conn, "added a, edited"), indexed(conn, "before"), indexed(conn, "rolled")) == (1, 0, 0)
+        assert_index_holds_the_entries(conn)
 
 
 def test_a_start_indexes_the_tail_an_earlier_memoryd_left_and_drops_its_mark(tmp_path: Path) -> None:
