@@ -7,7 +7,7 @@ Two ways in, both through the daemon's public seam (``Daemon.running()``,
 
 - :func:`memory_daemon` + :meth:`InProcess.connect`: the daemon in the test's own event
   loop, each connection an in-memory pair of streams (:class:`MemorySink` for what the
-  daemon sends, an async iterator of chunks for what it reads), a ``rawclient.Raw`` on
+  daemon sends, a memory object stream of chunks for what it reads), a ``rawclient.Raw`` on
   the other end. This is ``pair_factory``'s ``memory`` kind.
 - :class:`ThreadDaemon`: the daemon serving a real Unix socket from an event loop in a
   thread of the test process, for e2e files whose tests call ``daemon_factory(...)`` and
@@ -74,12 +74,6 @@ class MemorySink:
         self._send.close()
 
 
-async def _chunks(receive: MemoryObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:
-    async with receive:
-        async for data in receive:
-            yield data
-
-
 @dataclass
 class InProcess:
     """A daemon running in this event loop (inside ``Daemon.running()``)."""
@@ -96,7 +90,8 @@ class InProcess:
 
         async def serve() -> None:
             try:
-                await self.daemon.serve_stream(sink, _chunks(from_peer), "socket")
+                async with from_peer:
+                    await self.daemon.serve_stream(sink, from_peer, "socket")
             finally:
                 sink.close()
 

@@ -4,21 +4,23 @@ test_e2e_limits.py), and the config keys' validation."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
+from anyio.abc import ByteReceiveStream
 from memoryd.approvals import Approvals
 from memoryd.config import Config, ConfigError, apply
 from memoryd.connection import Connection
 from memoryd.rpc import Dispatcher
-from memoryd.transports import StreamProtocol
+from memoryd.transports import Lines
 from memoryd_protocol.framing import OVERSIZE, Framer
 from rawclient import write_ctx
 
@@ -57,38 +59,43 @@ def test_framer_reports_a_partial_line() -> None:
     assert f.feed(b"\n") == [OVERSIZE] and not f.partial
 
 
-class FakeTransport:
-    def __init__(self) -> None:
-        self.paused = False
-        self.pauses = 0
+class Counted(ByteReceiveStream):
+    """``chunks`` read on demand, counting the bytes the reader took."""
 
-    def pause_reading(self) -> None:
-        self.paused = True
-        self.pauses += 1
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.pulled = 0
 
-    def resume_reading(self) -> None:
-        self.paused = False
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        chunk = next(self.chunks, b"")
+        if not chunk:
+            raise anyio.EndOfStream
+        self.pulled += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        pass
 
 
 @pytest.mark.anyio
-async def test_the_socket_stops_reading_at_max_buffered_bytes_of_unread_input() -> None:
-    proto = StreamProtocol(lambda p: None, max_buffered=65536)
-    transport = FakeTransport()
-    proto.transport = transport  # type: ignore[assignment]
-    for _ in range(16):
-        proto.data_received(b"x" * 4096)  # exactly the cap: still reading
-    assert not transport.paused
-    proto.data_received(b"x")
-    assert transport.paused
-    proto.data_received(b"x" * 4096)  # what the kernel had already handed over still queues
-    assert transport.pauses == 1
-    chunks = proto.chunks()
-    taken = 0
-    while transport.paused:
-        taken += len(await anext(chunks))
-    # reading resumes once at most half the cap is left queued (and not a chunk earlier)
-    left = 65536 + 1 + 4096 - taken
-    assert left <= 32768 < left + 4096
+async def test_a_line_over_the_limit_is_dropped_as_it_streams_in() -> None:
+    """Never held whole: reading stops once the limit is passed, and what follows is dropped
+    a read at a time; the next line comes through intact."""
+    held: list[int] = []
+
+    class Watched(Counted):
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            held.append(lines.held)  # what the reader holds each time it asks for more
+            return await super().receive(max_bytes)
+
+    stream = Watched(iter([b"x" * 4096] * 64 + [b"x\nnext\n"]))
+    lines = Lines(stream, 65536, 30.0)
+    got = []
+    while (line := await lines.next()) is not None:
+        got.append(line)
+    assert got == [OVERSIZE, b"next"]
+    assert max(held) == 65536  # never more than the limit held while it asks for more
+    assert held[-3:] == [0, 0, 0]
 
 
 class Sink:
@@ -114,18 +121,12 @@ async def test_a_connection_reads_ahead_at_most_max_buffered_bytes_of_lines() ->
 
     line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/add", "params": {
         "input": {"track": "user", "scope": "user-global", "text": "x" * 900}, "write": write_ctx()}}).encode()
-    pulled = 0
-
-    async def chunks() -> AsyncIterator[bytes]:
-        nonlocal pulled
-        while True:
-            pulled += len(line) + 1
-            yield line + b"\n"
-
+    stream = Counted(itertools.repeat(line + b"\n"))
     conn = Connection(Sink(), Dispatcher({"memory/add": add}), Approvals(), 1 << 20, "test", max_buffered=20_000)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(conn.serve, chunks())
+        tg.start_soon(conn.serve, stream)
         await wait_all_tasks_blocked()
         # the lines read ahead, plus the one that waits for room
+        pulled = stream.pulled
         assert 20_000 - len(line) <= pulled - (len(line) + 1) <= 20_000 + len(line) + 1
         tg.cancel_scope.cancel()

@@ -243,7 +243,7 @@ async def test_a_long_line_goes_out_whole_and_in_order_before_the_close() -> Non
     reader = threading.Thread(target=read)
     long = b"a" * (5 * 1024 * 1024) + b"\n"
     try:
-        async with stdio_stream(in_r, out_w) as proto:
+        async with stdio_stream(in_r, out_w) as (_stdin, proto):
             proto.post(b"first\n")
             proto.post(long)
             assert proto.unsent() > 4 * 1024 * 1024  # the pipe took a little; nobody reads yet

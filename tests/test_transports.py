@@ -1,10 +1,9 @@
-"""stdio as the socket's StreamProtocol: asyncio's pipe transports for pipes, the named
-regular-file fallback (FileReader, FileWriter) for what epoll cannot watch, and the same
-max_buffered_bytes rule on the way out."""
+"""The transports' two halves: :class:`Lines` framing any anyio byte stream, and stdio as an
+:class:`Outlet` like the socket's, with a worker-thread fallback for what epoll cannot watch
+(a regular file, /dev/null), and the same max_buffered_bytes rule on the way out."""
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import logging
@@ -18,7 +17,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from memoryd.transports import READ_CHUNK, FileReader, FileWriter, PeerProcess, StreamProtocol, stdio_stream
+from anyio.abc import ByteReceiveStream, SocketStream
+from memoryd.transports import READ_CHUNK, Lines, stdio_stream
+from memoryd_protocol.framing import OVERSIZE
 
 pytestmark = pytest.mark.anyio
 
@@ -36,80 +37,72 @@ def pipes() -> Iterator[tuple[int, int, int, int]]:
             pass
 
 
-async def read_all(proto: StreamProtocol) -> bytes:
-    return b"".join([chunk async for chunk in proto.chunks()])
+async def read_all(stream: ByteReceiveStream) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+async def read_lines(lines: Lines) -> list[bytes]:
+    got = []
+    while (line := await lines.next()) is not None:
+        got.append(line)
+    return got
 
 
 async def test_pipes_carry_bytes_both_ways_and_replies_outlive_stdins_eof(pipes: tuple[int, int, int, int]) -> None:
     in_r, in_w, out_r, out_w = pipes
-    async with stdio_stream(in_r, out_w, 65536) as proto:
-        assert not isinstance(proto.transport, FileReader) and not isinstance(proto.out, FileWriter)
-        assert proto.peer is not None and proto.peer.pid == os.getppid()
+    async with stdio_stream(in_r, out_w, 65536) as (stdin, out):
+        assert out.peer is not None and out.peer.pid == os.getppid()
         os.write(in_w, b'{"a":1}\n{"b"')
         os.close(in_w)
-        assert await read_all(proto) == b'{"a":1}\n{"b"'
-        proto.post(b"reply\n")  # stdin is at EOF: what was asked is still answered
-        await proto.finish()
-        assert proto.closed
+        assert await read_all(stdin) == b'{"a":1}\n{"b"'
+        out.post(b"reply\n")  # stdin is at EOF: what was asked is still answered
+        await out.finish()
+        assert out.closed
     assert os.read(out_r, 100) == b"reply\n"
     # the parent shares the descriptors: they are left open and blocking, as they came
     assert os.get_blocking(in_r) and os.get_blocking(out_w)
 
 
-async def test_sockets_read_into_one_shared_buffer_and_each_connection_gets_its_own_bytes() -> None:
-    """Sockets take the buffered path (one read buffer per event loop): two connections
-    read at once, one of them a line of several buffers' worth, each gets exactly its bytes."""
-    loop = asyncio.get_running_loop()
-    payloads = [b"a" * (3 * READ_CHUNK + 17) + b"\n" + b"tail", b"".join(b"%d\n" % i for i in range(5000))]
-    protos: list[StreamProtocol] = []
-    senders = []
-    for data in payloads:
-        ours, theirs = socket.socketpair()
-        proto = StreamProtocol(None, peer=PeerProcess(os.getpid()))
-        await loop.connect_accepted_socket(lambda proto=proto: proto, ours)  # type: ignore[misc]
-        protos.append(proto)
+async def test_lines_frame_a_socket_exactly_and_drop_a_line_over_the_limit() -> None:
+    """A line of several reads, thousands of short ones in small writes, blank lines, one
+    over the limit (dropped, reported once, the next line intact) and an unterminated tail."""
+    long = b"a" * (3 * READ_CHUNK + 17)
+    data = (long + b"\n\n \r\n" + b"".join(b"%d\n" % i for i in range(5000)) + b"x" * (4 * READ_CHUNK) + b"\nafter\r\n"
+            + b"tail")
+    ours, theirs = socket.socketpair()
 
-        def send(theirs: socket.socket = theirs, data: bytes = data) -> None:
-            with theirs:
-                for at in range(0, len(data), 1000):  # many small writes, interleaved with the other's
-                    theirs.sendall(data[at:at + 1000])
-                theirs.shutdown(socket.SHUT_WR)
+    def send() -> None:
+        with theirs:
+            for at in range(0, len(data), 1000):
+                theirs.sendall(data[at:at + 1000])
+            theirs.shutdown(socket.SHUT_WR)
 
-        senders.append(threading.Thread(target=send))
-    for t in senders:
-        t.start()
-    got: list[bytes] = [b"", b""]
-
-    async def read(i: int) -> None:
-        got[i] = await read_all(protos[i])
-
-    async with anyio.create_task_group() as tg:
-        for i in range(2):
-            tg.start_soon(read, i)
-    for t in senders:
-        t.join()
-    for proto in protos:
-        proto.abort()
-    assert got == payloads
+    sender = threading.Thread(target=send)
+    sender.start()
+    async with await SocketStream.from_socket(ours) as stream:
+        got = await read_lines(Lines(stream, 3 * READ_CHUNK + 17, 30.0))
+    sender.join()
+    assert got == [long, *(b"%d" % i for i in range(5000)), OVERSIZE, b"after\r", b"tail"]
 
 
-async def test_end_chunks_ends_a_waiting_read_at_once_and_reads_nothing_queued_after_it() -> None:
-    proto = StreamProtocol(None, peer=PeerProcess(os.getpid()))
-    chunks = proto.chunks()
-    proto.data_received(b"one\n")
-    assert await anext(chunks) == b"one\n"
-    got: list[bytes] = []
+async def test_stop_ends_a_waiting_read_at_once_and_reads_nothing_queued_after_it() -> None:
+    send, receive = anyio.create_memory_object_stream[bytes](10)
+    with send, receive:
+        lines = Lines(receive, 100, 30.0)
+        send.send_nowait(b"one\ntw")
+        assert await lines.next() == b"one"
+        got: list[bytes] = []
 
-    async def read() -> None:
-        got.extend([chunk async for chunk in chunks])
+        async def read() -> None:
+            got.extend(await read_lines(lines))
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(read)
-        await anyio.wait_all_tasks_blocked()  # the read waits for bytes
-        proto.end_chunks()
-    assert got == []
-    proto.data_received(b"two\n")  # what arrives afterwards is never read
-    assert [chunk async for chunk in proto.chunks()] == []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()  # the read waits for the rest of the line
+            lines.stop()
+        assert got == []
+        send.send_nowait(b"o\nthree\n")  # what arrives afterwards is never read
+        assert await lines.next() is None
 
 
 async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tuple[int, int, int, int],
@@ -118,7 +111,7 @@ async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tup
     caplog.set_level(logging.WARNING, "memoryd.transports")
     line = b"x" * 16383 + b"\n"
     fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, 65536)  # the kernel's share: exactly 4 lines
-    async with stdio_stream(in_r, out_w, 65536) as proto:
+    async with stdio_stream(in_r, out_w, 65536) as (stdin, proto):
         posted = 0
         with pytest.raises(BrokenPipeError):
             while True:
@@ -131,7 +124,7 @@ async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tup
         # stdin is still read: requests still complete, only their replies are lost
         os.write(in_w, b"more\n")
         os.close(in_w)
-        assert await read_all(proto) == b"more\n"
+        assert await read_all(stdin) == b"more\n"
     assert [r.getMessage() for r in caplog.records] == [
         "dropping a connection that stopped reading: 81920 bytes unsent (max_buffered_bytes 65536)"]
 
@@ -140,9 +133,8 @@ async def test_regular_files_use_the_fallback(tmp_path: Path) -> None:
     data = b"".join(b'{"n":%d}\n' % n for n in range(20_000))  # several reads' worth
     (tmp_path / "in").write_bytes(data)
     with (tmp_path / "in").open("rb") as fin, (tmp_path / "out").open("wb") as fout:
-        async with stdio_stream(fin.fileno(), fout.fileno(), 65536) as proto:
-            assert isinstance(proto.transport, FileReader) and isinstance(proto.out, FileWriter)
-            assert await read_all(proto) == data
+        async with stdio_stream(fin.fileno(), fout.fileno(), 65536) as (stdin, proto):
+            assert await read_all(stdin) == data
             proto.post(b"one\n")
             proto.post(b"two\n")
             await proto.finish()
@@ -153,9 +145,8 @@ async def test_dev_null_uses_the_fallback() -> None:
     """epoll refuses /dev/null as it does a regular file."""
     fin, fout = os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_WRONLY)
     try:
-        async with stdio_stream(fin, fout, 65536) as proto:
-            assert isinstance(proto.transport, FileReader) and isinstance(proto.out, FileWriter)
-            assert await read_all(proto) == b""  # EOF at once
+        async with stdio_stream(fin, fout, 65536) as (stdin, proto):
+            assert await read_all(stdin) == b""  # EOF at once
             proto.post(b"gone\n")
             await proto.finish()
     finally:
@@ -176,15 +167,14 @@ def test_stdio_from_and_to_regular_files(tmp_path: Path) -> None:
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [1, 2, 3]
 
 
-async def test_one_socket_for_stdin_and_stdout_is_one_socket_transport() -> None:
-    """inetd style: a write pipe on the socket would read incoming bytes as its peer closing."""
+async def test_one_socket_for_stdin_and_stdout_carries_both_ways() -> None:
+    """inetd style: the input's EOF does not end the output."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        async with stdio_stream(theirs.fileno(), theirs.fileno(), 65536) as proto:
-            assert proto.transport is proto.out
+        async with stdio_stream(theirs.fileno(), theirs.fileno(), 65536) as (stdin, proto):
             ours.sendall(b"ask\n")
             ours.shutdown(socket.SHUT_WR)
-            assert await read_all(proto) == b"ask\n"
+            assert await read_all(stdin) == b"ask\n"
             proto.post(b"answer\n")  # after the peer's EOF
             await proto.finish()
         assert ours.recv(100) == b"answer\n"

@@ -13,17 +13,16 @@ still waits for every request it read before it returns, and cancels them if can
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
+from anyio.abc import AnyByteReceiveStream
 from memoryd_protocol.constants import DEFAULT_HALF_LINE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES
-from memoryd_protocol.framing import OVERSIZE, Framer
+from memoryd_protocol.framing import OVERSIZE
 from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals
@@ -40,7 +39,7 @@ from .rpc import (
     parse,
     serves_inline,
 )
-from .transports import PeerProcess
+from .transports import TIMED_OUT, Lines, PeerProcess
 
 log = logging.getLogger("memoryd.connection")
 
@@ -83,18 +82,20 @@ class Connection:
         self._max_bytes = max_bytes
         #: set by ``stop_reading`` (shutdown): no further line is read
         self._stop_reading = False
-        self._read_scope: anyio.CancelScope | None = None
-        #: ends the chunks ``serve`` reads at once, as at EOF (``serve``'s ``end_chunks``)
-        self._end_chunks: Callable[[], None] | None = None
+        self._lines: Lines | None = None
         #: max_buffered_bytes: lines read ahead of the one being served, in bytes
         self._max_buffered = max_buffered
         #: half_line_timeout_s: how long an incomplete line may be held
         self._half_line_s = half_line_s
         #: the places for requests in flight over every connection (max_inflight_total)
         self._inflight = inflight
-        #: set by ``mcp/attach``: once its reply is out, the rest of the connection's bytes
-        #: go to this (the MCP front-end), with the lines already framed and the framer
-        self.handoff: Callable[[list[bytes], Framer, AsyncIterator[bytes]], Awaitable[None]] | None = None
+        #: requests of this connection holding a place (``take_place``), and their lines' bytes
+        self._places = 0
+        self._place_bytes = 0
+        self._room = asyncio.Event()
+        #: set by ``mcp/attach``: once its reply is out, the rest of the connection's lines
+        #: go to this (the MCP front-end)
+        self.handoff: Callable[[Lines], Awaitable[None]] | None = None
 
     def post_line(self, data: bytes, *, hold: bool = False) -> bool:
         """Queue one line whole, never waiting, so concurrent requests' lines never interleave;
@@ -158,17 +159,47 @@ class Connection:
         """Dropped for not reading (outbound.py): what it sent and was not served yet never is."""
         return bool(getattr(self._sink, "dropped", False))
 
-    async def admit(self) -> None:
-        """A place for one more request in flight, over every connection together
-        (max_inflight_total): the caller reads no further line until it has one. The socket's
-        requests and an MCP session's calls take theirs here alike."""
+    async def take_place(self, size: int) -> bool:
+        """A place for one more request read and not yet answered (or parked on an
+        approval), of ``size`` bytes: at most MAX_INFLIGHT of this connection's, their lines
+        holding at most max_buffered_bytes, and one of max_inflight_total over every
+        connection. The caller reads no further line until it has one. The socket's requests
+        and an MCP session's calls take theirs here alike; False: the connection was dropped
+        meanwhile, and serves nothing more."""
+        while self._places and (self._places >= MAX_INFLIGHT or self._place_bytes + size > self._max_buffered):
+            # Backpressure on a client that pipelines faster than we serve.
+            self._room.clear()
+            await self._room.wait()
         if self._inflight is not None:
             await self._inflight.admit(self._sink)
+            if self.dropped:
+                self._inflight.leave(self._sink)
+                return False
+        self._places += 1
+        self._place_bytes += size
+        return True
 
-    def leave(self, count: int = 1) -> None:
-        """``count`` requests admitted are answered, parked on an approval, or never will be."""
+    def free_place(self, size: int) -> None:
+        """A request that took a place of ``size`` bytes is answered, parked, or never will be."""
+        self._places -= 1
+        self._place_bytes -= size
         if self._inflight is not None:
-            self._inflight.leave(self._sink, count)
+            self._inflight.leave(self._sink)
+        self._room.set()
+
+    async def next_line(self, lines: Lines) -> bytes | None:
+        """The next line to serve, or None at the end. A line too long is answered here and
+        skipped; a half line held too long is answered here and ends the connection."""
+        while True:
+            line = await lines.next()
+            if line is OVERSIZE:
+                await self.send_line(OVERSIZE_LINE)
+                continue
+            if line is TIMED_OUT:
+                log.info("connection %d: an incomplete line waited more than %g s; closing", self.id, self._half_line_s)
+                await self.send_line(HALF_LINE_LINE)
+                return None
+            return line
 
     async def notify(self, method: str, params: Any) -> None:
         """Never waits: a stalled peer cannot hold up approvals or anyone else's request."""
@@ -178,17 +209,16 @@ class Connection:
         """Read no further line (shutdown); ``serve`` returns once every request already read
         has been answered."""
         self._stop_reading = True
-        if self._end_chunks is not None:
-            self._end_chunks()
-        elif self._read_scope is not None:
-            self._read_scope.cancel()
+        if self._lines is not None:
+            self._lines.stop()
 
-    async def serve(self, chunks: AsyncIterable[bytes], end_chunks: Callable[[], None] | None = None) -> None:
-        """Read and serve lines until EOF or ``stop_reading``. ``end_chunks`` (a
-        StreamProtocol's) ends ``chunks`` at once: ``stop_reading`` calls it instead of
-        cancelling the wait for the next chunk, so no read needs a cancel scope of its own."""
+    async def serve(self, stream: AnyByteReceiveStream) -> None:
+        """Read and serve lines from ``stream`` (an anyio byte or bytes-object receive
+        stream) until EOF or ``stop_reading``."""
         log.debug("connection %d (%s) opened", self.id, self.name)
-        self._end_chunks = end_chunks
+        self._lines = lines = Lines(stream, self._max_bytes, self._half_line_s)
+        if self._stop_reading:
+            lines.stop()
         loop = asyncio.get_running_loop()
         #: the requests' tasks not finished yet
         tasks: set[asyncio.Task[None]] = set()
@@ -197,81 +227,30 @@ class Connection:
             try:
                 prev = asyncio.Event()
                 prev.set()
-                #: requests started and not yet done or parked: (turn, bytes of the line)
-                inflight: deque[tuple[asyncio.Event, int]] = deque()
-                held = 0
-                framer = Framer(self._max_bytes)
-                source = aiter(chunks)
-                #: seconds the current partial line may still take to complete
-                half_line_left = self._half_line_s
                 try:
-                    while not self._stop_reading:
-                        chunk: bytes | None = None
-                        timed_out = False
-                        # stop_reading ends only this wait: by end_chunks, or else this scope
-                        with contextlib.nullcontext() if end_chunks is not None else anyio.CancelScope() \
-                                as self._read_scope:
-                            if framer.partial:
-                                started = anyio.current_time()
-                                with anyio.move_on_after(half_line_left) as scope:
-                                    chunk = await anext(source, None)
-                                timed_out = scope.cancelled_caught
-                                half_line_left -= anyio.current_time() - started
-                            else:
-                                chunk = await anext(source, None)
-                        self._read_scope = None
-                        if self._stop_reading:
+                    while (line := await self.next_line(lines)) is not None:
+                        message = parse(line)
+                        if serves_inline(message):
+                            # Served inline, in order: no task, and nothing here can wait
+                            # for an approval that a later line would have to decide.
+                            if not prev.is_set():
+                                await prev.wait()
+                            await self._serve_one(message)
+                            if self.handoff is not None:
+                                # mcp/attach was answered: from here on the lines are MCP
+                                handoff, self.handoff = self.handoff, None
+                                await handoff(lines)
+                                break
+                            continue
+                        # Inline requests take no place: one at a time, in this loop, which
+                        # reads nothing meanwhile, so an approver's decision never waits here.
+                        if not await self.take_place(len(line)):
                             break
-                        if timed_out:
-                            log.info("connection %d: an incomplete line waited more than %g s; closing",
-                                     self.id, self._half_line_s)
-                            await self.send_line(HALF_LINE_LINE)
-                            break
-                        got = framer.end() if chunk is None else framer.feed(chunk)
-                        if not framer.partial:
-                            half_line_left = self._half_line_s
-                        handed = False
-                        for i, line in enumerate(got):
-                            if line is OVERSIZE:
-                                await self.send_line(OVERSIZE_LINE)
-                                continue
-                            message = parse(line)
-                            if serves_inline(message):
-                                # Served inline, in order: no task, and nothing here can wait
-                                # for an approval that a later line would have to decide.
-                                if not prev.is_set():
-                                    await prev.wait()
-                                await self._serve_one(message)
-                                if self.handoff is not None:
-                                    # mcp/attach was answered: from here on the bytes are MCP
-                                    handoff, self.handoff = self.handoff, None
-                                    await handoff(got[i + 1:], framer, source)
-                                    handed = True
-                                    break
-                                continue
-                            while inflight and (len(inflight) >= MAX_INFLIGHT
-                                                or held + len(line) > self._max_buffered):
-                                # Backpressure on a client that pipelines faster than we
-                                # serve: stop reading until the oldest request is done/parked.
-                                turn, size = inflight.popleft()
-                                await turn.wait()
-                                held -= size
-                            # Inline requests take no place: one at a time, in this loop, which
-                            # reads nothing meanwhile, so an approver's decision never waits here.
-                            await self.admit()
-                            turn = asyncio.Event()
-                            task = loop.create_task(self._handle(message, prev, turn))
-                            tasks.add(task)
-                            task.add_done_callback(tasks.discard)
-                            prev = turn
-                            inflight.append((turn, len(line)))
-                            held += len(line)
-                            while inflight and inflight[0][0].is_set():
-                                held -= inflight.popleft()[1]
-                        if handed or chunk is None:
-                            break
-                except OSError as exc:
-                    log.debug("connection %d read failed: %s", self.id, exc)
+                        turn = asyncio.Event()
+                        task = loop.create_task(self._handle(message, prev, turn, len(line)))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                        prev = turn
                 finally:
                     self.gone = True
                     # Waiters asked of this connection get "unavailable" and finish.
@@ -299,7 +278,7 @@ class Connection:
             self._approvals.connection_closed(self)
             log.debug("connection %d closed", self.id)
 
-    async def _handle(self, message: Message, prev: asyncio.Event, turn: asyncio.Event) -> None:
+    async def _handle(self, message: Message, prev: asyncio.Event, turn: asyncio.Event, size: int) -> None:
         left = False
 
         def parked() -> None:
@@ -308,7 +287,7 @@ class Connection:
             turn.set()
             if not left:
                 left = True
-                self.leave()
+                self.free_place(size)
 
         try:
             if not prev.is_set():
@@ -319,7 +298,7 @@ class Connection:
                 turn.set()
         finally:
             if not left:
-                self.leave()
+                self.free_place(size)
 
     async def _serve_one(self, message: Message | Any, release_turn: Callable[[], None] | None = None) -> None:
         if self.dropped:

@@ -1,23 +1,33 @@
-"""Where lines come from: the Unix socket (many sessions) and stdio (one harness child)."""
+"""Where lines come from: the Unix socket (many sessions) and stdio (one harness child).
+
+Both are served with anyio's streams, the socket's accepted by anyio's listener (app.py).
+What a connection reads is framed by :class:`Lines`; what it sends goes through an
+:class:`Outlet`. The MCP front-end reads the same :class:`Lines` once a connection
+switches to it, so the caps on a line hold there too.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import logging
+import math
 import os
 import selectors
 import socket
 import stat
-import threading
+import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Final
 
+import anyio
+from anyio.abc import AnyByteReceiveStream, ByteReceiveStream, SocketAttribute, SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.file import FileReadStream
 from memoryd_protocol.constants import DEFAULT_MAX_BUFFERED_BYTES
+from memoryd_protocol.framing import OVERSIZE
 from memoryd_protocol.paths import temporary_twin
 
 from .errors import DaemonError
@@ -29,9 +39,6 @@ from .rundir import check_private_dir, ensure_private_dir
 log = logging.getLogger("memoryd.transports")
 
 READ_CHUNK = 65536
-#: A long line goes to the transport this much at a time, as the peer reads: the transport
-#: copies what it cannot send at once, and a whole reply copied is the reply held twice.
-WRITE_PIECE = 4 * READ_CHUNK
 
 
 def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
@@ -193,252 +200,333 @@ def sd_notify(message: str) -> None:
 
 
 #: The default max_buffered_bytes, both ways: unsent output past it drops the connection (a
-#: stalled peer must not make the daemon buffer without bound), unread input past it pauses reading.
+#: stalled peer must not make the daemon buffer without bound), unread lines past it pause reading.
 MAX_UNREAD = DEFAULT_MAX_BUFFERED_BYTES
 
-
-class _ReadBuffer(threading.local):
-    """The buffer sockets read into, one per thread (event loop) rather than per connection:
-    asyncio calls ``get_buffer``, ``recv_into`` and ``buffer_updated`` back to back on the
-    loop's thread and ``buffer_updated`` copies the bytes out, so no two reads share it."""
-
-    def __init__(self) -> None:
-        self.view = memoryview(bytearray(READ_CHUNK))
+#: Returned by :meth:`Lines.next` for an incomplete line held longer than the half-line timeout.
+TIMED_OUT: Final = b"\x00timed out"
 
 
-_read_buffer = _ReadBuffer()
+class _HalfLine(Exception):
+    """The bytes of an incomplete line waited too long for the rest."""
 
 
-class StreamProtocol(asyncio.BufferedProtocol, asyncio.Protocol):
-    """A connection as an asyncio Protocol, for both transports, with flow control both ways:
-    reading pauses once unread chunks pass max_buffered, writing waits at the transport's
-    high-water mark, and a peer that stops reading altogether is dropped.
+class _Watched(ByteReceiveStream):
+    """A connection's stream as :class:`Lines` reads it: each wait for bytes can be ended
+    at once (``Lines.stop``), and one made while an incomplete line is held is timed."""
 
-    A socket is one transport both ways; stdio is two pipes (:func:`stdio_stream`), each
-    calling ``connection_made``/``connection_lost`` here, told apart as ``transport`` (reads)
-    and ``out`` (writes). Unlike anyio's streams this keeps one epoll registration per
-    connection and never yields to write. Sockets read through the buffered half
-    (:class:`_ReadBuffer`), so asyncio does not allocate a large bytes object per ``recv``;
-    pipes have no buffered path and call ``data_received``. Failures are OSErrors.
-    """
+    def __init__(self, stream: AnyByteReceiveStream, lines: Lines) -> None:
+        self._stream = stream
+        self._lines = lines
 
-    def __init__(self, on_connect: Callable[[StreamProtocol], None] | None, max_buffered: int = MAX_UNREAD,
-                 *, peer: PeerProcess | None = None, outbound: Outbound | None = None) -> None:
-        """``on_connect`` runs once both directions are connected and the peer is let in.
-        ``peer`` is given when no socket can say (stdio: our parent); without it the socket's
-        credentials decide, and another user's connection is refused. ``outbound``: the
-        daemon-wide cap on unsent output this connection counts towards."""
-        self._on_connect = on_connect
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        lines = self._lines
+        if lines.stopped:
+            raise anyio.EndOfStream
+        partial = lines.held > 0 or lines.discarding
+        started = anyio.current_time() if partial else 0.0
+        with anyio.CancelScope(deadline=started + lines.left if partial else math.inf) as scope:
+            lines.scope = scope
+            try:
+                data: bytes = await self._stream.receive()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                log.debug("a read failed: %s", exc)
+                raise anyio.EndOfStream from None
+        lines.scope = None
+        if scope.cancelled_caught:
+            if lines.stopped:
+                raise anyio.EndOfStream
+            raise _HalfLine
+        if partial:
+            lines.left -= anyio.current_time() - started
+        lines.held += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class Lines:
+    """A connection's input as NDJSON lines (wire-v1.md §1), for the socket, stdio and the
+    MCP front-end alike: ``receive_until(b"\\n")`` over the stream, so nothing is read
+    beyond what the connection asks for. A line longer than ``max_bytes`` is dropped as it
+    streams in, never held whole, and reported once as OVERSIZE. Bytes of an incomplete
+    line may wait for the rest ``half_line_s`` in all (the time spent waiting for the peer);
+    an idle connection is never timed out."""
+
+    def __init__(self, stream: AnyByteReceiveStream, max_bytes: int, half_line_s: float) -> None:
+        self._max = max_bytes
+        self._half_line_s = half_line_s
+        self._buffered = BufferedByteReceiveStream(_Watched(stream, self))
+        #: bytes read and not yet handed out as lines: an incomplete line's, when nonzero
+        self.held = 0
+        #: a line over the limit is being dropped
+        self.discarding = False
+        #: seconds the incomplete line may still wait
+        self.left = half_line_s
+        #: ``stop`` was called: the read waiting now ends, and no further line is read
+        self.stopped = False
+        self._ended = False
+        #: the scope of the read waiting for bytes now, if any
+        self.scope: anyio.CancelScope | None = None
+
+    def stop(self) -> None:
+        """Read no further line: a read waiting for bytes ends at once, as at EOF."""
+        self.stopped = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def next(self) -> bytes | None:
+        """The next line without its ``\\n`` (blank lines skipped, a trailing ``\\r`` kept),
+        OVERSIZE for one over the limit, TIMED_OUT, or None at the end (EOF or ``stop``)."""
+        while not (self.stopped or self._ended):
+            try:
+                line = await self._buffered.receive_until(b"\n", self._max + 1)
+            except anyio.DelimiterNotFound:
+                return await self._discard()
+            except anyio.IncompleteRead:
+                return self._last()
+            except _HalfLine:
+                self._ended = True
+                return TIMED_OUT
+            self.held -= len(line) + 1
+            self.left = self._half_line_s
+            if len(line) > self._max:
+                return OVERSIZE
+            if line and not (line[:1].isspace() and line.isspace()):
+                return line
+        return None
+
+    def _last(self) -> bytes | None:
+        """At EOF: the unterminated last line, if any (none after ``stop``)."""
+        self._ended = True
+        if self.stopped:
+            return None
+        if self.discarding:
+            return OVERSIZE
+        rest = self._buffered.buffer
+        return rest if rest.strip() else None
+
+    async def _discard(self) -> bytes | None:
+        """Drop the line over the limit up to its ``\\n``, then report it."""
+        self.discarding = True
+        await self._buffered.receive(sys.maxsize)  # what is held of it: the whole buffer
+        self.held = 0
+        try:
+            while True:
+                data = await self._buffered.receive_stream.receive()
+                end = data.find(b"\n")
+                if end >= 0:
+                    rest = data[end + 1:]
+                    self._buffered.feed_data(rest)
+                    self.held = len(rest)
+                    break
+                self.held = 0
+        except anyio.EndOfStream:
+            self._ended = True
+            if self.stopped:
+                return None
+        except _HalfLine:
+            self._ended = True
+            return TIMED_OUT
+        self.discarding = False
+        self.left = self._half_line_s
+        return OVERSIZE
+
+
+class Outlet:
+    """A connection's outgoing half, with flow control: ``post`` never waits. What the
+    kernel takes at once goes at once; the rest waits in a bounded memory object stream,
+    sent by the outlet's own task as the peer reads, and ``drain`` waits until it is sent.
+    A peer with more than ``max_buffered`` bytes unsent is dropped (one line, however long,
+    always goes out). Failures are OSErrors.
+
+    The kernel's count of what it took is what the caps count, so the outlet writes with
+    the descriptor's own non-blocking ``send`` and waits with ``anyio.wait_writable``."""
+
+    def __init__(self, target: socket.socket | int, send: Callable[[memoryview], int], max_buffered: int = MAX_UNREAD,
+                 *, peer: PeerProcess | None, outbound: Outbound | None = None,
+                 hang_up: Callable[[], None] | None = None) -> None:
+        """``target`` is waited on, ``send`` writes to it; ``peer`` the process on the
+        other end; ``outbound`` the daemon-wide cap on unsent output this counts towards;
+        ``hang_up`` ends both directions at once (a socket's shutdown)."""
+        self.peer = peer
         self.max_buffered = max_buffered
-        self._outbound = outbound
         #: dropped by ``outbound`` for stopping to read: no further request is served
         self.dropped = False
-        #: output not yet handed to the transport (views of the posted bytes, not copies)
-        self._pending: deque[memoryview] = deque()
-        self._pending_bytes = 0
-        self._out_paused = False  # the transport is at its high-water mark
-        self._closing = False  # close() was called: the writing side closes once fed
-        self._aborted = False
-        self._chunks: deque[bytes] = deque()
-        self._queued = 0
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
-        #: the writing side is gone (closed, flushed, or aborted)
-        self._sent = asyncio.Event()
-        self._eof = False
-        self._ended = False  # end_chunks was called
-        self._paused = False
-        self._check_peer = peer is None
         #: no more bytes can go out
         self.closed = False
-        self.transport: asyncio.ReadTransport | None = None
-        self.out: asyncio.WriteTransport | None = None
-        self.peer: PeerProcess | None = peer
+        self._target = target
+        self._send = send
+        self._outbound = outbound
+        self._hang_up = hang_up
+        # Every item is one post of at least a byte: the byte cap is always reached first.
+        self._queue_in, self._queue = anyio.create_memory_object_stream[memoryview](max_buffered + 1)
+        self._unsent = 0
+        self._caught_up = anyio.Event()
+        self._caught_up.set()
+        self._sending = anyio.CancelScope()
+        #: the sending task ended: everything went out, or the peer is gone
+        self._sent = anyio.Event()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # The first to come reads: asyncio's write pipe, which comes second, is a Transport too.
-        if isinstance(transport, asyncio.ReadTransport) and self.transport is None:
-            self.transport = transport
-        if isinstance(transport, asyncio.WriteTransport):
-            self.out = transport
-        if self.transport is None or self.out is None:
-            return  # stdio: the other pipe comes next
-        if self._check_peer:
-            sock = transport.get_extra_info("socket")
-            creds = peer_credentials(sock)
-            if creds is None or not peer_allowed(creds[1], os.geteuid()):
-                assert isinstance(transport, asyncio.Transport)
-                self._refuse(transport, sock, creds)
-                return
-            # The kernel's facts only: a relay says what it is later (initialize's relay).
-            self.peer = PeerProcess.of(creds[0], creds[1])
-        if self._on_connect is not None:
-            self._on_connect(self)
-
-    def _refuse(self, transport: asyncio.Transport, sock: Any, creds: tuple[int, int, int] | None) -> None:
-        """Another user's connection: never served, nothing of it parsed. Shut both ways and
-        discard its input first: closing a Unix socket with unread input resets the peer
-        instead of giving it EOF."""
-        refusals.refused(creds[0] if creds else None, creds[1] if creds else None)
-        self.closed = True
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-            fd = sock.fileno()
-            while os.read(fd, READ_CHUNK):  # bounded: the peer can add nothing after the shutdown
-                pass
-        transport.abort()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _read_buffer.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_read_buffer.view[:nbytes]))
-
-    def data_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._queued += len(data)
-        self._readable.set()
-        if self._queued > self.max_buffered and not self._paused and self.transport is not None:
-            self.transport.pause_reading()
-            self._paused = True
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        self._readable.set()
-        return True  # a socket stays half-open: replies to what was sent can still go out
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # A stdio pipe is one direction only: stdin's EOF must not stop the replies.
-        if self.transport is None or self.transport.is_closing():
-            self._eof = True
-            self._readable.set()
-        if self.out is None or self.out.is_closing():
-            self.closed = True
-            self._pending.clear()
-            self._pending_bytes = 0
-            self.resume_writing()  # nothing is behind any more
-            self._sent.set()
-
-    def pause_writing(self) -> None:
-        self._out_paused = True
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._out_paused = False
-        self._feed()
-
-    def _feed(self) -> None:
-        """Hand queued output to the transport, a piece at a time, until it pauses again."""
-        out = self.out
-        while self._pending and not self._out_paused and out is not None and not out.is_closing():
-            view = self._pending.popleft()
-            if len(view) > WRITE_PIECE:
-                self._pending.appendleft(view[WRITE_PIECE:])
-                view = view[:WRITE_PIECE]
-            self._pending_bytes -= len(view)
-            out.write(view)
-        if not self._out_paused and (not self._pending or self.closed):
-            self._writable.set()
-            if self._outbound is not None:
-                self._outbound.caught_up(self)
-            if self._closing:
-                # not from here: a pipe calling resume_writing goes on to end itself when closing
-                asyncio.get_running_loop().call_soon(self.close)
+    @contextlib.asynccontextmanager
+    async def sending(self) -> AsyncIterator[Outlet]:
+        """The outlet with its sending task; leaving drops what is unsent (``finish`` first)."""
+        with self._queue_in, self._queue:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._send_queued)
+                try:
+                    yield self
+                finally:
+                    self.abort()
 
     def unsent(self) -> int:
-        """Bytes posted and not yet sent: queued here or in the transport's buffer."""
-        out = self.out
-        return self._pending_bytes + (0 if out is None else out.get_write_buffer_size())
-
-    def end_chunks(self) -> None:
-        """End ``chunks`` at once, as at EOF, whatever is queued (the drain); replies still go out."""
-        self._ended = True
-        self._readable.set()
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while not self._ended:
-            while self._chunks and not self._ended:
-                chunk = self._chunks.popleft()
-                self._queued -= len(chunk)
-                if self._paused and self._queued <= self.max_buffered // 2 and self.transport is not None:
-                    self._paused = False
-                    self.transport.resume_reading()
-                yield chunk
-            if self._eof or self._ended:
-                return
-            self._readable.clear()
-            await self._readable.wait()
+        """Bytes posted and not yet taken by the kernel."""
+        return self._unsent
 
     def post(self, data: bytes) -> None:
-        """Queue bytes without waiting; a peer with more than max_buffered bytes unsent is
-        dropped (one line, however long, always goes out). BrokenPipeError once it is gone."""
-        out = self.out
-        if self.closed or out is None or out.is_closing():
+        """Queue bytes without waiting. BrokenPipeError once the peer is gone, or when it has
+        more than max_buffered bytes unsent (it is dropped then)."""
+        if self.closed:
             raise BrokenPipeError("the peer is gone")
-        unsent = self.unsent()
-        if unsent > self.max_buffered:
+        if self._unsent > self.max_buffered:
             log.warning("dropping a connection that stopped reading: %d bytes unsent (max_buffered_bytes %d)",
-                        unsent, self.max_buffered)
-            self._abort_out()  # only the writing side: what was read is still served
+                        self._unsent, self.max_buffered)
+            self.abort()  # what was read is still served; its replies are lost
             raise BrokenPipeError("the peer stopped reading")
-        if self._writable.is_set() and len(data) <= WRITE_PIECE:
-            out.write(data)  # the common case: the transport sends it at once
-        else:
-            self._pending.append(memoryview(data))
-            self._pending_bytes += len(data)
-            self._feed()
-        if not self._writable.is_set() and self._outbound is not None:
+        view = memoryview(data)
+        if not self._unsent:
+            try:
+                sent = self._send(view)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._lost()
+                raise BrokenPipeError("the peer is gone") from None
+            if sent == len(view):
+                return  # the common case: the kernel took it all
+            view = view[sent:]
+            self._caught_up = anyio.Event()
+        self._queue_in.send_nowait(view)
+        self._unsent += len(view)
+        if self._outbound is not None:
             self._outbound.behind(self)  # behind now, or more output while behind
 
+    async def _send_queued(self) -> None:
+        try:
+            with self._sending:
+                async for view in self._queue:
+                    while view:
+                        try:
+                            sent = self._send(view)
+                        except BlockingIOError:
+                            await anyio.wait_writable(self._target)
+                            continue
+                        except OSError:
+                            self._lost()
+                            return
+                        view = view[sent:]
+                        self._unsent -= sent
+                    if not self._unsent:
+                        self._caught_up.set()
+                        if self._outbound is not None:
+                            self._outbound.caught_up(self)
+        finally:
+            self._sent.set()
+
     async def drain(self) -> None:
-        if not self._writable.is_set():
-            await self._writable.wait()
+        """Until the peer has taken what is queued."""
+        if self._unsent:
+            await self._caught_up.wait()
         if self.closed:
             raise BrokenPipeError("the peer is gone")
 
-    def close(self) -> None:
-        """Stop reading; what is queued still goes out, then the writing side closes."""
-        self._closing = True
-        if self._pending and self.out is not None and not self.out.is_closing():
-            if isinstance(self.transport, asyncio.WriteTransport):
-                self.transport.pause_reading()  # a socket: one transport both ways
-            elif self.transport is not None:
-                self.transport.close()  # stdio's read pipe
-            return  # _feed closes the rest once the queue is in the transport
-        for t in {self.transport, self.out}:
-            if t is not None:
-                t.close()
-
     async def finish(self) -> None:
-        """Close, and return once everything queued went out (the caller bounds the wait)."""
-        self.close()
-        if self.out is not None:
-            await self._sent.wait()
+        """Post nothing more, and return once everything queued went out (the caller bounds
+        the wait)."""
+        self.closed = True
+        self._queue_in.close()
+        await self._sent.wait()
 
-    def drop(self) -> None:
-        """Close now, dropping what is unsent and what was read but not served yet."""
-        self.dropped = True
-        self.end_chunks()
-        self.abort()
-
-    def _abort_out(self) -> None:
-        self._pending.clear()
-        self._pending_bytes = 0
-        # once only: asyncio's pipes fail when aborted again before they are lost
-        if self.out is not None and not self._sent.is_set() and not self._aborted:
-            self._aborted = True
-            self.out.abort()
+    def _lost(self) -> None:
+        """No more bytes can go out: what is queued is dropped."""
+        self.closed = True
+        self._sending.cancel()
+        while True:
+            try:
+                self._queue.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._unsent = 0
+        self._caught_up.set()
+        if self._outbound is not None:
+            self._outbound.caught_up(self)
 
     def abort(self) -> None:
-        """Close both directions now, dropping what is unsent."""
-        self._abort_out()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()  # a read pipe (a socket's transport is aborted above)
+        """Drop what is unsent and send nothing more; a socket is shut both ways, so its
+        reader sees the end at once."""
+        self._lost()
+        if self._hang_up is not None:
+            self._hang_up()
+
+    def drop(self) -> None:
+        """Dropped for not reading (outbound.py): what it sent and was not served yet never is."""
+        self.dropped = True
+        self.abort()
+
+
+class _FdReceiveStream(ByteReceiveStream):
+    """A descriptor epoll can watch (a pipe, a socket, a terminal), read as anyio reads a
+    socket. Closing the stream leaves it open: stdio's is the parent's, a socket's is closed
+    by its own stream."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        while True:
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def accepted(stream: SocketStream, max_buffered: int = MAX_UNREAD, *,
+             outbound: Outbound | None = None) -> tuple[ByteReceiveStream, Outlet] | None:
+    """The two halves of an accepted connection, whose peer credentials (SO_PEERCRED) decide:
+    None for another user's, which is refused before anything it sent is read. The socket is
+    read as a descriptor: a read that ``Lines.stop`` or the half-line timeout cancels must
+    not race the socket turning readable (anyio's socket stream can, in its reader callback)."""
+    sock: socket.socket = stream.extra(SocketAttribute.raw_socket)
+    creds = peer_credentials(sock)
+    if creds is None or not peer_allowed(creds[1], os.geteuid()):
+        refusals.refused(creds[0] if creds else None, creds[1] if creds else None)
+        # Shut both ways and discard its input first: closing a Unix socket with unread
+        # input resets the peer instead of giving it EOF.
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+            while sock.recv(READ_CHUNK):  # bounded: the peer can add nothing after the shutdown
+                pass
+        return None
+    # The kernel's facts only: a relay says what it is later (initialize's relay).
+    return _FdReceiveStream(sock.fileno()), Outlet(sock, sock.send, max_buffered, outbound=outbound,
+                                                  peer=PeerProcess.of(creds[0], creds[1]), hang_up=lambda: _shut(sock))
 
 
 def _pollable(fd: int) -> bool:
-    """epoll can watch ``fd`` (not a regular file, nor /dev/null), so asyncio's pipes can serve it."""
+    """epoll can watch ``fd`` (not a regular file, nor /dev/null)."""
     with selectors.DefaultSelector() as probe:
         try:
             probe.register(fd, selectors.EVENT_READ)
@@ -447,127 +535,31 @@ def _pollable(fd: int) -> bool:
     return True
 
 
-class FileReader(asyncio.ReadTransport):
-    """The regular-file fallback for stdin, which asyncio's pipe transports refuse: reads run
-    in a worker thread, one chunk at a time, and stop while reading is paused."""
-
-    def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
-        super().__init__()
-        self._fd = fd
-        self._protocol = protocol
-        self._closing = False
-        self._reading = asyncio.Event()
-        self._reading.set()
-        protocol.connection_made(self)
-        self._task = asyncio.get_running_loop().create_task(self._pump())
-
-    async def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
-        exc: OSError | None = None
-        try:
-            while True:
-                await self._reading.wait()
-                data = await loop.run_in_executor(None, os.read, self._fd, READ_CHUNK)
-                if not data:
-                    self._protocol.eof_received()
-                    break
-                self._protocol.data_received(data)
-        except OSError as e:
-            exc = e
-        except asyncio.CancelledError:
-            pass  # close(): only ever cancelled by it
-        self._closing = True
-        self._protocol.connection_lost(exc)
-
-    def is_reading(self) -> bool:
-        return self._reading.is_set() and not self._closing
-
-    def pause_reading(self) -> None:
-        self._reading.clear()
-
-    def resume_reading(self) -> None:
-        self._reading.set()
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._task.cancel()
-
-
-class FileWriter(asyncio.WriteTransport):
-    """The regular-file fallback for stdout: a file takes every write whole, so nothing is buffered."""
-
-    def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
-        super().__init__()
-        self._fd = fd
-        self._protocol = protocol
-        self._closing = False
-        protocol.connection_made(self)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing:
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self._fd, view):]
-        except OSError as exc:  # a full disk, say: nothing more can go out
-            self._lose(exc)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self._lose(None)
-
-    def abort(self) -> None:
-        self._lose(None)
-
-    def _lose(self, exc: Exception | None) -> None:
-        if not self._closing:
-            self._closing = True
-            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, exc)
-
-
-async def _connect_stdio(proto: StreamProtocol, in_fd: int, out_fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    a, b = os.fstat(in_fd), os.fstat(out_fd)
-    if stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
-        # One socket both ways (inetd style): a write pipe on it would take input for EOF.
-        await loop.connect_accepted_socket(lambda: proto, socket.socket(fileno=os.dup(in_fd)))
-        return
-    if _pollable(in_fd):
-        await loop.connect_read_pipe(lambda: proto, os.fdopen(in_fd, "rb", buffering=0, closefd=False))
-    else:
-        FileReader(in_fd, proto)
-    if _pollable(out_fd):
-        await loop.connect_write_pipe(lambda: proto, os.fdopen(out_fd, "wb", buffering=0, closefd=False))
-    else:
-        FileWriter(out_fd, proto)
-
-
 @contextlib.asynccontextmanager
 async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD, *,
-                       outbound: Outbound | None = None) -> AsyncIterator[StreamProtocol]:
-    """stdio as a :class:`StreamProtocol` whose peer is our parent. On exit unsent bytes are
-    dropped (``finish`` first to send them), and the descriptors, shared with the parent,
-    stay open and get their blocking mode back."""
+                       outbound: Outbound | None = None) -> AsyncIterator[tuple[ByteReceiveStream, Outlet]]:
+    """stdin as a byte stream and stdout as an :class:`Outlet` whose peer is our parent.
+    What epoll cannot watch (a regular file, /dev/null) is read on a worker thread and
+    written whole. On exit unsent bytes are dropped (``finish`` first to send them), and
+    the descriptors, shared with the parent, stay open and get their blocking mode back."""
     saved = [(fd, os.get_blocking(fd)) for fd in (in_fd, out_fd)]
-    proto = StreamProtocol(None, max_buffered, peer=PeerProcess.of(os.getppid()), outbound=outbound)
+    stdin: ByteReceiveStream
+    if _pollable(in_fd):
+        os.set_blocking(in_fd, False)
+        stdin = _FdReceiveStream(in_fd)
+    else:
+        stdin = FileReadStream(os.fdopen(in_fd, "rb", buffering=0, closefd=False))
+    if _pollable(out_fd):
+        os.set_blocking(out_fd, False)
+
+    def write(view: memoryview) -> int:
+        return os.write(out_fd, view)
+
+    outlet = Outlet(out_fd, write, max_buffered, peer=PeerProcess.of(os.getppid()), outbound=outbound)
     try:
-        await _connect_stdio(proto, in_fd, out_fd)
-        yield proto
+        async with stdin, outlet.sending():
+            yield stdin, outlet
     finally:
-        proto.abort()
         for fd, blocking in saved:
             with contextlib.suppress(OSError):
                 os.set_blocking(fd, blocking)

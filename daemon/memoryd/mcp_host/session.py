@@ -14,7 +14,6 @@ import functools
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import anyio
@@ -27,7 +26,6 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from memoryd_protocol.approval_text import approval_request
 from memoryd_protocol.errors import InvalidInput, ProtocolError
-from memoryd_protocol.framing import Framer
 from memoryd_protocol.mcp_tools import BY_NAME, TOOLS, McpTool, input_schema, output_schema
 from memoryd_protocol.mcp_wire import McpAttachParams
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ClientInfo, Session, SnapshotParams
@@ -35,6 +33,7 @@ from memoryd_protocol.types import ApprovalAsked, ApprovalBy, ClientInfo, Sessio
 from .. import __version__
 from ..connection import Connection
 from ..context import RequestContext
+from ..transports import Lines
 from . import McpFront
 from .calls import McpCalls, ToolResult, error_result
 from .peer import Call, McpPeer
@@ -398,13 +397,14 @@ class McpSession:
 
     # --- the connection ------------------------------------------------------------------
 
-    async def run(self, lines: list[bytes], framer: Framer, source: AsyncIterator[bytes]) -> None:
-        wire = Wire(self.conn, self.calls.session_id, self.service.config.half_line_timeout_s, self._end)
+    async def serve_lines(self, lines: Lines) -> None:
+        """Serve the host's lines with the SDK until EOF (or the daemon stops reading), then
+        wait for this session's daemon work."""
+        wire = Wire(self.conn, self.calls.session_id, self._end)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._notify_changes)
-                await wire.serve(lines, framer, source,
-                                 lambda recv, send: self.server.run(recv, send, self.init_options))
+                await wire.serve(lines, lambda recv, send: self.server.run(recv, send, self.init_options))
                 tg.cancel_scope.cancel()
         finally:
             self._end()
@@ -421,6 +421,5 @@ class McpSession:
         self.service.approvals.connection_closed(self.peer)
 
 
-async def serve(front: McpFront, conn: Connection, session_id: str, p: McpAttachParams, lines: list[bytes],
-                framer: Framer, source: AsyncIterator[bytes]) -> None:
-    await McpSession(front, conn, session_id, p).run(lines, framer, source)
+async def serve(front: McpFront, conn: Connection, session_id: str, p: McpAttachParams, lines: Lines) -> None:
+    await McpSession(front, conn, session_id, p).serve_lines(lines)
