@@ -66,26 +66,29 @@ async def test_a_thread_daemon_serves_its_socket_and_stops_cleanly(tmp_path: Pat
     conn.close()
 
 
-async def test_a_seed_of_many_entries_lets_the_event_loop_turn_between_its_parts(
+async def test_a_seed_runs_on_the_writers_thread_while_the_event_loop_serves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A seed's rows run on the event loop, as every write's do, but the seed yields after
-    each ROWS_PER_PART entries: what became ready meanwhile runs there, not after the whole
-    seed. (TURN_AFTER_S 0: the writer lets the loop turn at every yield.)"""
+    """A seed's rows run on the writer's thread, as every write's do, all in one job: the
+    event loop serves meanwhile (here: a task that the seed's first row wakes runs before its
+    next row is written)."""
+    import asyncio
     import threading
 
     from e2e_helpers import entry_input, write_ctx
     from memoryd import storefile
-    from memoryd import writer as writer_module
-    from memoryd.writes import ROWS_PER_PART
 
     events: list[tuple[str, int]] = []
     first = anyio.Event()
+    served = threading.Event()
     opened = storefile.open_store
+    loop = asyncio.get_running_loop()
 
     def inserted(sql: str) -> None:
         if sql.startswith("INSERT INTO entries"):
             events.append(("insert", threading.get_ident()))
-            first.set()
+            if len(events) == 1:
+                loop.call_soon_threadsafe(first.set)
+                assert served.wait(10), "the event loop did not run while the seed held the writer's thread"
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         conn = opened(*args, **kwargs)
@@ -93,19 +96,20 @@ async def test_a_seed_of_many_entries_lets_the_event_loop_turn_between_its_parts
         return conn
 
     monkeypatch.setattr(storefile, "open_store", traced)
-    monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0.0)
     loop_thread = threading.get_ident()
 
     async def meanwhile() -> None:
         await first.wait()
         events.append(("meanwhile", threading.get_ident()))
+        served.set()
 
-    n = 2 * ROWS_PER_PART + 1
+    n = 5
     async with memory_daemon(["--db", str(tmp_path / "m.db"), "--write-policy", "auto"]) as d, d.connect() as raw:
         async with anyio.create_task_group() as tg:
             tg.start_soon(meanwhile)
             await anyio.wait_all_tasks_blocked()
             inputs = [entry_input(f"fact {k}") for k in range(n)]
             await raw.ok("memory/seed", {"inputs": inputs, "write": write_ctx()})
-    assert events == [*[("insert", loop_thread)] * ROWS_PER_PART, ("meanwhile", loop_thread),
-                      *[("insert", loop_thread)] * (n - ROWS_PER_PART)]
+    writer_thread = events[0][1]
+    assert writer_thread != loop_thread
+    assert events == [("insert", writer_thread), ("meanwhile", loop_thread), *[("insert", writer_thread)] * (n - 1)]

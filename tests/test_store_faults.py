@@ -214,7 +214,7 @@ async def run_batch(writer: Writer, jobs: list[Any]) -> list[Any]:
             tg.start_soon(one, n, fn)
         await anyio.wait_all_tasks_blocked()
         assert writer.depth == len(jobs)
-        tg.start_soon(writer.run)
+        tg.start_soon(writer.serve)
         writer.close()
     return results
 

@@ -1,12 +1,10 @@
 """The single writer, in process: a real store in a temporary directory, no daemon process.
 
-A job is ``fn(tx)`` (or a generator function, yielding between its parts); the writer
-commits whatever is queued as one transaction, always the same way: BEGIN IMMEDIATE on the
-event loop (when another process holds the write lock, on the writer's thread, which waits
-for it), each deferred step and each job in its own savepoint on the event loop (a failure
-rolls that step and what it did to the Tx back, alone), the loop turning between steps and
-parts once the batch has held it for TURN_AFTER_S (0 in the tests that check it), then the
-usage counts, and COMMIT alone on the writer's thread. Here: those statements and threads,
+A job is ``fn(tx)``; the writer commits whatever is queued as one transaction, always the
+same way, the whole of it on the writer's thread: BEGIN IMMEDIATE (when another process
+holds the write lock, waiting for it), each deferred step and each job in its own savepoint
+(a failure rolls that step and what it did to the Tx back, alone), the usage counts, and
+COMMIT; the event loop runs on meanwhile. Here: those statements and threads,
 failures of a step, of the whole transaction and of COMMIT, the ledger chained from the
 Tx, the bookkeeping nobody awaits (kept ledger rows, the recall overlay), cancelled
 callers, close and drain; ``atomic``; and ``Daemon.open`` letting go of everything when a
@@ -15,26 +13,26 @@ later step fails.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from memoryd import adapter_registry, foreign, ledger, queries, readers, store, storefile
-from memoryd import writer as writer_module
+from memoryd import adapter_registry, foreign, ledger, readers, store, storefile
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
-from memoryd.atomic import atomic, begin, commit
+from memoryd.atomic import atomic, begin
 from memoryd.config import Config
 from memoryd.tx import Tx
-from memoryd.writer import Steps, Writer, WriterClosed
+from memoryd.writer import Writer, WriterClosed
 from memoryd_protocol.errors import BudgetExceeded, StoreUnavailable
 from memoryd_protocol.ledger import chain_hash, consistent
 from memoryd_protocol.ledger_check import read_report
@@ -48,7 +46,6 @@ CELL = ("user", "user-global")
 HEAD_READ = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
 #: a connection row looked up before it is written
 LOOKUP = "SELECT 1 FROM memoryd_ledger WHERE kind = 'connection'"
-Read = Callable[[Collection[str]], Awaitable[tuple[list[Entry], int, int]]]
 
 
 def rows(db: Path, sql: str = "SELECT key, value FROM meta WHERE key LIKE 't:%' ORDER BY key",
@@ -81,7 +78,7 @@ async def running(db: Path, *, statements: list[str] | None = None) -> AsyncIter
     writer = Writer(conn, {}, db)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(writer.run)
+            tg.start_soon(writer.serve)
             try:
                 yield writer
             finally:
@@ -129,45 +126,6 @@ def where(seen: list[int]) -> Callable[[Tx], None]:
     return job
 
 
-@pytest.fixture
-def turn_always(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch lets the event loop turn after every step and at every yield of a job."""
-    monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0)
-
-
-@contextlib.asynccontextmanager
-async def wakers(names: list[str]) -> AsyncIterator[tuple[list[str], Callable[[str], None]]]:
-    """A task waiting for each name; ``mark(name)`` (called in a step, on the event loop)
-    logs the name and wakes its task, which logs ``woke name`` when the loop next turns."""
-    log: list[str] = []
-    events = {n: anyio.Event() for n in names}
-
-    async def wait(n: str) -> None:
-        await events[n].wait()
-        log.append(f"woke {n}")
-
-    def mark(n: str) -> None:
-        log.append(n)
-        events[n].set()
-
-    async with anyio.create_task_group() as tg:
-        for n in names:
-            tg.start_soon(wait, n)
-        await anyio.wait_all_tasks_blocked()
-        yield log, mark
-
-
-def page(reader: sqlite3.Connection) -> Read:
-    """A query's read (every entry, rank order) as ``with_recalls`` takes it."""
-    async def read(boosted: Collection[str]) -> tuple[list[Entry], int, int]:
-        with atomic(reader, immediate=False):  # one snapshot, as readers.run takes it
-            hits, total = queries.query_page(reader, track=None, scope=None, text=None, agent_key=None,
-                                             workspace_key=None, limit=50, boosted=boosted)
-            return hits, total, store.recall_seq(reader)
-
-    return read
-
-
 # --- group commit, savepoints, the thread -------------------------------------------------
 
 
@@ -210,125 +168,68 @@ async def test_a_failing_job_is_rolled_back_to_its_savepoint_alone(tmp_path: Pat
         "SAVEPOINT step", "RELEASE step", "COMMIT"]
 
 
-async def test_a_batch_runs_on_the_event_loop_and_commits_on_the_owner_thread(tmp_path: Path) -> None:
-    """Every statement of a batch runs on the event loop's thread, BEGIN included (the
-    write lock is free: no busy timeout is set for it); its COMMIT alone (the WAL's write
-    and fsync) on the writer's own thread."""
+async def test_a_batch_runs_whole_on_the_writers_thread(tmp_path: Path) -> None:
+    """Every statement of a batch runs on the writer's own thread, BEGIN to COMMIT, and so
+    does every job; the event loop runs none of them."""
     db, conn, writer = fresh(tmp_path)
     statements = traced(conn)
     loop_thread = threading.get_ident()
     seen: list[int] = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(writer.run)
+        tg.start_soon(writer.serve)
         for key in ("a", "b"):  # one after the other: four batches
             await writer.submit(where(seen))
             await writer.submit(put(key))
         writer.close()
     thread = writer.thread
     await writer.aclose()
-    assert seen == [loop_thread] * 2 and thread.ident != loop_thread
+    assert seen == [thread.ident] * 2 and thread.ident != loop_thread
     assert thread.name == "memoryd-writer"
     assert not thread.is_alive()  # aclose ended it
     assert [sql for sql, _ in statements if sql.split()[0] in ("BEGIN", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"] * 4
-    assert [sql for sql, t in statements if t == thread.ident] == ["COMMIT"] * 4 + ["PRAGMA wal_checkpoint(PASSIVE)"]
-    assert not [sql for sql, _ in statements if sql.startswith("PRAGMA busy_timeout")]
+    assert statements and {t for _, t in statements} == {thread.ident}
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
 
 
-def seed(entries: list[Entry], mark: Callable[[str], None] | None = None) -> Callable[[Tx], Steps[int]]:
-    """A job that splits itself, as a seed does: one entry a part; its result, how many."""
-    def job(tx: Tx) -> Steps[int]:
-        for n, e in enumerate(entries):
-            store.insert_entry(tx, e)
-            if mark is not None:
-                mark(f"seed {n}")
-            yield
-        return len(entries)
+async def test_the_event_loop_serves_while_a_batch_runs(tmp_path: Path) -> None:
+    """A job that holds the writer's thread (a long seed, say) does not hold the event loop:
+    a task on the loop runs to its end while the job waits for it, and the batch commits
+    once the job returns."""
+    db, _, writer = fresh(tmp_path)
+    running_job, served = threading.Event(), threading.Event()
 
-    return job
+    def long_job(tx: Tx) -> str:
+        put("long")(tx)
+        running_job.set()
+        assert served.wait(10), "the event loop did not run while the job held the writer's thread"
+        return "long"
 
+    async def meanwhile() -> None:
+        await anyio.to_thread.run_sync(running_job.wait)
+        served.set()  # reached only if the loop turns while the batch runs
 
-@pytest.mark.parametrize("turn_after", [0, float("inf")], ids=["turns", "straight-through"])
-async def test_a_generator_job_runs_on_the_event_loop_and_lets_it_turn_between_its_parts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn_after: float) -> None:
-    """A batch of a plain job, a generator job of three parts and another plain job: every
-    part runs on the event loop, and once the batch has held the loop for TURN_AFTER_S the
-    loop turns after each step and part, so what became ready meanwhile (here: a task each
-    of them woke) runs there; before that it runs straight through, and what it woke runs
-    at its COMMIT. Either way: one transaction, and the generator's return value is its
-    caller's result."""
-    monkeypatch.setattr(writer_module, "TURN_AFTER_S", turn_after)
-    db, conn, writer = fresh(tmp_path)
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-    loop_thread = threading.get_ident()
-    threads: set[int] = set()
-    names = ["job 0", "seed 0", "seed 1", "seed 2", "job 2"]
+    results: list[str] = []
+
+    async def one() -> None:
+        results.append(await writer.submit(long_job))
+
     try:
-        async with wakers(names) as (log, mark):
-            def plain(n: int) -> Callable[[Tx], int]:
-                def job(tx: Tx) -> int:
-                    threads.add(threading.get_ident())
-                    mark(f"job {n}")
-                    return n
-
-                return job
-
-            def marked(name: str) -> None:
-                threads.add(threading.get_ident())
-                mark(name)
-
-            entries = [_entry(f"seeded {n}") for n in range(3)]
-            results = await queued_then_run(writer, [plain(0), seed(entries, marked), plain(2)])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.serve)
+            tg.start_soon(one)
+            await meanwhile()
+            await writer.idle()
+            writer.close()
     finally:
         await writer.aclose()
-    assert results == [0, 3, 2] and threads == {loop_thread}
-    if turn_after == 0:
-        assert log == [x for n in names for x in (n, f"woke {n}")]
-    else:
-        assert log == [*names, *(f"woke {n}" for n in names)]
-    assert (statements.count("BEGIN IMMEDIATE"), statements.count("COMMIT")) == (1, 1)
-    assert sorted(t for (t,) in rows(db, "SELECT text FROM entries")) == ["seeded 0", "seeded 1", "seeded 2"]
-
-
-async def test_a_long_recall_flush_lets_the_event_loop_turn_between_its_parts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn_always: None) -> None:
-    """The recall bookkeeping of queries in a row is one generator step: the counters,
-    BUMPS_PER_STEP entries a part, then each recall's row, a part each; the loop turns
-    after every part (TURN_AFTER_S 0), and the whole flush commits as one transaction."""
-    per_part = writer_module.BUMPS_PER_STEP
-    db = tmp_path / "w.db"
-    statements: list[str] = []
-    entries = [_entry(f"e{n}") for n in range(2 * per_part + 1)]
-    names = ["bumps 32", "bumps 32 again", "bumps 1", "row 0", "row 1"]
-    async with running(db, statements=statements) as writer:
-        assert await writer.submit(seed(entries)) == len(entries)
-        async with wakers(names) as (log, mark):
-            bump = store.bump_recalls
-
-            def counted(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:
-                bump(conn, recalls)
-                name = f"bumps {len(recalls)}"
-                mark(f"{name} again" if name in log else name)
-
-            monkeypatch.setattr(store, "bump_recalls", counted)
-            writer.record_recalls(entries, 1000, lambda tx: mark("row 0"))
-            writer.record_recalls(entries[:1], 1001, lambda tx: mark("row 1"))
-            statements.clear()
-            await writer.settled()
-    assert log == [x for n in names for x in (n, f"woke {n}")]
-    assert (statements.count("BEGIN IMMEDIATE"), statements.count("COMMIT")) == (1, 1)
-    assert rows(db, "SELECT count(*), sum(recall_count), max(last_recalled) FROM entries") == [
-        (len(entries), len(entries) + 1, 1001)]
+    assert results == ["long"] and rows(db) == [("t:long", "x")]
 
 
 async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_never_on_the_loop(
         tmp_path: Path) -> None:
-    """Another process holds the write lock: the batch's BEGIN on the event loop gives up at
-    once (the connection's busy timeout is 0), and the writer's thread runs BEGIN again,
-    waiting for the lock with the store's busy timeout, while the event loop serves
-    everything else; then the batch runs on the loop as usual and commits once the lock is
-    released."""
+    """Another process holds the write lock: the batch's BEGIN, on the writer's thread, waits
+    for it with the store's busy timeout while the event loop serves everything else; then
+    the batch runs and commits once the lock is released."""
     db = tmp_path / "w.db"
     conn = storefile.open_store(db, storefile.inspect(db), 60_000)
     writer = Writer(conn, {}, db)
@@ -345,7 +246,7 @@ async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_nev
     loop_thread = threading.get_ident()
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(writer.run)
+            tg.start_soon(writer.serve)
             with write_lock(db):
                 tg.start_soon(writer.submit, where(seen))
                 await anyio.to_thread.run_sync(waiting.wait)
@@ -355,23 +256,19 @@ async def test_a_write_lock_held_elsewhere_is_waited_for_on_the_owner_thread_nev
             writer.close()
     finally:
         await writer.aclose()
-    assert seen == [loop_thread]
+    assert seen == [writer.thread.ident]
+    assert not [sql for sql, t in statements if t == loop_thread]
     on_thread = [sql for sql, t in statements if t == writer.thread.ident]
-    assert on_thread == ["PRAGMA busy_timeout", "PRAGMA busy_timeout = 60000", "BEGIN IMMEDIATE",
-                         "PRAGMA busy_timeout = 0", "COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
-    on_loop = [sql for sql, t in statements if t == loop_thread]
-    # the BEGIN that gave up, then the batch: its Tx (the ledger's head), whether another
-    # program wrote or changed the schema, its one job, the tail count
-    assert on_loop[:6] == ["BEGIN IMMEDIATE", HEAD_READ, "PRAGMA data_version", "PRAGMA schema_version",
-                           "SAVEPOINT step", "RELEASE step"]
-    assert len(on_loop) == 7 and on_loop[6].startswith("SELECT max(rowid)")
+    # the BEGIN that waited, then the batch: its Tx (the ledger's head), whether another
+    # program wrote or changed the schema, its one job, COMMIT
+    assert on_thread == ["BEGIN IMMEDIATE", HEAD_READ, "PRAGMA data_version", "PRAGMA schema_version",
+                         "SAVEPOINT step", "RELEASE step", "COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
 
 
 async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store is opened (and migrated) and the ledger's chain begun on the writer's own
-    thread; its connection is left with a busy timeout of 0 (the loop never waits for the
-    write lock); jobs run on the loop."""
+    thread, and jobs run there too."""
     db = tmp_path / "w.db"
     where_: dict[str, int] = {}
     open_store, open_chain = storefile.open_store, foreign.open_chain
@@ -389,15 +286,14 @@ async def test_writer_open_runs_migrations_and_the_chain_on_its_thread(
     writer = await Writer.open(db, storefile.inspect(db), 250)
     seen: list[int] = []
     try:
-        assert writer._owned.conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(writer.run)
+            tg.start_soon(writer.serve)
             await writer.submit(where(seen))
             writer.close()
     finally:
         await writer.aclose()
     assert where_ == {"open_store": writer.thread.ident, "open_chain": writer.thread.ident}
-    assert seen == [threading.get_ident()]
+    assert seen == [writer.thread.ident]
     assert rows(db, "SELECT kind FROM memoryd_ledger") == [("start",)]
     assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("4",)]
 
@@ -417,7 +313,7 @@ async def test_close_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) ->
         tg.start_soon(one, "b")
         await anyio.wait_all_tasks_blocked()
         writer.close()  # before the writer has run: what is queued still commits
-        tg.start_soon(writer.run)
+        tg.start_soon(writer.serve)
         await writer.idle()
     assert sorted(results) == ["a", "b"] and writer.depth == 0
     with pytest.raises(WriterClosed, match=r"^the store is closing$"):
@@ -453,22 +349,20 @@ class Escapes(BaseException):
     """What a job's bug may raise that ``except Exception`` lets through (SystemExit, say)."""
 
 
-@pytest.mark.parametrize("generator", [False, True], ids=["plain", "generator"])
-async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
-        tmp_path: Path, turn_always: None, generator: bool) -> None:
+async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(tmp_path: Path) -> None:
     """Nothing of the batch committed: every caller is answered that the commit failed (and
-    every on_error runs), none with the result its job had computed; the error ends ``run``.
-    A job queued while the batch ran (at a generator job's yield) fails too, every later one
-    is refused (WriterClosed), and ``settled`` returns though on_error queued bookkeeping:
-    nothing would ever run them."""
+    every on_error runs), none with the result its job had computed; the error ends
+    ``serve``. A job queued while the batch ran fails too, every later one is refused
+    (WriterClosed), and ``settled`` returns though on_error queued bookkeeping: nothing
+    would ever run them."""
     db, _, writer = fresh(tmp_path)
     reported: list[BaseException] = []
     results: list[Any] = [None, None, None]
-    yielded = anyio.Event()
+    running_job, queued = threading.Event(), threading.Event()
 
-    def escapes(tx: Tx) -> Steps[None]:
-        yielded.set()  # its caller's neighbour submits a job now, while the loop turns
-        yield
+    def escapes(tx: Tx) -> None:
+        running_job.set()
+        assert queued.wait(10)  # its neighbour is queued while this batch runs
         raise Escapes()
 
     def failed_row(exc: BaseException) -> None:  # as the pipeline's on_error: a kept ledger row
@@ -482,35 +376,31 @@ async def test_a_job_raising_past_except_exception_fails_every_job_of_its_batch(
         except (RuntimeError, WriterClosed) as exc:
             results[n] = exc
 
-    async def run() -> None:
+    async def serve() -> None:
         with pytest.raises(Escapes):
-            await writer.run()
+            await writer.serve()
 
     async def during() -> None:
-        await yielded.wait()
-        await one(2, put("c"))
-
-    def plain(tx: Tx) -> None:
-        raise Escapes()
+        await anyio.to_thread.run_sync(running_job.wait)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 2, put("c"))
+            await anyio.wait_all_tasks_blocked()
+            queued.set()
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, 0, put("a"))
-            tg.start_soon(one, 1, escapes if generator else plain)
-            if generator:
-                tg.start_soon(during)
+            tg.start_soon(one, 1, escapes)
             await anyio.wait_all_tasks_blocked()
-            tg.start_soon(run)
-        if not generator:  # the batch failed on the event loop at once: run has ended
-            await one(2, put("c"))
+            tg.start_soon(serve)
+            await during()
         await writer.settled()
         with pytest.raises(WriterClosed):
             await writer.submit(put("d"))
     finally:
         await writer.aclose()
-    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 2 + [
-        (RuntimeError, "commit failed") if generator else (WriterClosed, "the store is closing")]
-    assert [str(e) for e in reported] == ["commit failed"] * (3 if generator else 2)  # refused: the caller's to report
+    assert [(type(r), str(r)) for r in results] == [(RuntimeError, "commit failed")] * 3
+    assert [str(e) for e in reported] == ["commit failed"] * 3
     assert rows(db) == [] and rows(db, "SELECT kind FROM memoryd_ledger") == []
 
 
@@ -534,57 +424,53 @@ async def test_failing_bookkeeping_is_logged_once_with_its_traceback(
 # --- cancelled callers --------------------------------------------------------------------
 
 
-async def cancelled_mid_job(writer: Writer, fails: bool, generator: bool) -> list[BaseException]:
-    """Submit a job that cancels its caller, then ends (failing, or committed); what
-    ``on_error`` got. A generator job's caller is cancelled at its yield, between its parts
-    (TURN_AFTER_S 0); a plain job's during the batch's COMMIT on the writer's thread (the
-    loop does not turn before: TURN_AFTER_S infinite)."""
+async def cancelled_mid_job(writer: Writer, fails: bool) -> list[BaseException]:
+    """Submit a job whose caller is cancelled while it runs on the writer's thread, which
+    then ends (failing, or committed); what ``on_error`` got."""
     finished: list[bool] = []
+    running_job, cancelled = threading.Event(), threading.Event()
 
-    def end(tx: Tx) -> str:
-        tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}-{'generator' if generator else 'plain'}",))
+    def job(tx: Tx) -> str:
+        running_job.set()
+        assert cancelled.wait(10)
+        tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{fails}",))
         finished.append(True)
         if fails:
             raise BudgetExceeded("memory budget exceeded", {})
         return "done"
 
-    def parts(tx: Tx) -> Steps[str]:
-        yield
-        return end(tx)
-
-    def job(tx: Tx) -> str | Steps[str]:
-        scope.cancel()
-        return parts(tx) if generator else end(tx)
-
     reported: list[BaseException] = []
     ended: list[bool] = []
+    scope = anyio.CancelScope()
 
     async def caller() -> None:
-        try:
-            await writer.submit(job, on_error=reported.append)
-        finally:
-            ended.append(bool(finished) and writer.depth == 0)
+        with scope:
+            try:
+                await writer.submit(job, on_error=reported.append)
+            finally:
+                ended.append(bool(finished) and writer.depth == 0)
 
-    with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(caller)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller)
+        await anyio.to_thread.run_sync(running_job.wait)
+        scope.cancel()
+        await anyio.wait_all_tasks_blocked()  # the caller took its cancellation, and waits for the job
+        cancelled.set()
     assert scope.cancelled_caught and ended == [True]
     return reported
 
 
 async def test_a_caller_cancelled_while_its_job_runs_waits_for_it_and_its_failure_is_still_reported(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """Cancelled while its job is in flight, the caller is cancelled only once the job has
     ended (committed, or failed); a failed job's ``on_error`` runs all the same (the
     pipeline's ``failed`` ledger row follows it), a committed one's does not; nothing is
     left waiting."""
     db = tmp_path / "w.db"
     async with running(db) as writer:
-        for generator in (True, False):
-            monkeypatch.setattr(writer_module, "TURN_AFTER_S", 0 if generator else float("inf"))
-            assert [type(e) for e in await cancelled_mid_job(writer, True, generator)] == [BudgetExceeded]
-            assert await cancelled_mid_job(writer, False, generator) == []
-    assert rows(db) == [("t:False-generator", "x"), ("t:False-plain", "x")]
+        assert [type(e) for e in await cancelled_mid_job(writer, True)] == [BudgetExceeded]
+        assert await cancelled_mid_job(writer, False) == []
+    assert rows(db) == [("t:False", "x")]
 
 
 # --- deferred bookkeeping -------------------------------------------------------------------
@@ -627,184 +513,6 @@ async def test_settled_waits_for_bookkeeping_queued_so_far(tmp_path: Path) -> No
         assert rows(db) == []
         await writer.settled()
         assert rows(db) == [("t:d", "x")]
-
-
-def two_entries(tx: Tx, ids: tuple[str, str]) -> None:
-    for n, entry_id in enumerate(ids):
-        store.insert_entry(tx, Entry(
-            id=entry_id, track="user", scope="user-global", workspace_key="", agent_key="", text=f"text {n}",
-            source="user", tags=[], version=1, created_at=n + 1, updated_at=n + 1, last_recalled=None,
-            recall_count=0, session_id=None))
-
-
-async def test_the_recall_overlay_counts_queued_recalls_exactly_once(tmp_path: Path) -> None:
-    db = tmp_path / "w.db"
-    async with running(db) as writer:
-        older, newer = store.new_id(), store.new_id()
-        await writer.submit(lambda tx: two_entries(tx, (older, newer)))
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            read = page(reader)
-            hits, _ = await writer.with_recalls(read)
-            assert [e.id for e in hits] == [newer, older]  # by updated_at: neither recalled yet
-            picked = [hits[1]]
-            writer.record_recalls(picked, 1000)
-            assert (picked[0].recall_count, picked[0].last_recalled) == (1, 1000)  # the reply's copy
-            queued, _ = await writer.with_recalls(read)  # not committed yet: the overlay counts it
-            assert [(e.id, e.recall_count, e.last_recalled) for e in queued] == [(older, 1, 1000), (newer, 0, None)]
-            assert rows(db, "SELECT recall_count FROM entries WHERE id = ?", older) == [(0,)]
-            await writer.settled()
-            committed, _ = await writer.with_recalls(read)  # committed: the store counts it, the overlay no more
-            assert [(e.id, e.recall_count, e.last_recalled) for e in committed] == [(older, 1, 1000), (newer, 0, None)]
-
-
-async def test_recalls_of_queries_in_a_row_share_one_step_and_keep_every_row(tmp_path: Path) -> None:
-    """Three queries' recalls: one UPDATE per entry in one commit, each recall's row written,
-    in order; a step queued between recalls (a ledger row) keeps its place."""
-    db = tmp_path / "w.db"
-    statements: list[str] = []
-    async with running(db, statements=statements) as writer:
-        a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda tx: two_entries(tx, (a, b)))
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            def row(key: str) -> Callable[[Tx], None]:
-                return lambda tx: tx.conn.execute("INSERT INTO meta VALUES (?, 'x')", (f"t:{key}",)) and None
-
-            by_id = {e.id: e for e in (await writer.with_recalls(page(reader)))[0]}
-            writer.record_recalls([by_id[a], by_id[b]], 1000, row("1"))
-            writer.record_recalls([by_id[a]], 1001, row("2"))
-            writer.defer(row("between"))
-            writer.record_recalls([by_id[a]], 1002, row("3"))
-            statements.clear()
-            await writer.settled()
-    updates = [s for s in statements if s.startswith("UPDATE entries")]
-    assert len(updates) == 3  # a and b for the first two queries, a for the third
-    inserts = [s.split("'t:")[1].split("'")[0] for s in statements if "INSERT INTO meta VALUES" in s]
-    assert inserts == ["1", "2", "between", "3"]
-    assert statements.count("COMMIT") == 1
-    assert sorted(rows(db, "SELECT id, recall_count, last_recalled FROM entries")) == sorted([(a, 3, 1002),
-                                                                                             (b, 1, 1000)])
-
-
-def held_commit(monkeypatch: pytest.MonkeyPatch, *, committed_first: bool) -> tuple[threading.Event, threading.Event]:
-    """From now on the writer's COMMIT, on its thread, sets ``holding`` and waits for
-    ``release``: before it commits, or (``committed_first``) once it has committed, before
-    the writer learns of it."""
-    holding, release = threading.Event(), threading.Event()
-    loop_thread = threading.get_ident()
-
-    def held(conn: sqlite3.Connection) -> None:
-        if threading.get_ident() == loop_thread:  # waiting here would block the event loop for good
-            holding.set()
-            raise AssertionError("COMMIT on the event loop")
-        if committed_first:
-            commit(conn)
-        holding.set()
-        release.wait()
-        if not committed_first:
-            commit(conn)
-
-    monkeypatch.setattr(writer_module, "commit", held)
-    return holding, release
-
-
-@pytest.mark.parametrize("committed_first", [False, True], ids=["before-commit", "after-commit"])
-async def test_a_query_during_a_recalls_commit_counts_them_without_waiting(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, committed_first: bool) -> None:
-    """While the commit carrying recalls is in flight (held before its COMMIT, or after it
-    before the writer learns of it), a query counts each recall exactly once, without
-    waiting: the sequence number its read sees says whether the store holds them."""
-    db = tmp_path / "w.db"
-    async with running(db) as writer:
-        a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda tx: two_entries(tx, (a, b)))
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            read = page(reader)
-            first = (await writer.with_recalls(read))[0]
-            writer.record_recalls([e for e in first if e.id == a], 1000)
-            writer.record_recalls([e for e in first if e.id == a], 1000)
-            holding, release = held_commit(monkeypatch, committed_first=committed_first)
-            async with anyio.create_task_group() as tg:
-                try:  # released before the task group waits for the commit, whatever happens
-                    tg.start_soon(writer.settled)
-                    await anyio.to_thread.run_sync(holding.wait)
-                    hits, _ = await writer.with_recalls(read)
-                    assert [(e.id, e.recall_count, e.last_recalled) for e in hits] == [(a, 2, 1000), (b, 0, None)]
-                finally:
-                    release.set()
-            monkeypatch.undo()
-            hits, _ = await writer.with_recalls(read)  # committed: the store counts them, the overlay no more
-            assert [(e.id, e.recall_count) for e in hits] == [(a, 2), (b, 0)]
-
-
-async def test_a_failed_recall_step_takes_only_its_own_recalls_out_of_the_overlay(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two recall steps in one commit (a row queued between them starts the second); the
-    second fails and is rolled back. While the commit is in flight a query counts the first
-    step's recall, which commits, and not the second's, which is lost."""
-    db = tmp_path / "w.db"
-    async with running(db) as writer:
-        a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda tx: two_entries(tx, (a, b)))
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            read = page(reader)
-            hits = (await writer.with_recalls(read))[0]
-            writer.record_recalls([e for e in hits if e.id == a], 1000)
-            writer.defer(lambda tx: None)
-
-            def broken(tx: Tx) -> None:
-                raise RuntimeError("a bug of ours")
-
-            writer.record_recalls([e for e in hits if e.id == b], 1001, broken)
-            holding, release = held_commit(monkeypatch, committed_first=False)
-            async with anyio.create_task_group() as tg:
-                try:
-                    tg.start_soon(writer.settled)
-                    await anyio.to_thread.run_sync(holding.wait)
-                    during = {e.id: e.recall_count for e in (await writer.with_recalls(read))[0]}
-                finally:
-                    release.set()
-            monkeypatch.undo()
-            after = {e.id: e.recall_count for e in (await writer.with_recalls(read))[0]}
-    assert during == after == {a: 1, b: 0}
-
-
-@pytest.mark.parametrize("ends", [False, True], ids=["began", "began-and-ended"])
-async def test_a_recalls_commit_during_a_read_is_counted_once_and_the_read_is_not_repeated(
-        tmp_path: Path, ends: bool) -> None:
-    """A read (async: on a reader's thread in the daemon) during which the commit carrying
-    queued recalls began, or began and ended: the read happens once, and each recall counts
-    once, whether the snapshot it took holds the commit or not."""
-    db = tmp_path / "w.db"
-    async with running(db) as writer:
-        a, b = store.new_id(), store.new_id()
-        await writer.submit(lambda tx: two_entries(tx, (a, b)))
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            first = (await writer.with_recalls(page(reader)))[0]
-            writer.record_recalls([e for e in first if e.id == a], 1000)
-            gate = anyio.Event()
-            reads: list[int] = []
-            got: list[list[Entry]] = []
-
-            async def read(boosted: Collection[str]) -> tuple[list[Entry], int, int]:
-                reads.append(len(reads))
-                await gate.wait()  # the read's snapshot is taken once the gate opens
-                return await page(reader)(boosted)
-
-            async def query() -> None:
-                got.append((await writer.with_recalls(read))[0])
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(query)
-                await anyio.wait_all_tasks_blocked()
-                if ends:
-                    await writer.settled()  # the commit began and ended: the snapshot holds it
-                    gate.set()
-                else:
-                    tg.start_soon(writer.settled)
-                    await anyio.wait_all_tasks_blocked()  # begun; its COMMIT on the thread
-                    gate.set()
-    assert reads == [0]
-    assert [(e.id, e.recall_count, e.last_recalled) for e in got[0]] == [(a, 1, 1000), (b, 0, None)]
 
 
 # --- atomic ---------------------------------------------------------------------------------
@@ -1066,12 +774,12 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
         assert writer.anchor.head == head
 
 
-async def test_two_stores_writers_interleave_their_batches_and_each_chains_its_own_ledger(
-        tmp_path: Path, turn_always: None) -> None:
-    """Two stores' writers on one event loop (two daemons embedded in one process), the loop
-    turning after every step: their batches' steps interleave one for one, and each batch's
-    ledger rows chain on from its own Tx, so each Anchor ends at its store's real newest
-    row; a deleted tail of those rows is reported."""
+async def test_two_stores_writers_run_their_batches_at_once_and_each_chains_its_own_ledger(
+        tmp_path: Path) -> None:
+    """Two stores' writers on one event loop (two daemons embedded in one process), each
+    batch on its own writer's thread: each batch's ledger rows chain on from its own Tx, in
+    order, so each Anchor ends at its store's real newest row; a deleted tail of those rows
+    is reported."""
     dbs = [tmp_path / "a.db", tmp_path / "b.db"]
     a, b = [await opened(db) for db in dbs]
     steps = 8
@@ -1093,8 +801,8 @@ async def test_two_stores_writers_interleave_their_batches_and_each_chains_its_o
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
+            tg.start_soon(a.serve)
+            tg.start_soon(b.serve)
             for name, w in (("a", a), ("b", b)):
                 for n in range(steps):
                     w.defer(row(name, n), keep=True)
@@ -1107,7 +815,8 @@ async def test_two_stores_writers_interleave_their_batches_and_each_chains_its_o
     finally:
         await a.aclose()
         await b.aclose()
-    assert order == [x for n in range(steps) for x in (f"a{n}", f"b{n}")] + ["a job", "b job"]
+    for name in ("a", "b"):
+        assert [x for x in order if x.startswith(name)] == [*(f"{name}{n}" for n in range(steps)), f"{name} job"]
     for db, n, head in ((dbs[0], 1, heads[0]), (dbs[1], 2, heads[1])):
         assert chain(db) == [(1, "start", None), *((k, "failed", None) for k in range(2, steps + 2)),
                              (steps + 2, "connection", f"run-1/{n}"), (steps + 3, "audit", None)]
@@ -1129,6 +838,16 @@ def recalled(text: str, ts: int) -> Callable[[Tx], None]:
                                   ts=ts)
 
 
+def recall(entry: Entry, ts: int, row: Callable[[Tx], None]) -> Callable[[Tx], None]:
+    """A query's recall of ``entry``: its count, and its ``recalled`` row."""
+    def job(tx: Tx) -> None:
+        tx.conn.execute("UPDATE entries SET recall_count = recall_count + 1, last_recalled = ? WHERE id = ?",
+                        (ts, entry.id))
+        row(tx)
+
+    return job
+
+
 async def seed_one(db: Path) -> Entry:
     """A store with one entry (inserted without audit rows: the start row lists it)."""
     seeded = _entry("recalled one")
@@ -1141,72 +860,54 @@ async def seed_one(db: Path) -> Entry:
     return seeded
 
 
-async def test_a_long_flush_serves_queries_and_a_write_and_keeps_a_row_a_fault_lost(
-        tmp_path: Path, turn_always: None) -> None:
-    """While a flush of bookkeeping alone (a query's recalls and row, then kept ledger rows)
-    lets the event loop turn after every step: queries count each recall once, theirs
-    queued for the next commit; a write submitted meanwhile commits in the next batch; a
-    store fault in one step rolls that step alone back, and its kept row is written at the
-    head of the next batch. Every row is written once, and every recall counted once."""
+async def test_a_long_flush_serves_a_write_and_keeps_a_row_a_fault_lost(tmp_path: Path) -> None:
+    """While a flush of bookkeeping alone (kept ledger rows) runs on the writer's thread, the
+    event loop serves: a write submitted meanwhile commits in the next batch; a store fault
+    in one step rolls that step alone back, and its kept row is written at the head of the
+    next batch. Every row is written once."""
     db = tmp_path / "w.db"
     await seed_one(db)
     writer = await Writer.open(db, storefile.inspect(db), 0)
     steps, fault_at = 24, 11
-    seen: list[int] = []
     wrote: list[str] = []
     faulted: list[int] = []
     done: list[int] = []
-    with contextlib.closing(storefile.connect(db, 0)) as reader:
-        read = page(reader)
 
-        async def query(k: int) -> None:
-            hits, _ = await writer.with_recalls(read)
-            seen.append(hits[0].recall_count)
-            writer.record_recalls(hits, 2000 + k, recalled(f"s{k}", 2000 + k))
+    async def write() -> None:
+        wrote.append(await writer.submit(add_job("w", 1)))
 
-        async def write() -> None:
-            wrote.append(await writer.submit(add_job("w", 1)))
+    try:
+        loop = asyncio.get_running_loop()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.serve)
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(writer.run)
+            def row(n: int) -> Callable[[Tx], None]:
+                def run(tx: Tx) -> None:
+                    if n == 4:  # on the writer's thread: the loop queues it before the flush ends
+                        loop.call_soon_threadsafe(tg.start_soon, write)
+                    if n == fault_at and not faulted:  # once
+                        faulted.append(n)
+                        read_only_job(tx)
+                    kept_row(f"kept {n}")(tx)
 
-                def row(n: int) -> Callable[[Tx], None]:
-                    def run(tx: Tx) -> None:
-                        if n % 8 == 0:
-                            tg.start_soon(query, n)  # it runs at the loop's next turn, before the next step
-                        if n == 4:
-                            tg.start_soon(write)
-                        if n == fault_at and not faulted:  # once
-                            faulted.append(n)
-                            read_only_job(tx)
-                        kept_row(f"kept {n}")(tx)
+                return run
 
-                    return run
-
-                hits, _ = await writer.with_recalls(read)
-                writer.record_recalls(hits, 1000, recalled("q", 1000))
-                for n in range(steps):
-                    writer.defer(row(n), functools.partial(done.append, n), keep=True)
-                await writer.settled()
-                await writer.idle()
-                await writer.settled()
-                hits, _ = await writer.with_recalls(read)
-                after = [(e.text, e.recall_count) for e in hits]
-                writer.close()
-            head = writer.anchor.head
-        finally:
-            await writer.aclose()
-    assert faulted == [fault_at] and seen == [1, 2, 3] and wrote == ["w"]
-    assert dict(after)["recalled one"] == 4
-    assert rows(db, "SELECT recall_count, last_recalled FROM entries WHERE text = 'recalled one'") == [(4, 2016)]
+            for n in range(steps):
+                writer.defer(row(n), functools.partial(done.append, n), keep=True)
+            await writer.settled()
+            await writer.idle()
+            await writer.settled()
+            writer.close()
+        head = writer.anchor.head
+    finally:
+        await writer.aclose()
+    assert faulted == [fault_at] and wrote == ["w"]
     order = [*range(fault_at), *range(fault_at + 1, steps), fault_at]
     assert done == order
     audit, kinds, report = ledger_state(db, head)
-    # the flush: the first query's recall, the rows but the faulted one; the next batch: that
-    # row (kept), the recalls of the queries during the flush, then the write
-    assert audit == [("recalled", "q"), ("recalled", "s0"), ("recalled", "s8"), ("recalled", "s16"), ("add", "w")]
-    assert kinds == ["start", "audit", *["failed"] * steps, "audit", "audit", "audit", "audit"]
+    # the flush: the rows but the faulted one; the next batch: that row (kept), then the write
+    assert audit == [("add", "w")]
+    assert kinds == ["start", *["failed"] * steps, "audit"]
     messages = [json.loads(body)["message"] for (body,) in rows(db, "SELECT body FROM memoryd_ledger WHERE kind = "
                                                                     "'failed' ORDER BY n")]
     assert messages == [f"kept {n}" for n in order]
@@ -1214,26 +915,20 @@ async def test_a_long_flush_serves_queries_and_a_write_and_keeps_a_row_a_fault_l
 
 
 def fails_after_its_rows(how: str) -> Callable[[Tx], Any]:
-    """Writes an entry, its rows and usage, then fails: a bug of the job's own, a store
-    fault SQLite confines to the statement (SQLITE_READONLY), or a bug in a generator job's
-    second part, after the loop turned at its yield."""
+    """Writes an entry, its rows and usage, then fails: a bug of the job's own, or a store
+    fault SQLite confines to the statement (SQLITE_READONLY)."""
     def job(tx: Tx) -> None:
         add_job("doomed", 1000)(tx)
         if how == "store-fault":
             read_only_job(tx)
         raise BudgetExceeded("memory budget exceeded", {})
 
-    def parts(tx: Tx) -> Steps[None]:
-        add_job("doomed", 1000)(tx)
-        yield
-        raise BudgetExceeded("memory budget exceeded", {})
-
-    return parts if how == "generator" else job
+    return job
 
 
-@pytest.mark.parametrize("how", ["job-error", "store-fault", "generator"])
+@pytest.mark.parametrize("how", ["job-error", "store-fault"])
 async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(
-        tmp_path: Path, turn_always: None, how: str) -> None:
+        tmp_path: Path, how: str) -> None:
     """A batch of bookkeeping (a kept ledger row, a step with a bug, a query's recalls and
     its recalled row) and five jobs, the second and fourth of which fail after writing
     rows: each is rolled back to its savepoint alone, its entry, audit and ledger rows, its
@@ -1253,7 +948,7 @@ async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(
             raise RuntimeError("a bookkeeping bug")
 
         writer.defer(bug, lambda: done.append("bug"))
-        writer.record_recalls([seeded], 5000, recalled("q", 5000))
+        writer.defer(recall(seeded, 5000, recalled("q", 5000)))
         results = await run_batch(writer, [add_job("a", 1), fails_after_its_rows(how), add_job("c", 2),
                                            fails_after_its_rows(how), add_job("e", 4)])
         failure = StoreUnavailable if how == "store-fault" else BudgetExceeded
@@ -1277,8 +972,8 @@ async def test_a_job_failing_mid_batch_leaves_every_other_step_applied_once(
 async def test_a_batch_writes_each_cells_counts_once_and_a_rolled_back_job_takes_its_counts_back(
         tmp_path: Path, fail: bool) -> None:
     """The counts memoryd keeps beside the entries (memoryd_usage) are added up in the Tx
-    and written with one statement per cell before COMMIT, and the text index's mark is
-    read once per transaction; a job rolled back to its savepoint takes its counts with it.
+    and written with one statement per cell before COMMIT; a job rolled back to its
+    savepoint takes its counts with it.
     Either way the counts are those of the entries committed, and a start trusts them."""
     db = tmp_path / "w.db"
     statements: list[str] = []
@@ -1294,39 +989,11 @@ async def test_a_batch_writes_each_cells_counts_once_and_a_rolled_back_job_takes
     finally:
         await writer.aclose()
     upserts = [s for s in statements if s.startswith("INSERT INTO memoryd_usage")]
-    marks = [s for s in statements if "memoryd_fts_mark" in s and s.startswith("SELECT (SELECT")]
-    assert (len(upserts), len(marks)) == (1, 1)
+    assert len(upserts) == 1
     assert rows(db, "SELECT track, scope, entries, used FROM memoryd_usage WHERE entries != 0") == [
         (*CELL, 3, 6)]
     with contextlib.closing(sqlite3.connect(db)) as check:
         assert store.trusted(check)
-
-
-async def test_a_failing_recall_step_loses_only_its_recalls_and_clears_the_overlay(tmp_path: Path) -> None:
-    """The recalled row of a query fails (a bug): that query-run's recall step is undone
-    (its counters and rows, one step), the jobs and the other bookkeeping of the batch
-    commit once, and no later query counts the lost recalls from the overlay."""
-    db = tmp_path / "w.db"
-    seeded = await seed_one(db)
-    writer = await Writer.open(db, storefile.inspect(db), 0)
-    try:
-        writer.defer(kept_row("kept"), keep=True)
-
-        def broken_row(tx: Tx) -> None:
-            raise RuntimeError("a recalled row's bug")
-
-        writer.record_recalls([seeded], 5000, broken_row)
-        assert await run_batch(writer, [add_job("a", 1)]) == ["a"]
-        with contextlib.closing(storefile.connect(db, 0)) as reader:
-            hits, _ = await writer.with_recalls(page(reader))
-        assert {e.text: e.recall_count for e in hits} == {"recalled one": 0, "a": 0}
-        head = writer.anchor.head
-    finally:
-        await writer.aclose()
-    audit, kinds, report = ledger_state(db, head)
-    assert audit == [("add", "a")]
-    assert kinds == ["start", "failed", "audit"]
-    assert report.ok, report.problems
 
 
 # --- a batch whose transaction is lost: in a step, or at COMMIT ------------------------------
@@ -1382,15 +1049,17 @@ async def test_a_batch_whose_transaction_is_lost_fails_every_job_and_keeps_its_r
                     for n, fn in enumerate([add_job("a" * 30_000, 1), audited(1), put("k")]):
                         callers.start_soon(one, n, fn)
                     await anyio.wait_all_tasks_blocked()
-                    tg.start_soon(writer.run)
+                    tg.start_soon(writer.serve)
                 assert [r.details for r in results] == [{"reason": "full", "path": str(db)}] * 3
                 assert [type(e) for e in reported] == [StoreUnavailable] * 3
-                assert [t for sql, t in statements if sql == "BEGIN IMMEDIATE"] == [loop_thread]
+                assert [t for sql, t in statements if sql == "BEGIN IMMEDIATE"] == [writer.thread.ident]
                 assert [t for sql, t in statements if sql == "COMMIT"] == (
                     [writer.thread.ident] if where_lost == "at-commit" else [])
+                # the event loop ran only this test's own pragmas
+                assert all(sql.startswith("PRAGMA") for sql, t in statements if t == loop_thread)
                 assert committed(db) == before
                 assert writer.usage == usage and writer.anchor.head == head and done == []
-                assert not conn.in_transaction and conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
+                assert not conn.in_transaction
                 if where_lost == "at-commit":
                     filler.unlink()
                 else:

@@ -99,8 +99,7 @@ def begin(conn: sqlite3.Connection, *, immediate: bool = True, busy_timeout_ms: 
 
 def commit(conn: sqlite3.Connection) -> None:
     """COMMIT the transaction in progress; on failure roll it back and raise the COMMIT's
-    error. (Also for a transaction begun elsewhere: the writer's batch, whose statements
-    run on the event loop and whose COMMIT runs on the writer's thread.)"""
+    error. (Also for a transaction begun with ``begin``: the writer's batch.)"""
     try:
         conn.execute("COMMIT")
     except BaseException:

@@ -122,16 +122,19 @@ class Watch:
             known = False  # the first batch looks again, and says why it cannot
         return cls(now, path, owed=owed, schema=schema_now if known else None)
 
-    async def due(self, conn: sqlite3.Connection) -> None:
-        """Before a batch's BEGIN, on the event loop: when another program wrote since the
-        last reconcile and the next one is not due yet, wait until it is (or until
-        audit/verify looks). The replay is spaced; a commit over an unchecked change is not."""
+    async def due(self, run: Callable[[Callable[[sqlite3.Connection], int]], Awaitable[int]]) -> bool:
+        """Before a batch, on the event loop: when another program wrote since the last
+        reconcile and the next one is not due yet, wait until it is (or until audit/verify
+        looks); the replay is spaced, a commit over an unchecked change is not. Returns
+        whether the batch reads the whole text index too (``look``); ``run`` runs a call on
+        the writer's thread."""
         wait = self.not_before - time.monotonic()
-        if wait <= 0 or self.force or (not self.owed and _data_version(conn) == self.version):
-            return
-        self._look = anyio.Event()
-        with anyio.move_on_after(wait):
-            await self._look.wait()
+        if wait > 0 and not self.force and (self.owed or await run(_data_version) != self.version):
+            self._look = anyio.Event()
+            with anyio.move_on_after(wait):
+                await self._look.wait()
+        index, self.force, self.index = self.index, False, False
+        return index
 
     def look(self, index: bool = False) -> None:
         """The next batch reconciles whenever it is, and one waiting for that begins now;
@@ -140,18 +143,16 @@ class Watch:
         if self._look is not None:
             self._look.set()
 
-    async def guard(self, tx: Tx, head_n: int, run: Callable[[Callable[[sqlite3.Connection], Guarded]],
-                                                              Awaitable[Guarded]]) -> Guarded:
-        """Inside the batch's transaction, before anything of the batch runs: when another
-        program wrote (or the schema moved), reconcile, on the writer's thread (``run``).
-        Returns the data_version the store is accounted for up to once the batch commits
-        (None: nothing new), and the error every job of the batch fails with instead of
-        running (None: they run). Nothing moved: two pragmas on the event loop."""
+    def guard(self, tx: Tx, head_n: int, index: bool) -> Guarded:
+        """Inside the batch's transaction, on the writer's thread, before anything of the
+        batch runs: when another program wrote (or the schema moved), reconcile. Returns
+        the data_version the store is accounted for up to once the batch commits (None:
+        nothing new), and the error every job of the batch fails with instead of running
+        (None: they run). Nothing moved: two pragmas."""
         now, schema_now = _versions(tx.conn)
-        index, self.force, self.index = self.index, False, False
         if now == self.version and schema_now == self.schema and not self.owed and not index:
             return None, None
-        return await run(lambda conn: self._guard(tx, head_n, now, schema_now, index))
+        return self._guard(tx, head_n, now, schema_now, index)
 
     def _guard(self, tx: Tx, head_n: int, now: int, schema_now: int, index: bool) -> Guarded:
         conn = tx.conn
@@ -412,7 +413,6 @@ class Opened:
 
     usage: Usage
     head: tuple[int, str] | None
-    recall_seq: int
     entries: int
     watch: Watch
 
@@ -423,5 +423,5 @@ def opened(conn: sqlite3.Connection, path: Path, stop: WitnessedHead | None = No
     in one transaction holding the write lock: nothing commits between the check and them."""
     with atomic(conn, "opened"):
         checked = open_chain(conn, stop, untouched=untouched)
-        return Opened(store.stored_usage(conn), ledger.head(conn), store.recall_seq(conn), queries.entry_count(conn),
+        return Opened(store.stored_usage(conn), ledger.head(conn), queries.entry_count(conn),
                       Watch.of(conn, path, owed=not checked))

@@ -6,8 +6,8 @@ which takes it through the same steps, in order:
 2. the policy, from the plan's layers and sources (``Config.policy_for``, its one place);
 3. the gate: ``auto`` passes, ``off`` is denied, ``ask`` waits for an approval; a denial
    is audited (its row committed) before it is raised;
-4. the writer job: re-check the budget against usage as it is then, and let the plan
-   re-resolve its targets by id and write its rows;
+4. the writer job, on the writer's thread: re-check the budget against usage as it is
+   then, and let the plan re-resolve its targets by id and write its rows;
 5. commit (group commit: acknowledged only once durable);
 6. the ledger: the approval's decision is written in the same transaction as the write's
    rows; a write that then fails leaves a ``failed`` row instead;
@@ -37,7 +37,7 @@ from .config import Config
 from .context import Peer, RequestContext
 from .tx import Tx
 from .watchers import Watchers
-from .writer import Steps, Writer, WriterClosed
+from .writer import Writer, WriterClosed
 
 R = TypeVar("R")
 Cell = tuple[str, str]
@@ -63,10 +63,10 @@ class WritePlan(Generic[R]):
     sources: list[str]
     #: characters each cell gains (negative: frees), checked before and inside the job
     deltas: dict[Cell, int]
-    #: the writer job proper: re-resolve targets by id, write rows (through ``stamp``);
-    #: ``tx.usage`` already counts this write's deltas (for the result's budget rows). A
-    #: write of many rows is a generator that yields between its parts (writer.Steps).
-    commit: Callable[[Tx, ledger.Stamp], R | Steps[R]]
+    #: the writer job proper, on the writer's thread: re-resolve targets by id, write rows
+    #: (through ``stamp``); ``tx.usage`` already counts this write's deltas (for the
+    #: result's budget rows)
+    commit: Callable[[Tx, ledger.Stamp], R]
     #: the notifications the committed result sends (the writer's, and its watchers')
     events: Callable[[R], list[tuple[str, EntryEvent]]]
     entry_id: str | None = None
@@ -122,7 +122,7 @@ class Pipeline:
         policy = self.config.policy_for(plan.layers, plan.sources)
         stamp, decision = await self._gate(ctx, view, plan, policy)
 
-        def job(tx: Tx) -> R | Steps[R]:
+        def job(tx: Tx) -> R:
             check_batch_budget(plan.deltas, tx.usage, limits, config_file=config_file)
             if decision is not None:
                 decision.record(tx)

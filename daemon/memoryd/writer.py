@@ -1,29 +1,36 @@
 """The single writer: one task owns the write connection; every mutation runs there.
 
 A job is a synchronous function of the transaction, ``fn(tx) -> result`` (tx.py). The
-writer drains whatever is queued and commits it as one transaction (group commit), always
-the same way::
+writer drains whatever is queued and runs it as one transaction (group commit), the whole
+of it on the writer's own thread, one hop from the event loop per batch::
 
-    event loop                                       writer's thread
+    event loop                                   writer's thread
+    a request: decode, check, policy, approval (pipeline.py); submit(fn), await
     (another program wrote, and the spaced reconcile is not due yet: wait, foreign.Watch.due)
-    BEGIN IMMEDIATE   (busy elsewhere: on the thread, waiting up to busy_timeout)
-    two pragmas: what another program changed is reconciled first (foreign.Watch.guard, thread)
-    for each deferred row, then each job:
-        SAVEPOINT; fn(tx); RELEASE                   (a failure: ROLLBACK TO, that step alone)
-        (the loop turns whenever the batch has held it for TURN_AFTER_S)
-    the usage counts, the tail count
-                                                     COMMIT (the WAL's write and fsync)
-    answer every caller; a failed COMMIT fails every job of the batch
+    the next MAX_GROUP jobs  ------------------> BEGIN IMMEDIATE (the lock held elsewhere:
+                                                   wait for it up to busy_timeout)
+                                                 what another program changed is reconciled
+                                                   first (foreign.Watch.guard)
+                                                 each deferred row, then each job:
+                                                   SAVEPOINT; fn(tx); RELEASE
+                                                   (a failure: ROLLBACK TO, that one alone)
+                                                 the usage counts
+                                                 COMMIT (the WAL's write and fsync)
+    answer every caller  <---------------------- (a failed COMMIT fails every job of it)
+    the reply, events and watchers
 
-A job that writes many rows (a seed) is a generator function: it yields between its
-parts, and the loop may turn there. A caller is answered only after COMMIT has returned,
-i.e. after the fsync (``synchronous=FULL``): an acknowledged write survives power loss.
+So a request's own work runs on the event loop, its ``fn`` on the writer's thread, and its
+reply on the loop again; the loop runs no statement of a batch, and serves queries (on the
+readers' threads, readers.py) and approvals while a long batch runs. ``fn`` therefore
+touches nothing of the loop's (no future, event or notify): it reads and writes the store
+through ``tx`` and returns what its caller needs. A caller is answered only after COMMIT
+has returned, i.e. after the fsync (``synchronous=FULL``): an acknowledged write survives
+power loss.
 
-Bookkeeping nobody awaits (``defer``: recall counters and ledger rows) runs at the head of
-the next batch; ``durable=False`` batches of it alone commit with ``synchronous=NORMAL``.
-Store faults reach callers as STORE_UNAVAILABLE. After a commit that filled the text
-index's tail, the writer indexes it in a transaction of its own on its thread
-(``_index_tail``), once the batch's callers are answered.
+Bookkeeping nobody awaits (``defer``: the ledger's approval and failure rows) runs at the
+head of the next batch, as its first steps. A batch whose jobs are all ``durable=False``
+(bookkeeping, a query's recall counts) commits with ``synchronous=NORMAL``. Store faults
+reach callers as STORE_UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -32,19 +39,16 @@ import asyncio
 import logging
 import sqlite3
 import threading
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Generator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import GeneratorType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import anyio
 from memoryd_protocol.audit_types import WitnessedHead
-from memoryd_protocol.types import Entry
 
-from . import foreign, ledger, queries, store, storefile
+from . import foreign, ledger, store, storefile
 from .atomic import atomic, begin, commit, rollback
 from .owned import Owned
 from .store import store_fault
@@ -53,16 +57,8 @@ from .tx import Tx, Usage
 log = logging.getLogger("memoryd.writer")
 
 T = TypeVar("T")
-#: What a job that splits itself returns: a generator that yields between its parts.
-Steps = Generator[None, None, T]
-JobFn = Callable[[Tx], "T | Steps[T]"]
 MAX_GROUP = 256
 FLUSH_DELAY_S = 0.05
-#: How long a batch may hold the event loop before it lets the loop turn (between two
-#: steps, or at a job's yield): long enough that a batch of small writes runs straight
-#: through, short enough that a query or an approval never waits long behind a seed.
-TURN_AFTER_S = 0.001
-BUMPS_PER_STEP = 32
 #: How many kept rows may wait for a store that cannot take writes; beyond it the oldest
 #: are dropped, each with an error in the log, so a store that never recovers cannot grow
 #: the daemon without bound.
@@ -87,7 +83,7 @@ class _Deferred:
 
 @dataclass(eq=False)
 class _Job(Generic[T]):
-    fn: JobFn[T]
+    fn: Callable[[Tx], T]
     durable: bool
     #: resolved (to None) once the job's batch has committed or failed; cancelled instead
     #: when its caller is cancelled meanwhile (``submit``)
@@ -103,62 +99,35 @@ class _Job(Generic[T]):
     end_waiter: asyncio.Future[None] | None = None
 
 
-@dataclass(eq=False)
-class _Overlay:
-    """Recalls not committed yet: per entry, how many and the last one's ts."""
+class _Done(NamedTuple):
+    """What a batch's committed transaction hands back to the event loop."""
 
-    counts: dict[str, list[int]] = field(default_factory=dict)
-    #: the sequence number its commit saves (store.RECALL_SEQ_KEY), once that commit began
-    seq: int | None = None
-    #: its commit failed: its recalls are lost, in the store and here alike
-    failed: bool = False
-
-    def lose(self, step: _Recalls) -> None:
-        """A step of its commit was rolled back: that step's recalls are lost."""
-        for entry_id, (n, _ts) in step.bumps.items():
-            pending = self.counts.get(entry_id)
-            if pending is not None:
-                pending[0] -= n
-                if pending[0] <= 0:
-                    del self.counts[entry_id]
-
-
-class _Recalls:
-    """One bookkeeping step for the recalls of queries in a row: per entry, how many and the
-    last one's ts; and each recall's ledger row, in order."""
-
-    def __init__(self) -> None:
-        self.bumps: dict[str, list[int]] = {}
-        self.rows: list[Callable[[Tx], None]] = []
-
-    def __call__(self, tx: Tx) -> Iterator[None]:
-        """Its statements, yielding between parts of a few hundred microseconds at most: the
-        counters, BUMPS_PER_STEP entries a part, then each row."""
-        bumps = [(i, n, ts) for i, (n, ts) in self.bumps.items()]
-        for k in range(0, len(bumps), BUMPS_PER_STEP):
-            store.bump_recalls(tx.conn, bumps[k:k + BUMPS_PER_STEP])
-            yield
-        for row in self.rows:
-            row(tx)
-            yield
+    tx: Tx
+    #: the data_version the store is accounted for up to (foreign.Watch.reconciled)
+    moved: int | None
+    #: how many entries the batch added (net)
+    added: int
+    #: kept rows that a fault lost: written again with the next batch
+    lost: list[_Deferred]
 
 
 class Writer:
     def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
-                 anchor: ledger.Anchor | None = None, recall_seq: int = 0, entries: int = 0,
-                 owed: bool = False) -> None:
+                 anchor: ledger.Anchor | None = None, entries: int = 0,
+                 watch: foreign.Watch | None = None) -> None:
         #: the write connection and its one thread (a bare connection gets a thread here)
         self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
         self.anchor = anchor if anchor is not None else ledger.Anchor()
-        #: whether another program wrote since (``owed``: the start's check could not run)
-        self._watch = foreign.Watch.of(self._owned.conn, path, owed=owed)
+        #: whether another program wrote since (a bare connection is looked at here, before
+        #: its thread runs anything)
+        self._watch = watch if watch is not None else foreign.Watch.of(self._owned.conn, path)
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
         #: how many entries the committed store holds (as memoryd's own writes count them)
         self.entries = entries
-        #: queued jobs, and what wakes ``run`` for them (plain asyncio: one append and one
+        #: queued jobs, and what wakes ``serve`` for them (plain asyncio: one append and one
         #: future per job, where anyio's memory stream and Event cost several calls each)
         self._queue: deque[_Job[Any]] = deque()
         self._wake = asyncio.Event()
@@ -173,20 +142,6 @@ class Writer:
         #: set while no commit carrying deferred bookkeeping is between BEGIN and its end
         self._bookkeeping_idle = anyio.Event()
         self._bookkeeping_idle.set()
-        #: recalls queued for a commit not begun yet, and those of the commit in flight
-        #: (``with_recalls``); the sequence number of the last recalls' commit begun
-        self._queued = _Overlay()
-        self._flying = _Overlay()
-        self._recall_seq = recall_seq
-        #: the text index's tail was full after the last commit of a write (store.tail_full)
-        self._tail_full = False
-        #: when the batch in progress last let the event loop turn (``_turn``)
-        self._since = 0.0
-        #: the store's busy timeout: the event loop never waits for the write lock (its
-        #: connection's timeout is 0); a BEGIN that finds it held waits on the thread
-        conn = self._owned.conn
-        self._busy_ms: int = conn.execute("PRAGMA busy_timeout").fetchone()[0]
-        conn.execute("PRAGMA busy_timeout = 0")
 
     @classmethod
     async def open(cls, path: Path, version: int, busy_timeout_ms: int,
@@ -202,9 +157,8 @@ class Writer:
         except BaseException:
             await owned.aclose()
             raise
-        writer = cls(owned, o.usage, path, ledger.Anchor(o.head), o.recall_seq, o.entries)
-        writer._watch = o.watch  # as the check left the store, not as it is by now
-        return writer
+        # the watch as the check left the store, not as it is by now
+        return cls(owned, o.usage, path, ledger.Anchor(o.head), o.entries, o.watch)
 
     @property
     def usage(self) -> Usage:
@@ -213,16 +167,16 @@ class Writer:
 
     @property
     def thread(self) -> threading.Thread:
-        """The thread every COMMIT of this writer runs on."""
+        """The thread every batch of this writer runs on, BEGIN to COMMIT."""
         return self._owned.thread
 
     async def aclose(self) -> None:
-        """Once ``run`` has returned: checkpoint (best effort), close the connection, end
+        """Once ``serve`` has returned: checkpoint (best effort), close the connection, end
         the thread. (A writer that never ran closes its queue here.)"""
         self.close()
         await self._owned.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
 
-    async def submit(self, fn: JobFn[T], *, durable: bool = True,
+    async def submit(self, fn: Callable[[Tx], T], *, durable: bool = True,
                      on_error: Callable[[BaseException], None] | None = None) -> T:
         """Run ``fn`` in the next group commit; return its result once COMMIT has returned.
         Its error (a store fault as STORE_UNAVAILABLE) is raised here, to the one caller
@@ -257,70 +211,15 @@ class Writer:
 
     def defer(self, fn: Callable[[Tx], object], on_done: Callable[[], None] = lambda: None,
               *, keep: bool = False) -> None:
-        """Queue bookkeeping that nobody awaits (recall counters, ``recalled`` rows, the
-        ledger's approval rows).
+        """Queue bookkeeping that nobody awaits (the ledger's approval and failure rows).
 
         It is written at the head of the next transaction, or by a flush within
-        FLUSH_DELAY_S, whichever comes first: a burst of queries costs one commit instead
-        of one each, and because every later write commits after it, the ledger stays in
-        order. ``on_done`` runs on the event loop once it has committed (or failed).
+        FLUSH_DELAY_S, whichever comes first: because every later write commits after it,
+        the ledger stays in order. ``on_done`` runs on the event loop once it has committed (or failed).
         ``keep``: a store fault does not lose it; it is written with the next batch.
         """
         self._deferred.append(_Deferred(fn, on_done, keep))
         self._flush_wanted.set()
-
-    # --- recall bookkeeping -----------------------------------------------------------
-
-    async def with_recalls(self, read: Callable[[Collection[str]], Awaitable[tuple[list[Entry], int, int]]]
-                           ) -> tuple[list[Entry], int]:
-        """``read(boosted)`` (entries off the store, a count, and the store's
-        store.recall_seq, all from one read transaction) with every recall the read did not
-        see counted in, ranked again if any is. ``boosted`` are the ids with such recalls,
-        which ``read`` must include if they match (``queries.query_page``).
-
-        A pending set of recalls is in what the read saw exactly when its commit saved a
-        sequence number the read saw: never waited for, never read twice."""
-        overlays = (self._flying, self._queued)
-        hits, total, seen = await read(overlays[0].counts.keys() | overlays[1].counts.keys())
-        moved = False
-        for overlay in overlays:
-            if overlay.failed or (overlay.seq is not None and overlay.seq <= seen) or not overlay.counts:
-                continue
-            for e in hits:
-                pending = overlay.counts.get(e.id)
-                if pending is not None:
-                    moved = True
-                    e.recall_count += pending[0]
-                    e.last_recalled = max(e.last_recalled or 0, pending[1])
-        if moved:
-            hits.sort(key=queries.rank)
-        return hits, total
-
-    def record_recalls(self, entries: list[Entry], ts: int, row: Callable[[Tx], None] | None = None) -> None:
-        """``entries`` (a query's page) were recalled at ``ts``: each of these copies shows
-        it now, later queries count it until it commits (``with_recalls``), and its commit
-        (the counters, and ``row``: the recall's audit row) is queued as bookkeeping.
-
-        The recalls of queries in a row share one bookkeeping step (one UPDATE per entry
-        for all of them, however many times it was recalled), each recall's row kept, in
-        order. A step queued after them (a ledger row of an approval) starts the next."""
-        shared = self._deferred[-1].fn if self._deferred else None
-        if not isinstance(shared, _Recalls):
-            shared = _Recalls()
-            self.defer(shared)
-        bumps, queued = shared.bumps, self._queued.counts
-        for e in entries:
-            e.recall_count += 1
-            e.last_recalled = ts
-            for overlay in (bumps, queued):
-                pending = overlay.get(e.id)
-                if pending is None:
-                    overlay[e.id] = [1, ts]
-                else:
-                    pending[0] += 1
-                    pending[1] = ts
-        if row is not None:
-            shared.rows.append(row)
 
     async def settled(self) -> None:
         """Return once all deferred bookkeeping queued so far has committed, or failed (for
@@ -343,7 +242,7 @@ class Writer:
     async def _flush(self) -> None:
         try:
             await self.submit(_noop, durable=False)
-        except Exception:  # _commit logged it; recall bookkeeping is not an acknowledged write
+        except Exception:  # _commit logged it; bookkeeping is not an acknowledged write
             pass
 
     async def _bookkeeping_committed(self) -> None:
@@ -360,13 +259,14 @@ class Writer:
                 await self._flush()
 
     def close(self) -> None:
-        """Accept no more jobs; ``run`` returns once the queued ones are committed."""
+        """Accept no more jobs; ``serve`` returns once the queued ones are committed."""
         self._closed = True
         self._wake.set()
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
+        """The writer's task: commit batches until closed and drained."""
         try:
-            await self._serve()
+            await self._batches()
         except BaseException:
             # Ended by what no batch contains (``_commit`` raises it again), or cancelled:
             # no job will run any more. Later ones are refused and queued ones fail, whose
@@ -382,7 +282,7 @@ class Writer:
                 self._end(j)
             raise
 
-    async def _serve(self) -> None:
+    async def _batches(self) -> None:
         queue = self._queue
         while True:
             if not queue:
@@ -393,33 +293,6 @@ class Writer:
                 continue
             batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
             await self._commit(batch)
-            if self._tail_full:
-                await self._index_tail()
-
-    async def _index_tail(self) -> None:
-        """Index the text index's tail (store.index_tail) in a transaction of its own, on
-        the writer's thread (one statement: it cannot let the loop turn), once the batch
-        that grew it is answered. Not durable (``synchronous=NORMAL``): a crash may lose
-        it, and the mark with it (one transaction), so nothing is lost. On a failure the
-        tail stays as it is, a query still finds it, and a later commit tries again."""
-        self._tail_full = False
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._owned.run(self._run_index_tail)
-        except Exception as exc:
-            fault = store_fault(exc, self._path)
-            if fault is None:
-                log.exception("indexing the text index's tail failed")
-            else:
-                log.error("indexing the text index's tail failed: %s (%s): %s", fault.code,
-                          fault.details["reason"], exc)
-
-    def _run_index_tail(self, conn: sqlite3.Connection) -> None:
-        self._sync(conn, False)
-        started = time.perf_counter()
-        with atomic(conn, busy_timeout_ms=self._busy_ms):
-            n = store.index_tail(conn)
-        log.debug("indexed the text index's tail of %d entries in %.1f ms", n, (time.perf_counter() - started) * 1e3)
 
     def _sync(self, conn: sqlite3.Connection, durable: bool) -> None:
         """Before a transaction: roll back one a failed ROLLBACK left open; ``synchronous`` FULL, or NORMAL for bookkeeping."""
@@ -436,61 +309,20 @@ class Writer:
         lost: list[_Deferred] = []
         if deferred:
             self._bookkeeping_idle = anyio.Event()
-            # every queued recall is in this commit (its steps are never kept)
-            self._flying, self._queued = self._queued, _Overlay()
-            if self._flying.counts:
-                self._recall_seq += 1
-                self._flying.seq = self._recall_seq
-        flying = self._flying
-        conn = self._owned.conn
         try:
             with anyio.CancelScope(shield=True):
-                await self._watch.due(conn)
-                await self._begin(conn, durable)
-                tx, head_n = self.anchor.begin(conn, self._usage), self.anchor.head[0] if self.anchor.head else 0
-                moved, refused = await self._watch.guard(tx, head_n, self._owned.run)
-                if refused is not None:  # nothing of the batch runs; its kept rows wait for the next
-                    lost, flying.failed = [d for d in deferred if d.keep], True
-                self._since = time.perf_counter()
-                for d in deferred if refused is None else ():
-                    error = (await self._step(tx, d.fn))[1]
-                    if error is not None and isinstance(d.fn, _Recalls):
-                        flying.lose(d.fn)
-                    if error is not None:
-                        fault = store_fault(error, self._path)
-                        if fault is None:
-                            log.error("deferred bookkeeping failed", exc_info=error)
-                        else:
-                            log.error("deferred bookkeeping failed: %s (%s): %s", fault.code,
-                                      fault.details["reason"], error)
-                            if d.keep:
-                                lost.append(d)
-                for job in batch:
-                    job.result, error = await self._step(tx, job.fn) if foreign.runs(job.fn, refused) else (None, refused)
-                    if error is not None:
-                        fault = store_fault(error, self._path)
-                        if fault is not None:
-                            log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], error)
-                        # Not logged otherwise: submit raises it to the caller, who reports it.
-                        job.error = fault if fault is not None else error
-                if flying.seq is not None:
-                    store.save_recall_seq(conn, flying.seq)
-                added = sum(n for n, _ in tx.counts.values())
-                store.flush(tx)
-                full = durable and self._tail_is_full(conn)
-                await self._owned.run(commit)
+                index = await self._watch.due(self._owned.run)
+                tx, moved, added, lost = await self._owned.run(
+                    lambda conn: self._transaction(conn, batch, deferred, durable, index))
             self.anchor.committed(tx)
             self._watch.reconciled(moved)
             self._usage = tx.usage
             self.entries = (self.entries if tx.entries is None else tx.entries) + added
-            self._tail_full = full
         except BaseException as exc:
             # Nothing of this batch committed: every job fails, whatever it had computed
             # (a result, or an error judged against rows that are gone now). Also on what
             # ``except Exception`` lets through (a job's SystemExit, say), which then ends
-            # ``run``: answered with its result, a caller would think its write committed.
-            rollback(conn, "of a failed batch")
-            flying.failed = True
+            # ``serve``: answered with its result, a caller would think its write committed.
             fault = store_fault(exc, self._path)
             if fault is None:
                 log.exception("group commit of %d job(s) failed", len(batch))
@@ -512,23 +344,52 @@ class Writer:
                 if d not in lost:
                     d.on_done()
             if deferred:
-                # committed (the store counts them now) or failed (lost): no longer counted here
-                self._flying = _Overlay()
                 self._bookkeeping_idle.set()
             for j in batch:
                 self._end(j)
 
-    async def _begin(self, conn: sqlite3.Connection, durable: bool) -> None:
-        """BEGIN IMMEDIATE on the event loop, which never waits; when another process holds the lock, on the thread."""
+    def _transaction(self, conn: sqlite3.Connection, batch: list[_Job[Any]], deferred: list[_Deferred],
+                     durable: bool, index: bool) -> _Done:
+        """The batch's whole transaction, on the writer's thread: each job's result or error
+        is set on it; what the event loop takes over once COMMIT has returned is returned.
+        An error that takes the transaction with it is raised, the transaction rolled back."""
         self._sync(conn, durable)
+        lost: list[_Deferred] = []
         try:
             begin(conn)
-        except sqlite3.Error as exc:
-            if store.fault_reason(exc) != "busy":
-                raise
-            await self._owned.run(lambda c: begin(c, busy_timeout_ms=self._busy_ms))
+            tx, head_n = self.anchor.begin(conn, self._usage), self.anchor.head[0] if self.anchor.head else 0
+            moved, refused = self._watch.guard(tx, head_n, index)
+            if refused is not None:  # nothing of the batch runs; its kept rows wait for the next
+                lost = [d for d in deferred if d.keep]
+            for d in deferred if refused is None else ():
+                error = self._step(tx, d.fn)[1]
+                if error is None:
+                    continue
+                fault = store_fault(error, self._path)
+                if fault is None:
+                    log.error("deferred bookkeeping failed", exc_info=error)
+                else:
+                    log.error("deferred bookkeeping failed: %s (%s): %s", fault.code, fault.details["reason"], error)
+                    if d.keep:
+                        lost.append(d)
+            for job in batch:
+                job.result, error = self._step(tx, job.fn) if foreign.runs(job.fn, refused) else (None, refused)
+                if error is not None:
+                    fault = store_fault(error, self._path)
+                    if fault is not None:
+                        log.error("write job failed: %s (%s): %s", fault.code, fault.details["reason"], error)
+                    # Not logged otherwise: submit raises it to the caller, who reports it.
+                    job.error = fault if fault is not None else error
+            added = sum(n for n, _ in tx.counts.values())
+            store.flush(tx)
+            commit(conn)
+        except BaseException:
+            rollback(conn, "of a failed batch")
+            raise
+        return _Done(tx, moved, added, lost)
 
-    async def _step(self, tx: Tx, fn: Callable[[Tx], Any]) -> tuple[Any, Exception | None]:
+    @staticmethod
+    def _step(tx: Tx, fn: Callable[[Tx], Any]) -> tuple[Any, Exception | None]:
         """One deferred row or job in its own savepoint: its result, or the error that
         rolled it (and what it did to ``tx``) back. An error that took the transaction
         with it (``lost``) is raised: the batch fails."""
@@ -536,40 +397,12 @@ class Writer:
         point = atomic(tx.conn, "step")
         try:
             with point:
-                out = fn(tx)
-                if isinstance(out, GeneratorType):
-                    out = await self._drive(out)
+                return fn(tx), None
         except Exception as exc:
             if point.lost:
                 raise
             tx.restore(saved)
             return None, exc
-        await self._turn()
-        return out, None
-
-    async def _drive(self, steps: Steps[T]) -> T:
-        """Run a job that splits itself, letting the loop turn at its yields."""
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                result: T = done.value
-                return result
-            await self._turn()
-
-    async def _turn(self) -> None:
-        """Let the event loop turn once the batch has held it for TURN_AFTER_S."""
-        if time.perf_counter() - self._since >= TURN_AFTER_S:
-            await asyncio.sleep(0)
-            self._since = time.perf_counter()
-
-    def _tail_is_full(self, conn: sqlite3.Connection) -> bool:
-        """Whether the commit leaves the index's tail full, counted before COMMIT (after it, a read would begin)."""
-        try:
-            return store.tail_full(conn)
-        except sqlite3.Error:  # the batch commits all the same; the next commit looks again
-            log.debug("counting the text index's tail failed", exc_info=True)
-            return False
 
     @staticmethod
     def _end(j: _Job[Any]) -> None:

@@ -50,14 +50,9 @@ from .context import Handler, RequestContext
 from .ledger import Stamp
 from .pipeline import WritePlan
 from .tx import Tx
-from .writer import Steps
 
 if TYPE_CHECKING:
     from .service import Service
-
-#: A write of many entries (a seed, a large consolidate) yields after each part of this
-#: many: the writer lets the event loop turn there (writer.TURN_AFTER_S).
-ROWS_PER_PART = 16
 
 #: What an approval shows of a target entry and the ledger proves of it, (attribute, wire
 #: name): an approved write finds each as the approval showed it, or writes nothing.
@@ -234,15 +229,13 @@ class Writes:
         source = check_source(i.source)
         labels = [sel.match if sel.match is not None else f"id {t.id}" for sel, t in zip(selectors, targets, strict=True)]
 
-        def commit(tx: Tx, stamp: Stamp) -> Steps[ConsolidateResult]:
+        def commit(tx: Tx, stamp: Stamp) -> ConsolidateResult:
             removed = [self.still_same(tx.conn, t, sel.match) for t, sel in zip(targets, selectors, strict=True)]
             ts = store.now_ms()
-            for n, r in enumerate(removed, 1):
+            for r in removed:
                 store.delete_entry(tx, r.id)
                 stamp.audit(tx, "consolidate-remove", track=r.track, scope=r.scope, entry_id=r.id, text=r.text,
                             source=r.source, ts=ts)
-                if n % ROWS_PER_PART == 0:
-                    yield
             e = self.new_entry(view, track=i.track, scope=i.scope, text=text, source=source, tags=tags,
                                workspace_key=wk, agent_key=ak, ts=ts)
             store.insert_entry(tx, e)
@@ -293,16 +286,14 @@ class Writes:
         sources = {e.source for e in planned}
         source = sources.pop() if len(sources) == 1 else check_source(None)
 
-        def commit(tx: Tx, stamp: Stamp) -> Steps[SeedResult]:
+        def commit(tx: Tx, stamp: Stamp) -> SeedResult:
             ts = store.now_ms()
             stamp.audit(tx, "seed", track="batch", scope="batch", entry_id=None, text=text, source=source, ts=ts)
-            for n, e in enumerate(planned, 1):
+            for e in planned:
                 e.created_at = e.updated_at = ts
                 store.insert_entry(tx, e)
                 stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
                             entry=e, ts=ts)
-                if n % ROWS_PER_PART == 0:
-                    yield
             return SeedResult(added=len(planned), entries=planned)
 
         return await self.s.pipeline.run(ctx, view, WritePlan(
