@@ -1,6 +1,8 @@
-"""Pending approvals: the daemon → client half of the write gate, and who may decide.
+"""Approvals, all of them: the write gate, pending approvals, and who may decide.
 
-A table keyed by approval id: each waiter has a timeout and is removed on every path, so a
+The gate (:meth:`Approvals.gate`) takes every write's policy: ``auto`` passes, ``off`` is
+denied, ``ask`` asks and waits for a decision; a denial is audited (its ledger rows
+committed) before it is raised. Pending approvals are a table keyed by approval id: each waiter has a timeout and is removed on every path, so a
 late decision is refused rather than leaked, and a closing connection wakes every waiter it
 was asked of. Waiting here never holds the writer, which only sees approved work.
 
@@ -22,24 +24,32 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import msgspec
-from memoryd_protocol.approval_types import ApprovalChallenge, ProcessFacts
-from memoryd_protocol.constants import DEFAULT_MAX_PENDING_APPROVALS
-from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol import payloads
+from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams, ProcessFacts
+from memoryd_protocol.constants import ALLOWED_ONCE, DEFAULT_MAX_PENDING_APPROVALS
+from memoryd_protocol.errors import InvalidInput, StoreUnavailable, WriteDenied
 from memoryd_protocol.paths import ApproverKeyError, approver_key_path, approver_proof, read_approver_key
 from memoryd_protocol.payloads import normalize_outcome
+from memoryd_protocol.text import check_storable
 from memoryd_protocol.types import (
     ApprovalAsked,
     ApprovalBy,
+    ApprovalDecidedParams,
     ApprovalResolved,
+    Empty,
+    LedgerConnection,
 )
 
+from . import ledger
 from .config import Config
-from .context import Peer
+from .context import Handler, Peer
 from .peers import NotThatProcess, now, related
+from .tx import Tx
+from .writer import Writer
 
 if TYPE_CHECKING:
     from .context import RequestContext
@@ -48,6 +58,9 @@ log = logging.getLogger("memoryd.approvals")
 
 #: how long a challenge may wait for its proof
 CHALLENGE_TTL_S = 60.0
+#: The WRITE_DENIED message (outcome ``cancelled``) of a write that reaches the gate, or
+#: is still waiting for its approval, once the daemon has begun to stop.
+STOPPING_MESSAGE = "the daemon is stopping"
 KEY_NOT_PROVEN = ('approvers = "keyed": this connection has not proved the approver key, so it cannot make '
                   "decisions; send approval/challenge, then approval/prove with its proof (memoryctl does both)")
 
@@ -140,6 +153,24 @@ def prove(peer: Peer, proof: str | None) -> None:
     log.info("connection %d (pid %d) proved the approver key", peer.id, facts.pid)
 
 
+class Gated(Protocol):
+    """What the gate needs of a write (pipeline.WritePlan): its denied row, and its approval."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def track(self) -> str: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def entry_id(self) -> str | None: ...
+    def asked(self, session_id: str | None) -> ApprovalAsked: ...
+
+
 @dataclass(eq=False)
 class Pending:
     asked: ApprovalAsked
@@ -169,10 +200,38 @@ class Approvals:
         #: max_pending_approvals: a connection's next write beyond it is denied at once
         self.max_per_connection = max_per_connection
         self.approvers: list[Peer] = []
-        #: set at shutdown: no new approval is asked, every new one is cancelled
+        #: set at shutdown (``cancel_all``): the gate admits no more writes, no new approval
+        #: is asked, every new one is cancelled
         self.closing = False
         #: the daemon's config: its ``approvers`` says who may decide (the Service sets it)
         self.config = config if config is not None else Config()
+        #: this daemon run's id, for the ledger's connection refs (the Service sets it)
+        self.run_id = ""
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "approval/decided": self.decided,
+            "approval/subscribe": self.subscribed,
+            "approval/challenge": self.challenged,
+            "approval/prove": self.proved,
+        }
+
+    async def decided(self, ctx: RequestContext, p: ApprovalDecidedParams) -> Empty:
+        if p.by is not None and p.by.name is not None:
+            check_storable(p.by.name, "by.name")
+        self.decide(ctx.peer, p.id, p.outcome, p.by)
+        return Empty()
+
+    async def challenged(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:
+        return challenge(ctx.peer, f"{self.run_id}/{ctx.peer.id}")
+
+    async def proved(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
+        prove(ctx.peer, p.proof)
+        return Empty()
+
+    async def subscribed(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
+        self.subscribe(ctx.peer, p.proof)
+        return Empty()
 
     def subscribe(self, peer: Peer, proof: str | None = None) -> None:
         """Admit ``peer`` as an approver (``proof``: approval/subscribe's, answering its challenge),
@@ -198,6 +257,92 @@ class Approvals:
         _require_terminal(peer, self.config, f"only a process with a controlling terminal can {what}; run memoryctl "
                                              "in a terminal", field)
         return facts
+
+    # --- the gate -------------------------------------------------------------------------
+
+    async def gate(self, ctx: RequestContext, session_id: str | None, write: Gated, policy: str,
+                   writer: Writer) -> tuple[ledger.Stamp, ledger.Decision | None]:
+        """Return only for ``allowed-once``: the stamp the write's rows carry, and the
+        decision to record with them. A denial is audited (through ``writer``), then raised.
+
+        A write that leaves the gate allowed queues its writer job before the caller's next
+        await, so once shutdown has begun (``cancel_all``) no write is queued after it: the
+        ledger shows every committed write before the first denial for stopping."""
+        peer = ctx.peer
+        origin = ledger.connection(peer, self.run_id)
+        if self.closing:
+            # As a write parked on an approval does, let the connection serve its next
+            # line meanwhile: a pipeline's denials then share a group commit, not one each.
+            ctx.park()
+            await self._deny(writer, origin, session_id, write, "cancelled", policy, None)
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
+        if policy == "auto":
+            label = payloads.outcome_label(ALLOWED_ONCE, policy)
+            return ledger.Stamp(origin=origin, session_id=session_id, label=label), None
+        if policy == "off":
+            await self._deny(writer, origin, session_id, write, "rejected", policy, None)
+            raise WriteDenied("write denied: rejected", {"outcome": "rejected"})
+        if self.full(peer):
+            # max_pending_approvals: denied at once, with its denied row like every denial.
+            await self._deny(writer, origin, session_id, write, "unavailable", policy, None)
+            raise WriteDenied(f"write denied: unavailable: this connection already has "
+                              f"{self.max_per_connection} approvals pending", {"outcome": "unavailable"})
+        asked = write.asked(session_id)
+        was_asked: list[bool] = []
+
+        def on_asked(payload: ApprovalAsked) -> None:
+            was_asked.append(True)
+            writer.defer(lambda tx: ledger.asked(tx, origin, payload), keep=True)
+
+        try:
+            pending = await self.ask(ctx, asked, self.config.approval_timeout_s, on_asked)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                gone = ledger.Decision(asked.id, "unavailable", policy, None, None) if was_asked else None
+                await self._deny(writer, origin, session_id, write, "unavailable", policy, gone)
+            raise
+        decided = pending.outcome or "cancelled"
+        # Asked before shutdown began: cancelled (cancel_all), or allowed just before it but
+        # only resumed after; either way nothing is queued now. The decision row keeps what
+        # its decider decided; the denied row says the write was cancelled.
+        outcome = "cancelled" if self.closing else decided
+        decided_by = ledger.connection(pending.decided_by, self.run_id) if pending.decided_by is not None else None
+        # an approval nobody could be asked was never asked: it has no rows of its own
+        decision = ledger.Decision(asked.id, decided, policy, decided_by, pending.claimed,
+                                   pending.decider) if was_asked else None
+        if outcome == ALLOWED_ONCE:
+            label = payloads.outcome_label(ALLOWED_ONCE, policy)
+            return ledger.Stamp(origin=origin, session_id=session_id, label=label, approval=asked.id), decision
+        await self._deny(writer, origin, session_id, write, outcome, policy, decision)
+        if self.closing:
+            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
+        raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
+
+    @staticmethod
+    async def _deny(writer: Writer, origin: LedgerConnection, session_id: str | None, write: Gated, outcome: str,
+                    policy: str, decision: ledger.Decision | None) -> None:
+        approval = decision.approval if decision is not None else None
+        stamp = ledger.Stamp(origin=origin, session_id=session_id, label=payloads.outcome_label(outcome, policy),
+                             approval=approval)
+
+        def rows(tx: Tx) -> None:
+            if decision is not None:
+                decision.record(tx)
+            stamp.audit(tx, f"{write.action}-denied", track=write.track, scope=write.scope, entry_id=write.entry_id,
+                        text=write.text, source=write.source)
+
+        try:
+            await writer.submit(rows)
+        except StoreUnavailable:
+            if decision is None:
+                raise  # no approval was asked: nothing but the denied row to keep, and a
+                # client could queue those without bound while the store is locked
+            # An approval's decision (a human's, say) is denied whatever the store does:
+            # its decided and denied rows are kept until the store takes them, as a failed
+            # commit's are; the write is denied.
+            writer.defer(rows, keep=True)
+
+    # --- pending approvals ------------------------------------------------------------------
 
     def full(self, origin: Peer) -> bool:
         """``origin`` already has max_pending_approvals writes waiting for a decision."""

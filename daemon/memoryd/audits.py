@@ -70,8 +70,8 @@ class Shared(Generic[T]):
 
 
 class Audits:
-    def __init__(self, s: Service) -> None:
-        self.s = s
+    def __init__(self, service: Service) -> None:
+        self.service = service
         self._explaining = anyio.Lock()
         self._verify = Shared(self._verify_once)
 
@@ -85,7 +85,7 @@ class Audits:
 
     async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.s.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
+        return await self.service.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
 
     async def audit_verify(self, ctx: RequestContext, p: AuditVerifyParams) -> LedgerReport:
         report = await self._verify()
@@ -102,23 +102,23 @@ class Audits:
                                         part).fetchall())
             return hashes
 
-        return with_problems(report, heads_problems(await self.s.readers.run(found), wanted))
+        return with_problems(report, heads_problems(await self.service.readers.run(found), wanted))
 
     async def _verify_once(self) -> LedgerReport:
-        await self.s.writer.look_outside(index=True)
-        await self.s.writer.settled()
-        anchor = self.s.writer.anchor
+        await self.service.writer.look_outside(index=True)
+        await self.service.writer.settled()
+        anchor = self.service.writer.anchor
         head, lost = anchor.head, anchor.lost  # committed before the read begins: the read must hold it
-        return await self.s.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
+        return await self.service.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
 
     async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:
-            await self.s.writer.settled()
-            return await self.s.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
+            await self.service.writer.settled()
+            return await self.service.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def audit_accept(self, ctx: RequestContext, p: AuditAcceptParams) -> AuditAccepted:
-        facts = self.s.approvals.check_person(ctx.peer, "accept a change made outside memoryd", "n")
-        who = self.s.pipeline.who(ctx.peer)
+        facts = self.service.approvals.check_person(ctx.peer, "accept a change made outside memoryd", "n")
+        who = self.service.pipeline.who(ctx.peer)
 
         def accept(tx: Tx) -> int:
             row = tx.conn.execute("SELECT kind FROM memoryd_ledger WHERE n = ?", (p.n,)).fetchone()
@@ -133,4 +133,4 @@ class Audits:
             return tx.tip[0] if tx.tip else 0
 
         # runs while a schema change nobody accepted stops every other write
-        return AuditAccepted(n=await self.s.writer.submit(foreign.Acceptance(accept)), foreign=p.n)
+        return AuditAccepted(n=await self.service.writer.submit(foreign.Acceptance(accept)), foreign=p.n)

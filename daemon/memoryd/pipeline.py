@@ -1,11 +1,12 @@
 """The one write pipeline. Every write path (add, replace, remove, consolidate, seed,
-import, proposals/approve) builds a :class:`WritePlan` and hands it to :meth:`Pipeline.run`,
+import, proposals/approve) builds a :class:`WritePlan` and hands it to :meth:`Pipeline.write`,
 which takes it through the same steps, in order:
 
 1. pre-check the budget against committed usage;
 2. the policy, from the plan's layers and sources (``Config.policy_for``, its one place);
-3. the gate: ``auto`` passes, ``off`` is denied, ``ask`` waits for an approval; a denial
-   is audited (its row committed) before it is raised;
+3. the gate (approvals.py, ``Approvals.gate``): ``auto`` passes, ``off`` is denied,
+   ``ask`` waits for an approval; a denial is audited (its row committed) before it is
+   raised;
 4. the writer job, on the writer's thread: re-check the budget against usage as it is
    then, and let the plan re-resolve its targets by id and write its rows;
 5. commit (group commit: acknowledged only once durable);
@@ -21,12 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
-import anyio
 from memoryd_protocol import payloads
-from memoryd_protocol.constants import ALLOWED_ONCE
-from memoryd_protocol.errors import EntryNotFound, ProtocolError, StoreUnavailable, WriteDenied
+from memoryd_protocol.errors import EntryNotFound, ProtocolError
 from memoryd_protocol.paths import default_config_path
 from memoryd_protocol.types import ApprovalAsked, ApprovalEntry, Entry, EntryEvent, LedgerConnection
 from memoryd_protocol.validation import SessionView, check_batch_budget
@@ -42,9 +41,13 @@ from .writer import Writer, WriterClosed
 R = TypeVar("R")
 Cell = tuple[str, str]
 
-#: The WRITE_DENIED message (outcome ``cancelled``) of a write that reaches the gate, or
-#: is still waiting for its approval, once the daemon has begun to stop.
-STOPPING_MESSAGE = "the daemon is stopping"
+
+class Placement(NamedTuple):
+    """Where the entry is as the write leaves it: its keys and tags, as the approval shows them."""
+
+    workspace_key: str
+    agent_key: str
+    tags: list[str]
 
 
 @dataclass
@@ -71,12 +74,33 @@ class WritePlan(Generic[R]):
     events: Callable[[R], list[tuple[str, EntryEvent]]]
     entry_id: str | None = None
     count: int | None = None
-    #: (workspaceKey, agentKey, tags) of the entry as the write leaves it
-    lands: tuple[str, str, list[str]] | None = None
+    placement: Placement | None = None
     #: a seed's batch, every entry shown to the approver
     entries: Sequence[Entry] | None = None
     #: an import's user-global entries whose workspaceKey was dropped (the approval says so)
     workspace_keys_dropped: int | None = None
+
+    def asked(self, session_id: str | None) -> ApprovalAsked:
+        """The approval this write asks for (``approval/asked``), under a new id."""
+        placed, entries = self.placement, self.entries
+        return ApprovalAsked(
+            id=store.new_id(),
+            action=self.action,  # type: ignore[arg-type]
+            track=self.track,
+            scope=self.scope,
+            text=self.text,
+            source=self.source,
+            session_id=session_id,
+            reason=payloads.reason(self.action, self.track, self.scope, self.source, self.text, self.count),
+            count=self.count,
+            workspace_key=placed.workspace_key if placed else None,
+            agent_key=placed.agent_key if placed else None,
+            tags=list(placed.tags) if placed else None,
+            entries=None if entries is None else [
+                ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
+                              text=e.text, tags=list(e.tags), source=e.source) for e in entries],
+            workspace_keys_dropped=self.workspace_keys_dropped,
+        )
 
 
 @dataclass
@@ -88,23 +112,10 @@ class Pipeline:
     run_id: str
     #: who else hears of committed writes (memory/watch)
     watchers: Watchers = field(default_factory=Watchers)
-    #: set by ``stop_writes`` at shutdown: the gate admits no more writes
-    stopping: bool = field(default=False)
 
     def who(self, peer: Peer) -> LedgerConnection:
-        """``peer`` as the ledger records it: the kernel's facts of its socket's process at
-        connect (a relay's own), and what it claims (its client; a relay's harness)."""
-        info = peer.listing(approver=False)
-        p = peer.peer
-        f = p.facts if p is not None else None
-        if f is None:  # memoryd saw no process: what the listing has
-            return LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id,
-                                    transport=info.transport, pid=info.pid, uid=info.uid, exe=info.exe,
-                                    client=info.client, opened_at=info.opened_at)
-        return LedgerConnection(ref=f"{self.run_id}/{info.id}", run=self.run_id, id=info.id, transport=info.transport,
-                                pid=f.pid, uid=f.uid, exe=f.exe, client=info.client, opened_at=info.opened_at,
-                                start=f.start, tty=f.tty, session=f.session,
-                                harness=p.pid if p is not None and p.via is not None else None)
+        """``peer`` as the ledger records it (ledger.connection)."""
+        return ledger.connection(peer, self.run_id)
 
     def stamp(self, peer: Peer, view: SessionView) -> ledger.Stamp:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""
@@ -116,11 +127,12 @@ class Pipeline:
         path = self.config.config_path
         return str(path if path is not None else default_config_path())
 
-    async def run(self, ctx: RequestContext, view: SessionView, plan: WritePlan[R]) -> R:
+    async def write(self, ctx: RequestContext, view: SessionView, plan: WritePlan[R]) -> R:
+        """Take ``plan`` through every step (the module's docstring); its result once committed."""
         limits, config_file = self.config.budgets, self.config_file()
         check_batch_budget(plan.deltas, self.writer.usage, limits, config_file=config_file)
         policy = self.config.policy_for(plan.layers, plan.sources)
-        stamp, decision = await self._gate(ctx, view, plan, policy)
+        stamp, decision = await self.approvals.gate(ctx, view.session_id, plan, policy, self.writer)
 
         def job(tx: Tx) -> R:
             check_batch_budget(plan.deltas, tx.usage, limits, config_file=config_file)
@@ -162,106 +174,3 @@ class Pipeline:
             await ctx.notify(method, event)
         await self.watchers.broadcast(ctx.peer, events)
         return result
-
-    async def _gate(self, ctx: RequestContext, view: SessionView, plan: WritePlan[Any],
-                    policy: str) -> tuple[ledger.Stamp, ledger.Decision | None]:
-        """Return only for ``allowed-once``: the stamp the write's rows carry, and the
-        decision to record with them. A denial is audited, then raised.
-
-        A write that leaves the gate allowed queues its writer job before the caller's next
-        await, so once shutdown has begun (``stop_writes``) no write is queued after it:
-        the ledger shows every committed write before the first denial for stopping."""
-        peer = ctx.peer
-        origin = self.who(peer)
-        if self.stopping:
-            # As a write parked on an approval does, let the connection serve its next
-            # line meanwhile: a pipeline's denials then share a group commit, not one each.
-            ctx.park()
-            await self._deny(origin, view, plan, "cancelled", policy, None)
-            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
-        if policy == "auto":
-            label = payloads.outcome_label(ALLOWED_ONCE, policy)
-            return ledger.Stamp(origin=origin, session_id=view.session_id, label=label), None
-        if policy == "off":
-            await self._deny(origin, view, plan, "rejected", policy, None)
-            raise WriteDenied("write denied: rejected", {"outcome": "rejected"})
-        if self.approvals.full(peer):
-            # max_pending_approvals: denied at once, with its denied row like every denial.
-            await self._deny(origin, view, plan, "unavailable", policy, None)
-            raise WriteDenied(f"write denied: unavailable: this connection already has "
-                              f"{self.approvals.max_per_connection} approvals pending", {"outcome": "unavailable"})
-        asked = self._asked(view, plan)
-        was_asked: list[bool] = []
-
-        def on_asked(payload: ApprovalAsked) -> None:
-            was_asked.append(True)
-            self.writer.defer(lambda tx: ledger.asked(tx, origin, payload), keep=True)
-
-        try:
-            pending = await self.approvals.ask(ctx, asked, self.config.approval_timeout_s, on_asked)
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                gone = ledger.Decision(asked.id, "unavailable", policy, None, None) if was_asked else None
-                await self._deny(origin, view, plan, "unavailable", policy, gone)
-            raise
-        said = pending.outcome or "cancelled"
-        # Asked before shutdown began: cancelled (Approvals.cancel_all), or allowed just
-        # before it but only resumed after; either way nothing is queued now. The decision
-        # row keeps what its decider said; the denied row says the write was cancelled.
-        outcome = "cancelled" if self.stopping else said
-        decided_by = self.who(pending.decided_by) if pending.decided_by is not None else None
-        # an approval nobody could be asked was never asked: it has no rows of its own
-        decision = ledger.Decision(asked.id, said, policy, decided_by, pending.claimed,
-                                   pending.decider) if was_asked else None
-        if outcome == ALLOWED_ONCE:
-            label = payloads.outcome_label(ALLOWED_ONCE, policy)
-            return ledger.Stamp(origin=origin, session_id=view.session_id, label=label, approval=asked.id), decision
-        await self._deny(origin, view, plan, outcome, policy, decision)
-        if self.stopping:
-            raise WriteDenied(STOPPING_MESSAGE, {"outcome": "cancelled"})
-        raise WriteDenied(f"write denied: {outcome}", {"outcome": outcome})
-
-    @staticmethod
-    def _asked(view: SessionView, plan: WritePlan[Any]) -> ApprovalAsked:
-        lands, entries = plan.lands, plan.entries
-        return ApprovalAsked(
-            id=store.new_id(),
-            action=plan.action,  # type: ignore[arg-type]
-            track=plan.track,
-            scope=plan.scope,
-            text=plan.text,
-            source=plan.source,
-            session_id=view.session_id,
-            reason=payloads.reason(plan.action, plan.track, plan.scope, plan.source, plan.text, plan.count),
-            count=plan.count,
-            workspace_key=lands[0] if lands else None,
-            agent_key=lands[1] if lands else None,
-            tags=list(lands[2]) if lands else None,
-            entries=None if entries is None else [
-                ApprovalEntry(track=e.track, scope=e.scope, workspace_key=e.workspace_key, agent_key=e.agent_key,
-                              text=e.text, tags=list(e.tags), source=e.source) for e in entries],
-            workspace_keys_dropped=plan.workspace_keys_dropped,
-        )
-
-    async def _deny(self, origin: LedgerConnection, view: SessionView, plan: WritePlan[Any], outcome: str,
-                    policy: str, decision: ledger.Decision | None) -> None:
-        approval = decision.approval if decision is not None else None
-        stamp = ledger.Stamp(origin=origin, session_id=view.session_id,
-                             label=payloads.outcome_label(outcome, policy), approval=approval)
-
-        def rows(tx: Tx) -> None:
-            if decision is not None:
-                decision.record(tx)
-            stamp.audit(tx, f"{plan.action}-denied", track=plan.track, scope=plan.scope, entry_id=plan.entry_id,
-                        text=plan.text, source=plan.source)
-
-        try:
-            await self.writer.submit(rows)
-        except StoreUnavailable:
-            if decision is None:
-                raise  # no approval was asked: nothing but the denied row to keep, and a
-                # client could queue those without bound while the store is locked
-            # An approval's decision (a human's, say) is denied whatever the store does:
-            # its decided and denied rows are kept until the store takes them, as a failed
-            # commit's are; the write is denied.
-            self.writer.defer(rows, keep=True)

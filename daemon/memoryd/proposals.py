@@ -20,7 +20,7 @@ from memoryd_protocol.validation import check_source, check_text, session_view, 
 from . import ledger, store
 from .context import Handler, RequestContext
 from .ledger import Stamp
-from .pipeline import WritePlan
+from .pipeline import Placement, WritePlan
 from .service import Service
 from .tx import Tx
 from .writes import Writes
@@ -34,9 +34,9 @@ def shown(session_id: str) -> str:
 
 
 class Proposals:
-    def __init__(self, s: Service, w: Writes) -> None:
-        self.s = s
-        self.w = w
+    def __init__(self, service: Service, writes: Writes) -> None:
+        self.service = service
+        self.writes = writes
         #: proposal ids with a decision in flight: the first decision claims the id, a
         #: concurrent second one is refused at once instead of prompting the human twice.
         self._deciding: set[str] = set()
@@ -54,17 +54,17 @@ class Proposals:
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
-        self.s.sessions.require_own(ctx.peer, session_id, "create proposals for it")
+        self.service.sessions.require_own(ctx.peer, session_id, "create proposals for it")
         i = p.input
         text = check_text(i.text)
-        cap = self.s.config.proposal_max_text
+        cap = self.service.config.proposal_max_text
         if utf16_len(text) > cap:
             raise InvalidInput(f"proposal text longer than {cap} characters", "input.text")
         kind = check_text(i.kind, "input.kind")
         source = check_source(i.source)
         wk, ak = target_keys(i.scope, view, None, None, restricted=True)
-        max_pending, max_total = self.s.config.proposal_max_pending, self.s.config.proposal_max_pending_total
-        origin = self.s.pipeline.who(ctx.peer)
+        max_pending, max_total = self.service.config.proposal_max_pending, self.service.config.proposal_max_pending_total
+        origin = self.service.pipeline.who(ctx.peer)
 
         def job(tx: Tx) -> Proposal | None:
             row = tx.conn.execute("SELECT status, id FROM proposals WHERE session_id = ? AND kind = ?",
@@ -94,13 +94,13 @@ class Proposals:
             ledger.proposal(tx, origin, "created", proposal, replaces=row[1] if row is not None else None)
             return proposal
 
-        return await self.s.writer.submit(job)
+        return await self.service.writer.submit(job)
 
     async def proposals_list(self, ctx: RequestContext, p: ProposalListParams) -> list[Proposal]:
-        return await self.s.read(lambda c: store.proposals(c, p.status))
+        return await self.service.read(lambda c: store.proposals(c, p.status))
 
     async def _pending(self, proposal_id: str) -> Proposal:
-        proposal = await self.s.read(lambda c: store.get_proposal(c, proposal_id))
+        proposal = await self.service.read(lambda c: store.get_proposal(c, proposal_id))
         if proposal is None or proposal.status != "pending" or proposal_id in self._deciding:
             raise ProposalNotFound("no pending proposal with this id", {"id": proposal_id})
         return proposal
@@ -122,7 +122,7 @@ class Proposals:
                 raise ProposalNotFound("the proposal changed while its approval was pending, and nothing was written; "
                                        "look at it again (memoryctl proposals) and approve it if it still applies",
                                        {"id": proposal.id})
-            e = self.w.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
+            e = self.writes.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
                                  source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
                                  agent_key=proposal.agent_key, ts=ts)
             store.insert_entry(tx, e)
@@ -131,20 +131,20 @@ class Proposals:
             decided = store.get_proposal(tx.conn, proposal.id)
             assert decided is not None
             ledger.proposal(tx, stamp.origin, "approved", decided)
-            return ProposalApproveResult(proposal=decided, entry=e, usage=self.s.row(tx.usage, *cell))
+            return ProposalApproveResult(proposal=decided, entry=e, usage=self.service.row(tx.usage, *cell))
 
         try:
-            return await self.s.pipeline.run(ctx, view, WritePlan(
+            return await self.service.pipeline.write(ctx, view, WritePlan(
                 action="add", track=proposal.track, scope=proposal.scope, text=proposal.text, source=PROPOSAL_SOURCE,
                 layers=[cell], sources=[PROPOSAL_SOURCE], deltas={cell: utf16_len(proposal.text)}, commit=commit,
                 events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))],
-                lands=(proposal.workspace_key, proposal.agent_key, [])))
+                placement=Placement(proposal.workspace_key, proposal.agent_key, [])))
         finally:
             self._deciding.discard(p.id)
 
     async def proposals_dismiss(self, ctx: RequestContext, p: ProposalDismissParams) -> Proposal:
         await self._pending(p.id)
-        origin = self.s.pipeline.who(ctx.peer)
+        origin = self.service.pipeline.who(ctx.peer)
 
         def job(tx: Tx) -> Proposal:
             if not store.decide_proposal(tx.conn, p.id, "dismissed", store.now_ms()):
@@ -154,4 +154,4 @@ class Proposals:
             ledger.proposal(tx, origin, "dismissed", decided)
             return decided
 
-        return await self.s.writer.submit(job)
+        return await self.service.writer.submit(job)

@@ -1,4 +1,4 @@
-"""The daemon's shared state and its lifecycle methods (initialize, approvals, status, watch).
+"""The daemon's shared state and its lifecycle methods (initialize, status, watch).
 
 One Service per daemon: the config, the writer and the read connections, the approvals,
 the sessions and the watchers, and the helpers the method groups (reads, writes,
@@ -20,7 +20,6 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams
 from memoryd_protocol.constants import (
     GRID,
     PROTOCOL,
@@ -28,11 +27,9 @@ from memoryd_protocol.constants import (
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
 from memoryd_protocol.text import (
-    check_storable,
     js_trim,
 )
 from memoryd_protocol.types import (
-    ApprovalDecidedParams,
     BudgetRow,
     DaemonStatus,
     Empty,
@@ -52,7 +49,7 @@ from memoryd_protocol.validation import (
 )
 
 from . import __version__, store
-from .approvals import Approvals, challenge, prove
+from .approvals import Approvals
 from .config import Config
 from .context import Handler, Peer, RequestContext
 from .peers import NotThatProcess, declare_relay
@@ -90,6 +87,7 @@ class Service:
         self.readers = readers
         self.approvals = approvals
         approvals.config = config  # who may decide: the config's approvers
+        run_id = approvals.run_id = uuid.uuid4().hex[:12]
         #: which open connection each session id belongs to (sessions.py)
         self.sessions = Sessions(config.max_sessions_per_connection, config.max_new_snapshots_per_connection,
                                  config.max_new_snapshots_per_minute)
@@ -107,7 +105,7 @@ class Service:
         #: front-end registers its own peers here too
         self.watchers = Watchers()
         #: every write goes through it (pipeline.py)
-        self.pipeline = Pipeline(config, writer, approvals, uuid.uuid4().hex[:12], watchers=self.watchers)
+        self.pipeline = Pipeline(config, writer, approvals, run_id, watchers=self.watchers)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -150,7 +148,6 @@ class Service:
         """Shutdown has begun: from now on the gate admits no write. Every write that
         reaches it is denied (``cancelled``, its denied row first), and so is every write
         still waiting for an approval."""
-        self.pipeline.stopping = True
         self.approvals.cancel_all("cancelled")
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -211,23 +208,6 @@ class Service:
                              for c in sorted(self.live, key=lambda c: c.id)],
         )
 
-    async def approval_decided(self, ctx: RequestContext, p: ApprovalDecidedParams) -> Empty:
-        if p.by is not None and p.by.name is not None:
-            check_storable(p.by.name, "by.name")
-        self.approvals.decide(ctx.peer, p.id, p.outcome, p.by)
-        return Empty()
-
-    async def approval_challenge(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:
-        return challenge(ctx.peer, f"{self.pipeline.run_id}/{ctx.peer.id}")
-
-    async def approval_prove(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
-        prove(ctx.peer, p.proof)
-        return Empty()
-
-    async def approval_subscribe(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
-        self.approvals.subscribe(ctx.peer, p.proof)
-        return Empty()
-
     async def watch(self, ctx: RequestContext, p: WatchParams) -> Empty:
         view = session_view(p.session)
         if view.session_id is not None and not js_trim(view.session_id):
@@ -238,10 +218,7 @@ class Service:
     def handlers(self) -> dict[str, Handler]:
         return {
             "initialize": self.initialize,
-            "approval/decided": self.approval_decided,
-            "approval/subscribe": self.approval_subscribe,
-            "approval/challenge": self.approval_challenge,
-            "approval/prove": self.approval_prove,
+            **self.approvals.handlers(),
             "daemon/status": self.status,
             "memory/watch": self.watch,
         }

@@ -44,22 +44,22 @@ from .tx import Tx
 
 
 class Snapshots:
-    def __init__(self, s: Service) -> None:
-        self.s = s
+    def __init__(self, service: Service) -> None:
+        self.service = service
         #: (frozen snapshots, bytes of their distinct texts) the store holds, counted once (in
         #: a writer job) and then kept up by the jobs that freeze; None until then, and again
         #: after a failed commit
         self._held: tuple[int, int] | None = None
 
     def _refuse_beyond_cap(self, held: int) -> None:
-        limit = self.s.config.max_snapshots
+        limit = self.service.config.max_snapshots
         if held >= limit:
             raise InvalidInput(f"the store already holds {limit} frozen snapshots (max_snapshots); reuse the id of a "
                                "session that has one, free room with memoryctl snapshots prune (the snapshots of "
                                "sessions that ended), or raise max_snapshots in the daemon's config", "session.id")
 
     def _refuse_beyond_bytes(self, held: int, size: int) -> None:
-        limit = self.s.config.max_snapshot_bytes
+        limit = self.service.config.max_snapshot_bytes
         if held + size > limit:
             raise InvalidInput(f"the store's snapshot texts take {held} of {limit} bytes (max_snapshot_bytes), too few "
                                f"for this session's new text of {size} bytes; free room with memoryctl snapshots prune "
@@ -68,7 +68,7 @@ class Snapshots:
                                "served)", "session.id")
 
     def _corrupt(self, message: str) -> StoreCorrupt:
-        return StoreCorrupt(f"{message}; memoryctl audit verify reports it", {"path": str(self.s.config.db_path)})
+        return StoreCorrupt(f"{message}; memoryctl audit verify reports it", {"path": str(self.service.config.db_path)})
 
     def _stored(self, session_id: str, frozen: tuple[str, str | None]) -> str:
         """The frozen text of a session that has one; STORE_CORRUPT when the store lost it or
@@ -91,13 +91,13 @@ class Snapshots:
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
-        frozen = await self.s.read(lambda c: store.frozen_snapshot(c, session_id))
+        frozen = await self.service.read(lambda c: store.frozen_snapshot(c, session_id))
         if frozen is not None:
             return SnapshotResult(text=self._stored(session_id, frozen))
-        self.s.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
+        self.service.sessions.require_own(ctx.peer, session_id, "take its first snapshot")
         if self._held is not None:
             self._refuse_beyond_cap(self._held[0])  # before rendering: the job checks again
-        undo = self.s.sessions.admit_first_snapshot(ctx.peer)
+        undo = self.service.sessions.admit_first_snapshot(ctx.peer)
         try:
             return await self._freeze(ctx, p, view, session_id, undo)
         except BaseException:
@@ -106,21 +106,21 @@ class Snapshots:
 
     async def _freeze(self, ctx: RequestContext, p: SnapshotParams, view: SessionView, session_id: str,
                       undo: Callable[[], None]) -> SnapshotResult:
-        language = p.language or self.s.config.language
+        language = p.language or self.service.config.language
 
         def gather(c: sqlite3.Connection) -> tuple[list[tuple[str, str, str, str, str]], list[Proposal]]:
             return store.layer_texts(c), store.proposals(c, "pending")
 
-        entries, pending = await self.s.read(gather)
+        entries, pending = await self.service.read(gather)
         visible = [(track, scope, text) for track, scope, wk, ak, text in entries if view.sees(scope, wk, ak)]
         # the session's own pending proposals, fenced as the reference lists them
         shown = [(x.id, x.track, x.scope, x.text)
-                 for x in visible_proposals(pending, view, self.s.config.proposal_max_pending)]
-        usage = {cell: (used, self.s.config.budgets[cell]) for cell, used in self.s.writer.usage.items()}
+                 for x in visible_proposals(pending, view, self.service.config.proposal_max_pending)]
+        usage = {cell: (used, self.service.config.budgets[cell]) for cell, used in self.service.writer.usage.items()}
         text = render(visible, usage, shown, language)  # type: ignore[arg-type]
         digest, size = text_hash(text), len(text.encode())
 
-        stamp = self.s.pipeline.stamp(ctx.peer, view)
+        stamp = self.service.pipeline.stamp(ctx.peer, view)
 
         def job(tx: Tx) -> tuple[str, bool]:
             existing = store.frozen_snapshot(tx.conn, session_id)
@@ -144,7 +144,7 @@ class Snapshots:
             return text, True
 
         try:
-            final, first = await self.s.writer.submit(job)
+            final, first = await self.service.writer.submit(job)
         except (InvalidInput, StoreCorrupt):
             raise  # refused before the job wrote anything: the counts stand
         except BaseException:
@@ -157,9 +157,9 @@ class Snapshots:
         return SnapshotResult(text=final)
 
     async def prune(self, ctx: RequestContext, p: SnapshotPruneParams) -> SnapshotPruneResult:
-        facts = self.s.approvals.check_person(ctx.peer, "prune frozen snapshots")
-        who = self.s.pipeline.who(ctx.peer)
-        held = self.s.sessions.held()
+        facts = self.service.approvals.check_person(ctx.peer, "prune frozen snapshots")
+        who = self.service.pipeline.who(ctx.peer)
+        held = self.service.sessions.held()
 
         def job(tx: Tx) -> SnapshotPruneResult:
             sessions, texts, size = store.prune_snapshots(tx.conn, held, p.before)
@@ -172,7 +172,7 @@ class Snapshots:
             return SnapshotPruneResult(sessions=len(sessions), texts=texts, bytes=size, rows=rows)
 
         try:
-            return await self.s.writer.submit(job)
+            return await self.service.writer.submit(job)
         except BaseException:
             self._held = None  # a commit that failed may have been counted: count again
             raise

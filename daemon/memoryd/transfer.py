@@ -73,9 +73,9 @@ def _drop_user_global_workspaces(inputs: list[EntryInput]) -> int:
 
 
 class Transfer:
-    def __init__(self, s: Service, w: Writes, adapters: dict[str, Any]) -> None:
-        self.s = s
-        self.w = w
+    def __init__(self, service: Service, writes: Writes, adapters: dict[str, Any]) -> None:
+        self.service = service
+        self.writes = writes
         self.adapters = adapters
 
     def handlers(self) -> dict[str, Handler]:
@@ -89,7 +89,7 @@ class Transfer:
         return get_adapter(self.adapters, adapter_id)
 
     async def export(self, ctx: RequestContext, p: ExportParams) -> Any:
-        entries = await self.s.read(store.list_entries)
+        entries = await self.service.read(store.list_entries)
         if p.adapter is not None:
             return export_entries(self.adapter(p.adapter), entries)
         exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -97,7 +97,7 @@ class Transfer:
             "plugin": EXPORT_PLUGIN,
             "schema": EXPORT_SCHEMA,
             "exportedAt": exported_at,
-            "budgets": self.s.budget_rows(),
+            "budgets": self.service.budget_rows(),
             "entries": entries,
         }
 
@@ -124,20 +124,20 @@ class Transfer:
                                "(with skipExisting, as memoryctl import sends it, entries already in the store are "
                                "skipped, so re-running a part is safe)", "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
-        planned = self.w.plan_seed(view, inputs, source_default, restricted=False)
+        planned = self.writes.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
-            result = await self.w.seed_planned(ctx, view, planned, dropped)
+            result = await self.writes.seed_planned(ctx, view, planned, dropped)
             if p.skip_existing is not None:
                 result.skipped = 0
         else:
-            present = await self.s.read(existing_keys)
+            present = await self.service.read(existing_keys)
             fresh = [e for e in planned if entry_key(e) not in present]
             skipped = len(planned) - len(fresh)
             if not fresh:
                 # Everything is already there: a no-op, with no approval to ask and nothing to audit.
                 result = SeedResult(added=0, entries=[], skipped=skipped)
             else:
-                result = await self.w.seed_planned(ctx, view, fresh, dropped)
+                result = await self.writes.seed_planned(ctx, view, fresh, dropped)
                 result.skipped = skipped
         if dropped:
             result.workspace_keys_dropped = dropped

@@ -48,7 +48,7 @@ from memoryd_protocol.validation import (
 from . import store
 from .context import Handler, RequestContext
 from .ledger import Stamp
-from .pipeline import WritePlan
+from .pipeline import Placement, WritePlan
 from .tx import Tx
 
 if TYPE_CHECKING:
@@ -60,8 +60,8 @@ SHOWN = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(LedgerEntr
 
 
 class Writes:
-    def __init__(self, s: Service) -> None:
-        self.s = s
+    def __init__(self, service: Service) -> None:
+        self.service = service
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -117,12 +117,12 @@ class Writes:
             store.insert_entry(tx, e)
             stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=source,
                         entry=e, ts=e.created_at)
-            return WriteResult(entry=e, usage=self.s.row(tx.usage, *cell))
+            return WriteResult(entry=e, usage=self.service.row(tx.usage, *cell))
 
-        return await self.s.pipeline.run(ctx, view, WritePlan(
+        return await self.service.pipeline.write(ctx, view, WritePlan(
             action="add", track=i.track, scope=i.scope, text=payloads.add_text(text), source=source,
             layers=[cell], sources=[source], deltas={cell: utf16_len(text)}, commit=commit,
-            events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))], lands=(wk, ak, tags)))
+            events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))], placement=Placement(wk, ak, tags)))
 
     @staticmethod
     def still_same(conn: sqlite3.Connection, approved: Entry, match: str | None) -> Entry:
@@ -151,7 +151,7 @@ class Writes:
         match = selector.match
         text = check_text(i.text)
         tags = normalize_tags(i.tags) if i.tags is not None else None
-        target = await self.s.resolve_target(view, i.track, i.scope, selector)
+        target = await self.service.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
 
         def commit(tx: Tx, stamp: Stamp) -> ReplaceResult:
@@ -165,22 +165,23 @@ class Writes:
             store.update_entry(tx, e)
             stamp.audit(tx, "replace", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=e.source,
                         entry=e, ts=e.updated_at)
-            return ReplaceResult(previous=previous, entry=e, usage=self.s.row(tx.usage, *cell))
+            return ReplaceResult(previous=previous, entry=e, usage=self.service.row(tx.usage, *cell))
 
         # A replacement keeps the target's source: that one source is the old text's and the new one's.
-        return await self.s.pipeline.run(ctx, view, WritePlan(
+        return await self.service.pipeline.write(ctx, view, WritePlan(
             action="replace", track=i.track, scope=i.scope, text=payloads.replace_text(target.text, text),
             source=target.source, layers=[cell], sources=[target.source],
             deltas={cell: utf16_len(text) - utf16_len(target.text)}, commit=commit,
             events=lambda r: [("memory/updated", MemoryUpdated(previous=r.previous, entry=r.entry))],
-            entry_id=target.id, lands=(target.workspace_key, target.agent_key, tags if tags is not None else target.tags)))
+            entry_id=target.id,
+            placement=Placement(target.workspace_key, target.agent_key, target.tags if tags is None else tags)))
 
     async def remove(self, ctx: RequestContext, p: RemoveParams) -> WriteResult:
         view = writer_view(p.write)
         i = p.input
         selector = check_target(i.match, i.id)
         match = selector.match
-        target = await self.s.resolve_target(view, i.track, i.scope, selector)
+        target = await self.service.resolve_target(view, i.track, i.scope, selector)
         cell = (i.track, i.scope)
 
         def commit(tx: Tx, stamp: Stamp) -> WriteResult:
@@ -188,13 +189,13 @@ class Writes:
             store.delete_entry(tx, previous.id)
             stamp.audit(tx, "remove", track=previous.track, scope=previous.scope, entry_id=previous.id,
                         text=previous.text, source=previous.source)
-            return WriteResult(entry=previous, usage=self.s.row(tx.usage, *cell))
+            return WriteResult(entry=previous, usage=self.service.row(tx.usage, *cell))
 
-        return await self.s.pipeline.run(ctx, view, WritePlan(
+        return await self.service.pipeline.write(ctx, view, WritePlan(
             action="remove", track=i.track, scope=i.scope, text=payloads.remove_text(target.text),
             source=target.source, layers=[cell], sources=[target.source], deltas={cell: -utf16_len(target.text)},
             commit=commit, events=lambda r: [("memory/removed", MemoryRemoved(entry=r.entry))],
-            entry_id=target.id, lands=(target.workspace_key, target.agent_key, target.tags)))
+            entry_id=target.id, placement=Placement(target.workspace_key, target.agent_key, target.tags)))
 
     async def consolidate(self, ctx: RequestContext, p: ConsolidateParams) -> ConsolidateResult:
         view = writer_view(p.write)
@@ -206,7 +207,7 @@ class Writes:
         # An explicit agentKey is checked as add's is ('' or the session's own), so widening
         # a private text to the shared layer is asked for, and the approval shows it.
         ak = None if i.agent_key is None else target_keys(i.scope, view, wk or None, i.agent_key, restricted=True)[1]
-        entries = await self.s.visible(view, i.track, i.scope)
+        entries = await self.service.visible(view, i.track, i.scope)
         by_id = {e.id: e for e in entries}
         targets: list[Entry] = []
         for sel in selectors:
@@ -241,16 +242,16 @@ class Writes:
             store.insert_entry(tx, e)
             stamp.audit(tx, "consolidate-add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text,
                         source=source, entry=e, ts=ts)
-            return ConsolidateResult(removed=removed, entry=e, usage=self.s.row(tx.usage, *cell))
+            return ConsolidateResult(removed=removed, entry=e, usage=self.service.row(tx.usage, *cell))
 
-        return await self.s.pipeline.run(ctx, view, WritePlan(
+        return await self.service.pipeline.write(ctx, view, WritePlan(
             action="consolidate", track=i.track, scope=i.scope,
             text=payloads.consolidate_text([(label, t.text) for label, t in zip(labels, targets, strict=True)], text),
             source=source, layers=[cell], sources=[source, *(t.source for t in targets)],
             deltas={cell: utf16_len(text) - sum(utf16_len(t.text) for t in targets)}, commit=commit,
             events=lambda r: [*(("memory/removed", MemoryRemoved(entry=x)) for x in r.removed),
                               ("memory/added", MemoryAdded(entry=r.entry))],
-            lands=(wk, ak, tags)))
+            placement=Placement(wk, ak, tags)))
 
     def plan_seed(self, view: SessionView, inputs: Sequence[EntryInput], source_override: str | None = None,
                   *, restricted: bool = True) -> list[Entry]:
@@ -296,7 +297,7 @@ class Writes:
                             entry=e, ts=ts)
             return SeedResult(added=len(planned), entries=planned)
 
-        return await self.s.pipeline.run(ctx, view, WritePlan(
+        return await self.service.pipeline.write(ctx, view, WritePlan(
             action="seed", track="batch", scope="batch", text=text, source=source,
             layers=[(e.track, e.scope) for e in planned], sources=[e.source for e in planned], deltas=deltas,
             commit=commit, events=lambda r: [("memory/added", MemoryAdded(entry=e)) for e in r.entries],
