@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -13,13 +12,13 @@ import select
 import signal
 import socket
 import sqlite3
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
 from memoryd_protocol.text import WORKSPACE_ALIASES
@@ -43,7 +42,7 @@ from .service import Service
 from .sessions import UNBOUND_METHODS
 from .snapshots import Snapshots
 from .transfer import Transfer
-from .transports import StreamProtocol, bind_unix, inherited_listener, sd_notify, stdio_stream
+from .transports import accepted, bind_unix, inherited_listener, sd_notify, stdio_stream
 from .writer import Writer
 from .writes import Writes
 
@@ -235,8 +234,7 @@ class Daemon:
                           max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s,
                           inflight=self.outbound)
 
-    async def _serve_connection(self, conn: Connection, chunks: Any, end_chunks: Callable[[], None] | None = None
-                                ) -> None:
+    async def _serve_connection(self, conn: Connection, stream: Any) -> None:
         self.connections.add(conn)
         self.service.connections = len(self.connections)
         if self.no_connections.is_set():
@@ -244,7 +242,7 @@ class Daemon:
         if self.reading_stopped:  # accepted just before the listener closed
             conn.stop_reading()
         try:
-            await conn.serve(chunks, end_chunks)
+            await conn.serve(stream)
         finally:
             self.service.sessions.release(conn)
             self.service.watchers.drop(conn)
@@ -253,15 +251,19 @@ class Daemon:
             if not self.connections:
                 self.no_connections.set()
 
-    async def _serve_socket_client(self, proto: StreamProtocol) -> None:
+    async def _serve_socket_client(self, stream: SocketStream) -> None:
         try:
-            conn = self.new_connection(proto, "socket")
-            await self._serve_connection(conn, proto.chunks(), proto.end_chunks)
+            async with stream:
+                halves = accepted(stream, self.config.max_buffered_bytes, outbound=self.outbound)
+                if halves is not None:  # None: another user's, refused
+                    incoming, outlet = halves
+                    async with outlet.sending():
+                        await self._serve_connection(self.new_connection(outlet, "socket"), incoming)
+                        await outlet.finish()  # what is still queued goes out before the close
         except Exception:
             # One connection's failure (a bug of ours) must not take the others down.
             log.exception("connection failed")
         finally:
-            proto.close()
             self._open_sockets -= 1
             self._slot_freed.set()
 
@@ -323,11 +325,12 @@ class Daemon:
             WORKSPACE_ALIASES.reset(aliases)
         await self.heads.witness(self.writer.anchor.head, "stop")
 
-    async def serve_stream(self, sink: Sink, chunks: AsyncIterable[bytes], name: str = "socket") -> None:
+    async def serve_stream(self, sink: Sink, stream: Any, name: str = "socket") -> None:
         """Serve one connection until the peer's EOF or the drain, in ``running()``'s task
         group: ``sink`` the outgoing half (its ``peer``, if any, names the peer process),
-        ``chunks`` the bytes read, ``name`` the transport daemon/status shows."""
-        await self._serve_connection(self.new_connection(sink, name), chunks)
+        ``stream`` the anyio receive stream of bytes read, ``name`` the transport
+        daemon/status shows."""
+        await self._serve_connection(self.new_connection(sink, name), stream)
 
     async def listen(self, serving: TaskGroup) -> None:
         """Serve the configured socket (or systemd's) from ``running()``'s task group."""
@@ -358,23 +361,19 @@ class Daemon:
             self._socket_file = self._socket_path
 
     async def _accept_loop(self, tg: TaskGroup, sock: socket.socket) -> None:
-        """Our own accept loop, not loop.create_unix_server's: past ``max_connections`` a
+        """anyio's listener, with our own loop around its accept: past ``max_connections`` a
         connection gets one error line and is closed, and running out of descriptors is a
         rate-limited log line and a retry once one closes, not a traceback per attempt."""
-        loop = asyncio.get_running_loop()
         limit = self.config.max_connections
-        buffered = self.config.max_buffered_bytes
-
-        def accepted(proto: StreamProtocol) -> None:
-            tg.start_soon(self._serve_socket_client, proto)
-
         with self._accepting, contextlib.closing(sock):
+            listener = await SocketListener.from_socket(sock)
             while True:
                 try:
-                    client, _ = await loop.sock_accept(sock)
-                except OSError as exc:
-                    if exc.errno not in _OUT_OF_RESOURCES:
-                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
+                    stream = await listener.accept()
+                except anyio.BrokenResourceError as broken:
+                    exc = broken.__cause__
+                    if not isinstance(exc, OSError) or exc.errno not in _OUT_OF_RESOURCES:
+                        if isinstance(exc, OSError) and exc.errno in (errno.ECONNABORTED, errno.EINTR):
                             continue
                         raise
                     self._accept_log.say(f"cannot accept a connection: {exc.strerror} "
@@ -386,16 +385,10 @@ class Daemon:
                     continue
                 if self._open_sockets >= limit:
                     self._refuse_log.say(f"refusing a connection: max_connections ({limit}) are open")
-                    _refuse(client)
+                    _refuse(stream.extra(SocketAttribute.raw_socket))
                     continue
                 self._open_sockets += 1
-                try:
-                    await loop.connect_accepted_socket(
-                        lambda: StreamProtocol(accepted, buffered, outbound=self.outbound), client)
-                except OSError as exc:
-                    self._open_sockets -= 1
-                    client.close()
-                    log.warning("cannot serve an accepted connection: %s", exc.strerror or exc)
+                tg.start_soon(self._serve_socket_client, stream)
 
     async def _serve_stdio(self) -> None:
         # fd 1 carries protocol lines only: keep a private copy for them and point fd 1 at
@@ -403,15 +396,15 @@ class Daemon:
         out_fd = os.dup(1)
         os.dup2(2, 1)
         try:
-            async with stdio_stream(0, out_fd, self.config.max_buffered_bytes, outbound=self.outbound) as proto:
-                conn = self.new_connection(proto, "stdio")
+            async with stdio_stream(0, out_fd, self.config.max_buffered_bytes, outbound=self.outbound) as (stdin, out):
+                conn = self.new_connection(out, "stdio")
                 try:
-                    await self._serve_connection(conn, proto.chunks(), proto.end_chunks)
+                    await self._serve_connection(conn, stdin)
                 except Exception:
                     log.exception("stdio connection failed")
                 finally:
                     with anyio.move_on_after(5, shield=True):
-                        await proto.finish()  # whatever is still queued goes out
+                        await out.finish()  # whatever is still queued goes out
         finally:
             os.close(out_fd)
             self.begin_stop()
