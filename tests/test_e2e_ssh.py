@@ -345,3 +345,21 @@ async def test_the_remote_relay_finds_the_daemon_by_the_store_s_owner_record(dae
     assert (status["pid"], status["socket"]) == (d.proc.pid, str(d.socket_path))
     assert added["entry"]["workspaceKey"] == PROJ
     assert list(sshd.runtime.iterdir()) == []  # nothing started or bound where it looked first
+
+
+async def test_a_laptop_s_project_path_over_ssh_is_the_dev_box_s_workspace(
+        daemon_factory: Any, sshd: Sshd, tmp_path: Path) -> None:
+    """The host on the laptop names its own checkout (``--cwd /Users/me/proj``); the dev box's
+    ``[workspace_aliases]`` makes it the dev box's project, whose memory a local session sees."""
+    config = tmp_path / "aliases.toml"
+    config.write_text(f'[workspace_aliases]\n"/Users/me/proj" = "{PROJ}"\n')
+    d = daemon_factory("--config", str(config))
+    remote = StdioServerParameters(command=require("ssh"), args=sshd.argv(
+        MEMORYD, "mcp", "--socket", str(d.socket_path), "--cwd", "/Users/me/proj/api")[1:])
+    async with Client(remote, mode="legacy") as c:
+        r = await c.call_tool("memory_add", {**LAYER, "text": "The api deploys on Tuesdays"})
+        assert not r.is_error, r
+        assert r.structured_content["entry"]["workspaceKey"] == PROJ + "/api"  # type: ignore[index]
+    async with socket_client(d.socket_path) as local:
+        seen = await local.ok("memory/query", {"filter": LAYER, "opts": {"agentKey": "", "workspaceKey": PROJ + "/api"}})
+    assert [e["text"] for e in seen["entries"]] == ["The api deploys on Tuesdays"]
