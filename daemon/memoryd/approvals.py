@@ -2,9 +2,12 @@
 
 The gate (:meth:`Approvals.gate`) takes every write's policy: ``auto`` passes, ``off`` is
 denied, ``ask`` asks and waits for a decision; a denial is audited (its ledger rows
-committed) before it is raised. Pending approvals are a table keyed by approval id: each waiter has a timeout and is removed on every path, so a
-late decision is refused rather than leaked, and a closing connection wakes every waiter it
-was asked of. Waiting here never holds the writer, which only sees approved work.
+committed) before it is raised. Pending approvals are a table keyed by approval id: each
+waiter has a timeout and is removed on every path, so a late decision is refused rather
+than leaked, and a closing connection wakes every waiter it was asked of. Waiting here
+never holds the writer, which only sees approved work. The approval methods
+(``approval/decided``, ``subscribe``, ``challenge``, ``prove``) are
+:meth:`Approvals.handlers`.
 
 A decision counts only from the process that opened the deciding connection, still running
 (:func:`check_decider`; its kernel facts go into the ledger), and a subscribed approver never
