@@ -35,7 +35,7 @@ def test_a_verbs_help_is_its_own_options_and_one_line_for_the_global_ones() -> N
 
 def test_nested_verbs_have_their_own_help() -> None:
     r = run("audit", "verify", "--help")
-    assert r.returncode == 0 and r.stdout.startswith("usage: memoryctl audit verify [-h] [--heads FILE]\n")
+    assert r.returncode == 0 and r.stdout.startswith("usage: memoryctl audit verify [-h] [--heads FILE] [--against URL]\n")
     r = run("proposals", "approve", "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: memoryctl proposals approve [-h] ID\n")
     r = run("audit", "explain")

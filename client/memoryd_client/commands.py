@@ -430,7 +430,6 @@ async def _warn_db(c: Client, ctx: Ctx) -> None:
 async def run(ctx: Ctx) -> int:
     a = ctx.args
     session = make_session(a.session or f"memoryctl-{os.getpid()}", cwd=_workspace(a), agent_preset=a.agent)
-    command = COMMANDS[a.verb]
     autostarted = False
     try:
         if a.verb == "approve" and a.init_key:
@@ -438,6 +437,11 @@ async def run(ctx: Ctx) -> int:
         prepare(ctx)
         if a.verb == "audit" and a.action != "list" and a.db:
             return audit_offline(ctx)  # the store itself, read-only: no connection, no autostart
+        if a.verb == "restore":
+            from .restoring import cmd_restore
+
+            return cmd_restore(ctx)  # the replica and the store's file: no connection, no autostart
+        command = COMMANDS[a.verb]
         while True:
             try:
                 async with connect(

@@ -104,6 +104,8 @@ def cmd_restore(ctx: Ctx) -> int:
     a = ctx.args
     url: str = a.url
     target = _target(ctx).absolute()
+    if a.heads and a.no_heads:
+        raise UsageError("restore: give --heads FILE or --no-heads, not both")
     if target.exists() and not target.is_file():
         raise UsageError(f"{target} is not a file")
     try:

@@ -264,11 +264,13 @@ def _verify_args(q: argparse.ArgumentParser) -> None:
     _heads(q, "also check every head FILE witnessed for this store (memoryctl audit heads prints them; the daemon "
               "keeps the default store's in $XDG_STATE_HOME/memoryd/heads, any other's beside it in "
               "<db>.memoryd-heads)")
+    q.add_argument("--against", metavar="URL", help="also check that this ledger extends the chain of the replica "
+                   "at URL (its newest row must be a row of this chain): the replica witnesses it off this machine")
 
 
 def _audit_args(p: Verb) -> None:
     _limit(p)  # for 'memoryctl audit --limit N', which lists
-    p.set_defaults(target=None, limit=None, heads=None)
+    p.set_defaults(target=None, limit=None, heads=None, against=None)
     _action(p, "list", "list the ledger, newest first (the default)",
             """The audit ledger, newest first: every write, denial, recall and snapshot,
                with its outcome and who asked and approved.""",
@@ -279,7 +281,8 @@ def _audit_args(p: Verb) -> None:
                any break, naming the first bad row. With --db PATH it reads that store
                itself, read-only, without a daemon (refused while a daemon holds it).""",
             "memoryctl audit verify\nmemoryctl audit verify --db ~/backup/memory.db\n"
-            "memoryctl audit verify --heads ~/memoryd-heads",
+            "memoryctl audit verify --heads ~/memoryd-heads\n"
+            "memoryctl audit verify --against s3://bucket/memory",
             _verify_args)
     _action(p, "explain", "tell one entry's life: every write, who asked and approved",
             """Tell one entry's life: every write, who asked, who approved and how, and which
@@ -418,6 +421,30 @@ _verb(
       schema), config file and log file; its connections, pending approvals and write
       queue depth. --json prints the daemon/status result (the wire shape).""",
     "memoryctl status\nmemoryctl status --json",
+)
+
+
+def _restore_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="the replica: file:///path, s3://bucket/path or sftp://user@host/path "
+                   "(an s3 endpoint and credentials file come from the config's [replicate] when its url is URL)")
+    p.add_argument("--heads", metavar="FILE", help="check the copy against the heads FILE witnessed (default: "
+                   "the store's own heads file, when it has one)")
+    p.add_argument("--no-heads", action="store_true", help="do not check the copy against the store's heads file: "
+                   "to take over a replica whose history parted from this machine's (that heads file is kept beside "
+                   "the replaced store)")
+
+
+_verb(
+    "restore",
+    "copy a replica into the store, once it verifies",
+    """Copy the replica at URL into a new file next to the store (--db PATH, else the
+      default store), check it as 'audit verify' does, against the heads witnessed for
+      the store, and only if it verifies and no daemon holds the store, move it in
+      (mode 0600, in one rename). The store it replaces is kept beside it as
+      <db>.replaced-<time>. Otherwise it names the first bad row and changes nothing.
+      A daemon started on the restored store continues its chain.""",
+    "memoryctl restore file:///mnt/backup/memory\nmemoryctl --db ~/memory.db restore s3://bucket/memory",
+    _restore_args,
 )
 
 

@@ -24,7 +24,7 @@ from memoryd_protocol import __version__
 from memoryd_protocol.constants import WRITE_POLICIES
 
 from . import config as config_mod
-from . import launch, relay, units
+from . import launch, relay, replica_cli, units
 from .errors import DaemonError
 from .rundir import UnsafeDir, ensure_private_dir
 
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--log-level", default=None, choices=LOG_LEVELS,
                      help="log level of a daemon started on this session's behalf")
     units.add_parser(sub)
+    replica_cli.add_parser(sub)
     return parser
 
 
@@ -120,6 +121,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "systemd-units":
         return units.run(args)
+    if args.command == "replica":
+        return replica_cli.run(args)
     if args.command == "mcp":
         args.stdio, args.standalone, args.detach = True, False, False
     if args.standalone and not args.stdio:
