@@ -22,6 +22,7 @@ what they were shown is erased.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 
 from memoryd_protocol.errors import InvalidInput, StoreCorrupt
@@ -48,8 +49,21 @@ class Snapshots:
         self.service = service
         #: (frozen snapshots, bytes of their distinct texts) the store holds, counted once (in
         #: a writer job) and then kept up by the jobs that freeze; None until then, and again
-        #: after a failed commit
+        #: after a failed commit. The jobs change it on the writer's thread, a failed commit's
+        #: caller on the event loop: ``_lock`` keeps a reset from being overwritten (``_keep``).
         self._held: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+
+    def _keep(self, seen: tuple[int, int] | None, held: tuple[int, int]) -> None:
+        """In a job: ``held`` is the count now, unless a failed commit reset ``seen`` meanwhile."""
+        with self._lock:
+            if self._held is seen:
+                self._held = held
+
+    def _forget(self) -> None:
+        """A commit that failed may have been counted: count again."""
+        with self._lock:
+            self._held = None
 
     def _refuse_beyond_cap(self, held: int) -> None:
         limit = self.service.config.max_snapshots
@@ -126,9 +140,11 @@ class Snapshots:
             existing = store.frozen_snapshot(tx.conn, session_id)
             if existing is not None:
                 return self._stored(session_id, existing), False
-            if self._held is None:
-                self._held = store.snapshot_totals(tx.conn)
-            sessions, held = self._held
+            counted = self._held
+            if counted is None:
+                counted = store.snapshot_totals(tx.conn)
+                self._keep(None, counted)
+            sessions, held = counted
             self._refuse_beyond_cap(sessions)  # in the job: no two sessions both take the last one
             stored = store.snapshot_text_matches(tx.conn, digest, text)
             if stored is None:
@@ -140,7 +156,7 @@ class Snapshots:
             store.freeze_snapshot(tx.conn, session_id, digest, language, ts, text if stored is None else None)
             stamp.audit(tx, "snapshot", track=None, scope=None, entry_id=None, text=snapshot_ref(digest), source=None,
                         ts=ts)
-            self._held = (sessions + 1, held + (size if stored is None else 0))
+            self._keep(counted, (sessions + 1, held + (size if stored is None else 0)))
             return text, True
 
         try:
@@ -148,7 +164,7 @@ class Snapshots:
         except (InvalidInput, StoreCorrupt):
             raise  # refused before the job wrote anything: the counts stand
         except BaseException:
-            self._held = None  # a commit that failed may have been counted: count again
+            self._forget()
             raise
         if first:
             await ctx.notify("memory/snapshot", MemorySnapshot(session_id=session_id, text=final))
@@ -167,12 +183,13 @@ class Snapshots:
             for k in range(0, len(sessions), PRUNE_ROW_SESSIONS):
                 ledger.pruned(tx, who, sessions[k:k + PRUNE_ROW_SESSIONS], p.before, facts)
                 rows.append(tx.tip[0] if tx.tip else 0)
-            if self._held is not None:
-                self._held = (self._held[0] - len(sessions), self._held[1] - size)
+            seen = self._held
+            if seen is not None:
+                self._keep(seen, (seen[0] - len(sessions), seen[1] - size))
             return SnapshotPruneResult(sessions=len(sessions), texts=texts, bytes=size, rows=rows)
 
         try:
             return await self.service.writer.submit(job)
         except BaseException:
-            self._held = None  # a commit that failed may have been counted: count again
+            self._forget()
             raise
