@@ -14,18 +14,27 @@ of it on the writer's own thread, one hop from the event loop per batch::
                                                  each deferred row, then each job:
                                                    SAVEPOINT; fn(tx); RELEASE
                                                    (a failure: ROLLBACK TO, that one alone)
-                                                 the usage counts
+                                                 the usage counts and text index rows
+                                                   gathered in the Tx (store.flush)
                                                  COMMIT (the WAL's write and fsync)
     answer every caller  <---------------------- (a failed COMMIT fails every job of it)
     the reply, events and watchers
 
-So a request's own work runs on the event loop, its ``fn`` on the writer's thread, and its
-reply on the loop again; the loop runs no statement of a batch, and serves queries (on the
-readers' threads, readers.py) and approvals while a long batch runs. ``fn`` therefore
-touches nothing of the loop's (no future, event or notify): it reads and writes the store
-through ``tx`` and returns what its caller needs. A caller is answered only after COMMIT
-has returned, i.e. after the fsync (``synchronous=FULL``): an acknowledged write survives
-power loss.
+Where each request's work runs, then:
+
+- a write (``pipeline.write``: add, replace, remove, consolidate, seed, import, a proposal
+  approved): its checks, policy and approval on the event loop; its job, every row of it,
+  on the writer's thread; its reply and events on the loop, once COMMIT has returned;
+- a query: its read on a reader's thread (readers.py), its recall counts and ``recalled``
+  row a job here (``durable=False``), its reply on the loop;
+- any other read (a list, an export, audit/verify): a reader's thread;
+- the ledger's approval rows (``defer``): at the head of the next batch, on this thread.
+
+The loop runs no statement of a batch, and serves queries and approvals while a long batch
+runs. ``fn`` therefore touches nothing of the loop's (no future, event or notify): it reads
+and writes the store through ``tx`` and returns what its caller needs. A caller is answered
+only after COMMIT has returned, i.e. after the fsync (``synchronous=FULL``): an
+acknowledged write survives power loss.
 
 Bookkeeping nobody awaits (``defer``: the ledger's approval and failure rows) runs at the
 head of the next batch, as its first steps. A batch whose jobs are all ``durable=False``
