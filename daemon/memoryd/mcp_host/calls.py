@@ -6,22 +6,19 @@ MCP carries it. A failure is an ``isError`` result with ``{code, message, detail
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from memoryd_protocol import types as t
-from memoryd_protocol.errors import InvalidInput, ProtocolError
+from memoryd_protocol.errors import InvalidInput
 from memoryd_protocol.mcp_tools import SESSION_FIELDS, McpTool, structured
 from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
 from memoryd_protocol.validation import SessionView
 
 from ..context import Handler, RequestContext
+from ..rpc import error_object
 from .peer import McpPeer
-
-log = logging.getLogger("memoryd.mcp")
-
 
 #: A ``tools/call`` result in wire form: a dict, not the SDK's ``CallToolResult``, which the
 #: SDK would dump once more before validating and dumping it for the negotiated era.
@@ -34,13 +31,16 @@ def tool_result(text: str, structured: Any) -> ToolResult:
             "resultType": "complete"}
 
 
-def error_result(exc: ProtocolError) -> ToolResult:
-    """A failure as a tool result the model reads: ``CODE: message``, then the error as JSON.
-    No ``structuredContent``: hosts hold it to the tool's output schema, which describes the
-    result, and a text that is JSON alone some hosts parse and hold to it too."""
-    error = msgspec.json.encode({"code": exc.code, "message": exc.message, "details": exc.details}).decode()
-    return {"content": [{"type": "text", "text": f"{exc.code}: {exc.message}\n\n{error}"}], "isError": True,
-            "resultType": "complete"}
+def error_result(exc: Exception, method: str | None = None) -> ToolResult:
+    """A failure as a tool result the model reads: ``CODE: message``, then the error as JSON,
+    the ``data`` the socket answers for the same failure (rpc.error_object: one boundary,
+    which logs what it logs for the socket). No ``structuredContent``: hosts hold it to the
+    tool's output schema, which describes the result, and a text that is JSON alone some
+    hosts parse and hold to it too."""
+    data = error_object(exc, method)["data"]
+    error = msgspec.json.encode(data).decode()
+    return {"content": [{"type": "text", "text": f"{data['code']}: {data['message']}\n\n{error}"}],
+            "isError": True, "resultType": "complete"}
 
 
 def _short(entry_id: str) -> str:
@@ -131,11 +131,8 @@ class McpCalls:
         connection whose id is ``key`` (approvals find the call by it)."""
         try:
             result = await self.methods[tool.method](RequestContext(self.peer, key), params)
-        except ProtocolError as exc:
-            return error_result(exc)
-        except Exception:
-            log.exception("mcp: %s failed", tool.name)
-            return error_result(ProtocolError("internal error: the daemon's log says more"))
+        except Exception as exc:  # cancellation is not an Exception: it goes on up
+            return error_result(exc, tool.method)
         if tool.name == "memory_list":
             result = self._visible(result)
         return tool_result(_text(tool, result), structured(tool, result))
