@@ -150,9 +150,13 @@ async def test_a_session_s_cwd_and_a_query_s_workspace_key_are_aliased(daemon_fa
         from_laptop = await devbox.ok("memory/query", {"filter": WS, "opts": {"agentKey": "coder",
                                                                               "workspaceKey": LAPTOP}})
         assert sorted(e["text"] for e in from_laptop["entries"]) == sorted(want)
-        snap = await devbox.ok("memory/snapshot", {"session": {"id": "s-dev", "header": {"cwd": DEVBOX,
-                                                                                       "agentPreset": "coder"}}})
+        # a snapshot, and a proposal, of a session in the laptop's path: the dev box's workspace
+        snap = await laptop.ok("memory/snapshot", {"session": {"id": "s-snap", "header": {"cwd": LAPTOP,
+                                                                                        "agentPreset": "coder"}}})
         assert all(text in snap["text"] for text in want)
+        proposed = await laptop.ok("proposals/create", {"session": {"id": "s-snap", "header": {"cwd": LAPTOP}},
+                                                        "input": {**WS, "kind": "habit", "text": "Pairs on Mondays"}})
+        assert proposed["workspaceKey"] == DEVBOX
         assert (await devbox.ok("audit/verify"))["ok"] is True
     # the ledger records the key written and approved; the laptop's path is not a key anywhere
     bodies = [body for (body,) in sql(d.db_path, "SELECT body FROM memoryd_ledger WHERE kind IN ('audit', 'asked')")]
