@@ -226,7 +226,7 @@ def open_writer(db: Path) -> tuple[sqlite3.Connection, Writer]:
 
 def again(writer: Writer, db: Path) -> Writer:
     """A new writer on ``writer``'s connection and thread (``writer`` has run and closed)."""
-    return Writer(writer._owned, {}, db)
+    return Writer(writer._sql, {}, db)
 
 
 def read_only_job(tx: Tx) -> None:

@@ -714,13 +714,13 @@ async def test_the_ledger_chains_in_memory_and_a_rolled_back_connection_row_is_w
     db = tmp_path / "w.db"
     writer = await opened(db)
     statements: list[str] = []
-    writer._owned.conn.set_trace_callback(statements.append)
+    writer._sql.conn.set_trace_callback(statements.append)
     try:
         first, failed, last = await queued_then_run(writer, [audited(1), audited(2, fail=True), audited(2)])
         assert sum(s.startswith(HEAD_READ) for s in statements) == 1
         assert sum(s.startswith(LOOKUP) for s in statements) == 3  # 1, 2, and 2 again after its rollback
         del statements[:]
-        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        writer = Writer(writer._sql, writer.usage, db, writer.anchor)
         assert await queued_then_run(writer, [audited(1), audited(2)]) == [1, 2]
         assert sum(s.startswith(HEAD_READ) for s in statements) == 1
         assert not [s for s in statements if s.startswith(LOOKUP)]  # both rows committed in this run
@@ -741,7 +741,7 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
     db = tmp_path / "w.db"
     writer = await opened(db)
     statements: list[str] = []
-    writer._owned.conn.set_trace_callback(statements.append)
+    writer._sql.conn.set_trace_callback(statements.append)
     try:
         assert await queued_then_run(writer, [audited(1)]) == [1]
         head = writer.anchor.head
@@ -755,7 +755,7 @@ async def test_a_ledger_written_by_another_forgets_the_connection_rows(tmp_path:
             else:
                 conn.execute("DELETE FROM memoryd_ledger WHERE n > 1")
         del statements[:]
-        writer = Writer(writer._owned, writer.usage, db, writer.anchor)
+        writer = Writer(writer._sql, writer.usage, db, writer.anchor)
         assert await queued_then_run(writer, [audited(1)]) == [1]
         assert sum(s.startswith(LOOKUP) for s in statements) == 1
     finally:
@@ -1023,7 +1023,7 @@ async def test_a_batch_whose_transaction_is_lost_fails_every_job_and_keeps_its_r
         db = mnt / "w.db"
         storefile.open_store(db, storefile.inspect(db), 0).close()
         writer = await Writer.open(db, storefile.inspect(db), 250)
-        conn = writer._owned.conn
+        conn = writer._sql.conn
         statements = traced(conn)
         loop_thread = threading.get_ident()
         head, usage, before = writer.anchor.head, dict(writer.usage), committed(db)

@@ -102,19 +102,19 @@ class Audits:
                                         part).fetchall())
             return hashes
 
-        return with_problems(report, heads_problems(await self.service.readers.run(found), wanted))
+        return with_problems(report, heads_problems(await self.service.readers.read(found), wanted))
 
     async def _verify_once(self) -> LedgerReport:
         await self.service.writer.look_outside(index=True)
         await self.service.writer.settled()
         anchor = self.service.writer.anchor
         head, lost = anchor.head, anchor.lost  # committed before the read begins: the read must hold it
-        return await self.service.readers.run(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
+        return await self.service.readers.read(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
 
     async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:
             await self.service.writer.settled()
-            return await self.service.readers.run(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
+            return await self.service.readers.read(lambda c: read_life(lambda sql: c.execute(sql).fetchall(), p.target))
 
     async def audit_accept(self, ctx: RequestContext, p: AuditAcceptParams) -> AuditAccepted:
         facts = self.service.approvals.check_person(ctx.peer, "accept a change made outside memoryd", "n")

@@ -1,5 +1,5 @@
-"""Every read of the store: ``await readers.run(fn)`` runs ``fn(conn)`` inside one read
-transaction on a read-only connection and the thread that owns it (owned.py), one of a few,
+"""Every read of the store: ``await readers.read(fn)`` runs ``fn(conn)`` inside one read
+transaction on a read-only connection and the thread that owns it (sqlthread.py), one of a few,
 so that a long read (a whole-ledger verify, a 100,000-entry scan) holds one of them while
 queries and approvals go on through the others.
 
@@ -18,7 +18,7 @@ import anyio
 
 from . import queries, storefile
 from .atomic import atomic
-from .owned import Owned
+from .sqlthread import SqliteThread
 
 T = TypeVar("T")
 
@@ -41,35 +41,35 @@ def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection],
 
 
 class Readers:
-    def __init__(self, owned: list[Owned]) -> None:
-        self._all = owned
-        self._free = list(owned)
-        self._slots = anyio.Semaphore(len(owned))
+    def __init__(self, threads: list[SqliteThread]) -> None:
+        self._all = threads
+        self._free = list(threads)
+        self._slots = anyio.Semaphore(len(threads))
 
     @classmethod
     async def open(cls, path: Path, busy_timeout_ms: int, n: int = READERS) -> Readers:
-        owned: list[Owned] = []
+        threads: list[SqliteThread] = []
         try:
             for k in range(n):
-                owned.append(await Owned.open(f"memoryd-reader-{k}", lambda: _connect(path, busy_timeout_ms)))
+                threads.append(await SqliteThread.open(f"memoryd-reader-{k}", lambda: _connect(path, busy_timeout_ms)))
         except BaseException:
-            for o in owned:
-                await o.aclose()
+            for t in threads:
+                await t.aclose()
             raise
-        return cls(owned)
+        return cls(threads)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         async with self._slots:
-            owned = self._free.pop()
+            thread = self._free.pop()
             try:
                 # shielded: a connection handed back while its read still runs would make
                 # the next read wait behind it
                 with anyio.CancelScope(shield=True):
-                    result = await owned.run(lambda c: _in_transaction(c, fn))
+                    result = await thread.call(lambda c: _in_transaction(c, fn))
             finally:
-                self._free.append(owned)
+                self._free.append(thread)
             return result
 
     async def aclose(self) -> None:
-        for o in self._all:
-            await o.aclose()
+        for t in self._all:
+            await t.aclose()

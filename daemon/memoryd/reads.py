@@ -79,7 +79,7 @@ class Reads:
         track = f.track if f else None
         scope = f.scope if f else None
 
-        hits, total = await self.service.readers.run(lambda c: queries.query_page(
+        hits, total = await self.service.readers.read(lambda c: queries.query_page(
             c, track=track, scope=scope, text=text, agent_key=agent_key, workspace_key=workspace_key, limit=limit))
         ts = store.now_ms()
         stamp = None if session_id is None else Stamp(origin=self.service.pipeline.who(ctx.peer), session_id=session_id)

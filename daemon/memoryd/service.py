@@ -113,7 +113,7 @@ class Service:
         """A read of the store on a reader's thread (readers.py), after the recall
         bookkeeping queued so far."""
         await self.writer.settled()
-        return await self.readers.run(fn)
+        return await self.readers.read(fn)
 
     def limit(self, track: str, scope: str) -> int:
         return self.config.budgets[(track, scope)]

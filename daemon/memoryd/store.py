@@ -300,30 +300,6 @@ def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
                  (key, value))
 
 
-#: The ``meta`` row of the last committed recalls' sequence number: a read that sees it
-#: knows which of the writer's pending recalls its snapshot already holds (``Writer.with_recalls``).
-RECALL_SEQ_KEY = "memoryd_recall_seq"
-
-
-def recall_seq(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (RECALL_SEQ_KEY,)).fetchone()
-    return int(row[0]) if row is not None and str(row[0]).isdigit() else 0
-
-
-def save_recall_seq(conn: sqlite3.Connection, seq: int) -> None:
-    set_meta(conn, RECALL_SEQ_KEY, str(seq))
-
-
-def tail_full(conn: sqlite3.Connection) -> bool:
-    """No tail: every write indexes its entry."""
-    return False
-
-
-def index_tail(conn: sqlite3.Connection) -> int:
-    """No tail: every write indexes its entry."""
-    return 0
-
-
 def _unindex(tx: Tx, entry_id: str) -> int | None:
     """Take the entry out of the text index and the counts; its rowid (None: no such entry).
     An entry this transaction indexed is in no index yet: it leaves ``tx.index_rows``. Any other
@@ -424,14 +400,6 @@ def recall(conn: sqlite3.Connection, ids: list[str], ts: int) -> dict[str, int]:
     marks = ", ".join("?" * len(ids))
     return dict(conn.execute(f"UPDATE entries SET recall_count = recall_count + 1, last_recalled = ? "
                              f"WHERE id IN ({marks}) RETURNING id, recall_count", [ts, *ids]).fetchall())
-
-
-def bump_recalls(conn: sqlite3.Connection, recalls: list[tuple[str, int, int]]) -> None:
-    """``(id, times, ts)``: the entry was recalled ``times`` more times, the last at ``ts``."""
-    conn.executemany(
-        "UPDATE entries SET recall_count = recall_count + ?, last_recalled = ? WHERE id = ?",
-        [(n, ts, i) for i, n, ts in recalls],
-    )
 
 
 def audit(

@@ -59,7 +59,7 @@ from memoryd_protocol.audit_types import WitnessedHead
 
 from . import foreign, ledger, store, storefile
 from .atomic import atomic, begin, commit, rollback
-from .owned import Owned
+from .sqlthread import SqliteThread
 from .store import store_fault
 from .tx import Tx, Usage
 
@@ -121,16 +121,16 @@ class _Done(NamedTuple):
 
 
 class Writer:
-    def __init__(self, conn: sqlite3.Connection | Owned, usage: Usage, path: Path,
+    def __init__(self, conn: sqlite3.Connection | SqliteThread, usage: Usage, path: Path,
                  anchor: ledger.Anchor | None = None, entries: int = 0,
                  watch: foreign.Watch | None = None) -> None:
         #: the write connection and its one thread (a bare connection gets a thread here)
-        self._owned = conn if isinstance(conn, Owned) else Owned("memoryd-writer", conn)
+        self._sql = conn if isinstance(conn, SqliteThread) else SqliteThread("memoryd-writer", conn)
         #: the ledger's head as this daemon wrote it (ledger.Anchor)
         self.anchor = anchor if anchor is not None else ledger.Anchor()
         #: whether another program wrote since (a bare connection is looked at here, before
         #: its thread runs anything)
-        self._watch = watch if watch is not None else foreign.Watch.of(self._owned.conn, path)
+        self._watch = watch if watch is not None else foreign.Watch.of(self._sql.conn, path)
         #: the store, named in STORE_UNAVAILABLE's details
         self._path = path
         self._usage: Usage = dict(usage)
@@ -157,17 +157,17 @@ class Writer:
                    stop: WitnessedHead | None = None, *, untouched: bool = False) -> Writer:
         """Open (and migrate) the store on the writer's own new thread, begin or reconcile
         the ledger's chain (foreign.opened, with the last ``stop``), read the usage."""
-        owned = await Owned.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
+        sql = await SqliteThread.open("memoryd-writer", lambda: storefile.open_store(path, version, busy_timeout_ms))
         try:
             try:
-                o = await owned.run(lambda c: foreign.opened(c, path, stop, untouched=untouched))
+                o = await sql.call(lambda c: foreign.opened(c, path, stop, untouched=untouched))
             except sqlite3.Error as exc:
                 raise store.store_fault(exc, path) or exc from None
         except BaseException:
-            await owned.aclose()
+            await sql.aclose()
             raise
         # the watch as the check left the store, not as it is by now
-        return cls(owned, o.usage, path, ledger.Anchor(o.head), o.entries, o.watch)
+        return cls(sql, o.usage, path, ledger.Anchor(o.head), o.entries, o.watch)
 
     @property
     def usage(self) -> Usage:
@@ -177,13 +177,13 @@ class Writer:
     @property
     def thread(self) -> threading.Thread:
         """The thread every batch of this writer runs on, BEGIN to COMMIT."""
-        return self._owned.thread
+        return self._sql.thread
 
     async def aclose(self) -> None:
         """Once ``serve`` has returned: checkpoint (best effort), close the connection, end
         the thread. (A writer that never ran closes its queue here.)"""
         self.close()
-        await self._owned.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+        await self._sql.aclose(lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)"))
 
     async def submit(self, fn: Callable[[Tx], T], *, durable: bool = True,
                      on_error: Callable[[BaseException], None] | None = None) -> T:
@@ -320,8 +320,8 @@ class Writer:
             self._bookkeeping_idle = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                index = await self._watch.due(self._owned.run)
-                tx, moved, added, lost = await self._owned.run(
+                index = await self._watch.due(self._sql.call)
+                tx, moved, added, lost = await self._sql.call(
                     lambda conn: self._transaction(conn, batch, deferred, durable, index))
             self.anchor.committed(tx)
             self._watch.reconciled(moved)

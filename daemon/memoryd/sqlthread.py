@@ -1,9 +1,8 @@
 """A sqlite3 connection and the one plain thread that uses it.
 
-Every call handed to an :class:`Owned` runs on its thread, one at a time, in the order
-handed over: a whole read (readers.py) is one hop, and so is the writer's COMMIT, its
-batch's statements having run on the event loop (writer.py), never while a call runs
-here. The result goes back to the event loop with ``loop.call_soon_threadsafe``, which does
+Every call handed to a :class:`SqliteThread` runs on its thread, one at a time, in the
+order handed over: a whole read (readers.py) is one hop, and so is a whole batch of the
+writer's, BEGIN to COMMIT (writer.py). The result goes back to the event loop with ``loop.call_soon_threadsafe``, which does
 not wait for the loop: anyio's ``from_thread.run_sync`` would hold the owner thread until
 the loop had run the callback, so the next call could not begin meanwhile.
 
@@ -28,8 +27,8 @@ log = logging.getLogger("memoryd.store")
 T = TypeVar("T")
 
 
-class Owned:
-    """``await owned.run(fn)`` runs ``fn(conn)`` on the owner thread and returns its result
+class SqliteThread:
+    """``await thread.call(fn)`` runs ``fn(conn)`` on the owner thread and returns its result
     (or raises its error). ``aclose`` closes the connection on that thread and ends it.
 
     The thread is a daemon thread: a close that never happens (a bug) cannot keep the
@@ -44,17 +43,17 @@ class Owned:
         self._thread.start()
 
     @classmethod
-    async def open(cls, name: str, connect: Callable[[], sqlite3.Connection]) -> Owned:
+    async def open(cls, name: str, connect: Callable[[], sqlite3.Connection]) -> SqliteThread:
         """A new thread, and the connection ``connect`` opens on it."""
-        owned = cls(name)
+        thread = cls(name)
         try:
             # shielded: a connection opened after its opener was cancelled would be nobody's
             with anyio.CancelScope(shield=True):
-                owned._conn = await owned._call(connect)
+                thread._conn = await thread._call(connect)
         except BaseException:
-            await owned.aclose()
+            await thread.aclose()
             raise
-        return owned
+        return thread
 
     @property
     def thread(self) -> threading.Thread:
@@ -62,9 +61,8 @@ class Owned:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The connection itself, for a caller that uses it on its own thread while no
-        call of this one runs (the writer's batch: its statements on the event loop, its
-        COMMIT here)."""
+        """The connection itself, for a caller that uses it while no call of this one runs
+        (the writer's own set-up, before its first batch)."""
         assert self._conn is not None
         return self._conn
 
@@ -101,7 +99,7 @@ class Owned:
         self._calls.put(call)
         return await done
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
         assert conn is not None
         return await self._call(lambda: fn(conn))
