@@ -136,11 +136,11 @@ def _main(argv: list[str] | None) -> int:
     if args.stdio and not args.standalone:
         explicit_db = cfg.db_path if (args.db is not None or cfg.db_path_configured) else None
         try:
-            return relay.run(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
-                             args.write_policy, _forwarded(args, config_path),
-                             _mcp_session(vars(args)) if args.command == "mcp" else None,
-                             default_socket=args.socket is None and not cfg.socket_configured
-                             and not os.environ.get("MEMORYD_SOCKET"))
+            return relay.relay_stdio(str(cfg.socket_path), None if explicit_db is None else str(explicit_db),
+                                     args.write_policy, _forwarded(args, config_path),
+                                     _mcp_session(vars(args)) if args.command == "mcp" else None,
+                                     default_socket=args.socket is None and not cfg.socket_configured
+                                     and not os.environ.get("MEMORYD_SOCKET"))
         except KeyboardInterrupt:
             return 130
     if args.detach:

@@ -32,7 +32,7 @@ PROBE = (json.dumps({"jsonrpc": "2.0", "id": PROBE_ID, "method": "daemon/status"
 PROBE_TIMEOUT_S = 10.0
 
 
-def hello() -> bytes:
+def relay_declaration() -> bytes:
     """What the relay says of itself before its first request: it is memoryd's stdio relay,
     for the harness that is its parent. A notification (no answer to wait for), so a daemon
     that refuses the claim (the kernel does not bear it out) still serves the harness, as
@@ -332,9 +332,9 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_p
     return rest
 
 
-def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str],
-        mcp: tuple[str, str | None] | None = None, *, default_socket: bool = False) -> int:
-    """Relay for the harness. With ``mcp`` (``memoryd mcp``'s workspace and agent) the
+def relay_stdio(socket_path: str, db: str | None, write_policy: str | None, serve_args: Sequence[str],
+                mcp: tuple[str, str | None] | None = None, *, default_socket: bool = False) -> int:
+    """Relay the harness's stdio to the daemon; the process's exit status. With ``mcp`` (``memoryd mcp``'s workspace and agent) the
     connection is switched to MCP first; ``default_socket``: nobody chose the socket
     (:func:`attach`'s ``follow_owner``)."""
     _open_std_fds()
@@ -346,9 +346,9 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
             socket_path, db = attached, owned
         try:
             if line is None:
-                rest = check_store(sock, socket_path, db, write_policy, first=hello())
+                rest = check_store(sock, socket_path, db, write_policy, first=relay_declaration())
             else:
-                rest = switch_to_mcp(sock, socket_path, db, write_policy, line, first=hello())
+                rest = switch_to_mcp(sock, socket_path, db, write_policy, line, first=relay_declaration())
         except BaseException:
             sock.close()
             raise
@@ -367,4 +367,5 @@ def run(socket_path: str, db: str | None, write_policy: str | None, serve_args: 
     return 0
 
 
-__all__ = ["RelayError", "attach", "check_served", "check_store", "mcp_attach_line", "pump", "run", "switch_to_mcp"]
+__all__ = ["RelayError", "attach", "check_served", "check_store", "mcp_attach_line", "pump", "relay_stdio",
+           "switch_to_mcp"]
