@@ -34,8 +34,8 @@ from typing import Protocol
 from .ratelog import RateLimitedLog
 
 
-class StreamProtocol(Protocol):
-    """What of a connection's transport (transports.StreamProtocol) the cap needs."""
+class Outgoing(Protocol):
+    """What of a connection's outgoing half (transports.Outlet) the cap needs."""
 
     def unsent(self) -> int: ...
 
@@ -49,7 +49,7 @@ class Outbound:
     def __init__(self, limit: int, inflight_limit: int) -> None:
         self.limit = limit
         #: the connections behind, in the order they fell behind (a dict keeps it)
-        self._behind: dict[StreamProtocol, None] = {}
+        self._behind: dict[Outgoing, None] = {}
         self._drops = RateLimitedLog(log)
         self.inflight_limit = inflight_limit
         #: requests in flight on every connection together, and the most there ever were
@@ -62,14 +62,14 @@ class Outbound:
         #: dropped connections still holding places (freed as their requests end)
         self._dropped: set[object] = set()
 
-    def behind(self, sink: StreamProtocol) -> None:
+    def behind(self, sink: Outgoing) -> None:
         """``sink`` has fallen behind, or got more output while behind: enforce the caps."""
         self._behind.setdefault(sink, None)
         self._cap_unsent(sink)
         if self._waiting:
             self._make_room()
 
-    def _cap_unsent(self, sink: StreamProtocol) -> None:
+    def _cap_unsent(self, sink: Outgoing) -> None:
         if len(self._behind) < 2:
             return
         held = [(s, s.unsent()) for s in self._behind]
@@ -89,11 +89,11 @@ class Outbound:
             counted -= n
             self._drop(s, n, total)
 
-    def caught_up(self, sink: StreamProtocol) -> None:
+    def caught_up(self, sink: Outgoing) -> None:
         """``sink`` is below its low-water mark again, or closed."""
         self._behind.pop(sink, None)
 
-    def _drop(self, sink: StreamProtocol, unsent: int, total: int) -> None:
+    def _drop(self, sink: Outgoing, unsent: int, total: int) -> None:
         self._behind.pop(sink, None)
         self._drops.say(f"dropping a connection that stopped reading: {unsent} bytes unsent, {total} unsent on all "
                         f"connections (max_unsent_bytes_total {self.limit})")

@@ -400,7 +400,7 @@ class McpSession:
     async def serve_lines(self, lines: Lines) -> None:
         """Serve the host's lines with the SDK until EOF (or the daemon stops reading), then
         wait for this session's daemon work."""
-        wire = Wire(self.conn, self.calls.session_id, self._end)
+        wire = Wire(self.conn, self._end)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._notify_changes)

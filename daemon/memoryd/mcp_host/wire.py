@@ -44,9 +44,8 @@ def refuse(line: bytes) -> bytes:
 
 
 class Wire:
-    def __init__(self, conn: Connection, session_id: str, on_eof: Callable[[], None]) -> None:
+    def __init__(self, conn: Connection, on_eof: Callable[[], None]) -> None:
         self.conn = conn
-        self._session_id = session_id
         #: called once the host's input ended, before what was read is answered
         self._on_eof = on_eof
         #: request id, as the host wrote it → the tokens of the requests with that id read and
