@@ -38,14 +38,14 @@ def _aliases(path: Path) -> Aliases:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return ()
+        return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the config file {path}: {exc}") from None
     import tomllib  # only with a config file: most runs have none
 
     try:
         raw = tomllib.loads(text).get("workspace_aliases")
-        return () if raw is None else parse_aliases(raw)
+        return {} if raw is None else parse_aliases(raw)
     except (tomllib.TOMLDecodeError, AliasTableError) as exc:
         raise UsageError(f"the config file {path}: {exc}; fix it (memoryd refuses it too)") from None
 

@@ -7,7 +7,7 @@ bug, not a convenience).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,8 @@ class Config:
         #: how often the ledger's head is witnessed in the heads file while writes go on
         self.heads_every_rows: int = 1000
         self.heads_every_s: float = 600.0
-        #: ``[workspace_aliases]``: (path, canonical path) pairs, longest path first
-        self.workspace_aliases: tuple[tuple[str, str], ...] = ()
+        #: ``[workspace_aliases]``: each path's canonical path
+        self.workspace_aliases: Mapping[str, str] = {}
         #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
         self.db_path_configured = False
         #: the config file set ``socket_path`` (a relay then never looks for another socket)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 
 from .constants import MAX_AGENT_KEY_UNITS, MAX_KEY_UNITS, MAX_TAG_UNITS, MAX_TAGS
 from .errors import InvalidInput
@@ -91,11 +93,12 @@ def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
     return out
 
 
-#: The workspace aliases in force: ``(path, canonical)`` pairs, longest path first, as
-#: workspaces.parse_aliases checked them. A context variable, not a global: each daemon sets
-#: its own table for its own tasks (tests run several daemons in one process), and code that
-#: never set one (a client) gets no aliasing.
-WORKSPACE_ALIASES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("memoryd_workspace_aliases", default=())
+#: The workspace aliases in force: each path's canonical path, as workspaces.parse_aliases
+#: checked them. A context variable, not a global: each daemon sets its own table for its own
+#: tasks (tests run several daemons in one process), and code that never set one (a client)
+#: gets no aliasing.
+WORKSPACE_ALIASES: ContextVar[Mapping[str, str]] = ContextVar("memoryd_workspace_aliases",
+                                                              default=MappingProxyType({}))
 
 
 def normalize_workspace_key(cwd: str | None) -> str:
@@ -105,19 +108,33 @@ def normalize_workspace_key(cwd: str | None) -> str:
     return alias_workspace(path, WORKSPACE_ALIASES.get()) if path else path
 
 
-def alias_workspace(path: str, aliases: tuple[tuple[str, str], ...]) -> str:
-    """``path`` under the first (longest) alias whose path is it or a directory above it,
-    moved to that alias's canonical path; ``path`` itself when none is."""
-    for source, canonical in aliases:
-        if path == source:
-            return canonical
-        if path.startswith(source.rstrip("/") + "/"):
-            key = canonical.rstrip("/") + path[len(source.rstrip("/")):]
-            if utf16_len(key) > MAX_KEY_UNITS:
-                raise InvalidInput(f"cwd (workspaceKey) longer than {MAX_KEY_UNITS} characters once aliased to "
-                                   f"{canonical}", "workspaceKey")
-            return key
-    return path
+def alias_workspace(path: str, aliases: Mapping[str, str]) -> str:
+    """``path`` moved to the canonical path of the alias whose path is it or the nearest
+    directory above it; ``path`` itself when there is none."""
+    source = aliased_by(path, aliases) if aliases else None
+    if source is None:
+        return path
+    canonical = aliases[source]
+    if source == path:
+        return canonical
+    key = canonical.rstrip("/") + path[len(source.rstrip("/")):]
+    if utf16_len(key) > MAX_KEY_UNITS:
+        raise InvalidInput(f"cwd (workspaceKey) longer than {MAX_KEY_UNITS} characters once aliased to {canonical}",
+                           "workspaceKey")
+    return key
+
+
+def aliased_by(path: str, aliases: Mapping[str, str]) -> str | None:
+    """The alias path that is ``path`` or the nearest directory above it (None: none is). A
+    lookup per directory level, so a cwd costs the same whatever the table's size."""
+    if path in aliases:
+        return path
+    cut = len(path)
+    while (cut := path.rfind("/", 0, cut)) >= 0:
+        directory = path[:cut] or "/"
+        if directory in aliases:
+            return directory
+    return None
 
 
 def normalize_workspace_path(cwd: str | None) -> str:
@@ -158,6 +175,7 @@ def normalize_agent_key(preset: str | None) -> str:
 __all__ = [
     "WORKSPACE_ALIASES",
     "alias_workspace",
+    "aliased_by",
     "ascii_fold",
     "check_storable",
     "cut_units",

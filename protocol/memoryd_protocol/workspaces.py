@@ -10,16 +10,18 @@ table is checked here, once, at start.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .errors import ProtocolError
-from .text import normalize_workspace_path
+from .text import aliased_by, normalize_workspace_path
 
 #: Most entries in ``[workspace_aliases]``: a user's machines times their projects, with room;
 #: every cwd is compared with each path, so the table stays small.
 MAX_WORKSPACE_ALIASES = 256
 
-Aliases = tuple[tuple[str, str], ...]
+Aliases = Mapping[str, str]
 
 
 class AliasTableError(ValueError):
@@ -36,12 +38,8 @@ def _absolute(value: Any, what: str) -> str:
     return path
 
 
-def _under(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
 def parse_aliases(raw: Any, where: str = "workspace_aliases") -> Aliases:
-    """The checked table, longest path first. Refused: not a table, more than
+    """The checked table: each path's canonical path. Refused: not a table, more than
     MAX_WORKSPACE_ALIASES entries, a path or canonical path that is not absolute, two paths
     that are one after normalizing, and a canonical path that an alias would map again (a
     chain or a loop: each cwd must have one key, whatever order the table is read in)."""
@@ -59,11 +57,12 @@ def parse_aliases(raw: Any, where: str = "workspace_aliases") -> Aliases:
     for path, canonical in table.items():
         if path == canonical:
             raise AliasTableError(f"[{where}] maps {path} to itself; remove that entry")
-        again = next((other for other in table if _under(canonical, other)), None)
+    for path, canonical in table.items():
+        again = aliased_by(canonical, table)
         if again is not None:
             raise AliasTableError(f"[{where}] maps {path} to {canonical}, which the alias of {again} maps again "
                                   f"(a chain or a loop); map every path straight to its final canonical path")
-    return tuple(sorted(table.items(), key=lambda item: len(item[0]), reverse=True))
+    return MappingProxyType(table)
 
 
 __all__ = ["MAX_WORKSPACE_ALIASES", "AliasTableError", "Aliases", "parse_aliases"]
