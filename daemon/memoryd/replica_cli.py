@@ -48,7 +48,7 @@ def _replica_table(url: str, config: Path | None) -> dict[str, Any]:
         raise DaemonError(f"cannot read the config file {path}: {exc}") from None
     table = raw.get("replicate")
     if isinstance(table, dict) and table.get("url") == url:
-        return {k: v for k, v in table.items() if k not in ("restart_min_s", "restart_max_s", "lag_every_s")}
+        return table
     return {"url": url}
 
 
