@@ -252,3 +252,14 @@ async def test_an_import_from_the_other_machine_lands_in_the_canonical_workspace
             {**WS, "workspaceKey": LAPTOP + "/api", "text": "From the laptop", "source": "backup", "tags": []}]},
             "write": write_ctx("s-import", DEVBOX, "coder")})
         assert [e["workspaceKey"] for e in r["entries"]] == [DEVBOX + "/api"]
+
+
+async def test_every_transport_maps_the_cwd(pair_factory: Any) -> None:
+    """The daemon in this event loop (memory), a daemon process (socket) and a standalone
+    stdio child: each daemon applies its own table to its own sessions."""
+    async with pair_factory(config=TABLE) as raw:
+        r = await raw.ok("memory/add", {"input": entry_input("Any transport", **WS),
+                                        "write": write_ctx("s-1", LAPTOP + "/web", "coder")})
+        assert r["entry"]["workspaceKey"] == DEVBOX + "/web"
+    # this process's own context is untouched by the daemons that ran in it
+    assert normalize_workspace_key(LAPTOP) == LAPTOP
