@@ -259,6 +259,11 @@ async def test_a_harness_reaches_the_daemon_through_ssh_and_answers_its_approval
             await arrived(gate)
             [asked] = gate.asked
             assert (asked["text"], asked["workspaceKey"], asked["sessionId"]) == ("Prefers tabs", PROJ, "s-ssh")
+            # who asks, as approvers see it: the relay's harness, sshd's session process, and the
+            # client's name (a claim)
+            origin = asked["origin"]
+            assert (origin["name"], origin["exe"]) == ("raw", require("sshd"))
+            assert _descends_from(origin["pid"], sshd.proc.pid)
             await harness.ok("approval/decided", {"id": asked["id"], "outcome": "allowed-once",
                                                   "by": {"kind": "human", "name": "remote-harness"}})
         assert box["r"]["result"]["entry"]["text"] == "Prefers tabs"
