@@ -24,7 +24,7 @@ from memoryd_protocol import __version__
 from memoryd_protocol.constants import WRITE_POLICIES
 
 from . import config as config_mod
-from . import launch, relay, replica_cli, units
+from . import relay, replica_cli, units
 from .errors import DaemonError
 from .rundir import UnsafeDir, ensure_private_dir
 
@@ -184,6 +184,8 @@ def _given_workspace(cwd: str) -> str:
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status 0 (also when one already answers), else the daemon's own."""
+    from . import launch  # subprocess and its kin: only a start in the background needs them
+
     runtime = socket_path.parent
     log = launch.log_path_for(socket_path)
     try:
