@@ -8,7 +8,9 @@ Each build's processes run from its checkout's ``scripts/`` (as installed) with 
 first on PYTHONPATH, against one daemon of this tree on a 2,000-entry store (policy auto), so
 only the started process differs. A row's builds and its ``python -c pass`` take turns, the
 build that goes first alternating. Prints a Markdown table of the medians, each build's ratio
-to the floor and the bound (``common.START_BOUNDS``).
+to the floor and the bound (``common.START_BOUNDS``), and beside them the started process's
+own CPU time (user and system) as a ratio to the floor's: on a loaded machine the wall times
+wait for the CPU, and the CPU ratio shows what the start itself costs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -56,6 +59,12 @@ def _rows(tree: Path, tmp: Path, sock: str, db: Path) -> dict[str, Callable[[], 
     }
 
 
+def _children_cpu() -> float:
+    """The CPU seconds (user and system) of this process's children that ended."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 LABELS = {"relay": "relay spawn → initialize", "mcp": "`memoryd mcp` spawn → tools/list",
           "memoryctl query": "`memoryctl query`", "memoryctl status": "`memoryctl status`"}
 
@@ -72,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(tree / p) for p in ("protocol", "daemon",
                         "client"))], check=True, stdout=subprocess.DEVNULL)
     out: dict[str, dict[str, dict[str, float]]] = {}
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="mdb-start-", dir="/tmp") as d:
         tmp = Path(d)
         seed_store(tmp / "seed.db", ENTRIES)
@@ -83,24 +93,32 @@ def main(argv: list[str] | None = None) -> int:
                     once()
             for row in START_BOUNDS:
                 times: dict[str, list[float]] = {"after": [], "before": [], "python -c pass": []}
+                cpu: dict[str, list[float]] = {k: [] for k in times}
                 for i in range(args.runs):
-                    for name in (("after", "before") if i % 2 == 0 else ("before", "after")):
-                        times[name].append(rows[name][row]())
-                    times["python -c pass"].append(python_pass())
-                out[row] = {k: summary(v) for k, v in times.items()}
+                    order = ("after", "before") if i % 2 == 0 else ("before", "after")
+                    for one in (*order, "python -c pass"):
+                        spent = _children_cpu()
+                        times[one].append(python_pass() if one == "python -c pass" else rows[one][row]())
+                        cpu[one].append(_children_cpu() - spent)
+                out[row] = {**{k: summary(v) for k, v in times.items()},
+                            **{f"{k} cpu": summary(v) for k, v in cpu.items()}}
                 print(f"[startup] {row}: done", file=sys.stderr, flush=True)
         finally:
             daemon.stop()
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print("| row | before | after | python -c pass | before × python | after × python | bound | met |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {args.runs} runs of each\n")
+    print("| row | before | after | python -c pass | before × python | after × python | bound | met "
+          "| CPU: before × python | CPU: after × python |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row, f in out.items():
         py = f["python -c pass"]["p50_us"]
         before, after = f["before"]["p50_us"] / py, f["after"]["p50_us"] / py
+        cpu_py = f["python -c pass cpu"]["p50_us"]
         bound = START_BOUNDS[row]
         print(f"| {LABELS[row]} | {f['before']['p50_us'] / 1000:.1f} ms | {f['after']['p50_us'] / 1000:.1f} ms | "
-              f"{py / 1000:.1f} ms | {before:.2f}× | {after:.2f}× | ≤ {bound:g}× | {'yes' if after <= bound else 'no'} |")
+              f"{py / 1000:.1f} ms | {before:.2f}× | {after:.2f}× | ≤ {bound:g}× | {'yes' if after <= bound else 'no'} "
+              f"| {f['before cpu']['p50_us'] / cpu_py:.2f}× | {f['after cpu']['p50_us'] / cpu_py:.2f}× |")
     return 0
 
 
