@@ -120,7 +120,8 @@ def cmd_restore(ctx: Ctx) -> int:
             copy = tmp / target.name
             copy_replica(ctx, url, copy)
             if witnessed:
-                print(f"memoryctl: checking {len(witnessed)} heads witnessed for {target} (newest: row "
+                many = "head" if len(witnessed) == 1 else "heads"
+                print(f"memoryctl: checking {len(witnessed)} {many} witnessed for {target} (newest: row "
                       f"{witnessed[-1][0]})", file=sys.stderr)
             report = offline.read(str(copy), lambda fetch: read_report(fetch, None, witnessed))
             report = with_problems(report, offline.index_problems(str(copy)))
@@ -132,9 +133,10 @@ def cmd_restore(ctx: Ctx) -> int:
             head = head_of(copy)
             assert head is not None  # a report that is ok has rows
             kept = _install(copy, target, stamp)
-        if a.no_heads and heads_file is not None and heads_file.exists() and kept is not None:
+        if a.no_heads and heads_file is not None and heads_file.exists():
             # the heads that witnessed the history just replaced go with it
-            shutil.move(heads_file, heads_path_for(kept) or heads_file.with_name(f"{heads_file.name}.replaced-{stamp}"))
+            aside = heads_path_for(kept) if kept is not None else None
+            shutil.move(heads_file, aside or heads_file.with_name(f"{heads_file.name}.replaced-{stamp}"))
         _witness(target, head, heads_file)
     except ReplicaUnavailable as exc:
         _error(ctx, exc.code, f"{exc.message}; {target} is unchanged", exc.details)
