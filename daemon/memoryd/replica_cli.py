@@ -11,7 +11,6 @@ its url is URL, the credentials otherwise from the environment; never from this 
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ def _replica_table(url: str, config: Path | None) -> dict[str, Any]:
         if config is not None:
             raise DaemonError(f"--config {config}: no such file")
         return {"url": url}
+    import tomllib  # only with a config file, as config.load: every relay start imports this module
+
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
