@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -184,6 +183,8 @@ def _given_workspace(cwd: str) -> str:
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status 0 (also when one already answers), else the daemon's own."""
+    import signal
+
     from . import launch  # subprocess and its kin: only a start in the background needs them
 
     runtime = socket_path.parent
