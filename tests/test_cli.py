@@ -98,7 +98,7 @@ def texts(d: Any) -> list[str]:
 def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(VERBS) == {"list", "query", "add", "replace", "edit", "remove", "consolidate", "share", "budgets", "audit",
                           "proposals", "export", "import", "adapters", "status", "stop", "snapshot", "snapshots", "approve",
-                          "watch", "socket", "rpc", "completion", "restore"}
+                          "watch", "socket", "rpc", "completion", "restore", "replicate"}
     for verb, parser in verbs().items():
         assert parser.description and len(parser.description) > 40, verb
         assert parser.epilog and parser.epilog.startswith("examples:"), verb

@@ -202,6 +202,11 @@ async def cmd_status(c: Client, ctx: Ctx) -> None:
     ctx.result(s, lambda: render.status_lines(s, socket=ctx.socket))
 
 
+async def cmd_replicate(c: Client, ctx: Ctx) -> None:
+    r = (await c.status()).replication
+    ctx.result(r, lambda: render.replication_lines(r))
+
+
 def _pidfd(pid: int) -> int | None:
     """A pidfd for ``pid`` (Linux ≥ 5.3): signal it without a pid-reuse race, and wait for
     its exit. None where there is none."""
@@ -409,6 +414,7 @@ COMMANDS: dict[str, Callable[[Client, Ctx], Awaitable[Any]]] = {
     "import": cmd_import,
     "adapters": cmd_adapters,
     "status": cmd_status,
+    "replicate": cmd_replicate,
     "stop": cmd_stop,
     "snapshot": cmd_snapshot,
     "snapshots": cmd_snapshots,

@@ -27,6 +27,7 @@ from memoryd_protocol.approval_text import (
 )
 from memoryd_protocol.approval_types import ProcessFacts
 from memoryd_protocol.constants import SHORT_ID_LENGTH
+from memoryd_protocol.replication_types import ReplicationStatus
 
 from . import colour
 
@@ -165,12 +166,35 @@ def status_lines(status: T.DaemonStatus, *, socket: str) -> str:
         ("connections", str(status.connections)),
         ("pending approvals", str(status.pending_approvals)),
         ("queue depth", str(status.queue_depth)),
+        *_replication_pairs(status.replication),
     ]
     width = max(len(k) for k, _ in pairs)
     text = "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
     if status.connection_list:
         text += "\n\n" + connections_table(status.connection_list)
     return text
+
+
+def _replication_pairs(r: ReplicationStatus | None) -> list[tuple[str, str]]:
+    if r is None:
+        return []
+    if r.lag_rows is None or r.lag_s is None:
+        lag = "not read yet"
+    else:
+        lag = f"{r.lag_rows} rows, {r.lag_s:g} s (replica at row {r.replica_n or 0}, head {r.head_n or 0})"
+    pairs = [("replica", r.url), ("replication", r.state + (f": {r.error}" if r.error else "")), ("replica lag", lag)]
+    if r.restarts:
+        pairs.append(("replica restarts", str(r.restarts)))
+    return pairs
+
+
+def replication_lines(r: ReplicationStatus | None) -> str:
+    """``memoryctl replicate status``."""
+    if r is None:
+        return "replication: not configured (add a [replicate] section to the daemon's config)"
+    pairs = _replication_pairs(r)
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
 
 
 def _client(c: T.ConnectionInfo) -> str:

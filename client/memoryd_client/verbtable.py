@@ -424,6 +424,26 @@ _verb(
 )
 
 
+def _replicate_args(p: Verb) -> None:
+    _action(p, "status", "the replica, its state and its lag (the default)",
+            """The replica the daemon ships the store to ([replicate] in its config): its URL
+               without secrets, its state, and its lag: the newest ledger row the replica
+               held when last read against the daemon's head, in rows and in seconds since
+               the oldest row it lacks was written. --json prints daemon/status's
+               replication object (null when replication is not configured).""",
+            "memoryctl replicate status\nmemoryctl replicate status --json")
+
+
+_verb(
+    "replicate",
+    "show the store's replication to its replica",
+    """Replication of the store by Litestream, as the running daemon sees it. Run
+          'memoryctl replicate ACTION --help' for an action's options.""",
+    "memoryctl replicate status --json",
+    arguments=_replicate_args,
+)
+
+
 def _restore_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", metavar="URL", help="the replica: file:///path, s3://bucket/path or sftp://user@host/path "
                    "(an s3 endpoint and credentials file come from the config's [replicate] when its url is URL)")

@@ -37,6 +37,7 @@ from .proposals import Proposals
 from .ratelog import RateLimitedLog
 from .readers import Readers
 from .reads import Reads
+from .replication import Replication
 from .rpc import TOO_MANY_CONNECTIONS_LINE, Dispatcher, bind_handlers
 from .service import Service
 from .sessions import UNBOUND_METHODS
@@ -177,6 +178,8 @@ class Daemon:
     resources: contextlib.AsyncExitStack
     #: where the ledger's heads are witnessed outside the store
     heads: Heads
+    #: Litestream shipping the store to the [replicate] replica (None: not configured)
+    replication: Replication | None = None
     connections: set[Connection] = field(default_factory=set)
     stopping: anyio.Event = field(default_factory=anyio.Event)
     #: the socket recorded as the store owner's (None: stdio, or systemd's socket)
@@ -202,6 +205,8 @@ class Daemon:
         path = config.db_path
         busy_ms = config.busy_timeout_ms
         adapters = load_adapters()  # a refused adapter stops the start before the store is touched
+        # so does a [replicate] section without Litestream installed
+        replication = None if config.replicate is None else Replication(config.replicate, path)
         # Refuse read-only, corrupt and newer stores before creating or locking anything.
         storefile.refuse_read_only(path)
         version = storefile.inspect(path, busy_ms)
@@ -222,11 +227,15 @@ class Daemon:
             approvals = Approvals(config.max_pending_approvals)
             service = Service(config, writer, readers, approvals)
             mcp = McpFront(service)
+            if replication is not None:
+                replication.bind(lambda: writer.anchor.head, service.read)
+                service.replication = replication
             handlers = {name: h if name in UNBOUND_METHODS else service.sessions.binding(h)
                         for name, h in method_handlers(service, adapters, mcp).items()}
             mcp.methods = handlers  # an MCP tool call is served by the same handlers
             dispatcher = Dispatcher(handlers, max_batch_calls=config.max_batch_calls)
-            return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), heads, endpoint=endpoint)
+            return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), heads, endpoint=endpoint,
+                       replication=replication)
 
     def new_connection(self, sink: Any, name: str) -> Connection:
         cfg = self.config
@@ -298,6 +307,8 @@ class Daemon:
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self.writer.serve)
+                if self.replication is not None:  # the store is open: ship it
+                    root.start_soon(self.replication.run)
                 flush_scope = anyio.CancelScope()
 
                 async def flusher() -> None:
@@ -319,6 +330,8 @@ class Daemon:
                         # stop head vouches for the file as memoryd leaves it
                         await self.writer.look_outside()
                         await self.writer.settled()
+                        if self.replication is not None:  # its last sync holds every acknowledged write
+                            await self.replication.stop()
                     self.writer.close()
         finally:
             await self.close()  # shielded; a second close (``_serve``'s) does nothing

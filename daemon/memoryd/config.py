@@ -35,6 +35,10 @@ from memoryd_protocol.paths import default_config_path, default_db_path, default
 
 from .errors import DaemonError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .replica import Replica
+
 #: The default max_unsent_bytes_total: beside the largest reply (never counted), room for two
 #: more of the largest kind (an audit/list of a thousand snapshot rows), and a bound that the
 #: daemon's memory stays well within on a small machine (the allocator keeps more than this).
@@ -136,6 +140,8 @@ class Config:
         self.socket_configured = False
         #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
         self.config_path: Path | None = None
+        #: ``[replicate]``: the replica Litestream ships the store to (None: no replication)
+        self.replicate: Replica | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -264,6 +270,13 @@ def apply(cfg: Config, raw: dict[str, Any]) -> None:
             _budgets(cfg, value)
         elif key == "write_policies":
             _write_policies(cfg, value)
+        elif key == "replicate":
+            from . import replica  # only with the section: its checks cost the relay nothing
+
+            try:
+                cfg.replicate = replica.parse(value)
+            except replica.ReplicaError as exc:
+                raise ConfigError(f"config: {exc}") from None
         elif key == "workspace_aliases":
             from memoryd_protocol import workspaces  # only with the table: the relay never loads it
 

@@ -19,6 +19,7 @@ import os
 import sqlite3
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,29 +131,35 @@ def replicate_argv(config: Path, replica: Replica) -> list[str]:
     return argv("replicate", config, replica)
 
 
-def restore(replica: Replica, out: Path, *, timeout_s: float = RESTORE_TIMEOUT_S) -> None:
+def restore(replica: Replica, out: Path, *, timeout_s: float = RESTORE_TIMEOUT_S,
+            started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> None:
     """Restore the replica's newest copy of the store into ``out``, which must not exist
     (nor its -wal/-shm). Raises NoBackup when the replica holds none yet, LitestreamError
     (Litestream's own last line of error, which holds no secret) when the restore fails,
     and when Litestream is not installed. The file is left as Litestream wrote it: the
-    caller checks it (``audit verify``) before trusting it."""
+    caller checks it (``audit verify``) before trusting it. ``started`` is given the
+    Litestream process as it starts (the daemon kills it when it stops)."""
     replica = replica.reload_credentials()
     if out.exists():
         raise LitestreamError(f"restore: {out} exists already; restore into a new path")
     with tempfile.TemporaryDirectory(prefix="memoryd-litestream-") as tmp:
         # The config names ``out`` as the database: restore looks its replica up by that path.
         config = write_config(Path(tmp), out, replica)
-        try:
-            done = subprocess.run(argv("restore", config, replica, "-o", str(out), str(out)),
-                                  env=environment(replica), stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            _remove(out)
-            raise LitestreamError(f"restore from {replica.shown_url} took longer than {timeout_s:g} s; "
-                                  "check that the replica is reachable") from None
-    if done.returncode != 0:
+        with subprocess.Popen(argv("restore", config, replica, "-o", str(out), str(out)), env=environment(replica),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+            if started is not None:
+                started(proc)
+            try:
+                _, stderr = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                _remove(out)
+                raise LitestreamError(f"restore from {replica.shown_url} took longer than {timeout_s:g} s; "
+                                      "check that the replica is reachable") from None
+    if proc.returncode != 0:
         _remove(out)
-        said = _last_error(done.stderr.decode("utf-8", "replace"))
+        said = last_error(stderr.decode("utf-8", "replace"))
         if _NO_BACKUP in said:
             raise NoBackup(f"restore: {replica.shown_url} holds no copy of a store yet")
         raise LitestreamError(f"restore from {replica.shown_url} failed: {said}")
@@ -164,7 +171,7 @@ def _remove(out: Path) -> None:
             Path(f"{out}{suffix}").unlink()
 
 
-def _last_error(stderr: str) -> str:
+def last_error(stderr: str) -> str:
     """The line that says why Litestream failed: its ``Error:`` line, else its last line."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for line in reversed(lines):
@@ -184,13 +191,14 @@ def head_of(path: Path) -> ReplicaHead | None:
     return None if row is None else ReplicaHead(int(row[0]), str(row[1]), int(row[2]))
 
 
-def replica_head(replica: Replica, *, timeout_s: float = RESTORE_TIMEOUT_S) -> ReplicaHead | None:
+def replica_head(replica: Replica, *, timeout_s: float = RESTORE_TIMEOUT_S,
+                 started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ReplicaHead | None:
     """The newest ledger row the replica holds, read from a restore into a temporary
     file: None when the replica holds no backup yet, or a store with an empty ledger."""
     with tempfile.TemporaryDirectory(prefix="memoryd-replica-head-") as tmp:
         out = Path(tmp) / "replica.db"
         try:
-            restore(replica, out, timeout_s=timeout_s)
+            restore(replica, out, timeout_s=timeout_s, started=started)
         except NoBackup:
             return None
         try:

@@ -50,6 +50,7 @@ _SECRET_OPTIONS = frozenset({"access-key-id", "secret-access-key", "password", "
 #: the seconds-valued keys of the section, and their bounds
 _SECONDS: dict[str, tuple[float, float]] = {
     "restart_min_s": (0.01, 3600.0), "restart_max_s": (0.01, 86400.0), "lag_every_s": (0.05, 86400.0),
+    "read_timeout_s": (0.5, 86400.0),
 }
 
 
@@ -72,6 +73,8 @@ class Replica:
     restart_max_s: float = 60.0
     #: how often the replica's newest ledger row is read while it is behind or rows were added
     lag_every_s: float = 5.0
+    #: a read of the replica (a restore) not done in this long counts as the replica unreachable
+    read_timeout_s: float = 60.0
     credentials: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property

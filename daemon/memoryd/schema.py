@@ -29,6 +29,10 @@ from . import storefile
 REF = "schema"
 #: ANALYZE's statistics: they change query plans, never what a statement writes
 _STATISTICS = frozenset({"sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4"})
+#: Litestream's bookkeeping tables ([replicate]) as it creates them, which no statement of
+#: memoryd's reads or writes; under another definition, or with an index or trigger, a change
+_LITESTREAM = {("table", "_litestream_seq"): "CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)",
+               ("table", "_litestream_lock"): "CREATE TABLE _litestream_lock (id INTEGER)"}
 #: a table's columns: name → (declared type, not null, default, primary key position)
 Columns = dict[str, tuple[str, int, "str | None", int]]
 #: a string literal, or an identifier quoted in any of SQLite's three ways (its name in a group)
@@ -51,6 +55,8 @@ def _objects(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[str, str, 
         if name in _STATISTICS:
             continue
         definition = " ".join(str(sql or "").split())
+        if _LITESTREAM.get((str(kind), str(name))) == definition:
+            continue
         plain = kind == "table" and not definition.upper().startswith("CREATE VIRTUAL")
         found[(str(kind), str(name))] = (str(table), definition, _columns(conn, name) if plain else {})
     return found

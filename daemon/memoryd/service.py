@@ -62,6 +62,7 @@ from .writer import Writer
 
 if TYPE_CHECKING:
     from .connection import Connection
+    from .replication import Replication
 
 log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
@@ -104,6 +105,8 @@ class Service:
         #: the peers told of other connections' writes (memory/watch); an in-process
         #: front-end registers its own peers here too
         self.watchers = Watchers()
+        #: Litestream's supervisor when [replicate] is configured, for ``daemon/status``
+        self.replication: Replication | None = None
         #: every write goes through it (pipeline.py)
         self.pipeline = Pipeline(config, writer, approvals, run_id, watchers=self.watchers)
 
@@ -206,6 +209,7 @@ class Service:
             log=stderr_file(),
             connection_list=[c.listing(approver=c in self.approvals.approvers)
                              for c in sorted(self.live, key=lambda c: c.id)],
+            replication=None if self.replication is None else await self.replication.status(),
         )
 
     async def watch(self, ctx: RequestContext, p: WatchParams) -> Empty:

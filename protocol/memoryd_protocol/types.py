@@ -14,6 +14,7 @@ from msgspec import Meta
 
 from .approval_types import ProcessFacts, RelayInfo
 from .constants import MAX_BY_NAME, MAX_CONSOLIDATE, MAX_QUERY_TEXT_UNITS, Scope, Track, WritePolicy
+from .replication_types import ReplicationStatus
 from .transfer_types import AdapterInfo as AdapterInfo
 from .transfer_types import ExportParams as ExportParams
 
@@ -462,7 +463,7 @@ class EntryLife(_Out):
     snapshots: list[str]
 
 
-class DaemonStatus(_Out):
+class DaemonStatus(_Out, omit_defaults=True):
     version: str
     uptime_s: float
     connections: int
@@ -477,6 +478,8 @@ class DaemonStatus(_Out):
     log: str | None
     #: The live connections (``connections`` is their count), the asking one included.
     connection_list: list[ConnectionInfo]
+    replication: Annotated[ReplicationStatus | None, Meta(description=(
+        "Replication of the store ([replicate] in the config); absent when it is not configured."))] = None
 
 
 class Empty(_Out):
