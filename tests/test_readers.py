@@ -3,6 +3,8 @@ read in flight there holds up nothing on the event loop."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,50 @@ async def test_every_read_a_small_stores_query_too_runs_on_a_reader_in_one_trans
         got = await raw.ok("memory/query", {"filter": {"text": "small"}})
     assert [e["text"] for e in got["entries"]] == ["a small store"]
     assert seen == [(False, True)]
+
+
+async def test_queries_in_flight_share_one_commit_of_their_recalls_and_reply_after_it(tmp_path: Path) -> None:
+    """Eight queries whose recalls queue while the writer is busy: their recalls are one
+    batch, one COMMIT under synchronous=NORMAL (no fsync), and each reply comes after it:
+    by then the file holds every recall, and the replies show the counts 1 to 8, each once,
+    as each query's own recall left it."""
+    db = tmp_path / "m.db"
+    async with memory_daemon(["--db", str(db), "--write-policy", "auto"]) as d, d.connect() as raw:
+        added = await raw.ok("memory/add", {"input": entry_input("a recalled fact"), "write": write_ctx()})
+        writer = d.daemon.service.writer
+        statements: list[str] = []
+        writer._sql.conn.set_trace_callback(statements.append)
+        queued, all_queued, release = 0, anyio.Event(), threading.Event()
+        real = writer.submit
+
+        async def counted(fn: Any, **kw: Any) -> Any:
+            nonlocal queued
+            queued += 1
+            if queued == 8:
+                all_queued.set()
+            return await real(fn, **kw)
+
+        replies: list[Any] = []
+
+        async def query() -> None:
+            async with d.connect() as q:
+                replies.append(await q.ok("memory/query", {"filter": {"text": "recalled"}}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(real, lambda tx: release.wait(30))  # holds the writer's thread
+            writer.submit = counted  # type: ignore[method-assign]
+            for _ in range(8):
+                tg.start_soon(query)
+            await all_queued.wait()
+            statements.clear()
+            assert replies == []
+            release.set()
+        writer._sql.conn.set_trace_callback(None)
+    # the busy batch's end, then one batch: every recall
+    assert statements[:2] == ["RELEASE step", "COMMIT"]
+    assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 2
+    assert statements[2] == "PRAGMA synchronous = NORMAL" and "PRAGMA synchronous = FULL" not in statements
+    assert sorted(r["entries"][0]["recallCount"] for r in replies) == list(range(1, 9))
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT recall_count FROM entries WHERE id = ?",
+                            (added["entry"]["id"],)).fetchone() == (8,)
