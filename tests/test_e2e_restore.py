@@ -36,14 +36,16 @@ pytestmark = [pytest.mark.anyio, pytest.mark.process]
 FAST = {"sync-interval": "10ms", "monitor-interval": "10ms"}
 #: kill -9 trials: each a fresh primary, killed after a different number of acknowledged writes
 TRIALS = 6
+#: the same against S3 on moto (each trial's replica a prefix of one bucket)
+S3_TRIALS = 3
 
 
 class Shipper:
     """``litestream replicate`` of one store to one replica, as the daemon's supervisor runs
     it (memoryd.litestream's config, argv and environment), its log lines read as they come."""
 
-    def __init__(self, db: Path, url: str, workdir: Path) -> None:
-        self.replica = replica.parse({"url": url, "litestream": dict(FAST)})
+    def __init__(self, db: Path, table: dict[str, Any], workdir: Path) -> None:
+        self.replica = replica.parse({**table, "litestream": {**table.get("litestream", {}), **FAST}})
         workdir.mkdir(parents=True, exist_ok=True)
         config = litestream.write_config(workdir, db, self.replica)
         env = {k: v for k, v in litestream.environment(self.replica).items() if k != "AWS_CA_BUNDLE"}
@@ -97,8 +99,10 @@ def shippers() -> Iterator[list[Shipper]]:
             s.kill()
 
 
-def ship(shippers: list[Shipper], db: Path, url: str, workdir: Path) -> Shipper:
-    s = Shipper(db, url, workdir)
+def ship(shippers: list[Shipper], db: Path, url: str | dict[str, Any], workdir: Path) -> Shipper:
+    """Litestream shipping ``db`` to ``url`` (or a whole [replicate] table), once its first
+    snapshot is in the replica."""
+    s = Shipper(db, {"url": url} if isinstance(url, str) else url, workdir)
     shippers.append(s)
     s.said_once("snapshot complete")
     return s
@@ -209,44 +213,69 @@ def _row_of(db: Path, entry_id: str) -> int:
     return int(n)
 
 
+@pytest.mark.parametrize("kind", ["file", "s3"])
 async def test_kill_9_during_writes_then_a_restore_elsewhere(daemon_factory: Any, shippers: list[Shipper],
-                                                           tmp_path: Path) -> None:
-    """Each trial: a primary with Litestream shipping every transaction, four writers, both
-    killed -9 after a different number of acknowledged writes; then a restore on another
-    machine (another directory). The copy is exactly the primary's chain up to the newest
-    row the replica reached, so every acknowledged write up to there is in it, nothing
-    partial; it verifies; and the new primary continues that chain."""
+                                                           tmp_path: Path, kind: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each trial: a primary with Litestream shipping every transaction (to a file replica,
+    or to S3 on moto), four writers, both killed -9 after a different number of
+    acknowledged writes; then a restore on another machine (another directory). The copy is
+    exactly the primary's chain up to the newest row the replica reached, so every
+    acknowledged write up to there is in it, nothing partial; it verifies; and the new
+    primary continues that chain."""
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
     rng = random.Random(29)
-    reached_some = 0
-    for trial in range(TRIALS):
-        here = tmp_path / f"trial-{trial}"
-        url = f"file://{here / 'replica'}"
-        d = daemon_factory(db=here / "laptop.db", name=f"laptop-{trial}")
-        async with socket_client(d.socket_path) as raw:
-            await add(raw, "Prefers tabs")
-        shipper = ship(shippers, d.db_path, url, here / "ls")
-        acked = _write_until_killed(d, shipper, rng.randrange(5, 120))
-        elsewhere = here / "devbox" / "memory.db"
-        done = memoryctl("--db", str(elsewhere), "restore", url)
-        assert done.returncode == 0, done.stderr
-        primary, copy = ledger_of(d.db_path), ledger_of(elsewhere)
-        reached = copy[-1][0]
-        assert copy == primary[:reached]  # the primary's own rows, none partial, none other
-        present = {eid for (eid,) in sql(elsewhere, "SELECT id FROM entries")}
-        expected = {eid for eid in acked if _row_of(d.db_path, eid) <= reached}
-        assert expected <= present
-        assert present == {eid for (eid,) in sql(d.db_path, "SELECT id FROM entries")
-                           if _row_of(d.db_path, eid) <= reached}
-        reached_some += bool(expected)
-        assert memoryctl("audit", "verify", "--db", str(elsewhere)).returncode == 0
-        new = daemon_factory(db=elsewhere, name=f"devbox-{trial}")
-        async with socket_client(new.socket_path) as raw:
-            await add(raw, "Continued on the dev box")
-            assert (await raw.ok("audit/verify"))["ok"] is True
-        new.stop()
-        after = ledger_of(elsewhere)
-        assert after[:reached] == copy and after[reached][1] == copy[-1][2]
-    assert reached_some == TRIALS  # every trial's replica held acknowledged writes when it died
+    trials = TRIALS if kind == "file" else S3_TRIALS
+    with contextlib.ExitStack() as stack:
+        server = S3Server() if kind == "s3" else None
+        if server is not None:
+            stack.callback(server.close)
+            creds = credentials_file(tmp_path / "s3.env")
+        for trial in range(trials):
+            here = tmp_path / f"trial-{trial}"
+            options: list[str] = []
+            if server is None:
+                url = f"file://{here / 'replica'}"
+                table: dict[str, Any] = {"url": url}
+            else:
+                url = f"s3://{BUCKET}/trial-{trial}"
+                table = {"url": url, "endpoint": server.endpoint, "region": "us-east-1",
+                         "credentials_file": str(creds), "litestream": {"force-path-style": True}}
+                cfg = tmp_path / f"restore-{trial}.toml"
+                cfg.write_text(f'[replicate]\nurl = "{url}"\nendpoint = "{server.endpoint}"\nregion = "us-east-1"\n'
+                               f'credentials_file = "{creds}"\n[replicate.litestream]\nforce-path-style = true\n')
+                options = ["--config", str(cfg)]
+            await _kill_trial(daemon_factory, shippers, here, trial, url, table, options, rng.randrange(5, 120))
+
+
+async def _kill_trial(daemon_factory: Any, shippers: list[Shipper], here: Path, trial: int, url: str,
+                  table: dict[str, Any], options: list[str], kill_after: int) -> None:
+    """One kill -9 trial: the primary, its writers and Litestream to ``table``'s replica, the
+    kill, the restore elsewhere (``options``: memoryctl's, the config naming an S3 endpoint)."""
+    d = daemon_factory(db=here / "laptop.db", name=f"laptop-{trial}")
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+    shipper = ship(shippers, d.db_path, table, here / "ls")
+    acked = _write_until_killed(d, shipper, kill_after)
+    elsewhere = here / "devbox" / "memory.db"
+    done = memoryctl(*options, "--db", str(elsewhere), "restore", url)
+    assert done.returncode == 0, done.stderr
+    primary, copy = ledger_of(d.db_path), ledger_of(elsewhere)
+    reached = copy[-1][0]
+    assert copy == primary[:reached]  # the primary's own rows, none partial, none other
+    present = {eid for (eid,) in sql(elsewhere, "SELECT id FROM entries")}
+    expected = {eid for eid in acked if _row_of(d.db_path, eid) <= reached}
+    assert expected <= present
+    assert present == {eid for (eid,) in sql(d.db_path, "SELECT id FROM entries")
+                       if _row_of(d.db_path, eid) <= reached}
+    assert memoryctl("audit", "verify", "--db", str(elsewhere)).returncode == 0
+    new = daemon_factory(db=elsewhere, name=f"devbox-{trial}")
+    async with socket_client(new.socket_path) as raw:
+        await add(raw, "Continued on the dev box")
+        assert (await raw.ok("audit/verify"))["ok"] is True
+    new.stop()
+    after = ledger_of(elsewhere)
+    assert after[:reached] == copy and after[reached][1] == copy[-1][2]
 
 
 async def _replicated(daemon_factory: Any, shippers: list[Shipper], tmp_path: Path, texts: tuple[str, ...],
