@@ -28,12 +28,21 @@ WHY_NOT: dict[str, str] = {
         "commits\" below), and the request's Python path adds about 0.4 ms of CPU. Meeting it needs "
         "that path near halved, or fewer rows per write than the reference's layout and the ledger "
         "keep."),
+    "query at 2,000 ≤ 1.0× the in-process instr scan": (
+        "Each query waits for a commit of its own recalls (synchronous=NORMAL, shared only with the "
+        "queries in flight beside it) and crosses two threads, a reader's and the writer's; a "
+        "sequential client shares nothing. The recall commit alone is about 0.33 ms in process, and "
+        "on a loaded 2-core machine each thread hop waits for a core (bench/results/SIMPLICITY-2.md, "
+        "step 3)."),
     "query at 2,000: p99 ≤ 3× p50": (
-        "The slowest queries are those that arrive while the recall bookkeeping of the queries before "
-        "them commits (a flush at most every 50 ms, FLUSH_DELAY_S in writer.py, run on the event loop "
-        "in slices), and those the machine's other load holds up: the same run's tail at 50 entries, "
-        "where neither the text index nor a large page plays a part, shows how much of it is the "
-        "machine's (bench/results/SPLIT-COMMIT.md and PER-QUERY.md)."),
+        "The slowest queries are those whose recall commit runs a WAL checkpoint (every few hundred "
+        "commits; under synchronous=NORMAL a checkpoint fsyncs), and those the machine's other load "
+        "holds up: the same run's tail at 50 entries, where neither the text index nor a large page "
+        "plays a part, shows how much of it is the machine's (bench/results/SIMPLICITY-2.md, step 3)."),
+    "query at 100,000": (
+        "The worst needle has thousands of hits (postgres: 7,667): the index plan's page reads and "
+        "sorts every hit's rank keys, where a walk of the rank index would stop at the page's end, "
+        "and the query waits for its recall commit (bench/results/SIMPLICITY-2.md, step 3)."),
     "acked writes, 1 client(s) ≥ 4× server-memory": (
         "One sequential client waits for one synchronous=FULL commit per write, and server-memory "
         "does not fsync at all: on a disk whose FULL commit floor is low (416 commits/s in the run of "
