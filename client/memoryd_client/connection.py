@@ -41,7 +41,7 @@ from .approvals import DECIDED, ApprovalCall, ApprovalHandler, Decided, Decision
 from .calls import MAX_LINE_BYTES, no_answer
 from .errors import BadResponse, ClientError, ConnectionClosed
 from .events import Event, EventStream, Listener
-from .wire import _ANY, SessionLike, _session, decode_result, plain
+from .wire import _ANY, Decoders, SessionLike, _session, decode_result, plain
 
 log = logging.getLogger("memoryd_client")
 
@@ -72,9 +72,7 @@ _ENCODER: Final = msgspec.json.Encoder()
 _MESSAGE: Final = msgspec.json.Decoder(_Message)
 _BATCH: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _ASKED_BY: Final = msgspec.json.Decoder(_AskedBy)
-_EVENT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    method: msgspec.json.Decoder(ptype) for method, ptype in T.NOTIFICATIONS.items()
-}
+_EVENT_DECODERS: Final = Decoders(T.NOTIFICATIONS)
 
 
 class _Pending:

@@ -19,16 +19,33 @@ JSON: TypeAlias = Any
 SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
 
 _ANY: Final = msgspec.json.Decoder()
-_RESULT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    method: msgspec.json.Decoder(rtype) for method, rtype in methods.RESULTS.items()
-}
+
+
+class Decoders:
+    """One msgspec decoder per name of a table of types (a method's result, a notification's
+    params), each made the first time its name is decoded: making one walks its Structs, and
+    a process meets only a few of the names."""
+
+    def __init__(self, types: Mapping[str, Any]) -> None:
+        self._types = types
+        self._made: dict[str, msgspec.json.Decoder[Any]] = {}
+
+    def get(self, name: str) -> msgspec.json.Decoder[Any] | None:
+        """``name``'s decoder; ``None`` when the table does not name it."""
+        decoder = self._made.get(name)
+        if decoder is None and name in self._types:
+            decoder = self._made[name] = msgspec.json.Decoder(self._types[name])
+        return decoder
+
+
+_RESULT_DECODERS: Final = Decoders(methods.RESULTS)
 
 
 def decode_result(method: str, raw: bytes | msgspec.Raw) -> Any:
     """A ``result`` as ``method``'s protocol Struct (``methods.RESULTS``; plain JSON for a
     method it does not name); :class:`BadResponse` when it does not fit."""
     try:
-        return _RESULT_DECODERS.get(method, _ANY).decode(raw)
+        return (_RESULT_DECODERS.get(method) or _ANY).decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise BadResponse(
             f"{method} result does not fit the wire contract: {exc}",
