@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -223,3 +224,10 @@ async def test_replicate_status_json_gives_what_daemon_status_does(daemon_factor
     assert {k: v for k, v in mine.items() if k not in ("lagS", "readAt")} == {
         k: v for k, v in theirs.items() if k not in ("lagS", "readAt")}
     assert mine["url"] == f"file://{tmp_path / 'replica'}" and mine["state"] == "replicating"
+    with anyio.fail_after(60):
+        human = await anyio.run_process([*MEMORYCTL, "--socket", str(d.socket_path), "--no-autostart", "status"],
+                                        check=True, stdin=subprocess.DEVNULL)
+    lines = human.stdout.decode().splitlines()
+    assert f"replica            file://{tmp_path / 'replica'}" in lines and "replication        replicating" in lines
+    (lag,) = [line for line in lines if line.startswith("replica lag")]
+    assert re.fullmatch(r"replica lag {8}0 rows, 0 s \(replica at row (\d+), head \1\)", lag), lag

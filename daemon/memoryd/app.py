@@ -228,7 +228,7 @@ class Daemon:
             service = Service(config, writer, readers, approvals)
             mcp = McpFront(service)
             if replication is not None:
-                replication.bind(lambda: writer.anchor.head, service.read)
+                replication.bind(lambda: writer.anchor.head, service.read, writer.submit)
                 service.replication = replication
             handlers = {name: h if name in UNBOUND_METHODS else service.sessions.binding(h)
                         for name, h in method_handlers(service, adapters, mcp).items()}

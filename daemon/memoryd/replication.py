@@ -11,7 +11,8 @@ naming the replica without its secrets; Litestream's own lines go to the debug l
 Checkpoints: Litestream holds a read transaction on the store between its syncs, so no
 checkpoint (memoryd's automatic ones, or the PASSIVE one at close) moves a page it has not
 copied yet back into the database file, nor restarts the WAL under it; it checkpoints
-itself after each copy. So memoryd checkpoints as it always did, and stops Litestream only
+itself after its copies. So the writer leaves the checkpoints to Litestream (a high
+automatic threshold, WRITER_AUTOCHECKPOINT_PAGES), and the daemon stops Litestream only
 after the drain and before the store closes, so that its last sync holds every write the
 daemon acknowledged.
 """
@@ -37,6 +38,7 @@ from memoryd_protocol.replication_types import ReplicationState, ReplicationStat
 
 from . import litestream, replica_guard
 from .replica import Replica
+from .tx import Tx
 
 log = logging.getLogger("memoryd.replication")
 
@@ -52,10 +54,24 @@ _HEALTHY_S = 60.0
 #: than this, or none running, is followed at the stop by one ``replicate -once``
 _FRESH_S = 3.0
 
+#: The writer's automatic checkpoint threshold while Litestream runs, in WAL pages (SQLite's
+#: default is 1,000, Litestream's own checkpoint's too): Litestream's read transaction keeps
+#: any other checkpoint from restarting the WAL, so at 1,000 every commit past it would try
+#: one in vain. Litestream's guidance is a high threshold, so that it checkpoints; this one
+#: still bounds the WAL (about 40 MB of 4 kB pages) while Litestream is not running.
+WRITER_AUTOCHECKPOINT_PAGES = 10_000
+
+
+def _leave_checkpoints_to_litestream(tx: Tx) -> None:
+    tx.conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES}")
+
+
 #: (n, hash) of the local ledger's head, None for an empty ledger
 Head = tuple[int, str] | None
 #: reads the store (Service.read)
 Read = Callable[[Callable[[Any], Any]], Awaitable[Any]]
+#: runs a job on the writer's connection (Writer.submit)
+Submit = Callable[[Callable[[Tx], None]], Awaitable[None]]
 
 
 class Replication:
@@ -74,6 +90,7 @@ class Replication:
         self.read_at: int | None = None
         self._head: Callable[[], Head] = lambda: None
         self._read: Read | None = None
+        self._submit: Submit | None = None
         self._proc: Process | None = None
         self._started_at = 0.0
         self._dir: str | None = None
@@ -90,9 +107,10 @@ class Replication:
         if self._stopping:
             proc.kill()
 
-    def bind(self, head: Callable[[], Head], read: Read) -> None:
-        """Where the local head and the store's rows are read (the writer's anchor, Service.read)."""
-        self._head, self._read = head, read
+    def bind(self, head: Callable[[], Head], read: Read, submit: Submit | None = None) -> None:
+        """Where the local head and the store's rows are read (the writer's anchor, Service.read),
+        and how a job runs on the writer's connection (Writer.submit)."""
+        self._head, self._read, self._submit = head, read, submit
 
     def _set(self, state: ReplicationState, detail: str = "") -> None:
         if state == self.state or (self.state == "diverged" and state != "stopped"):
@@ -109,6 +127,8 @@ class Replication:
 
     async def run(self) -> None:
         with self._scope:
+            if self._submit is not None:
+                await self._submit(_leave_checkpoints_to_litestream)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._measure)
                 await self._supervise()
