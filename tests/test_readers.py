@@ -13,7 +13,7 @@ import anyio
 import pytest
 from e2e_helpers import entry_input, write_ctx
 from inprocess import memory_daemon
-from memoryd import ledger, queries, store
+from memoryd import ledger, queries, readers, store
 from test_query_plans import chain_newest_audit_row, entry, opened
 
 pytestmark = pytest.mark.anyio
@@ -146,3 +146,83 @@ async def test_queries_in_flight_share_one_commit_of_their_recalls_and_reply_aft
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT recall_count FROM entries WHERE id = ?",
                             (added["entry"]["id"],)).fetchone() == (8,)
+
+
+async def _blocked_read(readers: Any, started: anyio.Event, release: threading.Event) -> None:
+    """A read that holds its reader's thread until ``release`` is set."""
+    loop_set = started.set
+    token = anyio.lowlevel.current_token()
+
+    def held(conn: sqlite3.Connection) -> None:
+        anyio.from_thread.run_sync(loop_set, token=token)
+        release.wait()
+
+    await readers.read(held)
+
+
+async def test_a_cancelled_read_keeps_its_thread_until_the_read_ends_and_others_use_the_free_one(
+        tmp_path: Path) -> None:
+    """A caller cancelled while its read runs goes at once; its thread stays taken until the
+    read ends, so the next read runs on the free thread instead of queueing behind it."""
+    seed(tmp_path / "m.db", 3)
+    rs = await readers.Readers.open(tmp_path / "m.db", 5000, n=2)
+    release = threading.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            started, cancelled = anyio.Event(), anyio.Event()
+
+            async def cancelled_read() -> None:
+                with anyio.CancelScope() as scope:
+                    tg.start_soon(lambda: _cancel_when(started, scope))
+                    await _blocked_read(rs, started, release)
+                cancelled.set()
+
+            tg.start_soon(cancelled_read)
+            await cancelled.wait()
+            with anyio.fail_after(10):  # queued behind the held thread, it would never run
+                assert await rs.read(queries.entry_count) == 3
+            release.set()
+        with anyio.fail_after(10):  # both threads free again: two held reads run at once
+            await _two_reads_at_once(rs)
+    finally:
+        release.set()
+        await rs.aclose()
+
+
+async def test_a_read_cancelled_while_waiting_for_a_thread_takes_none(tmp_path: Path) -> None:
+    """A read waiting for a thread and cancelled meanwhile leaves the thread to the next
+    read: the one thread serves it once the read holding it has ended."""
+    seed(tmp_path / "m.db", 3)
+    rs = await readers.Readers.open(tmp_path / "m.db", 5000, n=1)
+    release = threading.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            started = anyio.Event()
+            tg.start_soon(_blocked_read, rs, started, release)
+            await started.wait()
+            with anyio.CancelScope() as waiting:
+                waiting.cancel()  # delivered at its first wait: while it waits for a thread
+                await rs.read(queries.entry_count)
+            assert waiting.cancelled_caught
+            release.set()
+        with anyio.fail_after(10):
+            assert await rs.read(queries.entry_count) == 3
+    finally:
+        release.set()
+        await rs.aclose()
+
+
+async def _cancel_when(started: anyio.Event, scope: anyio.CancelScope) -> None:
+    await started.wait()
+    scope.cancel()
+
+
+async def _two_reads_at_once(rs: Any) -> None:
+    both = threading.Barrier(2)
+
+    def meet(conn: sqlite3.Connection) -> None:
+        both.wait(timeout=10)  # one thread for both would wait here and raise BrokenBarrierError
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rs.read, meet)
+        tg.start_soon(rs.read, meet)

@@ -9,12 +9,12 @@ where one hop per read runs the whole function.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-
-import anyio
 
 from . import queries, storefile
 from .atomic import atomic
@@ -41,10 +41,16 @@ def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection],
 
 
 class Readers:
+    """The reader threads, each read taking a free one or waiting for one, oldest first.
+
+    Plain asyncio futures, not anyio's Semaphore and a shielded CancelScope: these cost
+    every query a turn of the event loop and several calls, and a query is a few of them."""
+
     def __init__(self, threads: list[SqliteThread]) -> None:
         self._all = threads
         self._free = list(threads)
-        self._slots = anyio.Semaphore(len(threads))
+        #: reads waiting for a thread (none while one is free), oldest first
+        self._waiting: deque[asyncio.Future[SqliteThread]] = deque()
 
     @classmethod
     async def open(cls, path: Path, busy_timeout_ms: int, n: int = READERS) -> Readers:
@@ -59,16 +65,31 @@ class Readers:
         return cls(threads)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        async with self._slots:
-            thread = self._free.pop()
-            try:
-                # shielded: a connection handed back while its read still runs would make
-                # the next read wait behind it
-                with anyio.CancelScope(shield=True):
-                    result = await thread.call(lambda c: _in_transaction(c, fn))
-            finally:
-                self._free.append(thread)
-            return result
+        thread = self._free.pop() if self._free else await self._wait()
+        done = thread.hand(lambda c: _in_transaction(c, fn))
+        # A connection handed back while its read still runs would make the next read wait
+        # behind it: a caller cancelled meanwhile goes, and the thread comes back once the
+        # read has ended.
+        done.add_done_callback(lambda _: self._hand_back(thread))
+        return await asyncio.shield(done)
+
+    async def _wait(self) -> SqliteThread:
+        waiter: asyncio.Future[SqliteThread] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a thread, then cancelled
+                self._hand_back(waiter.result())
+            raise
+
+    def _hand_back(self, thread: SqliteThread) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # not cancelled meanwhile
+                waiter.set_result(thread)
+                return
+        self._free.append(thread)
 
     async def aclose(self) -> None:
         for t in self._all:

@@ -71,6 +71,9 @@ class SqliteThread:
             call()
 
     async def _call(self, fn: Callable[[], T]) -> T:
+        return await self._hand(fn)
+
+    def _hand(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         if self._closed:
             raise RuntimeError(f"{self.name}: the connection is closed")
         loop = asyncio.get_running_loop()
@@ -97,12 +100,17 @@ class SqliteThread:
                 pass
 
         self._calls.put(call)
-        return await done
+        return done
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self.hand(fn)
+
+    def hand(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Hand ``fn(conn)`` over without waiting: the future of its result. Cancelling the
+        future does not stop the call; its result is then dropped."""
         conn = self._conn
         assert conn is not None
-        return await self._call(lambda: fn(conn))
+        return self._hand(lambda: fn(conn))
 
     async def aclose(self, last: Callable[[sqlite3.Connection], object] | None = None) -> None:
         """Run ``last`` (its error is logged at debug level and dropped), close the
