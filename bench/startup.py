@@ -10,7 +10,10 @@ only the started process differs. A row's builds and its ``python -c pass`` take
 build that goes first alternating. Prints a Markdown table of the medians, each build's ratio
 to the floor and the bound (``common.START_BOUNDS``), and beside them the started process's
 own CPU time (user and system) as a ratio to the floor's: on a loaded machine the wall times
-wait for the CPU, and the CPU ratio shows what the start itself costs.
+wait for the CPU, and the CPU ratio shows what the start itself costs. Below the table, the
+same measure for importing the stack memoryctl's one path stands on (anyio's asyncio backend,
+which ``anyio.run`` imports, and msgspec), none of memoryd's code: the least a memoryctl start
+on that stack can cost.
 """
 
 from __future__ import annotations
@@ -65,6 +68,17 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+# What memoryctl's one path imports before any memoryd code: the async client runs on anyio's
+# asyncio backend and decodes into msgspec Structs.
+STACK = [sys.executable, "-c", "import anyio._backends._asyncio, msgspec"]
+
+
+def _stack() -> float:
+    t = time.perf_counter()
+    subprocess.run(STACK, check=True)
+    return time.perf_counter() - t
+
+
 LABELS = {"relay": "relay spawn → initialize", "mcp": "`memoryd mcp` spawn → tools/list",
           "memoryctl query": "`memoryctl query`", "memoryctl status": "`memoryctl status`"}
 
@@ -103,10 +117,18 @@ def main(argv: list[str] | None = None) -> int:
                 out[row] = {**{k: summary(v) for k, v in times.items()},
                             **{f"{k} cpu": summary(v) for k, v in cpu.items()}}
                 print(f"[startup] {row}: done", file=sys.stderr, flush=True)
+            times = {"stack": [], "python -c pass": []}
+            cpu = {k: [] for k in times}
+            for i in range(args.runs):
+                for one in ("stack", "python -c pass") if i % 2 == 0 else ("python -c pass", "stack"):
+                    spent = _children_cpu()
+                    times[one].append(python_pass() if one == "python -c pass" else _stack())
+                    cpu[one].append(_children_cpu() - spent)
+            stack = {**{k: summary(v) for k, v in times.items()}, **{f"{k} cpu": summary(v) for k, v in cpu.items()}}
         finally:
             daemon.stop()
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        args.json.write_text(json.dumps({**out, "stack": stack}, indent=1) + "\n")
     print(f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {args.runs} runs of each\n")
     print("| row | before | after | python -c pass | before × python | after × python | bound | met "
           "| CPU: before × python | CPU: after × python |")
@@ -119,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {LABELS[row]} | {f['before']['p50_us'] / 1000:.1f} ms | {f['after']['p50_us'] / 1000:.1f} ms | "
               f"{py / 1000:.1f} ms | {before:.2f}× | {after:.2f}× | ≤ {bound:g}× | {'yes' if after <= bound else 'no'} "
               f"| {f['before cpu']['p50_us'] / cpu_py:.2f}× | {f['after cpu']['p50_us'] / cpu_py:.2f}× |")
+    py, cpu_py = stack["python -c pass"]["p50_us"], stack["python -c pass cpu"]["p50_us"]
+    print(f"\nthe stack alone (`{STACK[2]}`): {stack['stack']['p50_us'] / 1000:.1f} ms, "
+          f"{stack['stack']['p50_us'] / py:.2f}× python -c pass ({py / 1000:.1f} ms); "
+          f"CPU {stack['stack cpu']['p50_us'] / cpu_py:.2f}×")
     return 0
 
 
