@@ -45,8 +45,11 @@ log = logging.getLogger("memoryd.replication")
 #: The longest the stop waits for Litestream's last sync before it is killed: within the
 #: five seconds a stopping daemon is given, after the drain (app.DRAIN_S).
 STOP_WAIT_S = 1.5
-#: the Litestream option that bounds its own last sync at a stop, unless [replicate.litestream] sets it
-_SHUTDOWN_SYNC = "shutdown-sync-timeout"
+#: Litestream's options unless [replicate.litestream] sets them: its own last sync at a stop
+#: is bounded, and it checkpoints every 8,000 WAL pages rather than 1,000. Each of its
+#: checkpoints commits to its own table, which makes the writer compare the store whole
+#: (foreign.py): at 1,000 pages, a few hundred writes apart under load.
+_DEFAULTS = (("top", "shutdown-sync-timeout", "1s"), ("db", "min-checkpoint-page-count", 8_000))
 #: a Litestream that ran this long before it exited restarts after restart_min_s again
 _HEALTHY_S = 60.0
 #: Litestream opens the store at its first look at the WAL (each ``monitor-interval``, 1 s by
@@ -55,11 +58,11 @@ _HEALTHY_S = 60.0
 _FRESH_S = 3.0
 
 #: The writer's automatic checkpoint threshold while Litestream runs, in WAL pages (SQLite's
-#: default is 1,000, Litestream's own checkpoint's too): Litestream's read transaction keeps
-#: any other checkpoint from restarting the WAL, so at 1,000 every commit past it would try
-#: one in vain. Litestream's guidance is a high threshold, so that it checkpoints; this one
-#: still bounds the WAL (about 40 MB of 4 kB pages) while Litestream is not running.
-WRITER_AUTOCHECKPOINT_PAGES = 10_000
+#: default is 1,000): Litestream's read transaction keeps any other checkpoint from
+#: restarting the WAL, so every commit past the threshold would try one, mostly in vain.
+#: Litestream's guidance is a threshold above its own (``_DEFAULTS``), so that it
+#: checkpoints; this one still bounds the WAL (about 64 MB of 4 kB pages) while it is down.
+WRITER_AUTOCHECKPOINT_PAGES = 16_000
 
 
 def _leave_checkpoints_to_litestream(tx: Tx) -> None:
@@ -79,8 +82,9 @@ class Replication:
 
     def __init__(self, replica: Replica, db: Path) -> None:
         litestream.binary()  # a missing extra stops the start here, naming it
-        if not any(name == _SHUTDOWN_SYNC for _, name, _ in replica.options):
-            replica = Replica(**{**replica.__dict__, "options": (*replica.options, ("top", _SHUTDOWN_SYNC, "1s"))})
+        given = {name for _, name, _ in replica.options}
+        defaults = tuple(o for o in _DEFAULTS if o[1] not in given)
+        replica = Replica(**{**replica.__dict__, "options": (*replica.options, *defaults)})
         self.replica = replica
         self.db = db
         self.state: ReplicationState = "starting"
