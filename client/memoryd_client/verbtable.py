@@ -8,6 +8,7 @@ import argparse
 import inspect
 import textwrap
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from memoryd_protocol.constants import SCOPES, TRACKS
@@ -45,13 +46,11 @@ def _layer(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     )
 
 
-def _id_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--id",
-        dest="entry_id",
-        metavar="ID",
-        help="the entry's id instead of MATCH: the full id or a unique prefix (as 'memoryctl list' shows it)",
-    )
+def _match(p: argparse.ArgumentParser, help: str) -> None:
+    """The entry a verb acts on: --id, or a unique substring MATCH."""
+    p.add_argument("--id", dest="entry_id", metavar="ID",
+                   help="the entry's id instead of MATCH: the full id or a unique prefix (as 'memoryctl list' shows it)")
+    p.add_argument("match", metavar="MATCH", nargs="?", help=help)
 
 
 def _text_arg(p: argparse.ArgumentParser, help: str) -> None:
@@ -78,17 +77,13 @@ def _action(verb: Verb, name: str, summary: str, description: str, examples: str
     verb.add_action(name, summary, inspect.cleandoc(description), _epilog(examples), arguments)
 
 
-def _list_args(p: argparse.ArgumentParser) -> None:
-    _layer(p, required=False)
-
-
 _verb(
     "list",
     "list every entry (all agents and workspaces)",
     """List every memory entry in creation order, across all agents and workspaces
           (the management view). --track/--scope narrow the table.""",
     "memoryctl list\nmemoryctl list --track user --json",
-    arguments=_list_args,
+    arguments=partial(_layer, required=False),
 )
 
 
@@ -136,8 +131,7 @@ _verb(
 def _rewrite_args(p: argparse.ArgumentParser, verb: str) -> None:
     _layer(p)
     p.add_argument("--tag", action="append", metavar="TAG", help="new tags (repeatable); omit to keep the old ones")
-    _id_arg(p)
-    p.add_argument("match", metavar="MATCH", nargs="?", help=f"unique substring of the entry to {verb} (or --id)")
+    _match(p, f"unique substring of the entry to {verb} (or --id)")
 
 
 def _replace_args(p: argparse.ArgumentParser) -> None:
@@ -158,10 +152,6 @@ _verb(
 )
 
 
-def _edit_args(p: argparse.ArgumentParser) -> None:
-    _rewrite_args(p, "edit")
-
-
 _verb(
     "edit",
     "edit one entry's text in $EDITOR",
@@ -171,14 +161,13 @@ _verb(
           (memoryctl remove deletes). Needs a terminal.""",
     'memoryctl edit --track user --scope user-global "tabs"\n'
     "EDITOR=nano memoryctl edit --track agent --scope workspace --id 3f2a1b2c",
-    arguments=_edit_args,
+    arguments=partial(_rewrite_args, verb="edit"),
 )
 
 
 def _remove_args(p: argparse.ArgumentParser) -> None:
     _layer(p)
-    _id_arg(p)
-    p.add_argument("match", metavar="MATCH", nargs="?", help="unique substring of the entry to remove (or --id)")
+    _match(p, "unique substring of the entry to remove (or --id)")
 
 
 _verb(
@@ -221,9 +210,7 @@ _verb(
 
 def _share_args(p: argparse.ArgumentParser) -> None:
     _layer(p, required=False)
-    _id_arg(p)
-    p.add_argument("match", metavar="MATCH", nargs="?",
-                   help="unique substring of the one entry to share (or --id); neither: every entry")
+    _match(p, "unique substring of the one entry to share (or --id); neither: every entry")
 
 
 _verb(
@@ -599,6 +586,4 @@ _verb(
 
 
 #: the verbs' names, in the table's order
-
-
 VERB_NAMES = tuple(v.name for v in VERBS)
