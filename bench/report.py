@@ -31,12 +31,15 @@ WHY_NOT: dict[str, str] = {
     "query at 2,000 ≤ 1.0× the in-process instr scan": (
         "Each query waits for a commit of its own recalls (synchronous=NORMAL, shared only with the "
         "queries in flight beside it) and crosses two threads, a reader's and the writer's; a "
-        "sequential client shares nothing. The recall commit alone is about 0.33 ms in process, and "
-        "on a loaded 2-core machine each thread hop waits for a core (bench/results/SIMPLICITY-2.md, "
-        "step 3)."),
+        "sequential client shares nothing. Of its p50, about 0.2 ms is the recall UPDATE (each "
+        "recalled entry moves in the rank index) and 0.1 ms its COMMIT; each such commit empties the "
+        "readers' page caches, so the next read costs about twice its SQL; and the two hops are four "
+        "wake-ups of a sleeping thread, each of which waits for a core on a loaded 2-core machine "
+        "(bench/results/SIMPLICITY-2.md, step 3)."),
     "query at 2,000: p99 ≤ 3× p50": (
-        "The slowest queries are those whose recall commit runs a WAL checkpoint (every few hundred "
-        "commits; under synchronous=NORMAL a checkpoint fsyncs), and those the machine's other load "
+        "The slowest queries are those whose recall commit runs the WAL's automatic checkpoint: a "
+        "20-entry page's recalls write 12-21 pages, so one sequential query in 50-80 checkpoints "
+        "1,000 pages, which fsyncs twice even under synchronous=NORMAL; and those the machine's other load "
         "holds up: the same run's tail at 50 entries, where neither the text index nor a large page "
         "plays a part, shows how much of it is the machine's (bench/results/SIMPLICITY-2.md, step 3)."),
     "query at 100,000": (
