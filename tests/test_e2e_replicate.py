@@ -10,16 +10,22 @@ log (one line per state change) and bounded; nothing sleeps.
   and replication catches up.
 - Litestream killed: started again after a back-off, one log line per state change.
 - Credentials come from a 0600 file and never reach argv or the log.
+- An ``sftp://`` replica on a real sshd on 127.0.0.1 (key authentication, its host key pinned).
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,3 +237,67 @@ async def test_replicate_status_json_gives_what_daemon_status_does(daemon_factor
     assert f"replica            file://{tmp_path / 'replica'}" in lines and "replication        replicating" in lines
     (lag,) = [line for line in lines if line.startswith("replica lag")]
     assert re.fullmatch(r"replica lag {8}0 rows, 0 s \(replica at row (\d+), head \1\)", lag), lag
+
+
+@pytest.fixture
+def sftp_server(tmp_path: Path) -> Iterator[tuple[int, Path, str]]:
+    """sshd on 127.0.0.1 serving SFTP to one key: (port, that key, the host key's line)."""
+    sshd, keygen = shutil.which("sshd") or "/usr/sbin/sshd", shutil.which("ssh-keygen")
+    if not Path(sshd).exists() or keygen is None:
+        pytest.skip("openssh-server is not installed")
+    keys = tmp_path / "sshd"
+    keys.mkdir(mode=0o700)
+    for name in ("host_key", "user_key"):
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True, timeout=60)
+    (keys / "authorized_keys").write_bytes((keys / "user_key.pub").read_bytes())
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    (keys / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host_key'}\n"
+        f"AuthorizedKeysFile {keys / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        "StrictModes no\nPidFile none\nSubsystem sftp internal-sftp\n")
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(keys / "sshd_config")], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        # ready once its stderr says it listens (bounded)
+        assert proc.stderr is not None
+        want, seen = f"Server listening on 127.0.0.1 port {port}.".encode(), b""
+        deadline = time.monotonic() + 30
+        while want not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([proc.stderr], [], [], left)[0], seen.decode(errors="replace")
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            assert chunk, seen.decode(errors="replace")
+            seen += chunk
+        host = (keys / "host_key.pub").read_text().split()
+        yield port, keys / "user_key", f"{host[0]} {host[1]}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+async def test_an_sftp_replica_on_a_real_sshd_restores_to_a_copy_that_verifies(
+        daemon_factory: Any, tmp_path: Path, sftp_server: tuple[int, Path, str]) -> None:
+    port, key, host_key = sftp_server
+    url = f"sftp://{getpass.getuser()}@127.0.0.1:{port}{tmp_path / 'sftp-replica'}"
+    options = {"key-path": str(key), "host-key": host_key}
+    config = (f'[replicate]\nurl = "{url}"\nlag_every_s = 0.1\n[replicate.litestream]\nsync-interval = "50ms"\n'
+              f'key-path = "{key}"\nhost-key = "{host_key}"\n')
+    d, log = start(daemon_factory, tmp_path, config)
+    log.wait(REPLICATING)
+    async with socket_client(d.socket_path) as raw:
+        for k in range(3):
+            await add(raw, f"over sftp {k}")
+    assert (await status(d))["url"] == url
+    assert d.stop() == 0
+    copy = tmp_path / "copy.db"
+    restore(url, copy, litestream=options)
+    assert head(copy) == head(d.db_path)
+    verify(copy)
+    assert sorted(t for (t,) in sql(copy, "SELECT text FROM entries")) == [f"over sftp {k}" for k in range(3)]
