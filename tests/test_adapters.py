@@ -486,7 +486,7 @@ def test_markdown_export_then_adapt_round_trips(adapter_id: str, entries: list[E
     assert [(e.track, e.scope, e.text, e.workspace_key, e.agent_key) for e in back] == expected
     assert all(e.tags == [] and e.source == adapter_id for e in back)
     # the same keys the daemon would store: nothing for the pipeline to normalize away
-    assert all(normalize_workspace_key(e.workspace_key) == e.workspace_key for e in back if e.workspace_key)
+    assert all(normalize_workspace_key(e.workspace_key, {}) == e.workspace_key for e in back if e.workspace_key)
     assert all(normalize_agent_key(e.agent_key) == e.agent_key for e in back if e.agent_key)
 
 

@@ -86,12 +86,12 @@ def test_tag_limit_counts_utf16_units() -> None:
 
 
 def test_keys() -> None:
-    assert normalize_workspace_key("/home/u/proj/") == "/home/u/proj"
-    assert normalize_workspace_key("/home/u/./proj/../proj") == "/home/u/proj"
-    assert normalize_workspace_key("C:\\Users\\Me\\Proj") == "c:/users/me/proj"
-    assert normalize_workspace_key(None) == ""
+    assert normalize_workspace_key("/home/u/proj/", {}) == "/home/u/proj"
+    assert normalize_workspace_key("/home/u/./proj/../proj", {}) == "/home/u/proj"
+    assert normalize_workspace_key("C:\\Users\\Me\\Proj", {}) == "c:/users/me/proj"
+    assert normalize_workspace_key(None, {}) == ""
     with pytest.raises(InvalidInput):
-        normalize_workspace_key("relative/path")
+        normalize_workspace_key("relative/path", {})
     assert normalize_agent_key(" Coder ") == "coder"
 
 

@@ -11,7 +11,7 @@ from memoryd_protocol import types as T
 from memoryd_protocol.constants import SHORT_ID_LENGTH
 from memoryd_protocol.errors import EntryNotFound, ProtocolError
 from memoryd_protocol.paths import default_config_path
-from memoryd_protocol.text import alias_workspace, normalize_agent_key, normalize_workspace_path
+from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
 from memoryd_protocol.validation import SessionView
 from memoryd_protocol.workspaces import Aliases, AliasTableError, parse_aliases
 
@@ -24,9 +24,8 @@ def _view(ctx: Ctx) -> SessionView:
     """The set of entries this run's session (--cwd, --agent) sees: its workspace mapped by
     the config's workspace aliases, as the daemon maps the cwd memoryctl sends it."""
     a = ctx.args
-    path = normalize_workspace_path(_workspace(a))
     config = Path(a.config) if a.config else default_config_path()
-    return SessionView(None, alias_workspace(path, _aliases(config)), normalize_agent_key(a.agent))
+    return SessionView(None, normalize_workspace_key(_workspace(a), _aliases(config)), normalize_agent_key(a.agent))
 
 
 @functools.cache  # per file: share asks for the view once per entry

@@ -21,7 +21,6 @@ import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
 from memoryd_protocol.paths import owner_record_path
-from memoryd_protocol.text import WORKSPACE_ALIASES
 
 from . import logs, storefile
 from .adapter_registry import load_adapters
@@ -302,8 +301,6 @@ class Daemon:
         yielded task group serves connections (``serve_stream``, ``listen``). Leaving stops it
         as a signal does (``begin_stop``, ``_drain``), then the writer settles and the store
         closes. ``run`` uses it; so do the in-process tests and any embedder."""
-        # every task of this daemon starts in this context: they all map cwds by its table
-        aliases = WORKSPACE_ALIASES.set(self.config.workspace_aliases)
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self.writer.serve)
@@ -335,7 +332,6 @@ class Daemon:
                     self.writer.close()
         finally:
             await self.close()  # shielded; a second close (``_serve``'s) does nothing
-            WORKSPACE_ALIASES.reset(aliases)
         await self.heads.witness(self.writer.anchor.head, "stop")
 
     async def serve_stream(self, sink: Sink, stream: Any, name: str = "socket") -> None:

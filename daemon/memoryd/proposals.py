@@ -50,7 +50,7 @@ class Proposals:
         }
 
     async def proposals_create(self, ctx: RequestContext, p: ProposalCreateParams) -> Proposal | None:
-        view = session_view(p.session)
+        view = session_view(p.session, self.service.config.workspace_aliases)
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")
@@ -62,7 +62,7 @@ class Proposals:
             raise InvalidInput(f"proposal text longer than {cap} characters", "input.text")
         kind = check_text(i.kind, "input.kind")
         source = check_source(i.source)
-        wk, ak = target_keys(i.scope, view, None, None, restricted=True)
+        wk, ak = target_keys(i.scope, view, None, None, self.service.config.workspace_aliases, restricted=True)
         max_pending, max_total = self.service.config.proposal_max_pending, self.service.config.proposal_max_pending_total
         origin = self.service.pipeline.who(ctx.peer)
 
@@ -106,7 +106,7 @@ class Proposals:
         return proposal
 
     async def proposals_approve(self, ctx: RequestContext, p: ProposalApproveParams) -> ProposalApproveResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.service.config.workspace_aliases)
         proposal = await self._pending(p.id)
         self._deciding.add(p.id)
         cell = (proposal.track, proposal.scope)

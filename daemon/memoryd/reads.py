@@ -75,7 +75,8 @@ class Reads:
             check_match(session_id, "opts.sessionId")
             check_session_id(session_id, "opts.sessionId")
         agent_key = normalize_agent_key(o.agent_key) if o and o.agent_key is not None else None
-        workspace_key = normalize_workspace_key(o.workspace_key) if o and o.workspace_key is not None else None
+        aliases = self.service.config.workspace_aliases
+        workspace_key = normalize_workspace_key(o.workspace_key, aliases) if o and o.workspace_key is not None else None
         track = f.track if f else None
         scope = f.scope if f else None
 

@@ -213,7 +213,7 @@ class Service:
         )
 
     async def watch(self, ctx: RequestContext, p: WatchParams) -> Empty:
-        view = session_view(p.session)
+        view = session_view(p.session, self.config.workspace_aliases)
         if view.session_id is not None and not js_trim(view.session_id):
             raise InvalidInput("session.id is required", "session.id")
         self.watchers.watch(ctx.peer, view)

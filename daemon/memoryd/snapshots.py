@@ -101,7 +101,7 @@ class Snapshots:
         return {"memory/snapshot": self.snapshot, "snapshots/prune": self.prune}
 
     async def snapshot(self, ctx: RequestContext, p: SnapshotParams) -> SnapshotResult:
-        view = session_view(p.session)
+        view = session_view(p.session, self.service.config.workspace_aliases)
         session_id = view.session_id
         if not session_id or not js_trim(session_id):
             raise InvalidInput("session.id is required", "session.id")

@@ -102,7 +102,7 @@ class Transfer:
         }
 
     async def import_(self, ctx: RequestContext, p: ImportParams) -> SeedResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.service.config.workspace_aliases)
         if (p.envelope is None) == (p.adapter is None):
             raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
         if p.adapter is not None:

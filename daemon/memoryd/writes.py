@@ -62,6 +62,8 @@ SHOWN = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(LedgerEntr
 class Writes:
     def __init__(self, service: Service) -> None:
         self.service = service
+        #: the config's [workspace_aliases]: how each cwd and explicit workspaceKey becomes a key
+        self.aliases = service.config.workspace_aliases
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -103,12 +105,12 @@ class Writes:
         )
 
     async def add(self, ctx: RequestContext, p: AddParams) -> WriteResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.aliases)
         i = p.input
         text = check_text(i.text)
         tags = normalize_tags(i.tags)
         source = check_source(i.source)
-        wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=True)
+        wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, self.aliases, restricted=True)
         cell = (i.track, i.scope)
 
         def commit(tx: Tx, stamp: Stamp) -> WriteResult:
@@ -145,7 +147,7 @@ class Writes:
         return current
 
     async def replace(self, ctx: RequestContext, p: ReplaceParams) -> ReplaceResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.aliases)
         i = p.input
         selector = check_target(i.match, i.id)
         match = selector.match
@@ -177,7 +179,7 @@ class Writes:
             placement=Placement(target.workspace_key, target.agent_key, target.tags if tags is None else tags)))
 
     async def remove(self, ctx: RequestContext, p: RemoveParams) -> WriteResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.aliases)
         i = p.input
         selector = check_target(i.match, i.id)
         match = selector.match
@@ -198,7 +200,7 @@ class Writes:
             entry_id=target.id, placement=Placement(target.workspace_key, target.agent_key, target.tags)))
 
     async def consolidate(self, ctx: RequestContext, p: ConsolidateParams) -> ConsolidateResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.aliases)
         i = p.input
         selectors = check_targets(i.matches, i.ids)
         text = check_text(i.text)
@@ -206,7 +208,8 @@ class Writes:
         wk = view.workspace_key if i.scope == "workspace" else ""
         # An explicit agentKey is checked as add's is ('' or the session's own), so widening
         # a private text to the shared layer is asked for, and the approval shows it.
-        ak = None if i.agent_key is None else target_keys(i.scope, view, wk or None, i.agent_key, restricted=True)[1]
+        ak = None if i.agent_key is None else target_keys(i.scope, view, wk or None, i.agent_key, self.aliases,
+                                                  restricted=True)[1]
         entries = await self.service.visible(view, i.track, i.scope)
         by_id = {e.id: e for e in entries}
         targets: list[Entry] = []
@@ -267,7 +270,8 @@ class Writes:
                 text = check_text(i.text)
                 tags = normalize_tags(i.tags)
                 source = check_source(source_override if i.source is None else i.source)
-                wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, restricted=restricted)
+                wk, ak = target_keys(i.scope, view, i.workspace_key, i.agent_key, self.aliases,
+                                      restricted=restricted)
             except InvalidInput as exc:
                 field = exc.details.get("field", "")
                 raise InvalidInput(f"inputs[{n}]: {exc.message}", f"inputs[{n}].{field}" if field else f"inputs[{n}]"
@@ -304,5 +308,5 @@ class Writes:
             count=len(planned), entries=planned, workspace_keys_dropped=workspace_keys_dropped or None))
 
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
-        view = writer_view(p.write)
+        view = writer_view(p.write, self.aliases)
         return await self.seed_planned(ctx, view, self.plan_seed(view, p.inputs))

@@ -10,8 +10,6 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping
-from contextvars import ContextVar
-from types import MappingProxyType
 
 from .constants import MAX_AGENT_KEY_UNITS, MAX_KEY_UNITS, MAX_TAG_UNITS, MAX_TAGS
 from .errors import InvalidInput
@@ -93,19 +91,12 @@ def normalize_tags(tags: list[str] | None, field: str = "tags") -> list[str]:
     return out
 
 
-#: The workspace aliases in force: each path's canonical path, as workspaces.parse_aliases
-#: checked them. A context variable, not a global: each daemon sets its own table for its own
-#: tasks (tests run several daemons in one process), and code that never set one (a client)
-#: gets no aliasing.
-WORKSPACE_ALIASES: ContextVar[Mapping[str, str]] = ContextVar("memoryd_workspace_aliases",
-                                                              default=MappingProxyType({}))
-
-
-def normalize_workspace_key(cwd: str | None) -> str:
+def normalize_workspace_key(cwd: str | None, aliases: Mapping[str, str]) -> str:
     """The workspace key of a cwd, the one place a path becomes a key: the normalized path
-    (below), then mapped by the workspace alias in force whose path is it or contains it."""
+    (below), then mapped by the alias in ``aliases`` (the daemon's ``[workspace_aliases]``,
+    as workspaces.parse_aliases checked them) whose path is it or contains it."""
     path = normalize_workspace_path(cwd)
-    return alias_workspace(path, WORKSPACE_ALIASES.get()) if path else path
+    return alias_workspace(path, aliases) if path else path
 
 
 def alias_workspace(path: str, aliases: Mapping[str, str]) -> str:
@@ -173,7 +164,6 @@ def normalize_agent_key(preset: str | None) -> str:
 
 
 __all__ = [
-    "WORKSPACE_ALIASES",
     "alias_workspace",
     "aliased_by",
     "ascii_fold",

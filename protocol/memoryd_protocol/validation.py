@@ -52,7 +52,8 @@ class SessionView:
         return scope == "user-global" or workspace_key == self.workspace_key
 
 
-def session_view(session: Session | None) -> SessionView:
+def session_view(session: Session | None, aliases: Mapping[str, str]) -> SessionView:
+    """Who the session is: its id, its cwd's workspace key (mapped by ``aliases``) and its agent."""
     if session is None:
         return SessionView(None, "", "")
     if session.id is not None:
@@ -60,7 +61,7 @@ def session_view(session: Session | None) -> SessionView:
     header = session.header
     return SessionView(
         session.id,
-        normalize_workspace_key(header.cwd if header else None),
+        normalize_workspace_key(header.cwd if header else None, aliases),
         normalize_agent_key(header.agent_preset if header else None),
     )
 
@@ -92,11 +93,11 @@ def check_query_text(text: str, field: str = "filter.text") -> str:
     return text
 
 
-def writer_view(write: Write | None) -> SessionView:
+def writer_view(write: Write | None, aliases: Mapping[str, str]) -> SessionView:
     """The write context's session; WRITE_REQUIRES_AGENT when there is no agent."""
     if write is None or write.agent is None:
         raise WriteRequiresAgent()
-    return session_view(write.agent.session)
+    return session_view(write.agent.session, aliases)
 
 
 def check_text(text: str, field: str = "text") -> str:
@@ -182,6 +183,7 @@ def target_keys(
     view: SessionView,
     workspace_key: str | None,
     agent_key: str | None,
+    aliases: Mapping[str, str],
     *,
     restricted: bool,
 ) -> tuple[str, str]:
@@ -191,11 +193,11 @@ def target_keys(
     the session's visible set; seed and import keep explicit keys (a restore).
     """
     if scope == "user-global":
-        wk = normalize_workspace_key(workspace_key) if workspace_key else ""
+        wk = normalize_workspace_key(workspace_key, aliases) if workspace_key else ""
         if wk:
             raise InvalidInput("user-global entries have no workspaceKey", "workspaceKey")
     else:
-        wk = normalize_workspace_key(workspace_key) if workspace_key is not None else view.workspace_key
+        wk = normalize_workspace_key(workspace_key, aliases) if workspace_key is not None else view.workspace_key
         if not wk:
             raise InvalidInput("workspace scope needs a workspace (session header.cwd)", "workspaceKey")
         if restricted and wk != view.workspace_key:

@@ -4,8 +4,8 @@
 The config's ``[workspace_aliases]`` table maps a path to the canonical path whose key it
 shares: ``"/Users/me/proj" = "/home/me/proj"``. A cwd that is the path, or lies under it,
 becomes the canonical path's key (``/Users/me/proj/api`` → ``/home/me/proj/api``), wherever a
-cwd becomes a key (text.normalize_workspace_key, under the table the daemon set there). The
-table is checked here, once, at start.
+cwd becomes a key (text.normalize_workspace_key, given the table from the daemon's config).
+The table is checked here, once, at start.
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ def _text(tool: McpTool, result: Any) -> str:
 
 
 class McpCalls:
-    def __init__(self, methods: Mapping[str, Handler], peer: McpPeer, session_id: str, cwd: str) -> None:
+    def __init__(self, methods: Mapping[str, Handler], peer: McpPeer, session_id: str, cwd: str,
+                 aliases: Mapping[str, str]) -> None:
         self.methods = methods
         self.peer = peer
         self.session_id = session_id
@@ -87,7 +88,7 @@ class McpCalls:
         #: session's agent layer ('' is the one every agent shares) and its writes' source
         self.agent: str | None = None
         self.source = "mcp"
-        self.view = SessionView(session_id, normalize_workspace_key(cwd), "")
+        self.view = SessionView(session_id, normalize_workspace_key(cwd, aliases), "")
 
     def fix_identity(self, agent: str, source: str) -> None:
         if self.agent is None:

@@ -102,7 +102,7 @@ class McpSession:
         self.conn = conn
         config = self.service.config
         self.peer = McpPeer(conn, config.mcp_approvals == "elicitation", self._changed, self._asked, self._resolved)
-        self.calls = McpCalls(front.methods, self.peer, session_id, p.cwd)
+        self.calls = McpCalls(front.methods, self.peer, session_id, p.cwd, config.workspace_aliases)
         self._agent_arg = p.agent
         self._keys = itertools.count(1)
         #: daemon work of this session not finished yet (awaited, never cancelled, at the end)

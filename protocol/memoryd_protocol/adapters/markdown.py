@@ -32,7 +32,7 @@ heading of the same or a higher level.
   comma-separated, in either order. Each value is a JSON string: ``"``, ``\\`` and control
   characters are escaped, while ``#``, spaces and non-ASCII stand as they are. The value
   is normalized and checked as the daemon checks a session's cwd and agentPreset
-  (``normalize_workspace_key``: an absolute POSIX or Windows-drive path of at most 4096
+  (``normalize_workspace_path``: an absolute POSIX or Windows-drive path of at most 4096
   UTF-16 units; ``normalize_agent_key``: trimmed, ASCII-folded, at most 256 units, no
   control characters; the workspace may not be empty, the agent ``""`` names the shared
   layer), so a placement heading may name a workspace
@@ -91,7 +91,7 @@ from typing import Any, Final
 
 from ..constants import GRID, Scope, Track
 from ..errors import InvalidInput
-from ..text import has_lone_surrogate, normalize_agent_key, normalize_workspace_key
+from ..text import has_lone_surrogate, normalize_agent_key, normalize_workspace_path
 from ..types import Entry, EntryInput
 from .base import AdapterBase, fit_tag, flatten
 from .reference_md import markdown_of, read_like_reference
@@ -334,7 +334,8 @@ class MarkdownAdapter(AdapterBase):
         workspace = values.get("workspace")
         agent = values.get("agent")
         try:
-            workspace_key = None if workspace is None else normalize_workspace_key(workspace)
+            # a path: the importing daemon maps it by its workspace aliases, as any import's key
+            workspace_key = None if workspace is None else normalize_workspace_path(workspace)
             agent_key = None if agent is None else normalize_agent_key(agent)
         except InvalidInput as exc:
             which = "workspace" if exc.details.get("field") == "workspaceKey" else "agent"
