@@ -17,9 +17,8 @@ raise the protocol's typed exceptions (re-exported here), transport failures a
 
 from __future__ import annotations
 
-from memoryd_protocol import types
+from memoryd_protocol import __version__, types
 
-from .calls import __version__, make_session
 from .client import (
     DECIDED,
     EVENT_METHODS,
@@ -58,6 +57,7 @@ from .errors import (
     from_wire,
 )
 from .sync import SyncClient, SyncEventStream, connect_sync
+from .wire import make_session
 
 __all__ = [
     "DECIDED",

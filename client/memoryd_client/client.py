@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from memoryd_protocol import __version__
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_types import ApprovalChallenge
 from memoryd_protocol.audit_types import AuditAccepted
@@ -28,18 +29,9 @@ from memoryd_protocol.snapshot_types import SnapshotPruneResult
 
 from .approvals import DECIDED, ApprovalCall, Decided, Decision
 from .approvals import ApprovalHandler as ApprovalHandler
-from .calls import (
-    __version__,
-    connect_failed,
-    default_client,
-    initialize_params,
-    make_session,
-    query_opts,
-    query_params,
-)
 from .connection import _DEFAULT as _DEFAULT
 from .connection import WRITE_METHODS, Connection
-from .errors import ApproverKeyUnusable
+from .errors import ApproverKeyUnusable, ConnectFailed
 from .events import EVENT_BUFFER as EVENT_BUFFER
 from .events import EVENT_METHODS, Event, EventStream
 from .events import WATCH_EVENTS as WATCH_EVENTS
@@ -47,7 +39,7 @@ from .events import Listener as Listener
 from .proof import check_challenge
 from .wire import JSON as JSON
 from .wire import SessionLike as SessionLike
-from .wire import _session, decode_result, plain
+from .wire import _session, decode_result, make_session, plain
 
 
 class Client(Connection):
@@ -79,11 +71,11 @@ class Client(Connection):
         client: Mapping[str, Any] | T.ClientInfo | None = None,
         capabilities: Mapping[str, Any] | T.Capabilities | None = None,
     ) -> T.InitializeResult:
-        params = initialize_params(
-            protocol,
-            plain(client) if client is not None else default_client(self.client_name),
-            plain(capabilities) if capabilities is not None else {"approvals": self.approvals},
-        )
+        params = {
+            "protocol": protocol,
+            "client": plain(client) if client is not None else {"name": self.client_name, "version": __version__},
+            "capabilities": plain(capabilities) if capabilities is not None else {"approvals": self.approvals},
+        }
         result: T.InitializeResult = await self.call("initialize", params)
         self.server = result
         return result
@@ -111,7 +103,15 @@ class Client(Connection):
         (``agentKey`` = its ``agentPreset`` or ``''``, ``workspaceKey`` = its ``cwd`` or ``''``)
         and, when the session has an id, ``sessionId`` (the daemon then audits the recall and
         sends ``memory/recalled``). None without a session: the whole store."""
-        return query_opts(self.session)
+        if self.session is None:
+            return None
+        header = self.session.get("header")
+        header = header if isinstance(header, Mapping) else {}
+        opts: dict[str, Any] = {} if self.session.get("id") is None else {"sessionId": self.session["id"]}
+        agent, cwd = header.get("agentPreset"), header.get("cwd")
+        opts["agentKey"] = "" if agent is None else agent
+        opts["workspaceKey"] = "" if cwd is None else cwd
+        return opts
 
     async def query(
         self,
@@ -123,7 +123,8 @@ class Client(Connection):
         ``{}``) for the whole store."""
         if opts is _DEFAULT:
             opts = self.query_opts
-        return await self.call("memory/query", query_params(filter, opts))  # type: ignore[no-any-return]
+        params = {name: value for name, value in (("filter", filter), ("opts", opts)) if value is not None}
+        return await self.call("memory/query", params)  # type: ignore[no-any-return]
 
     async def budgets(self) -> builtins.list[T.BudgetRow]:
         return await self.call("memory/budgets", {})  # type: ignore[no-any-return]
@@ -304,7 +305,9 @@ async def connect(
         with anyio.fail_after(timeout):
             stream = await anyio.connect_unix(sock)
     except OSError as exc:  # includes TimeoutError
-        raise connect_failed(str(sock), exc) from exc
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConnectFailed(f"cannot connect to memoryd at {sock}: {reason}", {"path": str(sock), "errno": exc.errno}
+                            ) from exc
     client = Client(
         stream,
         session=session,

@@ -38,8 +38,7 @@ from memoryd_protocol.framing import OVERSIZE, Framer
 from memoryd_protocol.methods import METHODS
 
 from .approvals import DECIDED, ApprovalCall, ApprovalHandler, Decided, Decision, _by, _outcome, _takes_call
-from .calls import MAX_LINE_BYTES, no_answer
-from .errors import BadResponse, ClientError, ConnectionClosed
+from .errors import BadResponse, ClientError, ConnectionClosed, Timeout
 from .events import Event, EventStream, Listener
 from .wire import _ANY, Decoders, SessionLike, _session, decode_result, plain
 
@@ -49,6 +48,10 @@ log = logging.getLogger("memoryd_client")
 WRITE_METHODS: Final = frozenset(name for name, m in METHODS.items() if m.parks)
 
 _DEFAULT: Any = object()  # "use the connection's timeout"
+
+#: The longest line the client buffers. The daemon's own limit is 4 MiB per message it
+#: accepts; its answers (an export of 1000 entries) can be larger, so the client allows more.
+MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 
 
 class _AskedBy(msgspec.Struct, rename="camel"):
@@ -468,7 +471,8 @@ class Connection:
                 with pending.scope:
                     await pending.done.wait()
                 if not pending.done.is_set():
-                    raise no_answer(method, timeout)
+                    raise Timeout(f"{method}: no answer from memoryd within {timeout}s",
+                                  {"method": method, "timeout": timeout})
         finally:
             self._pending.pop(request_id, None)
         if pending.error is not None:

@@ -73,6 +73,16 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
+def make_session(id: str, *, cwd: str | None = None, agent_preset: str | None = None) -> dict[str, Any]:
+    """A session object ``{id, header: {cwd, agentPreset}}`` for ``connect(session=...)``."""
+    header: dict[str, Any] = {}
+    if cwd is not None:
+        header["cwd"] = cwd
+    if agent_preset is not None:
+        header["agentPreset"] = agent_preset
+    return {"id": id, "header": header} if header else {"id": id}
+
+
 def _session(value: SessionLike | None) -> dict[str, Any] | None:
     if value is None:
         return None
@@ -84,4 +94,4 @@ def _session(value: SessionLike | None) -> dict[str, Any] | None:
     return out
 
 
-__all__ = ["JSON", "SessionLike", "decode_result", "plain"]
+__all__ = ["JSON", "SessionLike", "decode_result", "make_session", "plain"]
