@@ -38,7 +38,6 @@ from .running import (
     fail,
     only_layer,
     prepare,
-    query_request,
     warn_db,
 )
 from .sharing import cmd_share
@@ -58,7 +57,12 @@ async def cmd_list(c: Client, ctx: Ctx) -> None:
 
 
 async def cmd_query(c: Client, ctx: Ctx) -> None:
-    r = await c.query(*query_request(ctx, c.session))
+    a = ctx.args
+    flt = {k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit))
+           if v is not None}
+    # the whole store, or with --as-session what the session (--workspace, --agent) sees,
+    # its recall audited under the session id
+    r = await c.query(flt or None, c.query_opts if a.as_session else None)
     ctx.result(r, lambda: render.query_result(r, fit=ctx.fit))
 
 

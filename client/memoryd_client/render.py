@@ -168,8 +168,7 @@ def status_lines(status: T.DaemonStatus, *, socket: str) -> str:
         ("queue depth", str(status.queue_depth)),
         *_replication_pairs(status.replication),
     ]
-    width = max(len(k) for k, _ in pairs)
-    text = "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
+    text = _aligned(pairs)
     if status.connection_list:
         text += "\n\n" + connections_table(status.connection_list)
     return text
@@ -192,7 +191,11 @@ def replication_lines(r: ReplicationStatus | None) -> str:
     """``memoryctl replicate status``."""
     if r is None:
         return "replication: not configured (add a [replicate] section to the daemon's config)"
-    pairs = _replication_pairs(r)
+    return _aligned(_replication_pairs(r))
+
+
+def _aligned(pairs: Sequence[tuple[str, str]]) -> str:
+    """One line a pair, its values in one column."""
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in pairs)
 

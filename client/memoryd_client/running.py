@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,19 +267,6 @@ def _serve_command(ctx: Ctx) -> str:
 def only_layer(entries: list[Any], a: Args) -> list[Any]:
     """``memoryctl list --track/--scope``: the entries of that layer."""
     return [e for e in entries if (a.track is None or e.track == a.track) and (a.scope is None or e.scope == a.scope)]
-
-
-def query_request(ctx: Ctx, session: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """``memoryctl query``'s filter and opts: the whole store, or with --as-session what the
-    session (--workspace, --agent) sees, its recall audited under the session id."""
-    a = ctx.args
-    flt = {
-        k: v for k, v in (("text", a.text), ("track", a.track), ("scope", a.scope), ("limit", a.limit)) if v is not None
-    }
-    opts = None
-    if a.as_session:
-        opts = {"sessionId": session["id"] if session else None, "agentKey": a.agent, "workspaceKey": _workspace(a)}
-    return flt or None, opts
 
 
 def warn_db(ctx: Ctx, have: str) -> None:

@@ -106,10 +106,6 @@ def _reference() -> tuple[dict[str, str], dict[str, list[tuple[str, str, int, in
                 {table: _columns(conn, table) for table in _REFUSED})
 
 
-def definitions() -> dict[str, str]:
-    return _reference()[0]
-
-
 def _columns(conn: sqlite3.Connection, table: str) -> list[tuple[str, str, int, int]]:
     """name, declared type, not null, primary key: what a rebuild must keep (the defaults and
     the constraints are what it changes)."""
