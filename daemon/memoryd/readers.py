@@ -43,8 +43,8 @@ def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection],
 class Readers:
     """The reader threads, each read taking a free one or waiting for one, oldest first.
 
-    Plain asyncio futures, not anyio's Semaphore and a shielded CancelScope: these cost
-    every query a turn of the event loop and several calls, and a query is a few of them."""
+    Plain asyncio futures, not anyio's Semaphore and a shielded CancelScope: those cost
+    every read a turn of the event loop (the Semaphore's checkpoint) and a dozen calls."""
 
     def __init__(self, threads: list[SqliteThread]) -> None:
         self._all = threads
@@ -66,7 +66,11 @@ class Readers:
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         thread = self._free.pop() if self._free else await self._wait()
-        done = thread.hand(lambda c: _in_transaction(c, fn))
+        try:
+            done = thread.hand(lambda c: _in_transaction(c, fn))
+        except BaseException:  # closed: the thread goes back as it came
+            self._hand_back(thread)
+            raise
         # A connection handed back while its read still runs would make the next read wait
         # behind it: a caller cancelled meanwhile goes, and the thread comes back once the
         # read has ended.
