@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -536,3 +537,68 @@ async def test_a_restore_over_a_damaged_store_keeps_it_beside_and_the_chain_goes
     after = ledger_of(d.db_path)
     assert after[:len(rows)] == rows and after[len(rows)][1] == rows[-1][2]
     assert "did not stop cleanly" not in again.stderr() and " ERROR " not in again.stderr()
+
+
+async def test_a_take_over_while_litestream_runs_is_found_by_the_lag_reader(daemon_factory: Any,
+                                                                            tmp_path: Path) -> None:
+    """The laptop replicates and its Litestream keeps running; the dev box restores the
+    replica, starts on it and writes. The laptop's next write makes its lag reader read the
+    replica: its newest row is the dev box's, not of the laptop's chain. The laptop goes
+    ``diverged`` with the one ERROR naming both heads, its Litestream is killed and not
+    started again, and from that line on the replica is not written by it: not by a sync of
+    the writes that follow, nor by a last sync at its stop.
+
+    The window before that line is not covered: the laptop's Litestream is held still
+    (SIGSTOP) from before the take-over until the line, as one that has not yet looked at
+    the WAL is. One that ships the laptop's write before the reader looks writes its own
+    history over the dev box's, and the reader then finds its own chain there."""
+    replica_dir = tmp_path / "replica"
+    url = f"file://{replica_dir}"
+    config = file_config(replica_dir)
+    laptop_db, devbox_db = tmp_path / "laptop" / "memory.db", tmp_path / "devbox" / "memory.db"
+    (tmp_path / "laptop.toml").write_text(config)
+    laptop = daemon_factory("--config", str(tmp_path / "laptop.toml"), "--log-level", "debug", name="laptop",
+                            db=laptop_db)
+    log = Log(laptop.stderr_path)
+    log.wait(rf"replication to {url}: replicating\n")
+    async with socket_client(laptop.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+    [(n, h)] = sql(laptop_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+    log.wait(rf"replica read: ReplicaHead\(n={n}, hash='{h}'")  # the replica holds "Prefers tabs"
+    # The laptop's Litestream is between two looks at the WAL: frozen there, so that the
+    # reader's next look comes before it could ship the laptop's next write over the take-over.
+    shipping = int(re.search(r"litestream started \(pid (\d+)\)", log.path.read_text())[1])  # type: ignore[index]
+    os.kill(shipping, signal.SIGSTOP)
+
+    took = memoryctl("--db", str(devbox_db), "restore", url)
+    assert took.returncode == 0, took.stderr
+    devbox, devlog = _configured(daemon_factory, tmp_path, config, "devbox", devbox_db)
+    devlog.wait(rf"replication to {url}: replicating\n")
+    async with socket_client(devbox.socket_path) as raw:
+        await add(raw, "Written on the dev box")
+    devbox.stop()  # its last sync: the replica holds the dev box's history
+    [devbox_head] = sql(devbox_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+
+    async with socket_client(laptop.socket_path) as raw:
+        await add(raw, "Written on the laptop meanwhile")
+        said = log.wait(REFUSED)[1]
+        replica_then = {p.relative_to(replica_dir): p.read_bytes() for p in replica_dir.rglob("*") if p.is_file()}
+        [laptop_head] = sql(laptop_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+        assert said == (
+            f"this store's ledger has diverged from the replica's at {url}: the replica's newest is row "
+            f"{devbox_head[0]} (hash {devbox_head[1][:16]}), which is not a row of this store's chain (its newest "
+            f"is row {laptop_head[0]} (hash {laptop_head[1][:16]})). Another machine wrote to the replica while this "
+            "one wrote its own rows. memoryd does not replicate over another machine's history. To take the "
+            f"replica's history: stop memoryd and run memoryctl restore {url} --db {laptop_db} --no-heads (the "
+            "store you have is kept beside it)")
+        status = (await raw.ok("daemon/status", {}))["replication"]
+        assert (status["state"], status["error"]) == ("diverged", said)
+        await add(raw, "Still served here")  # the laptop's memory works; only replication ended
+    laptop.stop()
+    assert {p.relative_to(replica_dir): p.read_bytes() for p in replica_dir.rglob("*") if p.is_file()} == \
+        replica_then
+    assert laptop.stderr().count(" ERROR ") == 1
+    assert log.path.read_text().count("litestream started (pid") == 1  # killed, never started again
+    copy = tmp_path / "copy" / "memory.db"
+    assert memoryctl("--db", str(copy), "restore", url).returncode == 0
+    assert ledger_of(copy) == ledger_of(devbox_db)  # the dev box's history, whole

@@ -7,14 +7,18 @@ replica's, and replicating it would overwrite the other machine's. So before eac
 ``litestream replicate``, the replica is copied (:mod:`memoryd.litestream`), its newest row
 compared with the store's (:mod:`memoryd_protocol.replica_chain`), and a store that is
 behind the replica or diverged from it is refused, naming both heads and the restore that
-takes the replica's history. Blocking: the supervisor runs it on a worker thread.
+takes the replica's history. The lag reader judges each copy it reads the same way
+(:func:`read`), so a take-over while Litestream runs is found at its next look. Blocking:
+the supervisor runs both on a worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from memoryd_protocol.replica_chain import Head, Relation, refusal, relation
@@ -23,7 +27,7 @@ from . import litestream
 from .errors import DaemonError
 from .replica import Replica
 
-_NEWEST = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
+_NEWEST = "SELECT n, hash, ts FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
 _AT = "SELECT hash FROM memoryd_ledger WHERE n = ?"
 
 
@@ -36,7 +40,7 @@ class ReplicaDiverged(DaemonError):
         self.relation, self.local, self.replica = rel, local, replica
 
 
-def _read(path: Path, at: int | None) -> tuple[Head | None, str | None]:
+def _read(path: Path, at: int | None) -> tuple[litestream.ReplicaHead | None, str | None]:
     """The newest row of the store at ``path`` and its hash of row ``at``, read only, in one
     read transaction."""
     with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
@@ -47,22 +51,39 @@ def _read(path: Path, at: int | None) -> tuple[Head | None, str | None]:
             return None, None
         row = conn.execute(_NEWEST).fetchone()
         found = conn.execute(_AT, (at,)).fetchone() if at is not None else None
-    return (None if row is None else Head(int(row[0]), str(row[1]))), (None if found is None else str(found[0]))
+    newest = None if row is None else litestream.ReplicaHead(int(row[0]), str(row[1]), int(row[2]))
+    return newest, (None if found is None else str(found[0]))
+
+
+def _head(row: litestream.ReplicaHead | None) -> Head | None:
+    return None if row is None else Head(row.n, row.hash)
 
 
 def check(replica: Replica, store: Path) -> Relation:
     """How ``store`` stands to ``replica`` (``empty`` or ``extends``); raises
     :class:`ReplicaDiverged` when it is behind it or diverged from it, and LitestreamError
     when the replica cannot be read."""
+    rel, _ = read(replica, store)
+    return rel
+
+
+def read(replica: Replica, store: Path, *, timeout_s: float = litestream.RESTORE_TIMEOUT_S,
+         started: Callable[[subprocess.Popen[bytes]], None] | None = None
+         ) -> tuple[Relation, litestream.ReplicaHead | None]:
+    """One copy of the replica, judged as :func:`check` does, and its newest ledger row
+    (None: no backup yet, or an empty ledger). The lag reader reads the replica this way,
+    so that a take-over while Litestream runs is found at the reader's next look."""
     with tempfile.TemporaryDirectory(prefix="memoryd-replica-check-") as tmp:
         copy = Path(tmp) / "replica.db"
         try:
-            litestream.restore(replica, copy)
+            litestream.restore(replica, copy, timeout_s=timeout_s, started=started)
         except litestream.NoBackup:
-            return "empty"
+            return "empty", None
         try:
-            theirs, _ = _read(copy, None)
-            ours, ours_at = _read(store, None if theirs is None else theirs.n)
+            newest, _ = _read(copy, None)
+            theirs = _head(newest)
+            local, ours_at = _read(store, None if theirs is None else theirs.n)
+            ours = _head(local)
             _, theirs_at = _read(copy, None if ours is None else ours.n)
         except sqlite3.Error as exc:
             raise litestream.LitestreamError(f"the copy restored from {replica.shown_url} cannot be read as a "
@@ -70,7 +91,7 @@ def check(replica: Replica, store: Path) -> Relation:
     rel = relation(ours, ours_at, theirs, theirs_at)
     if rel in ("behind", "diverged"):
         raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)), rel, ours, theirs)
-    return rel
+    return rel, newest
 
 
-__all__ = ["ReplicaDiverged", "check"]
+__all__ = ["ReplicaDiverged", "check", "read"]

@@ -3,9 +3,12 @@
 One ``litestream replicate`` process ships the store's WAL to the replica. When it exits
 (a crash, a kill), it is started again after a back-off that doubles from
 ``restart_min_s`` up to ``restart_max_s``. Another task reads the replica's newest ledger
-row (litestream.replica_head: a restore into a temporary file) every ``lag_every_s`` while
-the replica may lack rows (a commit moved the head since it last held it), which gives the lag ``daemon/status`` shows: rows, and seconds
-since the oldest row the replica lacks was committed. Each change of state is one log line
+row (a restore into a temporary file) every ``lag_every_s`` while the replica may lack rows
+(a commit moved the head since it last held it), which gives the lag ``daemon/status``
+shows: rows, and seconds since the oldest row the replica lacks was committed. Each such
+read is also judged as the start's "no two writers" check is (replica_guard): a replica
+whose newest row is not of this store's chain (another machine took it over) ends
+Litestream at once, for good, with the same ERROR. Each change of state is one log line
 naming the replica without its secrets; Litestream's own lines go to the debug log.
 
 Checkpoints: Litestream holds a read transaction on the store between its syncs, so no
@@ -164,7 +167,7 @@ class Replication:
                 await self._follow(proc)
                 rc = await proc.wait()
                 self._proc = None
-            if self._stopping:
+            if self._stopping or self.state == "diverged":
                 break
             if time.monotonic() - started >= _HEALTHY_S:
                 backoff = self.replica.restart_min_s
@@ -181,11 +184,21 @@ class Replication:
         try:
             await anyio.to_thread.run_sync(replica_guard.check, self.replica.reload_credentials(), self.db)
         except replica_guard.ReplicaDiverged as exc:
-            self.error = str(exc)
-            log.error("%s", exc)
-            self._set("diverged")
+            self._diverged(exc)
             return False
         return True
+
+    def _diverged(self, exc: replica_guard.ReplicaDiverged) -> None:
+        """Another machine's history is in the replica: one ERROR naming both heads, and this
+        daemon's Litestream ends at once (killed: a SIGTERM would ship one more sync over it)
+        and is never started again, nor run for a last sync at the stop."""
+        self.error = str(exc)
+        log.error("%s", exc)
+        self._set("diverged")
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     async def _follow(self, proc: Process) -> None:
         """Litestream's stderr, a JSON object a line: an error is the replica's state."""
@@ -217,10 +230,13 @@ class Replication:
                 await anyio.sleep(every)  # nothing committed since the replica held the head
                 continue
             try:
-                head = await anyio.to_thread.run_sync(
-                    partial(litestream.replica_head, self.replica, timeout_s=self.replica.read_timeout_s,
+                _, head = await anyio.to_thread.run_sync(
+                    partial(replica_guard.read, self.replica, self.db, timeout_s=self.replica.read_timeout_s,
                             started=self._reading),
                     abandon_on_cancel=True)
+            except replica_guard.ReplicaDiverged as exc:
+                self._diverged(exc)
+                return
             except litestream.LitestreamError as exc:
                 self.error = self._scrub(str(exc))
                 self._set("unreachable", self.error)
@@ -244,9 +260,10 @@ class Replication:
         """After the drain: Litestream's last sync (bounded), then it ends; ``run`` returns."""
         self._stopping = True
         proc = self._proc
-        fresh = proc is None or time.monotonic() - self._started_at < _FRESH_S
+        # a replica found diverged gets no last sync from this store
+        fresh = self.state != "diverged" and (proc is None or time.monotonic() - self._started_at < _FRESH_S)
         with anyio.move_on_after(STOP_WAIT_S):
-            if proc is not None and proc.returncode is None:
+            if proc is not None and proc.returncode is None and self.state != "diverged":
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
                 await proc.wait()
