@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -43,3 +44,26 @@ def test_only_the_default_store_s_heads_go_to_the_users_witness(monkeypatch: pyt
     assert paths.heads_path_for(other) == tmp_path / "data" / "memoryd" / "scratch.db.memoryd-heads"
     assert paths.heads_path_for(tmp_path / "s.db") == tmp_path / "s.db.memoryd-heads"
     assert paths.heads_path_for(tmp_path / "s.db") in paths.store_files(tmp_path / "s.db")
+
+
+@pytest.mark.parametrize("record", [b"", b"not json", b"\xff", b"[]", b'"pid"', b'{"socket": "/s"}',
+                                    b'{"pid": "12", "socket": "/s"}', b'{"pid": 12.0, "socket": "/s"}',
+                                    b'{"pid": true, "socket": "/s"}', b'{"pid": 0, "socket": "/s"}',
+                                    b'{"pid": -1, "socket": "/s"}'])
+def test_an_owner_record_memoryd_would_not_write_reads_as_none(tmp_path: Path, record: bytes) -> None:
+    db = tmp_path / "memory.db"
+    paths.owner_record_path(db).write_bytes(record)
+    assert paths.read_owner_record(db) is None
+
+
+def test_the_owner_record_the_daemon_writes_reads_back(tmp_path: Path) -> None:
+    from memoryd.app import write_owner
+
+    db = tmp_path / "memory.db"
+    assert paths.read_owner_record(db) is None
+    write_owner(db, "/run/memoryd.sock", stopping=True)
+    assert paths.read_owner_record(db) == paths.OwnerRecord(os.getpid(), "/run/memoryd.sock", True)
+    write_owner(db, None)
+    assert paths.read_owner_record(db) == paths.OwnerRecord(os.getpid(), None, False)
+    paths.owner_record_path(db).write_text('{"pid": 7, "socket": 5, "stopping": 1}\n')
+    assert paths.read_owner_record(db) == paths.OwnerRecord(7, None, False)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from typing import TypeVar
 
 from memoryd_protocol import text_index
 from memoryd_protocol.ledger import Fetch, consistent
-from memoryd_protocol.paths import owner_record_path
+from memoryd_protocol.paths import read_owner_record
 from memoryd_protocol.types import LedgerProblem
 
 T = TypeVar("T")
@@ -48,16 +47,6 @@ class NoLedger(Exception):
     """A memory store that memoryd never opened: nothing in it is chained (memoryctl exit 1)."""
 
 
-def _owner(db: Path) -> tuple[int | None, str | None]:
-    try:
-        info = json.loads(owner_record_path(db).read_text())
-        pid = int(info["pid"])
-        socket = info.get("socket")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-    return pid, socket if isinstance(socket, str) else None
-
-
 def check_not_held(db: Path) -> None:
     """Refuse a store whose lock a daemon holds. The daemon holds an exclusive flock on the
     db file for its whole life (and records its pid and socket next to it); a shared flock
@@ -70,7 +59,8 @@ def check_not_held(db: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid, socket = _owner(db)
+        record = read_owner_record(db)
+        pid, socket = (None, None) if record is None else record[:2]
         holder = f"memoryd pid {pid}" if pid is not None else "a running memoryd"
         where = f", serving {socket}" if socket else ""
         raise StoreHeld(f"store {db} is held by {holder}{where}", pid, socket) from None

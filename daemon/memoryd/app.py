@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from memoryd_protocol.errors import ProtocolError, StoreLocked
-from memoryd_protocol.paths import owner_record_path
+from memoryd_protocol.paths import owner_record_path, read_owner_record, temporary_twin
 
 from . import logs, storefile
 from .adapter_registry import load_adapters
@@ -99,7 +99,7 @@ def write_owner(path: Path, endpoint: str | None, *, stopping: bool = False) -> 
     record: dict[str, Any] = {"pid": os.getpid(), "socket": endpoint}
     if stopping:
         record["stopping"] = True
-    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    tmp = temporary_twin(owner)
     tmp.write_text(json.dumps(record) + "\n")
     os.chmod(tmp, 0o600)
     os.replace(tmp, owner)
@@ -109,21 +109,17 @@ def _outwait_stopping_owner(path: Path, fd: int) -> bool:
     """Wait for an owner that marked itself stopping to exit, then take the lock (True once
     held): a client that found no socket in that window and started us must not fail. An
     owner that is not stopping is refused at once."""
-    try:
-        info = json.loads(owner_record_path(path).read_text())
-        pid = int(info["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if info.get("stopping") is not True:
+    record = read_owner_record(path)
+    if record is None or not record.stopping:
         return False
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = os.pidfd_open(record.pid)
     except ProcessLookupError:
         pass  # gone already
     except OSError:
         return False
     else:
-        log.info("store %s is owned by memoryd pid %d, which is stopping; waiting for it to exit", path, pid)
+        log.info("store %s is owned by memoryd pid %d, which is stopping; waiting for it to exit", path, record.pid)
         try:
             select.select([pidfd], [], [], STOPPING_OWNER_WAIT_S)
         finally:
@@ -137,12 +133,9 @@ def _outwait_stopping_owner(path: Path, fd: int) -> bool:
 
 def _locked(path: Path) -> StoreLocked:
     details: dict[str, Any] = {"path": str(path)}
-    try:
-        info = json.loads(owner_record_path(path).read_text())
-        details["pid"] = int(info["pid"])
-        details["socket"] = info.get("socket")
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    record = read_owner_record(path)
+    if record is not None:
+        details.update(pid=record.pid, socket=record.socket)
     holder = f"memoryd pid {details['pid']}" if "pid" in details else "another memoryd"
     where = f", serving {details['socket']}" if details.get("socket") else ""
     return StoreLocked(f"store {path} is owned by {holder}{where}", details)

@@ -74,16 +74,16 @@ def _connect(path: str) -> socket.socket | None:
 def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     """The daemon that already owns ``store``, by the socket its owner record names (next
     to the store), when that socket is in a private directory and answers."""
-    from memoryd_protocol.paths import owner_record_path
+    from memoryd_protocol.paths import read_owner_record
 
+    record = read_owner_record(Path(store))
+    if record is None or record.socket is None or not record.socket.startswith("/"):
+        return None
+    recorded = record.socket
     try:
-        record = _loads(owner_record_path(Path(store)).read_bytes().strip())
-        recorded, pid = record.get("socket"), record.get("pid")
-        if not isinstance(recorded, str) or not recorded.startswith("/") or not isinstance(pid, int) or pid <= 0:
-            return None
-        os.kill(pid, 0)  # a record left by a daemon that is gone means nothing
+        os.kill(record.pid, 0)  # a record left by a daemon that is gone means nothing
         check_private_dir(_parent(recorded))
-    except (OSError, ValueError, AttributeError, UnsafeDir):
+    except (OSError, UnsafeDir):
         return None
     sock = _connect(recorded)
     return None if sock is None else (sock, recorded)

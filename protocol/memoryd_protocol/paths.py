@@ -3,10 +3,12 @@ socket that ``memoryd serve`` opened without either importing the other)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import platformdirs
 
@@ -82,6 +84,30 @@ def owner_record_path(db: Path) -> Path:
     (an exclusive flock on the db file), next to the store. It means something only while
     that flock is held."""
     return db.with_name(db.name + ".memoryd-owner")
+
+
+class OwnerRecord(NamedTuple):
+    pid: int
+    #: None when the holder serves no socket
+    socket: str | None
+    #: set by a holder that is letting go of the store, so a starter waits for it
+    stopping: bool
+
+
+def read_owner_record(db: Path) -> OwnerRecord | None:
+    """The owner record of the store ``db`` (:func:`owner_record_path`), or None when there
+    is none or it is not one memoryd writes: a JSON object whose pid is a positive integer.
+    A socket that is not a string reads as None. Strict for every reader: a record someone
+    else wrote must not name a pid to wait on or a socket to follow."""
+    try:
+        info = json.loads(owner_record_path(db).read_bytes())
+    except (OSError, ValueError):
+        return None
+    pid = info.get("pid") if isinstance(info, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    socket = info.get("socket")
+    return OwnerRecord(pid, socket if isinstance(socket, str) else None, info.get("stopping") is True)
 
 
 #: next to the socket: held by whoever is starting a daemon there (memoryd.launch)
@@ -193,7 +219,7 @@ def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-__all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "approver_key_path", "approver_proof",
+__all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "OwnerRecord", "approver_key_path", "approver_proof",
            "create_approver_key", "default_config_path", "default_db_path", "default_heads_path",
            "default_socket_path", "heads_path_for", "log_path_for", "owner_record_path", "private_socket_path",
-           "read_approver_key", "runtime_dir", "runtime_files", "store_files", "temporary_twin"]
+           "read_approver_key", "read_owner_record", "runtime_dir", "runtime_files", "store_files", "temporary_twin"]
