@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .cliparser import build_parser as build_parser
-from .cliparser import verbs as verbs
 from .commands import run_async
 from .local import cmd_rpc, cmd_socket
+from .manual import build_parser as build_parser
 from .manual import cmd_completion
+from .manual import verbs as verbs
 from .running import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Ctx, _error, _socket, fail
 
 # This module is memoryctl's front: the command line and the exit statuses. Every verb that

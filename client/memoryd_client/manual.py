@@ -1,19 +1,24 @@
-"""``memoryctl completion SHELL`` and the parser that the man page and the completion
-scripts are generated from: memoryctl's own, with every verb and action complete."""
+"""memoryctl's parser, built from the verb table (:data:`memoryd_client.verbtable.VERBS`):
+the front (memoryd_client.cli) parses with it, and the man page and ``memoryctl completion
+SHELL``'s scripts are generated from it, with every verb and action complete."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from pathlib import Path
 
-from .cliparser import build_parser
-from .parsing import Parser
-from .running import EXIT_OK, Ctx, UsageError
+from memoryd_protocol import __version__
+from memoryd_protocol.constants import PROTOCOL
+
+from .parsing import FORMATTER, Parser, Verb, _global_options
+from .running import EXIT_OK, PROG, Ctx, UsageError
+from .verbtable import VERBS
 
 SHELLS = ("bash", "zsh", "fish")
 
-#: the man page, generated from :func:`full_parser` by argparse-manpage (a development
+#: the man page, generated from :func:`build_parser` by argparse-manpage (a development
 #: dependency) and shipped as share/man/man1/memoryctl.1
 MAN_PAGE = Path(__file__).resolve().parents[2] / "docs" / "memoryctl.1"
 
@@ -21,18 +26,55 @@ MAN_PAGE = Path(__file__).resolve().parents[2] / "docs" / "memoryctl.1"
 def man_page_command(output: Path) -> list[str]:
     """The argparse-manpage command line that writes the man page to ``output``; its date
     is ``$SOURCE_DATE_EPOCH``'s (tests/test_manual.py regenerates it with the shipped one's)."""
-    from memoryd_protocol import __version__
-
-    return ["argparse-manpage", "--module", "memoryd_client.manual", "--function", "full_parser",
+    return ["argparse-manpage", "--module", "memoryd_client.manual", "--function", "build_parser",
             "--prog", "memoryctl", "--project-name", "memoryd", "--version", __version__,
             "--manual-title", "memoryd manual", "--description", "manage memoryd, the local memory daemon",
             "--output", str(output)]
 
 
-def full_parser(*, global_help: bool = False) -> Parser:
-    """memoryctl's parser, for argparse-manpage and shtab. With ``global_help`` each verb
-    lists the global options too, which completes them after it."""
-    return build_parser(global_help=global_help)
+def build_parser(*, global_help: bool = False) -> Parser:
+    """memoryctl's parser, every verb's with it. With ``global_help`` each verb's help lists
+    the global options too (the completion scripts read it to complete them after a verb)."""
+    parser = Parser(
+        prog=PROG,
+        formatter_class=FORMATTER,
+        description=inspect.cleandoc("""
+            Manage memoryd, the local memory daemon (dsh-memory-protocol v1): read, write,
+            audit, import and export memory, and approve writes.
+
+            memoryctl connects to the daemon's socket and starts a daemon there when none
+            answers (--no-autostart to disable). Writes under write policy 'ask' show the
+            complete change and ask 'Approve? [y/N]' on the terminal; without a terminal
+            they are denied unless --yes is given.
+        """).strip(),
+        epilog=inspect.cleandoc("""
+            exit status:
+              0    ok
+              1    the daemon refused (its error code is on stderr), or audit verify found
+                   the ledger broken
+              2    usage: bad arguments, an unreadable input file
+              3    no daemon, connection lost, timeout, or stop failed
+              130  interrupted
+
+            Run 'memoryctl VERB --help' for a verb's own options, 'man memoryctl' for the
+            manual, and 'memoryctl completion bash|zsh|fish' for shell completion.
+        """).strip(),
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__} ({PROTOCOL})", help="print the version and exit"
+    )
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=Verb)
+    for verb in VERBS:
+        parser.verb_parsers[verb.name] = sub.add_parser(
+            verb.name, help=verb.summary, summary=verb.summary, description=verb.description, epilog=verb.epilog,
+            formatter_class=FORMATTER, global_help=global_help, arguments=verb.arguments)
+    return parser
+
+
+def verbs(parser: Parser | None = None) -> dict[str, Verb]:
+    """Verb name → its parser (for docs and tests)."""
+    return (parser or build_parser()).verb_parsers
 
 
 def _parsers(parser: Parser) -> list[Parser]:
@@ -45,7 +87,7 @@ def script(shell: str) -> str:
     parser; paths completed where an option takes a file or directory."""
     import shtab
 
-    parser = full_parser(global_help=True)
+    parser = build_parser(global_help=True)
     for p in _parsers(parser):
         # shtab describes a verb by its description's first line; the summary is the line for it
         p.description = getattr(p, "summary", None) or p.description

@@ -1,5 +1,5 @@
 """memoryctl's verbs: the one table (:data:`VERBS`) of each one's summary, description,
-examples and options, from which :func:`memoryd_client.cliparser.build_parser` builds the
+examples and options, from which :func:`memoryd_client.manual.build_parser` builds the
 parser."""
 
 from __future__ import annotations
