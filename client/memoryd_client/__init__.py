@@ -18,6 +18,24 @@ raise the protocol's typed exceptions (re-exported here), transport failures a
 from __future__ import annotations
 
 from memoryd_protocol import __version__, types
+from memoryd_protocol.errors import (
+    AdapterNotFound,
+    AdapterPayload,
+    AmbiguousMatch,
+    BudgetExceeded,
+    EntryNotFound,
+    InvalidInput,
+    ProposalNotFound,
+    ProtocolError,
+    RpcError,
+    StoreCorrupt,
+    StoreLocked,
+    StoreUnavailable,
+    StoreUnsupportedVersion,
+    WriteDenied,
+    WriteRequiresAgent,
+    from_wire,
+)
 
 from .client import (
     DECIDED,
@@ -34,27 +52,11 @@ from .client import (
     plain,
 )
 from .errors import (
-    AdapterNotFound,
-    AdapterPayload,
-    AmbiguousMatch,
     BadResponse,
-    BudgetExceeded,
     ClientError,
     ConnectFailed,
     ConnectionClosed,
-    EntryNotFound,
-    InvalidInput,
-    ProposalNotFound,
-    ProtocolError,
-    RpcError,
-    StoreCorrupt,
-    StoreLocked,
-    StoreUnavailable,
-    StoreUnsupportedVersion,
     Timeout,
-    WriteDenied,
-    WriteRequiresAgent,
-    from_wire,
 )
 from .sync import SyncClient, SyncEventStream, connect_sync
 from .wire import make_session

@@ -5,7 +5,7 @@ Two families, on purpose:
 * :class:`memoryd_protocol.errors.ProtocolError` and its subclasses (``BudgetExceeded``,
   ``AmbiguousMatch``, ``WriteDenied``, ...): the daemon answered and said no. They are rebuilt
   from the wire's ``data.code`` by :func:`memoryd_protocol.errors.from_wire`, so ``.code`` and
-  ``.details`` are exactly what the daemon sent. Re-exported here.
+  ``.details`` are exactly what the daemon sent. The package re-exports them.
 * :class:`ClientError` and its subclasses: the answer never arrived (no daemon, the
   connection dropped, the wait timed out, the answer was not understood). They carry a
   ``.code`` and ``.details`` too, so a caller can print either family the same way.
@@ -14,25 +14,6 @@ Two families, on purpose:
 from __future__ import annotations
 
 from typing import Any, ClassVar
-
-from memoryd_protocol.errors import (
-    AdapterNotFound,
-    AdapterPayload,
-    AmbiguousMatch,
-    BudgetExceeded,
-    EntryNotFound,
-    InvalidInput,
-    ProposalNotFound,
-    ProtocolError,
-    RpcError,
-    StoreCorrupt,
-    StoreLocked,
-    StoreUnavailable,
-    StoreUnsupportedVersion,
-    WriteDenied,
-    WriteRequiresAgent,
-    from_wire,
-)
 
 
 class ClientError(Exception):
@@ -93,27 +74,11 @@ class ApproverRelayed(ClientError):
 
 
 __all__ = [
-    "AdapterNotFound",
-    "AdapterPayload",
-    "AmbiguousMatch",
     "ApproverKeyUnusable",
     "ApproverRelayed",
     "BadResponse",
-    "BudgetExceeded",
     "ClientError",
     "ConnectFailed",
     "ConnectionClosed",
-    "EntryNotFound",
-    "InvalidInput",
-    "ProposalNotFound",
-    "ProtocolError",
-    "RpcError",
-    "StoreCorrupt",
-    "StoreLocked",
-    "StoreUnavailable",
-    "StoreUnsupportedVersion",
     "Timeout",
-    "WriteDenied",
-    "WriteRequiresAgent",
-    "from_wire",
 ]

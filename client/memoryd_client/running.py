@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.paths import default_socket_path
 
-from .errors import ClientError, ConnectFailed, ProtocolError
+from .errors import ClientError, ConnectFailed
 from .prompt import Approver
 
 #: a command line, as the parser read it
