@@ -20,7 +20,10 @@ WHY_NOT: dict[str, str] = {
         "Group commit pays only while writes queue behind a COMMIT in flight. The event loop's CPU per "
         "write (parse, gate, reply) and the writer thread's (the batch's SQL and COMMIT) share one "
         "interpreter, so together they bound the rate; on a busy 2-core machine the clients' own CPU "
-        "competes with them (bench/results/PER-WRITE.md, SIMPLICITY-2.md step 2)."),
+        "competes with them. The anyio transport costs a request with a task of its own (every write) "
+        "about 25 µs more CPU than the asyncio Protocol did: each wait for input adds and removes the "
+        "descriptor from epoll, about 15 system calls against 6 (bench/results/PER-WRITE.md, "
+        "SIMPLICITY-2.md step 2 and \"The whole issue\")."),
     "acked writes, 1 client(s) ≥ 0.3× the FULL commit floor": (
         "One sequential client pays each write's whole path alone, with nothing to share a commit with: "
         "the transaction itself (entry, audit row and chained ledger row, about 10 WAL pages against "
