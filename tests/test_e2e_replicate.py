@@ -19,13 +19,9 @@ import getpass
 import json
 import os
 import re
-import select
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +40,7 @@ from replicate_support import (
     litestream_children,
     s3_config,
 )
+from sshd_server import Sshd, running_sshd
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
 
@@ -240,51 +237,17 @@ async def test_replicate_status_json_gives_what_daemon_status_does(daemon_factor
 
 
 @pytest.fixture
-def sftp_server(tmp_path: Path) -> Iterator[tuple[int, Path, str]]:
-    """sshd on 127.0.0.1 serving SFTP to one key: (port, that key, the host key's line)."""
-    sshd, keygen = shutil.which("sshd") or "/usr/sbin/sshd", shutil.which("ssh-keygen")
-    if not Path(sshd).exists() or keygen is None:
-        pytest.skip("openssh-server is not installed")
+def sftp_server(tmp_path: Path) -> Iterator[Sshd]:
+    """sshd on 127.0.0.1 serving SFTP to one key."""
     keys = tmp_path / "sshd"
     keys.mkdir(mode=0o700)
-    for name in ("host_key", "user_key"):
-        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True, timeout=60)
-    (keys / "authorized_keys").write_bytes((keys / "user_key.pub").read_bytes())
-    if os.geteuid() == 0:
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    (keys / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host_key'}\n"
-        f"AuthorizedKeysFile {keys / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPidFile none\nSubsystem sftp internal-sftp\n")
-    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(keys / "sshd_config")], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        # ready once its stderr says it listens (bounded)
-        assert proc.stderr is not None
-        want, seen = f"Server listening on 127.0.0.1 port {port}.".encode(), b""
-        deadline = time.monotonic() + 30
-        while want not in seen:
-            left = deadline - time.monotonic()
-            assert left > 0 and select.select([proc.stderr], [], [], left)[0], seen.decode(errors="replace")
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            assert chunk, seen.decode(errors="replace")
-            seen += chunk
-        host = (keys / "host_key.pub").read_text().split()
-        yield port, keys / "user_key", f"{host[0]} {host[1]}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stderr is not None:
-            proc.stderr.close()
+    with running_sshd(keys, "Subsystem sftp internal-sftp\n") as server:
+        yield server
 
 
 async def test_an_sftp_replica_on_a_real_sshd_restores_to_a_copy_that_verifies(
-        daemon_factory: Any, tmp_path: Path, sftp_server: tuple[int, Path, str]) -> None:
-    port, key, host_key = sftp_server
+        daemon_factory: Any, tmp_path: Path, sftp_server: Sshd) -> None:
+    port, key, host_key = sftp_server.port, sftp_server.key, sftp_server.host_key_line()
     url = f"sftp://{getpass.getuser()}@127.0.0.1:{port}{tmp_path / 'sftp-replica'}"
     options = {"key-path": str(key), "host-key": host_key}
     config = (f'[replicate]\nurl = "{url}"\nlag_every_s = 0.1\n[replicate.litestream]\nsync-interval = "50ms"\n'

@@ -11,18 +11,11 @@ absolute path, as a user must: a command run over ssh gets the remote account's 
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import select
-import shlex
-import socket
 import sqlite3
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +26,7 @@ from e2e_helpers import Gate, arrived, entry_input, start_held, state
 from hosts.screen import Screen
 from mcp import Client, StdioServerParameters
 from rawclient import Raw, _socket_lines, running, socket_client, write_ctx
+from sshd_server import Sshd, running_sshd
 from system_tools import require
 
 pytestmark = pytest.mark.anyio
@@ -42,99 +36,26 @@ MEMORYD = str(BIN / "memoryd")
 MEMORYCTL = str(BIN / "memoryctl")
 #: memoryd's interpreter, as the kernel names the relay's executable
 PYTHON = os.path.realpath(sys.executable)
-SSHD_READY_S = 30
 PROJ = "/home/me/proj"
 LAYER = {"track": "user", "scope": "workspace"}
 
 
-@dataclass
-class Sshd:
-    """A running sshd on 127.0.0.1, and how to reach it with the key made for it."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    key: Path
-    known_hosts: Path
-    #: the remote sessions' XDG_RUNTIME_DIR, where their default socket is
-    runtime: Path
-
-    def argv(self, *remote: str, tty: bool = False) -> list[str]:
-        """``ssh … 127.0.0.1 <remote>``: the remote words quoted for the remote shell, which
-        joins and parses them as one command line."""
-        return [require("ssh"), "-F", "/dev/null", "-i", str(self.key), "-p", str(self.port),
-                "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "LogLevel=ERROR",
-                *(["-t"] if tty else ["-T"]), f"{getpass.getuser()}@127.0.0.1",
-                " ".join(shlex.quote(word) for word in remote)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
-    """Read sshd's stderr until it says it listens (True) or exits (False, e.g. the port was
-    taken meanwhile); bounded by SSHD_READY_S."""
-    assert proc.stderr is not None
-    want = f"Server listening on 127.0.0.1 port {port}.".encode()
-    seen = b""
-    deadline = time.monotonic() + SSHD_READY_S
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([proc.stderr], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(proc.stderr.fileno(), 65536)
-        if not chunk:
-            return False
-        seen += chunk
-        if want in seen:
-            return True
-    raise AssertionError(f"sshd did not listen within {SSHD_READY_S}s: {seen.decode(errors='replace')}")
-
-
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    sshd_bin, keygen = require("sshd"), str(Path(require("ssh")).parent / "ssh-keygen")
     tmp = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "user_key"):
-        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / name)], check=True, timeout=60)
-    (tmp / "authorized_keys").write_bytes((tmp / "user_key.pub").read_bytes())
-    runtime = tmp / "run"
+    runtime = remote_runtime(tmp)
     runtime.mkdir(mode=0o700)
-    if os.geteuid() == 0:
-        # root's sshd runs its pre-auth child in this empty directory (the init script makes it)
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    for _attempt in range(3):  # a free port can be taken between the probe and sshd's bind
-        port = _free_port()
-        config = tmp / "sshd_config"
-        config.write_text(
-            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\n"
-            f"AuthorizedKeysFile {tmp / 'authorized_keys'}\n"
-            # CI runs as root: a key may log in as root, a password never
-            "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\n"
-            # pytest's tmp directories are not laid out for sshd's ownership checks
-            "StrictModes no\nPidFile none\n"
+    with running_sshd(tmp, (
             # a login's runtime directory, as pam_systemd gives one: the remote default socket
             f"SetEnv XDG_RUNTIME_DIR={runtime}"
             # the remote memoryd runs the code this test imports (a checkout on PYTHONPATH too)
-            + (f" PYTHONPATH={os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "") + "\n")
-        proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if _listening(proc, port):
-            break
-        proc.wait(10)
-    else:
-        raise AssertionError("sshd could not bind a free port on 127.0.0.1 three times")
-    try:
-        yield Sshd(proc, port, tmp / "user_key", tmp / "known_hosts", runtime)
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stderr is not None:
-            proc.stderr.close()
+            + (f" PYTHONPATH={os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "") + "\n")) as server:
+        yield server
+
+
+def remote_runtime(tmp: Path) -> Path:
+    """The remote sessions' XDG_RUNTIME_DIR, where their default socket is: beside the keys."""
+    return tmp / "run"
 
 
 def _ppid(pid: int) -> int:
@@ -349,7 +270,7 @@ async def test_the_remote_relay_finds_the_daemon_by_the_store_s_owner_record(dae
         status = await remote.ok("daemon/status")
     assert (status["pid"], status["socket"]) == (d.proc.pid, str(d.socket_path))
     assert added["entry"]["workspaceKey"] == PROJ
-    assert list(sshd.runtime.iterdir()) == []  # nothing started or bound where it looked first
+    assert list(remote_runtime(sshd.key.parent).iterdir()) == []  # nothing started or bound where it looked first
 
 
 async def test_a_laptop_s_project_path_over_ssh_is_the_dev_box_s_workspace(
