@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from memoryd_protocol.ledger import chain_hash
 from rawclient import Raw, write_ctx
 
 
@@ -72,3 +73,15 @@ def sql(db: Path, statement: str, *args: Any) -> list[tuple[Any, ...]]:
             return conn.execute(statement, args).fetchall()
     finally:
         conn.close()
+
+
+def rechain(conn: sqlite3.Connection, old: str, new: str) -> None:
+    """A forger's full rehash: every ledger row's body with ``old`` replaced by ``new``, and
+    the whole chain recomputed over it, in ``conn``'s open transaction."""
+    prev = ""
+    for n, ts, kind, ref, seq, body in conn.execute(
+            "SELECT n, ts, kind, ref, audit_seq, body FROM memoryd_ledger ORDER BY n").fetchall():
+        body = body.replace(old, new)
+        h = chain_hash(prev, n, ts, kind, ref, seq, body)
+        conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?", (body, prev, h, n))
+        prev = h

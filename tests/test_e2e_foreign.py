@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add, sql
+from e2e_helpers import add, rechain, sql
 from memoryd_protocol.ledger import AuditBody, DecidedBody, canonical, chain_hash
 from memoryd_protocol.types import ApprovalBy, LedgerEntry
 from rawclient import Raw, socket_client, write_ctx
@@ -313,13 +313,7 @@ async def test_verify_with_heads_catches_a_full_rehash(daemon_factory: Any, tmp_
             conn.execute("INSERT INTO memoryd_fts (rowid, text) SELECT rowid, text FROM entries WHERE id = ?", (first,))
             conn.execute("UPDATE audit SET text = 'uses npm' WHERE entry_id = ?", (first,))
             conn.execute("UPDATE memoryd_usage SET used = used - 1 WHERE track = 'user'")
-            prev = ""
-            for n, ts, kind, ref, seq, body in conn.execute(
-                    "SELECT n, ts, kind, ref, audit_seq, body FROM memoryd_ledger ORDER BY n").fetchall():
-                body = body.replace("uses pnpm", "uses npm")
-                h = chain_hash(prev, n, ts, kind, ref, seq, body)
-                conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?", (body, prev, h, n))
-                prev = h
+            rechain(conn, "uses pnpm", "uses npm")
     finally:
         conn.close()
     alone = memoryctl("audit", "verify", "--db", str(d.db_path))

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import Gate, add, arrived, entry_input, sql, start_held, unaccepted
+from e2e_helpers import Gate, add, arrived, entry_input, rechain, sql, start_held, unaccepted
 from rawclient import Raw, socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
@@ -142,7 +142,6 @@ async def test_a_truncated_ledger_is_caught_by_the_daemon_that_wrote_it(daemon: 
 async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: Any) -> None:
     """Editing a row and recomputing every hash after it leaves a chain that checks out;
     the daemon still knows the head it wrote."""
-    from memoryd_protocol.ledger import chain_hash
 
     async with socket_client(daemon.socket_path) as raw:
         first = (await add(raw, "uses pnpm"))["entry"]["id"]
@@ -153,14 +152,7 @@ async def test_a_rewritten_chain_is_caught_by_the_daemon_that_wrote_it(daemon: A
             with conn:
                 conn.execute("UPDATE entries SET text = 'uses npm' WHERE id = ?", (first,))
                 conn.execute("UPDATE audit SET text = 'uses npm' WHERE entry_id = ?", (first,))
-                prev = ""
-                rows = conn.execute("SELECT n, ts, kind, ref, audit_seq, body FROM memoryd_ledger ORDER BY n").fetchall()
-                for n, ts, kind, ref, seq, body in rows:
-                    body = body.replace("uses pnpm", "uses npm")
-                    h = chain_hash(prev, n, ts, kind, ref, seq, body)
-                    conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?",
-                                 (body, prev, h, n))
-                    prev = h
+                rechain(conn, "uses pnpm", "uses npm")
         finally:
             conn.close()
         # the daemon's next write chains onto the forged head: the daemon still reports it

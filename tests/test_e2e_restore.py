@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add, entry_input, sql
+from e2e_helpers import add, entry_input, rechain, sql
 from memoryd import litestream, replica
-from memoryd_protocol.ledger import chain_hash
 from memoryd_protocol.paths import heads_path_for
 from rawclient import socket_client, write_ctx
 from replicate_support import BUCKET, SECRET_KEY, Log, S3Server, credentials_file, file_config, s3_config
@@ -388,13 +387,7 @@ async def test_verify_against_the_replica_catches_a_full_rehash_with_the_heads_f
             conn.execute("UPDATE entries SET text = 'uses npm' WHERE text = 'uses pnpm'")
             conn.execute("UPDATE audit SET text = 'uses npm' WHERE text = 'uses pnpm'")
             conn.execute("UPDATE memoryd_usage SET used = used - 1 WHERE track = 'user'")
-            prev = ""
-            for n, ts, kind, ref, seq, body in conn.execute(
-                    "SELECT n, ts, kind, ref, audit_seq, body FROM memoryd_ledger ORDER BY n").fetchall():
-                body = body.replace("uses pnpm", "uses npm")
-                h = chain_hash(prev, n, ts, kind, ref, seq, body)
-                conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?", (body, prev, h, n))
-                prev = h
+            rechain(conn, "uses pnpm", "uses npm")
     finally:
         conn.close()
     _forge_stop_head(d.db_path)
