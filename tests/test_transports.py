@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -103,6 +104,27 @@ async def test_stop_ends_a_waiting_read_at_once_and_reads_nothing_queued_after_i
         assert got == []
         send.send_nowait(b"o\nthree\n")  # what arrives afterwards is never read
         assert await lines.next() is None
+
+
+async def test_a_descriptor_is_watched_across_waits_and_not_after_its_stream_closes(
+        pipes: tuple[int, int, int, int]) -> None:
+    """A cancelled wait (as ``Lines.stop`` ends one) leaves the stream readable, and closing
+    the stream stops the loop's watch: a descriptor number reused later is not watched for
+    a stream that has ended."""
+    in_r, in_w, out_r, out_w = pipes
+    loop = asyncio.get_running_loop()
+    async with stdio_stream(in_r, out_w, 65536) as (stdin, out):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stdin.receive)
+            await anyio.wait_all_tasks_blocked()  # the read waits for bytes
+            tg.cancel_scope.cancel()
+        os.write(in_w, b"after\n")
+        assert await stdin.receive() == b"after\n"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stdin.receive)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    assert not loop.remove_reader(in_r)
 
 
 async def test_a_stdout_nobody_reads_is_dropped_at_max_buffered_bytes(pipes: tuple[int, int, int, int],

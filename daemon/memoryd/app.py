@@ -258,7 +258,7 @@ class Daemon:
                 halves = accepted(stream, self.config.max_buffered_bytes, outbound=self.outbound)
                 if halves is not None:  # None: another user's, refused
                     incoming, outlet = halves
-                    async with outlet.sending():
+                    async with incoming, outlet.sending():
                         await self._serve_connection(self.new_connection(outlet, "socket"), incoming)
                         await outlet.finish()  # what is still queued goes out before the close
         except Exception:

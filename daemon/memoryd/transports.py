@@ -8,6 +8,7 @@ switches to it, so the caps on a line hold there too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -477,25 +478,50 @@ class Outlet:
 
 class _FdReceiveStream(ByteReceiveStream):
     """A descriptor epoll can watch (a pipe, a socket, a terminal), read as anyio reads a
-    socket. Closing the stream leaves it open: stdio's is the parent's, a socket's is closed
-    by its own stream."""
+    socket, but watched by the event loop from its first wait until the stream is closed:
+    anyio's ``wait_readable`` adds and removes the descriptor for every wait, which on every
+    request's path costs more than the read itself (bench/results/SIMPLICITY-2.md). Closing
+    the stream stops the watch and leaves the descriptor open: stdio's is the parent's, a
+    socket's is closed by its own stream, after this one."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self._unwatch()  # the wait was cancelled: watch again at the next one
+        else:
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
 
     async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
         while True:
             try:
                 data = os.read(self._fd, max_bytes)
             except BlockingIOError:
-                await anyio.wait_readable(self._fd)
+                if self._loop is None:
+                    self._loop = asyncio.get_running_loop()
+                    self._loop.add_reader(self._fd, self._readable)
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
                 continue
             if not data:
+                self._unwatch()
                 raise anyio.EndOfStream
             return data
 
     async def aclose(self) -> None:
-        pass
+        self._unwatch()
 
 
 def _shut(sock: socket.socket) -> None:
