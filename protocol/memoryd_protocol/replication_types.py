@@ -11,15 +11,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-#: ``starting``: Litestream was started and the replica not read yet; ``replicating``: the
-#: replica held the head when last read; ``behind``: it did not; ``unreachable``: the
-#: replica could not be read, or Litestream reported an error since; ``restarting``:
-#: Litestream exited and is started again after a back-off; ``stopped``: the daemon stopped it;
-#: ``diverged``: the replica's newest ledger row is not a row of this store's chain (another
-#: machine wrote to it), so Litestream is never started.
+#: What each state means is the ``state`` field's description below.
 ReplicationState = Literal["starting", "replicating", "behind", "unreachable", "restarting", "stopped", "diverged"]
-REPLICATION_STATES: tuple[str, ...] = ("starting", "replicating", "behind", "unreachable", "restarting", "stopped",
-                                       "diverged")
 
 
 class ReplicationStatus(msgspec.Struct, rename="camel", kw_only=True):
