@@ -180,22 +180,11 @@ def _placement_heading(workspace_key: str, agent_key: str) -> str:
 
 
 class MarkdownAdapter(AdapterBase):
-    """Shared parser and exporter; subclasses choose the default cell and prose handling."""
+    """Shared parser and exporter; subclasses choose the prose handling."""
 
-    default_track: Track
-    default_scope: Scope
     allow_prose: bool
 
-    def __init__(
-        self,
-        *,
-        id: str,
-        name: str,
-        description: str,
-        default_track: Track,
-        default_scope: Scope,
-        allow_prose: bool,
-    ) -> None:
+    def __init__(self, *, id: str, name: str, description: str, allow_prose: bool) -> None:
         super().__init__(
             id=id,
             name=name,
@@ -204,8 +193,6 @@ class MarkdownAdapter(AdapterBase):
             import_formats=[MARKDOWN_FORMAT],
             export_format=MARKDOWN_FORMAT,
         )
-        self.default_track = default_track
-        self.default_scope = default_scope
         self.allow_prose = allow_prose
 
     # -- import ---------------------------------------------------------------------------
@@ -373,7 +360,7 @@ class MarkdownAdapter(AdapterBase):
         for heading in reversed(stack):
             if heading.cell is not None:
                 return (*heading.cell, heading.placement)
-        return self.default_track, self.default_scope, None
+        return "user", "user-global", None  # where the reference puts every entry
 
     @staticmethod
     def _tag(stack: list[_Heading]) -> str | None:
@@ -403,7 +390,7 @@ class MarkdownAdapter(AdapterBase):
 
 
 class HermesMemoryMdAdapter(MarkdownAdapter):
-    """Hermes-style MEMORY.md: headings and bullets only; default cell user/user-global."""
+    """Hermes-style MEMORY.md: headings and bullets only."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -415,14 +402,12 @@ class HermesMemoryMdAdapter(MarkdownAdapter):
                 "refused. memoryd's own exports ({plugin, text}) carry placement headings and restore each "
                 "entry's track, scope, workspace and agent."
             ),
-            default_track="user",
-            default_scope="user-global",
             allow_prose=False,
         )
 
 
 class ClaudeCodeMemoryMdAdapter(MarkdownAdapter):
-    """CLAUDE.md-style memory: headings, bullets and prose; default cell user/user-global."""
+    """CLAUDE.md-style memory: headings, bullets and prose."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -434,8 +419,6 @@ class ClaudeCodeMemoryMdAdapter(MarkdownAdapter):
                 "section name. memoryd's own exports ({plugin, text}) carry placement headings and restore "
                 "each entry's track, scope, workspace and agent."
             ),
-            default_track="user",
-            default_scope="user-global",
             allow_prose=True,
         )
 
