@@ -105,6 +105,14 @@ ID_INPUT: Final[JSON] = {
 }
 #: replace/remove name their target by exactly one of match and id.
 ONE_TARGET: Final[JSON] = {"oneOf": [{"required": ["match"]}, {"required": ["id"]}]}
+#: Entries and proposals: a user-global one has no workspace.
+_NO_GLOBAL_WORKSPACE: Final[JSON] = {"allOf": [{
+    "if": {"properties": {"scope": {"const": "user-global"}}, "required": ["scope"]},
+    "then": {"properties": {"workspaceKey": {"const": ""}}},
+}]}
+#: memory/added, memory/updated and memory/removed carry the writer's session id.
+_WRITER_SESSION: Final[dict[str, JSON]] = {"sessionId": {
+    "description": "The writing session's id (write.agent.session.id); absent when the write named none."}}
 
 #: client.name and client.version: no control character (validation.check_label)
 _LABEL: Final[JSON] = {"maxLength": MAX_LABEL_UNITS, "pattern": f"^[^{_CONTROL}]*$"}
@@ -225,12 +233,9 @@ FIELD_PATCHES: Final[dict[str, dict[str, JSON]]] = {
                      "description": "Session-visibility filter: shared layer plus this agent's entries."},
         "workspaceKey": {"maxLength": MAX_KEY_UNITS, "description": "Session-visibility filter for workspace entries."},
     },
-    "MemoryAdded": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
-                                                 "when the write named none."}},
-    "MemoryUpdated": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
-                                                   "when the write named none."}},
-    "MemoryRemoved": {"sessionId": {"description": "The writing session's id (write.agent.session.id); absent "
-                                                   "when the write named none."}},
+    "MemoryAdded": _WRITER_SESSION,
+    "MemoryUpdated": _WRITER_SESSION,
+    "MemoryRemoved": _WRITER_SESSION,
     "MemoryRecalled": {
         "matches": {"minimum": 0, "description": "The number of hits: the query's total, not only the returned page."},
     },
@@ -382,12 +387,7 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     "Entry": {
         "description": "The protocol's unit of memory (seed spec §2).",
         "$comment": "updatedAt >= createdAt is not expressible in JSON Schema; providers guarantee it.",
-        "allOf": [
-            {
-                "if": {"properties": {"scope": {"const": "user-global"}}, "required": ["scope"]},
-                "then": {"properties": {"workspaceKey": {"const": ""}}},
-            }
-        ],
+        **_NO_GLOBAL_WORKSPACE,
     },
     "EntryInput": {"description": "What a caller writes to add (or seed) an entry; unknown fields are refused."},
     "ReplaceInput": {"description": "The target (exactly one of match and id) and its new text.", **ONE_TARGET},
@@ -398,12 +398,7 @@ STRUCT_PATCHES: Final[dict[str, JSON]] = {
     "AuditRow": {"description": "One row of the provider's audit ledger (seed spec §6)."},
     "Proposal": {
         "description": "A pending memory suggestion (approving it rides the add pipeline).",
-        "allOf": [
-            {
-                "if": {"properties": {"scope": {"const": "user-global"}}, "required": ["scope"]},
-                "then": {"properties": {"workspaceKey": {"const": ""}}},
-            }
-        ],
+        **_NO_GLOBAL_WORKSPACE,
     },
     "ExportEnvelope": {
         "description": "memory-export-v1: a complete backup/migration document (seed spec §8).",
