@@ -278,32 +278,22 @@ def openrpc_document() -> JSON:
             }
         )
 
-    notifications: list[JSON] = []
-    for method, cls in t.NOTIFICATIONS.items():
-        notifications.append(
-            {
-                "name": method,
-                "direction": "daemon→client",
-                "summary": NOTIFICATION_DOCS[method],
-                "paramStructure": "by-name",
-                "params": _param_descriptors(cls, schemas[def_name(cls.__name__)]),
-                "paramsSchema": {"$ref": prefix + def_name(cls.__name__)},
-            }
-        )
-    decided = t.ApprovalDecidedParams
-    notifications.append(
+    notes: list[tuple[str, type[msgspec.Struct], str, str]] = [
+        (method, cls, "daemon→client", NOTIFICATION_DOCS[method]) for method, cls in t.NOTIFICATIONS.items()]
+    notes.append(("approval/decided", t.ApprovalDecidedParams, "client→daemon",
+                  "The notification form of the approval/decided method (no id, so no response): the "
+                  "decision is applied the same way; a refused decision is silently dropped."))
+    notifications = [
         {
-            "name": "approval/decided",
-            "direction": "client→daemon",
-            "summary": (
-                "The notification form of the approval/decided method (no id, so no response): the "
-                "decision is applied the same way; a refused decision is silently dropped."
-            ),
+            "name": method,
+            "direction": direction,
+            "summary": summary,
             "paramStructure": "by-name",
-            "params": _param_descriptors(decided, schemas[def_name(decided.__name__)]),
-            "paramsSchema": {"$ref": prefix + def_name(decided.__name__)},
+            "params": _param_descriptors(cls, schemas[def_name(cls.__name__)]),
+            "paramsSchema": {"$ref": prefix + def_name(cls.__name__)},
         }
-    )
+        for method, cls, direction, summary in notes
+    ]
 
     errors_doc = {
         code: {"code": rpc, "message": ERROR_MESSAGES[code], "data": error_data_schema(code)}
