@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -27,7 +25,7 @@ from .errors import ConnectFailed
 
 #: errno values of a connect that means "no daemon there" (as opposed to, say, EACCES).
 NO_DAEMON_ERRNOS: Final = frozenset({errno.ENOENT, errno.ECONNREFUSED})
-DEFAULT_WAIT_S: Final = 30.0
+WAIT_S: Final = 30.0
 
 
 class AutostartFailed(ConnectFailed):
@@ -36,26 +34,8 @@ class AutostartFailed(ConnectFailed):
     CODE = "AUTOSTART_FAILED"
 
 
-def probe(path: Path) -> bool:
-    """True when something accepts a connection on the socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(1.0)
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def start_daemon(
-    socket_path: str | Path,
-    *,
-    db: str | Path | None = None,
-    config: str | Path | None = None,
-    extra_args: Sequence[str] = (),
-    wait: float = DEFAULT_WAIT_S,
-    python: str = sys.executable,
-) -> int | None:
+def start_daemon(socket_path: str | Path, *, db: str | Path | None = None, config: str | Path | None = None
+                 ) -> int | None:
     """Start ``memoryd serve`` on ``socket_path`` unless one already answers there.
 
     Returns the new daemon's pid, or ``None`` when another one answered first. Raises
@@ -71,20 +51,19 @@ def start_daemon(
             f"cannot create the socket directory {rundir}: {exc.strerror or exc}",
             {"path": str(rundir), "errno": exc.errno},
         ) from None
-    args = [python, "-m", "memoryd", "serve", "--detach", "--socket", str(sock)]
+    args = [sys.executable, "-m", "memoryd", "serve", "--detach", "--socket", str(sock)]
     if db is not None:
         args += ["--db", str(Path(db).absolute())]
     if config is not None:
         args += ["--config", str(Path(config).absolute())]
-    args += list(extra_args)
     log = log_path_for(sock)
     try:
         # The launcher itself gives up (and stops the daemon) after its own readiness wait;
         # this bound is only for a launcher that hangs.
-        r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=wait, cwd="/",
+        r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S, cwd="/",
                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except subprocess.TimeoutExpired:
-        raise AutostartFailed(f"memoryd did not start on {sock} within {wait:g}s (log: {log})",
+        raise AutostartFailed(f"memoryd did not start on {sock} within {WAIT_S:g}s (log: {log})",
                               {"log": str(log), "command": args}) from None
     stderr = r.stderr.decode("utf-8", "replace")
     if r.returncode != 0:
@@ -96,4 +75,4 @@ def start_daemon(
     return int(out) if out else None
 
 
-__all__ = ["NO_DAEMON_ERRNOS", "AutostartFailed", "log_path_for", "probe", "start_daemon"]
+__all__ = ["NO_DAEMON_ERRNOS", "AutostartFailed", "start_daemon"]
