@@ -41,7 +41,6 @@ Fetch = Callable[[str], Iterable[Sequence[Any]]]
 Kind = Literal["start", "connection", "audit", "asked", "decided", "failed", "proposal", "foreign", "accepted",
                "pruned"]
 T = TypeVar("T")
-R = TypeVar("R")
 
 #: How many problems a report lists (the first one is what matters; the rest is context).
 MAX_PROBLEMS = 50

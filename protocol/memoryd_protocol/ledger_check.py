@@ -396,29 +396,25 @@ def explain(ledger: Sequence[LedgerRow], live: Iterable[LedgerEntry], snapshots:
             by=d.by if d else None, reason=a.asked.reason if a else None, failed=f.code if f else None,
             decider=d.decider if d else None)
 
+    def unasked(row: LedgerRow, action: str, text: str | None = None) -> LedgerEvent:
+        """An event no connection asked for: the chain's start, or another program's change."""
+        return LedgerEvent(n=row.n, seq=None, ts=row.ts, action=action, outcome=None, text=text, session_id=None,
+                           asked_by=None, decision=None)
+
     events: list[LedgerEvent] = []
     texts: list[str] = []
     outside = Replay(ledger).outside
     for row, b in bodies:
         if row.n in outside:
             continue  # another program's rows: the foreign row after them says what they did
-        if isinstance(b, ForeignBody):
+        if isinstance(b, ForeignBody | StartBody):
+            action = "present-at-start" if isinstance(b, StartBody) else "written-outside-memoryd"
             for e in b.entries:
                 if e.id == entry_id:
                     texts.append(e.text)
-                    events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="written-outside-memoryd",
-                                              outcome=None, text=e.text, session_id=None, asked_by=None,
-                                              decision=None))
-            if entry_id in b.removed:
-                events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="deleted-outside-memoryd",
-                                          outcome=None, text=None, session_id=None, asked_by=None, decision=None))
-            continue
-        if isinstance(b, StartBody):
-            for e in b.entries:
-                if e.id == entry_id:
-                    texts.append(e.text)
-                    events.append(LedgerEvent(n=row.n, seq=None, ts=row.ts, action="present-at-start", outcome=None,
-                                              text=e.text, session_id=None, asked_by=None, decision=None))
+                    events.append(unasked(row, action, e.text))
+            if isinstance(b, ForeignBody) and entry_id in b.removed:
+                events.append(unasked(row, "deleted-outside-memoryd"))
             continue
         if isinstance(b, FailedBody) and b.entry_id == entry_id:
             # an approved write of this entry that then failed: nothing of it was written
@@ -467,8 +463,6 @@ def _resolve(target: str, bodies: Sequence[tuple[LedgerRow, Body]], live: Sequen
             raise InvalidInput(f"{len(hits)} entries contain this text; name one by id: {', '.join(sorted(hits)[:5])}",
                                "target")
     raise InvalidInput("no entry in the store or its ledger has this id or contains this text", "target")
-
-
 
 
 def usage_problems(kept: Iterable[Sequence[Any]], texts: Iterable[Sequence[Any]]) -> list[LedgerProblem]:
