@@ -139,10 +139,7 @@ def check_target(match: str | msgspec.UnsetType | None, entry_id: str | msgspec.
     if match is not None and entry_id is not None:
         raise InvalidInput("input takes match or id, not both", "id")
     if entry_id is not None:
-        check_storable(entry_id, "id")
-        if not js_trim(entry_id):
-            raise InvalidInput("id must not be empty", "id")
-        return Target(entry_id=entry_id)
+        return Target(entry_id=check_match(entry_id, "id"))
     if match is None:
         raise InvalidInput("input needs match (a unique substring) or id (an entry id)", "match")
     return Target(match=check_match(match))
@@ -154,11 +151,7 @@ def check_targets(matches: list[str] | msgspec.UnsetType, ids: list[str] | msgsp
     if not isinstance(matches, msgspec.UnsetType) and not isinstance(ids, msgspec.UnsetType):
         raise InvalidInput("input takes matches or ids, not both", "ids")
     if not isinstance(ids, msgspec.UnsetType):
-        for n, entry_id in enumerate(ids):
-            check_storable(entry_id, f"ids[{n}]")
-            if not js_trim(entry_id):
-                raise InvalidInput(f"ids[{n}] must not be empty", f"ids[{n}]")
-        return [Target(entry_id=entry_id) for entry_id in ids]
+        return [Target(entry_id=check_match(entry_id, f"ids[{n}]")) for n, entry_id in enumerate(ids)]
     if isinstance(matches, msgspec.UnsetType):
         raise InvalidInput("input needs matches (unique substrings) or ids (entry ids)", "matches")
     return [Target(match=check_match(m, f"matches[{n}]")) for n, m in enumerate(matches)]
