@@ -126,27 +126,6 @@ def _positive_seconds(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {raw!r}")
     return value
 
-class _Hidden:
-    """An argument group whose options are left out of the help."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        return self.group.add_argument(*args, **{**kwargs, "help": argparse.SUPPRESS})  # type: ignore[no-any-return]
-
-
-class _Recorded:
-    """An argument group whose options are recorded in :attr:`Parser.added`."""
-
-    def __init__(self, group: Any, parser: Parser) -> None:
-        self.group, self.parser = group, parser
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action: argparse.Action = self.group.add_argument(*args, **kwargs)
-        self.parser.added.append(action)
-        return action
-
 
 def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> None:
     """The options every verb takes, before or after the verb. On the verbs' parsers the
@@ -156,9 +135,14 @@ def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> 
 
     # A verb's help leaves them out (it points to memoryctl --help): a dozen options
     # repeated in every verb's help buried the verb's own.
-    group = _Recorded(parser.add_argument_group("connection and context (any position)"), parser)
-    g = _Hidden(group) if hidden else group
-    socket_option = g.add_argument(
+    group = parser.add_argument_group("connection and context (any position)")
+
+    def add(*args: Any, **kwargs: Any) -> argparse.Action:
+        action = group.add_argument(*args, **({**kwargs, "help": argparse.SUPPRESS} if hidden else kwargs))
+        parser.added.append(action)
+        return action
+
+    socket_option = add(
         "--socket",
         metavar="PATH",
         default=d(None),
@@ -167,47 +151,47 @@ def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> 
     )
     if not suppress:
         parser.socket_option = socket_option
-    g.add_argument(
+    add(
         "--db",
         metavar="PATH",
         default=d(None),
         help="store for an autostarted daemon (memoryd serve --db); warns if a running daemon uses another",
     )
-    g.add_argument("--config", metavar="PATH", default=d(None), help="config file for an autostarted daemon")
-    g.add_argument(
+    add("--config", metavar="PATH", default=d(None), help="config file for an autostarted daemon")
+    add(
         "--no-autostart",
         action="store_true",
         default=d(False),
         help="fail (exit 3) instead of starting a daemon when none answers",
     )
-    g.add_argument(
+    add(
         "--timeout",
         metavar="SECONDS",
         type=_positive_seconds,
         default=d(30.0),
         help="seconds to wait for each answer, not counting time at the approval prompt (default 30)",
     )
-    g.add_argument(
+    add(
         "--json",
         action="store_true",
         default=d(False),
         help="print the result as JSON (the wire shape) instead of a table",
     )
-    g.add_argument(
+    add(
         "-y",
         "--yes",
         action="store_true",
         default=d(False),
         help="approve this command's writes without asking (the payload is still shown on stderr)",
     )
-    g.add_argument(
+    add(
         "--via-approver",
         action="store_true",
         default=d(False),
         help="do not ask here: send this command's writes to a running 'memoryctl approve' (denied at once "
         "when none is subscribed); for scripts and cron jobs",
     )
-    g.add_argument(
+    add(
         "--workspace",
         "--cwd",
         dest="workspace",
@@ -215,13 +199,13 @@ def _global_options(parser: Parser, *, suppress: bool, hidden: bool = False) -> 
         default=d(None),
         help="session working directory: the workspace of 'workspace' entries (default: current directory)",
     )
-    g.add_argument(
+    add(
         "--agent",
         metavar="KEY",
         default=d(""),
         help="session agent preset; '' (default) is the shared layer every agent sees",
     )
-    g.add_argument(
+    add(
         "--session",
         metavar="ID",
         default=d(None),
