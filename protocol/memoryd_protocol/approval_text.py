@@ -9,22 +9,25 @@ interpreted. ``memoryctl``'s prompt and the daemon's MCP elicitation both show
 
 from __future__ import annotations
 
+import shutil
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from . import types as T
 from .constants import CONSOLIDATE_EXCERPT_UNITS, GRID
+from .payloads import dropped_workspaces_note
+from .text import utf16_len
 
 
 def compact_json(value: Any) -> str:
     """``value`` as compact JSON, as msgspec writes it."""
-    import msgspec
-
     return msgspec.json.encode(value).decode()
 
-# ASCII controls (newline and tab handled separately) and DEL, each to its escape: the fast
-# path for ASCII text (str.translate, not a regular expression: re was a twentieth of the
-# read commands' start-up, and nothing else on their path imports it).
+# ASCII controls (newline and tab handled separately) and DEL, each to its escape: ASCII
+# text, most of what is shown, takes one str.translate instead of a lookup per character.
 _UNSAFE_ASCII = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
 # Everything a human cannot see or that re-orders what they see: controls, format
 # characters (bidi overrides, zero-width and Unicode tag characters, which hide text from a
@@ -37,8 +40,6 @@ _FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers render as bla
 def _unsafe(ch: str) -> bool:
     if ch in "\n\t":
         return False
-    import unicodedata
-
     cat = unicodedata.category(ch)
     if cat in _UNSAFE_CATEGORIES or (cat == "Zs" and ch != " ") or ch in _FILLERS:
         return True
@@ -88,8 +89,6 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, fit: bool = 
     dimmed = frozenset(dim)
     width = 0
     if fit:
-        import shutil
-
         width = shutil.get_terminal_size((100, 24)).columns
 
     def line(cells: Sequence[str], header: bool = False) -> str:
@@ -127,8 +126,6 @@ def _cells(ch: str) -> int:
         return 8
     if ch.isascii():
         return 1
-    import unicodedata
-
     return 2 if unicodedata.east_asian_width(ch) in ("W", "F", "A") else 1
 
 
@@ -197,8 +194,6 @@ def _origin_lines(origin: T.ApprovalOrigin | None) -> list[str]:
 
 def _summary(entries: Sequence[T.ApprovalEntry]) -> list[str]:
     """Count and size (UTF-16 units, as budgets count) per track/scope/workspaceKey/agentKey."""
-    from .text import utf16_len
-
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for e in entries:
         g = groups.setdefault((e.track, e.scope, e.workspace_key, e.agent_key), [0, 0])
@@ -353,8 +348,6 @@ def approval_request(asked: T.ApprovalAsked, *, width: int | None = None, shown:
         lines += _summary(asked.entries)
         lines += _entry_lines(asked.entries, shown)
         if asked.workspace_keys_dropped:
-            from .payloads import dropped_workspaces_note
-
             lines.append(f"  note:    {dropped_workspaces_note(asked.workspace_keys_dropped)}")
     else:
         lines += _change(asked.action, asked.text)

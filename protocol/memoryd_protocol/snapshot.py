@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .constants import GRID
-
-if TYPE_CHECKING:
-    from .types import Proposal
-    from .validation import SessionView
+from .types import Proposal
+from .validation import SessionView
 
 Language = Literal["en", "zh"]
 
