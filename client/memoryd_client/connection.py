@@ -201,22 +201,13 @@ class Connection:
         for stream in builtins.list(self._streams):
             stream._offer(event)
         for callback in (*self._listeners.get(event.method, ()), *self._listeners.get("*", ())):
-            if inspect.iscoroutinefunction(callback):
-                self._spawn(self._guarded, callback, event)
-                continue
             try:
-                result = callback(event)
+                result = callback(event)  # a coroutine function's body runs in its own task, below
             except Exception:
                 log.exception("event listener for %s failed", event.method)
                 continue
             if inspect.isawaitable(result):
                 self._spawn(self._await_guarded, result, event.method)
-
-    async def _guarded(self, callback: Listener, event: Event) -> None:
-        try:
-            await callback(event)
-        except Exception:
-            log.exception("event listener for %s failed", event.method)
 
     async def _await_guarded(self, awaitable: Awaitable[Any], method: str) -> None:
         try:
