@@ -14,8 +14,6 @@ from typing import Any
 
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_text import (
-    GUTTER,
-    SHOWN_ENTRIES,
     approval_request,
     compact_json,
     gutter_lines,
@@ -345,9 +343,7 @@ def entry_life(life: T.EntryLife) -> str:
 
 
 __all__ = [
-    "GUTTER",
     "SHORT_ID",
-    "SHOWN_ENTRIES",
     "adapters_table",
     "approval_request",
     "audit_table",
@@ -363,7 +359,6 @@ __all__ = [
     "short",
     "status_lines",
     "stdout_paint",
-    "table",
     "to_json",
     "usage",
     "visible",
