@@ -209,10 +209,10 @@ def test_openrpc_document_structure(openrpc: dict[str, Any]) -> None:
     assert openrpc["openrpc"].startswith("1.3.")
     methods = {m["name"]: m for m in openrpc["methods"]}
     assert list(methods) == WIRE_METHODS
-    assert set(methods) == set(methods_table.PARAMS) == set(methods_table.RESULTS)
+    assert set(methods) == set(methods_table.METHODS) == set(methods_table.RESULTS)
     for name, method in methods.items():
         assert method["paramStructure"] == "by-name", name
-        fields = msgspec.structs.fields(methods_table.PARAMS[name])
+        fields = msgspec.structs.fields(methods_table.METHODS[name].params)
         assert [p["name"] for p in method["params"]] == [f.encode_name for f in fields], name
         for param, field in zip(method["params"], fields, strict=True):
             assert param["required"] is field.required, (name, param["name"])

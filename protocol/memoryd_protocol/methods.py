@@ -4,7 +4,7 @@ Each row says what a method takes and returns, what kind of method it is, whethe
 wait for an approval, whether it needs an agent, which ``data.code`` errors it may return
 and what it does. Everything else derives from it:
 
-- ``types.PARAMS`` / ``types.RESULTS`` (and so the Python client's result decoding);
+- ``RESULTS`` (and so the Python client's result decoding);
 - the JSON Schema and OpenRPC documents (:mod:`memoryd_protocol.schemas`);
 - the daemon's handler binding, with its check that every row has exactly one handler
   (``memoryd.app``), the per-method params decoders and the ``WRITE_REQUIRES_AGENT``
@@ -221,9 +221,7 @@ _ROWS: Final = (
 #: method name → its row, in wire-v1 §4's order (the OpenRPC document's order).
 METHODS: Final[Mapping[str, Method]] = MappingProxyType({m.name: m for m in _ROWS})
 
-#: method name → params type (``types.PARAMS``).
-PARAMS: Final[dict[str, type[msgspec.Struct]]] = {m.name: m.params for m in _ROWS}
-#: method name → result type (``types.RESULTS``).
+#: method name → result type.
 RESULTS: Final[dict[str, Any]] = {m.name: m.result for m in _ROWS}
 
-__all__ = ["METHODS", "PARAMS", "RESULTS", "Kind", "Method"]
+__all__ = ["METHODS", "RESULTS", "Kind", "Method"]
