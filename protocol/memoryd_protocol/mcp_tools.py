@@ -139,10 +139,6 @@ def input_schema(tool: McpTool) -> JSON:
     return schema
 
 
-def _result_type(tool: McpTool) -> Any:
-    return tool.row.result
-
-
 #: What an input must satisfy, not what a stored entry always does: a store dsh-memento
 #: wrote (or an older version) may hold ids, tags or counters outside them, and a host's
 #: SDK refuses a result that breaks its output schema. The prose goes too: the input
@@ -168,8 +164,8 @@ def output_schema(tool: McpTool) -> JSON:
     """The schema of ``structuredContent``: the method's result (wrapped when it is a list
     or may be null), its shapes and names without the rules its inputs obey."""
     if tool.wrap is None:
-        return _shapes(_standalone(_result_type(tool)))  # type: ignore[no-any-return]
-    [inner], named = struct_schemas([_result_type(tool)], "#/$defs/")
+        return _shapes(_standalone(tool.row.result))  # type: ignore[no-any-return]
+    [inner], named = struct_schemas([tool.row.result], "#/$defs/")
     schema: JSON = {"type": "object", "properties": {tool.wrap: inner}, "required": [tool.wrap]}
     if named:
         schema["$defs"] = named
