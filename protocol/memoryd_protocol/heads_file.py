@@ -23,9 +23,6 @@ class HeadsFileRefused(OSError):
                          "link that its own user owns; remove it, and memoryd writes a new one at its next head")
         self.path, self.found = path, found
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
 
 def _problem(st: os.stat_result) -> str | None:
     """What makes ``st`` no heads file, or None."""
