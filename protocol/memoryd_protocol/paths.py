@@ -27,15 +27,10 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
 
-def private_socket_path() -> Path:
-    """The per-user socket inside the 0700 runtime directory."""
-    return runtime_dir() / "memoryd.sock"
-
-
 def default_socket_path() -> Path:
-    """``$MEMORYD_SOCKET`` when set, else the per-user socket."""
+    """``$MEMORYD_SOCKET`` when set, else the per-user socket inside the 0700 runtime directory."""
     env = os.environ.get("MEMORYD_SOCKET")
-    return Path(env) if env else private_socket_path()
+    return Path(env) if env else runtime_dir() / "memoryd.sock"
 
 
 def default_db_path() -> Path:
@@ -218,5 +213,5 @@ def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
 
 __all__ = ["APPROVER_KEY_NAME", "AUTOSTART_LOCK_NAME", "HEADS_SUFFIX", "LOG_NAME", "PROOF_TAG", "ApproverKeyError", "OwnerRecord", "approver_key_path", "approver_proof",
            "create_approver_key", "default_config_path", "default_db_path", "default_heads_path",
-           "default_socket_path", "heads_path_for", "log_path_for", "owner_record_path", "private_socket_path",
+           "default_socket_path", "heads_path_for", "log_path_for", "owner_record_path",
            "read_approver_key", "read_owner_record", "runtime_dir", "runtime_files", "store_files", "temporary_twin"]
