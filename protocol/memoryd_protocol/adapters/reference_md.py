@@ -35,7 +35,6 @@ from .base import AdapterBase, fit_tag, json_type
 _LINE: Final = re.compile(r"\r?\n")
 # The characters a tag may not hold (as normalize_tags refuses them).
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_NOT_JSON: Final = object()
 
 
 def spec_tag(section: str) -> str | None:
@@ -85,26 +84,18 @@ def read_like_reference(adapter: AdapterBase, text: str, *, prose: bool) -> list
     return entries
 
 
-def decode_document(raw: str) -> Any:
-    """A file's text that is a JSON document, decoded (as the reference's import reads a
-    file: JSON when it parses); ``_NOT_JSON`` otherwise."""
-    try:
-        return msgspec.json.decode(raw)
-    except (msgspec.DecodeError, UnicodeEncodeError):
-        return _NOT_JSON
-
-
 def markdown_of(adapter: AdapterBase, payload: Any) -> str:
     """The markdown in a payload: a string, or ``{text}`` such as a saved ``{plugin, text}``
     export. A string that is a JSON document is decoded first, so a saved export is read for
     its text and never stored as a memory."""
     if isinstance(payload, str):
-        decoded = decode_document(payload)
-        if decoded is _NOT_JSON:
+        try:  # as the reference's import reads a file: JSON when it parses
+            decoded = msgspec.json.decode(payload)
+        except (msgspec.DecodeError, UnicodeEncodeError):
             return payload.removeprefix("\ufeff")
+        if isinstance(decoded, str):
+            return decoded
         payload = decoded
-        if isinstance(payload, str):
-            return payload
     if isinstance(payload, dict) and isinstance(payload.get("text"), str):
         text: str = payload["text"]
         return text.removeprefix("\ufeff")
@@ -127,4 +118,4 @@ def _not_markdown(payload: Any) -> str:
             "{plugin, text} document such as this adapter's export")
 
 
-__all__ = ["decode_document", "markdown_of", "read_like_reference", "spec_tag"]
+__all__ = ["markdown_of", "read_like_reference", "spec_tag"]
