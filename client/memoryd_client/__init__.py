@@ -37,20 +37,9 @@ from memoryd_protocol.errors import (
     from_wire,
 )
 
-from .client import (
-    DECIDED,
-    EVENT_METHODS,
-    WATCH_EVENTS,
-    WRITE_METHODS,
-    ApprovalCall,
-    Client,
-    Decided,
-    Decision,
-    Event,
-    EventStream,
-    connect,
-    plain,
-)
+from .approvals import DECIDED, ApprovalCall, Decided, Decision
+from .client import Client, connect
+from .connection import WRITE_METHODS
 from .errors import (
     BadResponse,
     ClientError,
@@ -58,8 +47,9 @@ from .errors import (
     ConnectionClosed,
     Timeout,
 )
+from .events import EVENT_METHODS, WATCH_EVENTS, Event, EventStream
 from .sync import SyncClient, SyncEventStream, connect_sync
-from .wire import make_session
+from .wire import make_session, plain
 
 __all__ = [
     "DECIDED",

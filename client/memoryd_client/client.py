@@ -1,7 +1,6 @@
 """The async client: :class:`Client`, one typed coroutine per daemon method (wire-v1.md §4),
 and :func:`connect`. The connection under it (framing, the reader, the pending table, events,
-approvals) is :mod:`memoryd_client.connection`; the names its parts define are re-exported
-here, so imports from this module keep working.
+approvals) is :mod:`memoryd_client.connection`.
 """
 
 from __future__ import annotations
@@ -27,19 +26,11 @@ from memoryd_protocol.paths import (
 )
 from memoryd_protocol.snapshot_types import SnapshotPruneResult
 
-from .approvals import DECIDED, ApprovalCall, Decided, Decision
-from .approvals import ApprovalHandler as ApprovalHandler
-from .connection import _DEFAULT as _DEFAULT
-from .connection import WRITE_METHODS, Connection
+from .approvals import ApprovalHandler
+from .connection import _DEFAULT, WRITE_METHODS, Connection
 from .errors import ApproverKeyUnusable, ConnectFailed
-from .events import EVENT_BUFFER as EVENT_BUFFER
-from .events import EVENT_METHODS, Event, EventStream
-from .events import WATCH_EVENTS as WATCH_EVENTS
-from .events import Listener as Listener
 from .proof import check_challenge
-from .wire import JSON as JSON
-from .wire import SessionLike as SessionLike
-from .wire import _session, decode_result, make_session, plain
+from .wire import SessionLike, _session, plain
 
 
 class Client(Connection):
@@ -341,19 +332,4 @@ async def connect(
             inner.__context__, inner.__cause__, inner.__suppress_context__ = context, cause, suppressed
 
 
-__all__ = [
-    "DECIDED",
-    "EVENT_METHODS",
-    "WRITE_METHODS",
-    "ApprovalCall",
-    "Client",
-    "Decided",
-    "Decision",
-    "Event",
-    "EventStream",
-    "__version__",
-    "connect",
-    "decode_result",
-    "make_session",
-    "plain",
-]
+__all__ = ["WRITE_METHODS", "Client", "connect"]

@@ -21,9 +21,10 @@ from memoryd_protocol.constants import ALLOWED_ONCE
 from memoryd_protocol.errors import EntryNotFound, ProtocolError
 
 from . import render
+from .approvals import DECIDED
 from .auditing import audit_offline, cmd_audit
 from .autostart import NO_DAEMON_ERRNOS
-from .client import DECIDED, Client, connect, make_session
+from .client import Client, connect
 from .editing import cmd_edit
 from .errors import ApproverKeyUnusable, ClientError, ConnectFailed, ConnectionClosed, Timeout
 from .prompt import Approver
@@ -43,6 +44,7 @@ from .running import (
 from .sharing import cmd_share
 from .targets import located, target
 from .watching import cmd_watch
+from .wire import make_session
 
 
 class StopFailed(ClientError):

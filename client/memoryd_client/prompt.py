@@ -19,7 +19,7 @@ from memoryd_protocol import types as T
 from memoryd_protocol.constants import ALLOWED_ONCE
 
 from . import colour, render
-from .client import Decision
+from .approvals import Decision
 
 #: ``approval/decided``'s ``by`` for each way memoryctl decides
 HUMAN = T.ApprovalBy(kind="human")

@@ -23,8 +23,9 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from memoryd_protocol import types as T
 
-from .client import Client, Event, EventStream, connect
+from .client import Client, connect
 from .errors import ConnectionClosed
+from .events import Event, EventStream
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -15,8 +15,9 @@ import msgspec
 from memoryd_protocol import types as T
 
 from . import colour, render
-from .client import WATCH_EVENTS, Client, Event
+from .client import Client
 from .errors import ConnectionClosed
+from .events import WATCH_EVENTS, Event
 from .running import EXIT_OK, Ctx
 
 #: Characters of an entry's first line shown before it is cut with "…".

@@ -13,7 +13,6 @@ from memoryd_protocol import types as T
 
 from .errors import BadResponse
 
-JSON: TypeAlias = Any
 #: A session: ``{"id": ..., "header": {"cwd": ..., "agentPreset": ...}}``, a ``types.Session``,
 #: or just the id.
 SessionLike: TypeAlias = "Mapping[str, Any] | T.Session | str"
@@ -94,4 +93,4 @@ def _session(value: SessionLike | None) -> dict[str, Any] | None:
     return out
 
 
-__all__ = ["JSON", "SessionLike", "decode_result", "make_session", "plain"]
+__all__ = ["SessionLike", "decode_result", "make_session", "plain"]
