@@ -13,29 +13,9 @@ from typing import Any
 
 import pytest
 from conftest import Daemon
-from hypothesis import given
-from hypothesis import strategies as st
 from memoryd import relay
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"memory/list"}\n'
-
-
-PATHISH = st.text(alphabet="/.~ab", max_size=12)
-
-
-@given(PATHISH)
-def test_path_strings_are_what_pathlib_prints(value: str) -> None:
-    assert relay._as_path_str(value) == str(Path(value))
-    normalized = str(Path(value))
-    assert relay._parent(normalized) == str(Path(normalized).parent)
-
-
-@pytest.mark.parametrize("value", [None, 3, ["/x"], {"p": "/x"}, True])
-def test_a_served_path_that_is_no_string_is_refused_as_pathlib_refuses_it(value: Any) -> None:
-    with pytest.raises(TypeError):
-        Path(value)
-    with pytest.raises(TypeError):
-        relay._as_path_str(value)
 
 
 def probe_answer(answer: bytes, db: str | None, write_policy: str | None = None) -> str | bytes:

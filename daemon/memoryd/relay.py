@@ -6,8 +6,7 @@ parsing them, so approvals, events, errors and ordering pass through unchanged. 
 stdin half-closes the connection: the daemon answers what was sent, and the relay exits 0.
 The daemon closing first gives the harness EOF, one line on stderr, and exit status 1.
 
-A harness spawns one per session. Paths stay strings (as ``str(Path)`` gives them), and the
-stdin half runs on a ``_thread`` thread.
+A harness spawns one per session.
 """
 
 from __future__ import annotations
@@ -47,18 +46,6 @@ class RelayError(DaemonError):
     """Why the relay cannot attach; one line, printed as ``memoryd: <message>``."""
 
 
-def _parent(path: str) -> str:
-    """``str(Path(path).parent)`` for a ``path`` that is ``str(Path)`` already."""
-    return os.path.dirname(path) or "."
-
-
-def _as_path_str(value: Any) -> str:
-    """``str(Path(value))`` for a value read from JSON (TypeError unless a string)."""
-    if not isinstance(value, str):
-        raise TypeError(f"not a path: {value!r}")
-    return str(Path(value))
-
-
 def _connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -82,7 +69,7 @@ def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     recorded = record.socket
     try:
         os.kill(record.pid, 0)  # a record left by a daemon that is gone means nothing
-        check_private_dir(_parent(recorded))
+        check_private_dir(Path(recorded).parent)
     except (OSError, UnsafeDir):
         return None
     sock = _connect(recorded)
@@ -98,7 +85,7 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
     ``follow_owner`` (nobody chose the socket): before starting a daemon, use one that owns
     the store on another socket. A host with a trimmed environment (no ``XDG_RUNTIME_DIR``)
     computes another default socket, where a second daemon would fail with STORE_LOCKED."""
-    runtime = _parent(socket_path)
+    runtime = Path(socket_path).parent
     try:
         check_private_dir(runtime, missing_ok=True)
     except UnsafeDir as exc:
@@ -119,12 +106,12 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
     from .rundir import ensure_private_dir
 
     try:
-        ensure_private_dir(Path(runtime))
+        ensure_private_dir(runtime)
     except UnsafeDir as exc:
         raise RelayError(str(exc)) from None
     except OSError as exc:
         raise RelayError(f"cannot create the socket directory {runtime}: {exc.strerror or exc}") from None
-    with launch.start_lock(Path(runtime)):
+    with launch.start_lock(runtime):
         sock = _connect(socket_path)  # another starter may have won the lock first
         if sock is None:
             log = launch.log_path_for(Path(socket_path))
@@ -154,10 +141,6 @@ def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def _loads(line: bytes) -> Any:
-    return json.loads(line)
-
-
 def _ask(sock: socket.socket, socket_path: str, request: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
     """Send the relay's own request (after ``first``, notifications that get no answer, in
     the same write) and read the daemon's first line: the answer, and what came after it in
@@ -181,7 +164,7 @@ def check_store(sock: socket.socket, socket_path: str, db: str | None, write_pol
     harness's), ``first`` sent before the question; returns any bytes read past the reply."""
     line, rest = _ask(sock, socket_path, PROBE, first)
     try:
-        status = _loads(line)["result"]
+        status = json.loads(line)["result"]
     except (ValueError, KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
     check_served(status, socket_path, db, write_policy)
@@ -192,7 +175,7 @@ def check_served(status: Any, socket_path: str, db: str | None, write_policy: st
     """Refuse a daemon that serves another store than ``db``, or another write policy:
     ``status`` is a ``daemon/status`` (or ``mcp/attach``) result."""
     try:
-        served = _as_path_str(status["store"]["path"])
+        served = str(Path(status["store"]["path"]))
     except (KeyError, TypeError):
         raise RelayError(f"the process on {socket_path} does not answer as memoryd does") from None
     if db is not None and not _same_file(served, db):
@@ -319,7 +302,7 @@ def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_p
     bytes read past the answer: MCP."""
     line, rest = _ask(sock, socket_path, attach_line, first)
     try:
-        answer = _loads(line)
+        answer = json.loads(line)
     except ValueError:
         answer = None
     if not isinstance(answer, dict) or "result" not in answer:
