@@ -31,12 +31,10 @@ from memoryd_protocol.adapters import (
     Adapter,
     AdapterBase,
     adapt_payload,
-    adapter_infos,
     builtin_adapters,
     export_entries,
     fit_tag,
     get_adapter,
-    iso_utc,
 )
 from memoryd_protocol.constants import GRID, MAX_TAG_UNITS
 from memoryd_protocol.errors import AdapterNotFound, AdapterPayload, ProtocolError
@@ -409,11 +407,6 @@ def test_mem0_refuses_a_transcript(payload: Any) -> None:
     assert info.value.details == {"adapterId": "mem0"}
 
 
-def test_mem0_export_timestamps_are_iso_utc() -> None:
-    assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
-    assert iso_utc(1714651200123) == "2024-05-02T12:00:00.123Z"
-
-
 # --- round trips -------------------------------------------------------------------------
 
 _texts = (
@@ -599,7 +592,7 @@ def test_builtin_registry() -> None:
         info = adapter.info()
         assert isinstance(info, AdapterInfo) and info.id == adapter_id
         assert info.import_formats and info.export_format
-    wire = msgspec.to_builtins(adapter_infos(registry))
+    wire = msgspec.to_builtins([adapter.info() for adapter in registry.values()])
     assert [row["id"] for row in wire] == BUILTIN_IDS
     assert set(wire[0]) == {"id", "name", "description", "version", "importFormats", "exportFormat"}
     assert builtin_adapters()["mem0"] is not registry["mem0"]  # fresh instances
@@ -727,7 +720,7 @@ def test_load_adapters_accepts_instances_classes_and_factories() -> None:
         ]
     )
     assert list(registry) == [*BUILTIN_IDS, "from-class", "from-instance", "from.factory_1"]
-    assert [row.id for row in adapter_infos(registry)] == list(registry)
+    assert [adapter.info().id for adapter in registry.values()] == list(registry)
 
 
 @pytest.mark.parametrize(

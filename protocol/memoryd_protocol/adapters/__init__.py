@@ -10,7 +10,7 @@ The daemon's calling convention::
     adapter = get_adapter(registry, adapter_id)      # ADAPTER_NOT_FOUND
     inputs = adapt_payload(adapter, payload)         # ADAPTER_PAYLOAD; then ride ``seed``
     document = export_entries(adapter, entries)      # the ``memory/export`` result
-    rows = adapter_infos(registry)                   # the ``adapters/list`` result
+    rows = [a.info() for a in registry.values()]     # the ``adapters/list`` result
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import AdapterNotFound
-from ..types import AdapterInfo
 from .base import (
     ADAPTER_ID_PATTERN,
     Adapter,
@@ -27,7 +26,6 @@ from .base import (
     export_entries,
     fit_tag,
     flatten,
-    iso_utc,
     json_type,
 )
 from .markdown import MARKDOWN_FORMAT, ClaudeCodeMemoryMdAdapter, HermesMemoryMdAdapter, MarkdownAdapter
@@ -48,11 +46,6 @@ def get_adapter(registry: Mapping[str, Adapter], adapter_id: str) -> Adapter:
     return adapter
 
 
-def adapter_infos(registry: Mapping[str, Adapter]) -> list[AdapterInfo]:
-    """The ``adapters/list`` rows, in registry order."""
-    return [adapter.info() for adapter in registry.values()]
-
-
 __all__ = [
     "ADAPTER_ID_PATTERN",
     "MARKDOWN_FORMAT",
@@ -64,12 +57,10 @@ __all__ = [
     "MarkdownAdapter",
     "Mem0Adapter",
     "adapt_payload",
-    "adapter_infos",
     "builtin_adapters",
     "export_entries",
     "fit_tag",
     "flatten",
     "get_adapter",
-    "iso_utc",
     "json_type",
 ]

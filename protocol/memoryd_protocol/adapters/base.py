@@ -15,7 +15,6 @@ Third-party adapters may implement :class:`Adapter` structurally or subclass
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol, runtime_checkable
 
 import msgspec
@@ -30,7 +29,6 @@ ADAPTER_ID_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @runtime_checkable
@@ -143,13 +141,6 @@ def flatten(text: str) -> str:
     return _NEWLINE.sub(" ", text)
 
 
-def iso_utc(epoch_ms: int) -> str:
-    """Epoch milliseconds → ISO 8601 UTC with milliseconds, as JavaScript's ``toISOString``
-    writes it (``2024-05-01T12:00:00.000Z``)."""
-    moment = _EPOCH + timedelta(milliseconds=epoch_ms)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 # --- the daemon's calling convention -----------------------------------------------------
 
 
@@ -233,6 +224,5 @@ __all__ = [
     "export_entries",
     "fit_tag",
     "flatten",
-    "iso_utc",
     "json_type",
 ]
