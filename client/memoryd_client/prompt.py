@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import termios
-from typing import TextIO
 
 import anyio
 from memoryd_protocol import types as T
@@ -38,9 +37,8 @@ NO_TTY_NOTICE = (
 class Terminal:
     """A line-oriented conversation with the user's terminal."""
 
-    def __init__(self, fd: int, out: TextIO | None, *, owned: bool) -> None:
+    def __init__(self, fd: int, *, owned: bool) -> None:
         self.fd = fd
-        self._out = out
         self._owned = owned
 
     @classmethod
@@ -48,14 +46,14 @@ class Terminal:
         """stdin if it is a terminal (prompt on stderr), else /dev/tty, else None."""
         try:
             if sys.stdin is not None and sys.stdin.isatty():
-                return cls(sys.stdin.fileno(), None, owned=False)
+                return cls(sys.stdin.fileno(), owned=False)
         except (ValueError, OSError):
             pass
         try:
             fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
         except OSError:
             return None
-        return cls(fd, None, owned=True)
+        return cls(fd, owned=True)
 
     def write(self, text: str) -> None:
         if self._owned:
@@ -63,13 +61,12 @@ class Terminal:
             while data:
                 data = data[os.write(self.fd, data) :]
         else:
-            stream = self._out or sys.stderr
-            stream.write(text)
-            stream.flush()
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
     def painter(self) -> colour.Paint:
         """The colour painter for what :meth:`write` writes (stderr, or the terminal)."""
-        return colour.painter_fd(self.fd) if self._owned else colour.painter(self._out or sys.stderr)
+        return colour.painter_fd(self.fd) if self._owned else colour.painter(sys.stderr)
 
     def columns(self) -> int:
         """The terminal's width (80 when it does not say)."""
