@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 import platformdirs
 import pytest
-from memoryd import units
+from memoryd import cli, units
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
@@ -141,15 +141,15 @@ def test_documentation_of_a_wheel_install_is_its_metadata_which_carries_the_read
 
 
 def test_store_dir_is_the_per_user_data_dir() -> None:
-    assert units.store_dir() == Path(platformdirs.user_data_dir("memoryd"))
-    assert units.store_dir() == Path(os.environ["XDG_DATA_HOME"]) / "memoryd"
+    assert units.store_path().parent == Path(platformdirs.user_data_dir("memoryd"))
+    assert units.store_path().parent == Path(os.environ["XDG_DATA_HOME"]) / "memoryd"
 
 
 def test_store_dir_follows_db_path_in_the_config(tmp_path: Path) -> None:
     config = Path(os.environ["XDG_CONFIG_HOME"]) / "memoryd" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text(f'db_path = "{tmp_path / "elsewhere" / "m.db"}"\n')
-    assert units.store_dir() == tmp_path / "elsewhere"
+    assert units.store_path().parent == tmp_path / "elsewhere"
 
 
 def test_a_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path: Path,
@@ -158,7 +158,7 @@ def test_a_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path: Path,
     config.parent.mkdir(parents=True)
     config.write_text('db_path = "relative/m.db"\n')
     out_dir = tmp_path / "units"
-    assert units.main(["--output-dir", str(out_dir)]) == 2
+    assert cli.main(["systemd-units", "--output-dir", str(out_dir)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err == "memoryd: config: db_path must be an absolute path, got 'relative/m.db'\n"
@@ -268,7 +268,7 @@ def test_the_interpreter_fallback_is_one_exec_start() -> None:
 
 
 def test_stdout_gets_both_units_each_under_a_header(capsys: pytest.CaptureFixture[str]) -> None:
-    assert units.main([]) == 0
+    assert cli.main(["systemd-units"]) == 0
     out, err = capsys.readouterr()
     rendered = units.render(units.detect())
     assert out == "".join(f"# ---- {name} (save as ~/.config/systemd/user/{name}) ----\n{text}\n"
@@ -279,7 +279,7 @@ def test_stdout_gets_both_units_each_under_a_header(capsys: pytest.CaptureFixtur
 
 def test_output_dir_writes_both_units_and_prints_the_next_step(capsys: pytest.CaptureFixture[str]) -> None:
     unit_dir = Path(os.environ["XDG_CONFIG_HOME"]) / "systemd" / "user"
-    assert units.main(["--output-dir", str(unit_dir)]) == 0
+    assert cli.main(["systemd-units", "--output-dir", str(unit_dir)]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert out == (f"wrote {unit_dir / 'memoryd.socket'}\nwrote {unit_dir / 'memoryd.service'}\n"
@@ -290,13 +290,13 @@ def test_output_dir_writes_both_units_and_prints_the_next_step(capsys: pytest.Ca
         assert (unit_dir / name).read_text() == text
     # regenerating (after a reinstall) replaces them
     (unit_dir / "memoryd.service").write_text("stale")
-    assert units.main(["--output-dir", str(unit_dir)]) == 0
+    assert cli.main(["systemd-units", "--output-dir", str(unit_dir)]) == 0
     assert (unit_dir / "memoryd.service").read_text() == rendered["memoryd.service"]
 
 
 def test_output_dir_elsewhere_says_systemd_will_not_read_it(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    assert units.main(["--output-dir", str(tmp_path / "a" / "b")]) == 0
+    assert cli.main(["systemd-units", "--output-dir", str(tmp_path / "a" / "b")]) == 0
     out, _ = capsys.readouterr()
     assert out.splitlines()[2] == (f"note: systemd --user does not read {tmp_path / 'a' / 'b'}; ~/.config/systemd/user "
                                    "is the usual place (systemd.unit(5), User Unit Search Path)")
@@ -306,7 +306,7 @@ def test_output_dir_elsewhere_says_systemd_will_not_read_it(tmp_path: Path,
 def test_an_unwritable_output_dir_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert units.main(["--output-dir", str(blocker / "units")]) == 3
+    assert cli.main(["systemd-units", "--output-dir", str(blocker / "units")]) == 3
     out, err = capsys.readouterr()
     assert out == ""
     assert err == f"memoryd: cannot write the units to {blocker / 'units'}: Not a directory\n"

@@ -8,7 +8,7 @@ user's config. ``memoryd.socket`` listens
 where memoryctl looks first; ``memoryd.service`` inherits that listener and reports
 ``READY=1`` once the store is open. Hardening a user manager cannot apply (``User=``,
 ``ProtectControlGroups=``, ``ProtectProc=``, ``IPAddressDeny=``) is left out rather than
-pretended. Cheap to import: the config is read (for ``db_path``) only when rendering.
+pretended.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from memoryd_protocol import DISTRIBUTION
@@ -34,20 +35,16 @@ class UnitError(DaemonError, ValueError):
     """A path that cannot be written into a unit file."""
 
 
+@dataclass(frozen=True)
 class Install:
-    """What the units depend on; everything else in them is fixed. A plain class: the
-    command line imports this module, and dataclasses is not free to import."""
+    """What the units depend on; everything else in them is fixed."""
 
-    __slots__ = ("also_writable", "documentation", "exec_start", "mkdir", "private_tmp", "store_dir")
-
-    def __init__(self, exec_start: Sequence[str], documentation: Sequence[str], store_dir: Path, mkdir: str,
-                 private_tmp: bool = True, also_writable: Sequence[Path] = ()) -> None:
-        self.exec_start = tuple(exec_start)  # argv without "serve"
-        self.documentation = tuple(documentation)  # URIs
-        self.store_dir = store_dir
-        self.mkdir = mkdir  # absolute path of mkdir(1), for ExecStartPre
-        self.private_tmp = private_tmp  # False when memoryd or its store is in a temporary directory
-        self.also_writable = tuple(also_writable)  # other directories the daemon writes the store's files in
+    exec_start: Sequence[str]  # argv without "serve"
+    documentation: Sequence[str]  # URIs
+    store_dir: Path
+    mkdir: str  # absolute path of mkdir(1), for ExecStartPre
+    private_tmp: bool = True  # False when memoryd or its store is in a temporary directory
+    also_writable: Sequence[Path] = ()  # other directories the daemon writes the store's files in
 
 
 # --- discovering this install --------------------------------------------------------------
@@ -103,11 +100,6 @@ def store_path() -> Path:
 
         return config.load(config_path).db_path
     return default_db_path()
-
-
-def store_dir() -> Path:
-    """The directory of :func:`store_path`."""
-    return store_path().parent
 
 
 def written_dirs(db: Path) -> tuple[Path, ...]:
@@ -276,21 +268,17 @@ def render(install: Install) -> dict[str, str]:
 
 # --- command line --------------------------------------------------------------------------
 
-DESCRIPTION = ("Print the systemd user units (memoryd.socket, memoryd.service) for this memoryd, "
-               "or write them with --output-dir. ExecStart= names this install's memoryd; the "
-               "service is sandboxed with only the store and socket directories writable.")
-
-
-def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output-dir", type=Path, metavar="DIR",
-                        help=f"write {SOCKET_UNIT} and {SERVICE_UNIT} into DIR (usually {USER_UNIT_DIR_HINT}) "
-                             "instead of printing them")
-
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``systemd-units`` to memoryd's subcommands; dispatch it to :func:`run`."""
-    _configure(subparsers.add_parser("systemd-units", help="print or write the systemd user units",
-                                     description=DESCRIPTION))
+    parser = subparsers.add_parser(
+        "systemd-units", help="print or write the systemd user units",
+        description="Print the systemd user units (memoryd.socket, memoryd.service) for this memoryd, or write "
+        "them with --output-dir. ExecStart= names this install's memoryd; the service is sandboxed with only the "
+        "store and socket directories writable.")
+    parser.add_argument("--output-dir", type=Path, metavar="DIR",
+                        help=f"write {SOCKET_UNIT} and {SERVICE_UNIT} into DIR (usually {USER_UNIT_DIR_HINT}) "
+                             "instead of printing them")
 
 
 def _is_user_unit_dir(path: Path) -> bool:
@@ -332,15 +320,3 @@ def run(args: argparse.Namespace) -> int:
               "(systemd.unit(5), User Unit Search Path)")
     print(f"next: {NEXT_STEP}")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="memoryd systemd-units", description=DESCRIPTION)
-    _configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
