@@ -61,10 +61,9 @@ def visible(text: str, *, newlines: bool = True) -> str:
         out = text.translate(_UNSAFE_ASCII)
     else:
         out = "".join(_escape_char(ch) if _unsafe(ch) else ch for ch in text)
+    out = out.replace("\r", "\\r")
     if not newlines:
-        out = out.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
-    else:
-        out = out.replace("\r", "\\r")
+        out = out.replace("\n", "\\n").replace("\t", "\\t")
     return out
 
 
