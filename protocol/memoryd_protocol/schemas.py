@@ -46,7 +46,6 @@ from .schema_patches import (
     RESULT_PATCHES,
     STRUCT_PATCHES,
     UTF16_COMMENT,
-    UUID4_PATTERN,
     all_error_codes,
     error_data_schema,
     error_schema,
@@ -512,24 +511,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
     return 0
-
-
-__all__ = [
-    "JSON_SCHEMA_FILE",
-    "OPENRPC_FILE",
-    "SCHEMA_ID",
-    "UUID4_PATTERN",
-    "all_error_codes",
-    "def_name",
-    "error_schema",
-    "generate",
-    "generate_js",
-    "js_error_class",
-    "json_schema_document",
-    "main",
-    "openrpc_document",
-    "render",
-]
 
 
 if __name__ == "__main__":
