@@ -65,7 +65,7 @@ def test_colour_is_decided_per_stream(monkeypatch: pytest.MonkeyPatch, env: dict
             assert (colour.enabled(terminal), colour.enabled(pipe)) == (on_pty_, on_pipe)
             assert (colour.painter(terminal), colour.painter(pipe)) == (
                 colour.paint if on_pty_ else colour.plain, colour.paint if on_pipe else colour.plain)
-        assert (colour.enabled_fd(slave), colour.enabled_fd(write)) == (on_pty_, on_pipe)
+        assert (colour.enabled(slave), colour.enabled(write)) == (on_pty_, on_pipe)
     finally:
         for fd in (master, slave, read, write):
             os.close(fd)

@@ -22,14 +22,15 @@ STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33"}
 RESET = "\x1b[0m"
 
 
-def _isatty(stream: Any) -> bool:
+def _isatty(target: Any) -> bool:
     try:
-        return bool(stream.isatty())
+        return os.isatty(target) if isinstance(target, int) else bool(target.isatty())
     except (AttributeError, ValueError, OSError):
         return False
 
 
-def _wanted(terminal: Callable[[], bool]) -> bool:
+def enabled(target: Any) -> bool:
+    """Whether what is written to ``target``, a stream or a file descriptor, gets colour."""
     if os.environ.get("NO_COLOR"):
         return False
     force = os.environ.get("FORCE_COLOR")
@@ -37,17 +38,7 @@ def _wanted(terminal: Callable[[], bool]) -> bool:
         return True
     if os.environ.get("TERM", "dumb") == "dumb":
         return False
-    return terminal()
-
-
-def enabled(stream: Any) -> bool:
-    """Whether what is written to ``stream`` gets colour."""
-    return _wanted(lambda: _isatty(stream))
-
-
-def enabled_fd(fd: int) -> bool:
-    """Whether what is written to the file descriptor ``fd`` gets colour."""
-    return _wanted(lambda: os.isatty(fd))
+    return _isatty(target)
 
 
 def paint(text: str, style: str) -> str:
@@ -63,14 +54,9 @@ def plain(text: str, style: str) -> str:
     return text
 
 
-def painter(stream: Any) -> Paint:
-    """The painter for ``stream``."""
-    return paint if enabled(stream) else plain
+def painter(target: Any) -> Paint:
+    """The painter for ``target``, a stream or a file descriptor."""
+    return paint if enabled(target) else plain
 
 
-def painter_fd(fd: int) -> Paint:
-    """The painter for the file descriptor ``fd``."""
-    return paint if enabled_fd(fd) else plain
-
-
-__all__ = ["RESET", "STYLES", "enabled", "enabled_fd", "paint", "painter", "painter_fd", "plain"]
+__all__ = ["RESET", "STYLES", "enabled", "paint", "painter", "plain"]

@@ -66,7 +66,7 @@ class Terminal:
 
     def painter(self) -> colour.Paint:
         """The colour painter for what :meth:`write` writes (stderr, or the terminal)."""
-        return colour.painter_fd(self.fd) if self._owned else colour.painter(sys.stderr)
+        return colour.painter(self.fd if self._owned else sys.stderr)
 
     def columns(self) -> int:
         """The terminal's width (80 when it does not say)."""
