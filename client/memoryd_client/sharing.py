@@ -24,27 +24,16 @@ from . import render
 from .client import Client
 from .errors import ClientError
 from .running import FULL_ID_LENGTH, Ctx, UsageError
-from .targets import _view
+from .targets import _view, options_to_see
 
 NO_AGENT = ("share moves entries out of an agent's own layer into the shared one: name that agent with "
             "--agent NAME (memoryctl list shows each entry's AGENT)")
 
 
-def _options(e: T.Entry, ctx: Ctx) -> str:
-    """The options that would make this command pick ``e`` (an entry of the agent's layer)."""
-    a, view = ctx.args, _view(ctx)
-    options = [f"--track {e.track}"] if a.track is not None and e.track != a.track else []
-    if a.scope is not None and e.scope != a.scope:
-        options.append(f"--scope {e.scope}")
-    if e.scope == "workspace" and e.workspace_key != view.workspace_key:
-        options.append(f"--cwd {shlex.quote(e.workspace_key)}")
-    return " ".join(options)
-
-
 def _elsewhere(outside: list[T.Entry], ctx: Ctx) -> str:
     """Where the agent's entries that this command did not pick are, as the options that
     would pick them: '; run again with --cwd /x (2 entries) or --track agent (1 entry)'."""
-    ways = Counter(_options(e, ctx) for e in outside)
+    ways = Counter(" ".join(options_to_see(e, ctx)) for e in outside)
     if not ways:
         return ""
     shown = [f"{way} ({_entries(n)})" for way, n in ways.most_common(3)]

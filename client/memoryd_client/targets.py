@@ -71,20 +71,27 @@ async def target(c: Client, ctx: Ctx) -> dict[str, str]:
     return {"id": hits[0] if hits else prefix}  # none: the daemon answers ENTRY_NOT_FOUND
 
 
-def _located(e: T.Entry, ctx: Ctx) -> str:
-    """Where ``e`` lives, and the options that make this command see it."""
+def options_to_see(e: T.Entry, ctx: Ctx) -> list[str]:
+    """The options that would make this command see ``e``: its track, scope, workspace and
+    agent where they are not the command's (a --track or --scope not given takes any)."""
     a, view = ctx.args, _view(ctx)
-    where = f"entry {e.id[:SHORT_ID_LENGTH]} is in {e.track}/{e.scope}"
-    if e.scope == "workspace":
-        where += f" of workspace {e.workspace_key}"
-    where += f" for agent {e.agent_key!r}" if e.agent_key else ", shared by every agent"
-    options = [f"--track {e.track}"] if e.track != a.track else []
-    if e.scope != a.scope:
+    options = [f"--track {e.track}"] if a.track is not None and e.track != a.track else []
+    if a.scope is not None and e.scope != a.scope:
         options.append(f"--scope {e.scope}")
     if e.scope == "workspace" and e.workspace_key != view.workspace_key:
         options.append(f"--cwd {shlex.quote(e.workspace_key)}")
     if e.agent_key not in ("", view.agent_key):
         options.append(f"--agent {shlex.quote(e.agent_key)}")
+    return options
+
+
+def _located(e: T.Entry, ctx: Ctx) -> str:
+    """Where ``e`` lives, and the options that make this command see it."""
+    where = f"entry {e.id[:SHORT_ID_LENGTH]} is in {e.track}/{e.scope}"
+    if e.scope == "workspace":
+        where += f" of workspace {e.workspace_key}"
+    where += f" for agent {e.agent_key!r}" if e.agent_key else ", shared by every agent"
+    options = options_to_see(e, ctx)
     if not options:  # it is visible now: written since the daemon looked
         return f"{where}, which this command sees now; run it again"
     return f"{where}; run again with {' '.join(options)}"
