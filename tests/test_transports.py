@@ -111,9 +111,9 @@ async def test_a_descriptor_is_watched_across_waits_and_not_after_its_stream_clo
     """A cancelled wait (as ``Lines.stop`` ends one) leaves the stream readable, and closing
     the stream stops the loop's watch: a descriptor number reused later is not watched for
     a stream that has ended."""
-    in_r, in_w, out_r, out_w = pipes
+    in_r, in_w, _, out_w = pipes
     loop = asyncio.get_running_loop()
-    async with stdio_stream(in_r, out_w, 65536) as (stdin, out):
+    async with stdio_stream(in_r, out_w, 65536) as (stdin, _out):
         async with anyio.create_task_group() as tg:
             tg.start_soon(stdin.receive)
             await anyio.wait_all_tasks_blocked()  # the read waits for bytes
