@@ -20,6 +20,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,36 @@ workspace = 40
 [write_policies]
 "agent/workspace" = "ask"
 """
+#: the text of the write each host is asked to approve: many lines, each longer than a
+#: dialog's width, so the approval's message must carry every line whole below the headline
+LONG_TEXT = "Ran the tests before the release:\n" + "\n".join(
+    f"suite {n}: every case passed on the first try, with no retries, no skips and no reruns, on the "
+    f"machine's Python and on the oldest one supported, in {n * 7} seconds" for n in range(1, 7))
+#: how each host answers, under ``-p``, a write in an ``ask`` layer when no approver is subscribed
+DENIED_OUTCOME = {
+    # print mode has nobody to show the dialog to, so it retries the call with the answer
+    # ``cancel`` itself, which the daemon records as cancelled
+    "claude-code": "cancelled",
+    # it declares no elicitation, so the write is asked of subscribed approvers, and with
+    # none subscribed the daemon denies it at once
+    "gemini-cli": "unavailable",
+}
+
+
+def approval_message(message: str, host: str, workspace: Path, text: str, pid: int) -> list[str]:
+    """The lines ``message`` must be, whole: the headline, every line of ``text`` marked
+    added, then who asks (the session and approval ids, random, are read off ``message``)."""
+    ids = re.findall(r"^  (?:session|id): +([0-9a-f-]{36})$", message, re.MULTILINE)
+    assert len(ids) == 2, message
+    client = CAPABILITIES[host]["client"]
+    return [f'add to agent/workspace, shared by every agent, in workspace "{workspace}":',
+            *(f"  + {line}" for line in text.split("\n")),
+            "  tags:    -",
+            f"  source:  {SOURCES[host]}",
+            f"  session: {ids[0]}",
+            f"  client:  {client} {VERSIONS[host]} (an MCP host, through memoryd mcp)",
+            f"  process: pid {pid} ({os.path.realpath(sys.executable)})",
+            f"  id:      {ids[1]}"]
 
 
 @pytest.mark.parametrize("host", HOSTS)
@@ -250,23 +281,35 @@ def test_errors_reach_the_model_with_code_and_details(host: str, daemon_factory:
         ("memory_add", {"track": "agent", "scope": "user-global", "text": "Build with make"}),
         ("memory_add", {"track": "agent", "scope": "user-global", "text": "Build the docs with make"}),
         ("memory_remove", {"track": "agent", "scope": "user-global", "match": "make"}),
-        ("memory_add", {"track": "agent", "scope": "workspace", "text": "Ran the tests"}),
+        ("memory_add", {"track": "agent", "scope": "workspace", "text": LONG_TEXT}),
     ))
     assert standin.result("memory_add", 0).is_error in (False, None)
     results = {"BUDGET_EXCEEDED": standin.result("memory_add", 1), "AMBIGUOUS_MATCH": standin.result("memory_remove")}
     if host == "codex":
         # `codex exec --dangerously-bypass-approvals-and-sandbox` answers the server's
         # elicitation itself, with accept (and no content): nobody is asked, the write is made
-        asked = tap.requests("elicitation/create")
-        assert [m["params"]["message"].splitlines()[:2] for m in asked] == [
-            [f'add to agent/workspace, shared by every agent, in workspace "{h.workspace}":', "  + Ran the tests"]], asked
+        [(asked, server)] = [(m["msg"], m["pid"]) for m in tap.messages if m["dir"] == "server"
+                             and isinstance(m["msg"], dict) and m["msg"].get("method") == "elicitation/create"]
+        message = asked["params"]["message"]
+        assert message.split("\n") == approval_message(message, host, h.workspace, LONG_TEXT, server), message
         [answer] = [m["msg"] for m in tap.messages if m["dir"] == "host" and isinstance(m["msg"], dict)
-                    and m["msg"].get("id") == asked[0]["id"] and "result" in m["msg"]]
+                    and m["msg"].get("id") == asked["id"] and "result" in m["msg"]]
         assert answer["result"]["action"] == "accept", answer
         ran = standin.result("memory_add", 4)
-        assert "Ran the tests" in ran.text and "WRITE_DENIED" not in ran.text, ran
+        assert "Ran the tests before the release" in ran.text and "WRITE_DENIED" not in ran.text, ran
     else:
         results["WRITE_DENIED"] = standin.result("memory_add", 4)
+    if host == "claude-code":
+        # the approval goes back as an input-required result, its message complete (the
+        # dialog shows its first lines; under -p nobody sees it), and the call is retried
+        # with the answer cancel
+        [(form, server)] = [(m["msg"]["result"]["inputRequests"]["approval"], m["pid"]) for m in tap.messages
+                            if m["dir"] == "server" and isinstance(m["msg"], dict)
+                            and m["msg"].get("result", {}).get("resultType") == "input_required"]
+        message = form["params"]["message"]
+        assert message.split("\n") == approval_message(message, host, h.workspace, LONG_TEXT, server), message
+        retried = [m["params"]["inputResponses"] for m in tap.requests("tools/call") if "inputResponses" in m["params"]]
+        assert retried == [{"approval": {"action": "cancel"}}], retried
     flagged = {code: r.is_error for code, r in results.items()}
     # Claude Code and Gemini CLI tell the model a result is an error; Codex's function
     # output has no such flag (the model reads the text)
@@ -278,8 +321,39 @@ def test_errors_reach_the_model_with_code_and_details(host: str, daemon_factory:
     assert (ambiguous["details"]["candidates"], len(ambiguous["details"]["ids"])) == (2, 2), ambiguous
     if host != "codex":
         denied = tool_error(results["WRITE_DENIED"], "WRITE_DENIED")
-        # under -p, or a host without elicitation, and no approver: nobody can say yes
-        assert denied["details"]["outcome"] in ("unavailable", "cancelled", "rejected"), denied
+        assert denied["details"] == {"outcome": DENIED_OUTCOME[host]}, denied
+        with contextlib.closing(sqlite3.connect(d.db_path)) as db:
+            layer = db.execute("SELECT text FROM entries WHERE track = 'agent' AND scope = 'workspace'").fetchall()
+        assert layer == [], layer
+
+
+APPROVERS_CONFIG = """\
+mcp_approvals = "approvers"
+[write_policies]
+"agent/workspace" = "ask"
+"""
+
+
+def test_codex_cannot_answer_a_write_that_only_an_approver_may_approve(
+        daemon_factory: Any, hosts_install: Path, tmp_path: Path, standin: StandIn, tap: Tap) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(APPROVERS_CONFIG)
+    d = daemon_factory("--config", str(cfg), policy="auto")
+    h = _host("codex", hosts_install, tmp_path, d, tap, standin)
+    h.prompt(_script(("memory_add", {"track": "agent", "scope": "workspace", "text": "Ran the tests"}),
+                     ("memory_add", {"track": "user", "scope": "workspace", "text": "Prefers tabs"})))
+    # mcp_approvals = "approvers": the write is never put to Codex, so the bypass flag that
+    # accepts every elicitation has nothing to accept; no approver is subscribed
+    assert tap.requests("elicitation/create") == [], tap.requests("elicitation/create")
+    denied = standin.result("memory_add", 0)
+    assert denied.is_error is None, denied
+    assert tool_error(denied, "WRITE_DENIED")["details"] == {"outcome": "unavailable"}, denied
+    added = standin.result("memory_add", 1)
+    assert "Prefers tabs" in added.text and "WRITE_DENIED" not in added.text, added
+    # the denied write left the store as it was: only the other layer's add is there
+    with contextlib.closing(sqlite3.connect(d.db_path)) as db:
+        entries = db.execute("SELECT track, scope, text FROM entries").fetchall()
+    assert entries == [("user", "workspace", "Prefers tabs")], entries
 
 
 # --- e: the hosts' own listing ------------------------------------------------------------
@@ -387,21 +461,38 @@ async def test_gemini_cli_declares_no_elicitation_so_an_approver_approves_its_ad
 
 # --- the MCP Inspector's CLI: list, call, error -----------------------------------------------
 
-def _inspector(install: Path, home: Path, daemon: Any, *args: str, status: int = 0) -> dict[str, Any]:
+def _inspector(install: Path, home: Path, daemon: Any, *args: str, status: int = 0,
+               tap: Tap | None = None) -> dict[str, Any]:
     """The Inspector CLI's JSON answer; ``status``: its exit status (5: a tool result with
-    isError, which it prints all the same)."""
+    isError, which it prints all the same); with ``tap``, the server behind it."""
     home.mkdir(exist_ok=True)
+    server = (server_command(daemon, tap, "--cwd", "/home/u/proj") if tap is not None else
+              [*memoryd_command(), "mcp", "--socket", str(daemon.socket_path), "--db", str(daemon.db_path),
+               "--cwd", "/home/u/proj"])
     argv = [str(install / "node_modules" / ".bin" / "mcp-inspector"), "--cli", "--format", "json", *args,
-            "--", *memoryd_command(), "mcp", "--socket", str(daemon.socket_path), "--db", str(daemon.db_path),
-            "--cwd", "/home/u/proj"]
+            "--", *server]
     r = subprocess.run(argv, env=dict(os.environ, HOME=str(home)), capture_output=True, text=True, timeout=120)
     assert r.returncode == status, r.stdout[-3000:] + r.stderr[-3000:]
     return dict(json.loads(r.stdout))
 
 
-def test_the_inspector_lists_calls_and_reads_an_error(daemon_factory: Any, node_mcp_install: Path,
-                                                     tmp_path: Path) -> None:
-    d = daemon_factory()
+def _inspector_error(install: Path, home: Path, daemon: Any, code: str, tool: str, tap: Tap | None = None,
+                     **args: str) -> dict[str, Any]:
+    """The error ``code`` the Inspector CLI prints for a call of ``tool``: a result with
+    isError and the error as its one text."""
+    argv = [f"--tool-arg={k}={v}" for k, v in args.items()]
+    result = _inspector(install, home, daemon, "--method", "tools/call", "--tool-name", tool, *argv,
+                        status=5, tap=tap)["result"]
+    assert result["isError"] is True and "structuredContent" not in result, result
+    [content] = result["content"]
+    return tool_error(ToolResult(tool, content["text"], True, content), code)
+
+
+def test_the_inspector_lists_calls_and_reads_the_errors(daemon_factory: Any, node_mcp_install: Path,
+                                                       tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(ERRORS_CONFIG)
+    d = daemon_factory("--config", str(cfg), policy="auto")
     home = tmp_path / "home"
     listed = _inspector(node_mcp_install, home, d, "--method", "tools/list")["result"]["tools"]
     assert {t["name"]: t["inputSchema"] for t in listed} == expected_schemas("inspector")
@@ -413,13 +504,29 @@ def test_the_inspector_lists_calls_and_reads_an_error(daemon_factory: Any, node_
     got = _inspector(node_mcp_install, home, d, "--method", "tools/call", "--tool-name", "memory_query",
                      "--tool-arg", "text=make")["result"]
     assert got["structuredContent"]["total"] == 2 and not got.get("isError"), got
-    err = _inspector(node_mcp_install, home, d, "--method", "tools/call", "--tool-name", "memory_remove",
-                     "--tool-arg", "track=agent", "--tool-arg", "scope=user-global", "--tool-arg", "match=make", status=5)
-    result = err["result"]
-    assert result["isError"] is True and "structuredContent" not in result, result
-    [content] = result["content"]
-    body = tool_error(ToolResult("memory_remove", content["text"], True, content), "AMBIGUOUS_MATCH")
+    body = _inspector_error(node_mcp_install, home, d, "AMBIGUOUS_MATCH", "memory_remove", track="agent",
+                            scope="user-global", match="make")
     assert (body["details"]["candidates"], len(body["details"]["ids"])) == (2, 2), body
+    _inspector(node_mcp_install, home, d, "--method", "tools/call", "--tool-name", "memory_add",
+               "--tool-arg", "track=user", "--tool-arg", "scope=workspace", "--tool-arg", "text=Prefers tabs")
+    budget = _inspector_error(node_mcp_install, home, d, "BUDGET_EXCEEDED", "memory_add", track="user",
+                              scope="workspace", text="Wraps lines at one hundred and twenty")
+    assert (budget["details"]["track"], budget["details"]["scope"], budget["details"]["limit"]) == (
+        "user", "workspace", 40), budget
+    # the Inspector's CLI declares no elicitation and no approver is subscribed: nobody can
+    # be asked, so the daemon denies the write at once
+    with Tap.open() as tap:
+        denied = _inspector_error(node_mcp_install, home, d, "WRITE_DENIED", "memory_add", tap, track="agent",
+                                  scope="workspace", text="Ran the tests")
+        _era, client, caps = _declared(tap)
+        assert (client["name"], "elicitation" in caps, tap.requests("elicitation/create")) == (
+            "inspector-cli", False, []), (client, caps)
+    assert denied["details"] == {"outcome": "unavailable"}, denied
+    # neither error wrote: the store holds the three adds that were allowed
+    with contextlib.closing(sqlite3.connect(d.db_path)) as db:
+        entries = sorted(db.execute("SELECT track, scope, text FROM entries").fetchall())
+    assert entries == [("agent", "user-global", "Build the docs with make"), ("agent", "user-global", "Build with make"),
+                       ("user", "workspace", "Prefers tabs")], entries
 
 
 
