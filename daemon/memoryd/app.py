@@ -216,7 +216,7 @@ class Daemon:
             writer.anchor.on_commit = heads.committed
             readers = await Readers.open(path, busy_ms)
             resources.push_async_callback(readers.aclose)
-            approvals = Approvals(config.max_pending_approvals)
+            approvals = Approvals(config)
             service = Service(config, writer, readers, approvals)
             mcp = McpFront(service)
             if replication is not None:

@@ -24,6 +24,7 @@ import hmac
 import logging
 import secrets
 import time
+import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import anyio
 import msgspec
 from memoryd_protocol import payloads
 from memoryd_protocol.approval_types import ApprovalChallenge, ApprovalProofParams, ProcessFacts
-from memoryd_protocol.constants import ALLOWED_ONCE, DEFAULT_MAX_PENDING_APPROVALS
+from memoryd_protocol.constants import ALLOWED_ONCE
 from memoryd_protocol.errors import InvalidInput, StoreUnavailable, WriteDenied
 from memoryd_protocol.paths import ApproverKeyError, approver_key_path, approver_proof, read_approver_key
 from memoryd_protocol.payloads import normalize_outcome
@@ -198,18 +199,17 @@ class Pending:
 
 
 class Approvals:
-    def __init__(self, max_per_connection: int = DEFAULT_MAX_PENDING_APPROVALS, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None) -> None:
+        #: the daemon's config: its ``approvers`` says who may decide, and past its
+        #: max_pending_approvals a connection's next write is denied at once
+        self.config = config if config is not None else Config()
         self.pending: dict[str, Pending] = {}
-        #: max_pending_approvals: a connection's next write beyond it is denied at once
-        self.max_per_connection = max_per_connection
         self.approvers: list[Peer] = []
         #: set at shutdown (``cancel_all``): the gate admits no more writes, no new approval
         #: is asked, every new one is cancelled
         self.closing = False
-        #: the daemon's config: its ``approvers`` says who may decide (the Service sets it)
-        self.config = config if config is not None else Config()
-        #: this daemon run's id, for the ledger's connection refs (the Service sets it)
-        self.run_id = ""
+        #: this daemon run's id, for the ledger's connection refs
+        self.run_id = uuid.uuid4().hex[:12]
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -289,7 +289,7 @@ class Approvals:
             # max_pending_approvals: denied at once, with its denied row like every denial.
             await self._deny(writer, origin, session_id, write, "unavailable", policy, None)
             raise WriteDenied(f"write denied: unavailable: this connection already has "
-                              f"{self.max_per_connection} approvals pending", {"outcome": "unavailable"})
+                              f"{self.config.max_pending_approvals} approvals pending", {"outcome": "unavailable"})
         asked = write.asked(session_id)
         was_asked: list[bool] = []
 
@@ -349,7 +349,7 @@ class Approvals:
 
     def full(self, origin: Peer) -> bool:
         """``origin`` already has max_pending_approvals writes waiting for a decision."""
-        return sum(p.origin is origin for p in self.pending.values()) >= self.max_per_connection
+        return sum(p.origin is origin for p in self.pending.values()) >= self.config.max_pending_approvals
 
     def unsubscribe(self, peer: Peer) -> None:
         if peer in self.approvers:
@@ -447,8 +447,7 @@ class Approvals:
                                      "such as memoryctl approve in another terminal")
 
     def connection_closed(self, peer: Peer) -> None:
-        if peer in self.approvers:
-            self.approvers.remove(peer)
+        self.unsubscribe(peer)
         for p in list(self.pending.values()):
             if p.origin is peer:
                 p.resolve("unavailable")

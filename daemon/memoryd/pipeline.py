@@ -108,14 +108,12 @@ class Pipeline:
     config: Config
     writer: Writer
     approvals: Approvals
-    #: this daemon run's id: connection refs in the ledger are ``<run>/<connection id>``
-    run_id: str
     #: who else hears of committed writes (memory/watch)
     watchers: Watchers = field(default_factory=Watchers)
 
     def who(self, peer: Peer) -> LedgerConnection:
-        """``peer`` as the ledger records it (ledger.connection)."""
-        return ledger.connection(peer, self.run_id)
+        """``peer`` as the ledger records it (ledger.connection): ``<run>/<connection id>``."""
+        return ledger.connection(peer, self.approvals.run_id)
 
     def stamp(self, peer: Peer, view: SessionView) -> ledger.Stamp:
         """The stamp of a request that is not a gated write (a recall, a snapshot)."""

@@ -15,7 +15,6 @@ import os
 import sqlite3
 import stat
 import time
-import uuid
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("memoryd.service")
 T = TypeVar("T")
 
-VERSION = __version__
-
 def stderr_file() -> str | None:
     """The file this process's stderr (its log) is appended to, or None when stderr is not
     a regular file (a terminal, a pipe, the journal) or /proc is not there to say."""
@@ -87,8 +84,6 @@ class Service:
         #: every read of the store (readers.py)
         self.readers = readers
         self.approvals = approvals
-        approvals.config = config  # who may decide: the config's approvers
-        run_id = approvals.run_id = uuid.uuid4().hex[:12]
         #: which open connection each session id belongs to (sessions.py)
         self.sessions = Sessions(config.max_sessions_per_connection, config.max_new_snapshots_per_connection,
                                  config.max_new_snapshots_per_minute)
@@ -98,9 +93,7 @@ class Service:
         self.live: Collection[Connection] = ()
         #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
         #: on shutdown, set by the Daemon once bound. None while it serves no socket of its
-        #: own (stdio, or a listener inherited from systemd socket activation). Not the
-        #: config's default here: computing it without $XDG_RUNTIME_DIR imports tempfile
-        #: (with shutil, bz2, lzma, random), which a standalone stdio start never needs.
+        #: own (stdio, or a listener inherited from systemd socket activation).
         self.socket_path: Path | None = None
         #: the peers told of other connections' writes (memory/watch); an in-process
         #: front-end registers its own peers here too
@@ -108,7 +101,7 @@ class Service:
         #: Litestream's supervisor when [replicate] is configured, for ``daemon/status``
         self.replication: Replication | None = None
         #: every write goes through it (pipeline.py)
-        self.pipeline = Pipeline(config, writer, approvals, run_id, watchers=self.watchers)
+        self.pipeline = Pipeline(config, writer, approvals, watchers=self.watchers)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -173,7 +166,7 @@ class Service:
         peer.client = p.client  # shown as the origin of this connection's approvals
         return InitializeResult(
             protocol=PROTOCOL,
-            server=ServerInfo(name="memoryd", version=VERSION),
+            server=ServerInfo(name="memoryd", version=__version__),
             schema_version=STORE_SCHEMA_VERSION,
             write_policy=self.config.write_policy,  # type: ignore[arg-type]
             budgets=self.budget_rows(),
@@ -196,7 +189,7 @@ class Service:
 
     async def status(self, ctx: RequestContext, p: Any) -> DaemonStatus:
         return DaemonStatus(
-            version=VERSION,
+            version=__version__,
             uptime_s=round(time.monotonic() - self.started, 3),
             connections=self.connections,
             pending_approvals=len(self.approvals),
