@@ -8,7 +8,6 @@ lost / timeout / autostart failed / stop failed; 130 interrupted. Every error is
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -25,19 +24,11 @@ from .running import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Ctx, _error, _socket
 # talks to a daemon runs in memoryd_client.commands.
 
 
-def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``parse_args``; a verb with actions (``audit``, ``proposals``) named alone lists."""
-    args = parser.parse_args(argv)
-    if getattr(args, "verb", None) in ("audit", "proposals") and args.action is None:
-        args.action = "list"
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     try:
-        args = _parse(parser, words)
+        args = parser.parse_args(words)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not args.verb:

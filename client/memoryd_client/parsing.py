@@ -85,7 +85,7 @@ class Verb(Parser):
     def add_action(self, name: str, summary: str, description: str, epilog: str | None,
                    arguments: Callable[[Verb], object] | None = None) -> None:
         """A nested verb (``audit verify``): its own parser, help and options, the global
-        options included. With none named, the verb runs its first action."""
+        options included."""
         if self._action_choices is None:
             self._action_choices = self.add_subparsers(dest="action", metavar="ACTION", title="actions",
                                                        parser_class=Verb)

@@ -293,6 +293,7 @@ def _audit_args(p: Verb) -> None:
                it with 'audit verify --heads FILE'.""",
             "memoryctl audit heads > ~/memoryd-heads",
             lambda q: _heads(q, "read the heads from FILE instead of the store's heads file"))
+    p.set_defaults(action="list")  # 'memoryctl audit' alone lists (after the actions, which reset it)
 
 
 _verb(
@@ -325,6 +326,7 @@ def _proposals_args(p: Verb) -> None:
             "memoryctl proposals approve 3f2a", _proposal_id)
     _action(p, "dismiss", "drop a proposal", "Drop the proposal; nothing is written.",
             "memoryctl proposals dismiss 3f2a", _proposal_id)
+    p.set_defaults(action="list")
 
 
 _verb(
