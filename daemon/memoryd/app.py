@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import select
 import signal
 import socket
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from .service import Service
 from .sessions import UNBOUND_METHODS
 from .snapshots import Snapshots
 from .transfer import Transfer
-from .transports import accepted, bind_unix, inherited_listener, sd_notify, stdio_stream
+from .transports import accepted, bind_unix, inherited_listener, refuse_taken, sd_notify, stdio_stream
 from .writer import Writer
 from .writes import Writes
 
@@ -480,10 +482,6 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     """Serve until stopped. A :class:`~memoryd.errors.DaemonError` (a taken socket, an
     unsafe socket directory, a refused adapter) goes up to the command line, which says it
     in one line; the store's own refusals are said here."""
-    import sys
-
-    from .transports import refuse_taken
-
     # The socket recorded as the store owner's: none for stdio or an inherited (systemd) one.
     activated = os.environ.get("LISTEN_PID") == str(os.getpid())
     if not (stdio or activated):
@@ -508,8 +506,6 @@ async def _serve(cfg: Config, stdio: bool) -> int:
         return 1
     # What start-up made lives as long as the process: frozen out of the collector's sight,
     # its collections walk only what requests made.
-    import gc
-
     gc.freeze()
     try:
         await daemon.run(stdio=stdio)

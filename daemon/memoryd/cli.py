@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from memoryd_protocol import __version__
 from memoryd_protocol.constants import WRITE_POLICIES
+from memoryd_protocol.paths import log_path_for
 
 from . import config as config_mod
-from . import relay, replica_cli, units
+from . import launch, relay, replica_cli, units
 from .errors import DaemonError
 from .rundir import UnsafeDir, ensure_private_dir
 
@@ -183,12 +185,8 @@ def _given_workspace(cwd: str) -> str:
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status 0 (also when one already answers), else the daemon's own."""
-    import signal
-
-    from . import launch  # subprocess and its kin: only a start in the background needs them
-
     runtime = socket_path.parent
-    log = launch.log_path_for(socket_path)
+    log = log_path_for(socket_path)
     try:
         ensure_private_dir(runtime)  # before the lock and the log are created in it
         with launch.start_lock(runtime):

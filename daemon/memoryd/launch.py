@@ -23,13 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from memoryd_protocol.paths import AUTOSTART_LOCK_NAME, log_path_for
+from memoryd_protocol.paths import AUTOSTART_LOCK_NAME
 
 from .rundir import check_private_dir
 
-#: Shared with memoryctl's autostart: whoever holds it is starting the daemon of this
-#: runtime directory, and everyone else waits, then finds it running.
-LOCK_NAME = AUTOSTART_LOCK_NAME
 DEFAULT_WAIT_S = 15.0
 _UCRED = struct.Struct("3i")
 
@@ -56,9 +53,10 @@ def answers(path: Path) -> bool:
 @contextlib.contextmanager
 def start_lock(runtime_dir: Path) -> Iterator[None]:
     """Serialize starters of one runtime directory; the holder keeps it for at most its
-    readiness wait. Only in a private directory (else :class:`memoryd.rundir.UnsafeDir`)."""
+    readiness wait. Only in a private directory (else :class:`memoryd.rundir.UnsafeDir`).
+    The lock is memoryctl's autostart's too: everyone else waits, then finds it running."""
     check_private_dir(runtime_dir)
-    fd = os.open(runtime_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(runtime_dir / AUTOSTART_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -217,4 +215,4 @@ def start_ready(
             os.close(pidfd)
 
 
-__all__ = ["Child", "LaunchFailed", "answers", "log_path_for", "spawn_ready", "start_lock", "start_ready"]
+__all__ = ["Child", "LaunchFailed", "answers", "spawn_ready", "start_lock", "start_ready"]

@@ -16,13 +16,17 @@ import errno
 import json
 import os
 import select
+import signal
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memoryd_protocol.paths import default_db_path, log_path_for, read_owner_record
+
+from . import launch
 from .errors import DaemonError
-from .rundir import UnsafeDir, check_private_dir
+from .rundir import UnsafeDir, check_private_dir, ensure_private_dir
 
 CHUNK = 65536
 PROBE_ID = "memoryd-relay-probe"
@@ -61,8 +65,6 @@ def _connect(path: str) -> socket.socket | None:
 def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     """The daemon that already owns ``store``, by the socket its owner record names (next
     to the store), when that socket is in a private directory and answers."""
-    from memoryd_protocol.paths import read_owner_record
-
     record = read_owner_record(Path(store))
     if record is None or record.socket is None or not record.socket.startswith("/"):
         return None
@@ -94,17 +96,10 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
     if sock is not None:
         return sock, socket_path, None
     if follow_owner:
-        from memoryd_protocol.paths import default_db_path
-
         store = db if db is not None else str(default_db_path())
         found = _owner_socket(store)
         if found is not None:
             return found[0], found[1], store
-    import signal
-
-    from . import launch  # only when no daemon answers: subprocess and friends cost start-up
-    from .rundir import ensure_private_dir
-
     try:
         ensure_private_dir(runtime)
     except UnsafeDir as exc:
@@ -114,7 +109,7 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
     with launch.start_lock(runtime):
         sock = _connect(socket_path)  # another starter may have won the lock first
         if sock is None:
-            log = launch.log_path_for(Path(socket_path))
+            log = log_path_for(Path(socket_path))
             try:
                 # The harness giving up on this session (SIGTERM, SIGINT, SIGHUP) while the
                 # daemon starts stops that daemon too, rather than leave it half-started.
