@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from memoryd_protocol import types as T
 from memoryd_protocol.approval_text import (
     approval_request,
@@ -35,8 +36,6 @@ from . import colour
 
 def to_json(value: Any) -> str:
     """The result as pretty JSON (Structs use their wire names)."""
-    import msgspec
-
     return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
 
 
@@ -232,9 +231,7 @@ def ledger_report(r: T.LedgerReport) -> str:
         if r.note:
             lines.append(one_line(r.note))
         return "\n".join(lines)
-    from memoryd_protocol.types import LedgerProblem
-
-    first, *rest = r.problems or [LedgerProblem(reason="the report names no problem")]
+    first, *rest = r.problems or [T.LedgerProblem(reason="the report names no problem")]
     at = _problem_at(first)
     lines = [f"{paint('ledger BROKEN', 'red bold')}{f' at {at}' if at else ''}: {one_line(first.reason)}"]
     for p in rest:

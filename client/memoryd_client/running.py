@@ -7,17 +7,26 @@ local checks before any connection (:func:`prepare`), and the one line every fai
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import re
+import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
 from memoryd_protocol.errors import ProtocolError
 from memoryd_protocol.paths import default_socket_path
 
-from .errors import ClientError, ConnectFailed
+from .autostart import NO_DAEMON_ERRNOS, AutostartFailed, start_daemon
+from .colour import painter
+from .errors import BadResponse, ClientError, ConnectFailed
 from .prompt import Approver
+from .render import one_line, to_json
 
 #: a command line, as the parser read it
 Args = argparse.Namespace
@@ -69,8 +78,6 @@ class Ctx:
 
     def result(self, value: Any, human: Callable[[], str]) -> None:
         if self.json:
-            from .render import to_json
-
             self.out(to_json(value))
         else:
             self.out(human())
@@ -102,9 +109,6 @@ def _write_private(name: str, text: str, *, force: bool) -> str:
     others is replaced rather than rewritten in place. Without ``force`` an existing
     ``name`` is refused, also one created since the command started (``link`` fails then,
     where a rename would replace it). Returns the path."""
-    import contextlib
-    import tempfile
-
     path = os.path.expanduser(name)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -138,17 +142,11 @@ _MARKDOWN_LINE = r"^(#{1,6}[ \t]|[-*+][ \t]+\S)"
 
 
 def _is_markdown(name: str, raw: str) -> bool:
-    import re
-
     return Path(name).suffix.lower() in _MARKDOWN_SUFFIXES or bool(re.search(_MARKDOWN_LINE, raw, re.M))
 
 
 def _markdown_without_adapter(name: str) -> UsageError:
     """``import NOTES.md`` without ``--adapter``: name the adapters and the command that works."""
-    import shlex
-
-    from memoryd_protocol.adapters import MARKDOWN_FORMAT, builtin_adapters
-
     ids = [a.id for a in builtin_adapters().values() if MARKDOWN_FORMAT in a.info().import_formats]
     pick = "hermes-memory-md" if Path(name).name.upper() == "MEMORY.MD" else "claude-code-memory-md"
     shown = "stdin" if name == "-" else name
@@ -180,8 +178,6 @@ def prepare(ctx: Ctx) -> None:
     if a.verb == "export" and a.output and not a.force and os.path.lexists(os.path.expanduser(a.output)):
         raise _exists(a.output)  # before asking the daemon for anything
     if a.verb == "import":
-        import json
-
         if a.adapter is None and (a.track or a.scope):
             raise UsageError("import: --track and --scope go with --adapter; an envelope names each entry's "
                              "track and scope")
@@ -224,15 +220,9 @@ def _error(ctx: Ctx | None, code: str, message: str, details: dict[str, Any] | N
     line = " ".join(message.split()) if message else code.lower()
     match = (details or {}).get("match")
     if code in ("ENTRY_NOT_FOUND", "AMBIGUOUS_MATCH") and isinstance(match, str):
-        from .render import one_line
-
         line += f" (match: {one_line(match)})"  # which of several -m failed
-    from .colour import painter
-
     print(f"{painter(sys.stderr)('error:', 'red bold')} {code}: {line}", file=sys.stderr, flush=True)
     if ctx is not None and ctx.json:
-        import json
-
         ctx.out(json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str))
 
 
@@ -257,8 +247,6 @@ def _serve_command(ctx: Ctx) -> str:
         cmd += ["--db", a.db]
     if a.config:
         cmd += ["--config", a.config]
-    import shlex
-
     return shlex.join(cmd)
 
 
@@ -281,8 +269,6 @@ def autostart(ctx: Ctx, exc: ConnectFailed, autostarted: bool) -> None:
     """Nothing answered (``exc``): start a daemon on the socket, or re-raise ``exc`` when
     none may be started (--no-autostart, one was started already, or the connect failed
     for another reason than "no daemon there")."""
-    from .autostart import NO_DAEMON_ERRNOS, start_daemon
-
     a = ctx.args
     if autostarted or a.no_autostart or exc.details.get("errno") not in NO_DAEMON_ERRNOS:
         raise exc
@@ -294,9 +280,6 @@ def autostart(ctx: Ctx, exc: ConnectFailed, autostarted: bool) -> None:
 def fail(ctx: Ctx, exc: Exception) -> int:
     """A failed command's one line on stderr (and ``{"error"}`` with --json), and its exit
     status; ``exc`` itself is re-raised when it is no command failure."""
-    from .autostart import NO_DAEMON_ERRNOS, AutostartFailed
-    from .errors import BadResponse
-
     a = ctx.args
     if isinstance(exc, UsageError):
         _error(ctx, "USAGE", str(exc))
