@@ -41,17 +41,12 @@ class Client(Connection):
     or a :class:`ClientError` (``ConnectionClosed``, ``Timeout``).
     """
 
-    def _write(self, write: Any) -> Any:
-        if write is not None:
-            return plain(write)
-        if self.session is not None:
-            return {"agent": {"session": self.session}}
-        return None
-
     async def _write_call(self, method: str, params: dict[str, Any], write: Any) -> Any:
-        context = self._write(write)
-        if context is not None:
-            params["write"] = context
+        """``method`` with ``write`` as its write context, else the connection's session."""
+        if write is not None:
+            params["write"] = plain(write)
+        elif self.session is not None:
+            params["write"] = {"agent": {"session": self.session}}
         return await self.call(method, params)
 
     # --- the daemon's methods (wire-v1.md §4) ------------------------------------------
