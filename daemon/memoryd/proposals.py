@@ -115,10 +115,10 @@ class Proposals:
             ts = store.now_ms()
             if not store.decide_proposal(tx.conn, proposal.id, "approved", ts):
                 raise ProposalNotFound("no pending proposal with this id", {"id": proposal.id})
-            now = store.get_proposal(tx.conn, proposal.id)
+            decided = store.get_proposal(tx.conn, proposal.id)
             # another program can change a pending proposal while its approval waits: what
             # is approved is what the approval showed, or nothing (the change is foreign)
-            if now is None or msgspec.structs.replace(now, status="pending", decided_at=None) != proposal:
+            if decided is None or msgspec.structs.replace(decided, status="pending", decided_at=None) != proposal:
                 raise ProposalNotFound("the proposal changed while its approval was pending, and nothing was written; "
                                        "look at it again (memoryctl proposals) and approve it if it still applies",
                                        {"id": proposal.id})
@@ -128,8 +128,6 @@ class Proposals:
             store.insert_entry(tx, e)
             stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=PROPOSAL_SOURCE,
                         entry=e, ts=ts)
-            decided = store.get_proposal(tx.conn, proposal.id)
-            assert decided is not None
             ledger.proposal(tx, stamp.origin, "approved", decided)
             return ProposalApproveResult(proposal=decided, entry=e, usage=self.service.row(tx.usage, *cell))
 

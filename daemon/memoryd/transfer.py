@@ -60,6 +60,13 @@ def existing_keys(conn: sqlite3.Connection) -> set[EntryKey]:
     return {(track, scope, wk or "", ak or "", text) for track, scope, wk, ak, text in rows}
 
 
+def _too_many(count: int, field: str) -> InvalidInput:
+    return InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has {count}: split it into "
+                        f"parts of at most {MAX_IMPORT_ENTRIES} entries and import each (with skipExisting, as "
+                        "memoryctl import sends it, entries already in the store are skipped, so re-running a part "
+                        "is safe)", field)
+
+
 def _drop_user_global_workspaces(inputs: list[EntryInput]) -> int:
     """Clear the workspaceKey of every user-global input; how many named one. Such entries
     have none (the spec's ''), but dsh-memento stores the session's cwd there, so its own
@@ -119,10 +126,7 @@ class Transfer:
             i.scope = p.scope or i.scope
         dropped = _drop_user_global_workspaces(inputs)
         if len(inputs) > MAX_IMPORT_ENTRIES:
-            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has {len(inputs)}: "
-                               f"split it into parts of at most {MAX_IMPORT_ENTRIES} entries and import each "
-                               "(with skipExisting, as memoryctl import sends it, entries already in the store are "
-                               "skipped, so re-running a part is safe)", "entries")
+            raise _too_many(len(inputs), "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.writes.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
@@ -166,10 +170,7 @@ class Transfer:
         if env.schema != EXPORT_SCHEMA:
             raise InvalidInput(f"unknown envelope schema {env.schema!r}; expected {EXPORT_SCHEMA!r}", "envelope.schema")
         if len(env.entries) > MAX_IMPORT_ENTRIES:
-            raise InvalidInput(f"at most {MAX_IMPORT_ENTRIES} entries per import, and this one has "
-                               f"{len(env.entries)}: split it into parts of at most {MAX_IMPORT_ENTRIES} entries and "
-                               "import each (with skipExisting, as memoryctl import sends it, entries already in the "
-                               "store are skipped, so re-running a part is safe)", "envelope.entries")
+            raise _too_many(len(env.entries), "envelope.entries")
         inputs: list[EntryInput] = []
         for n, item in enumerate(env.entries):
             try:
