@@ -164,7 +164,3 @@ def load_adapters(sources: Iterable[EntryPointLike] | None = None) -> dict[str, 
         registry[adapter.id] = adapter
         origin[adapter.id] = where
     return registry
-
-
-__all__ = ["ENTRY_POINT_GROUP", "AdapterRegistryError", "EntryPointLike", "check_adapter", "discovered_entry_points",
-           "load_adapters", "may_register"]

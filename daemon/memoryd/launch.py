@@ -213,6 +213,3 @@ def start_ready(
                     raise LaunchFailed(f"memoryd was not ready within {wait_s:g}s; stopped it")
         finally:
             os.close(pidfd)
-
-
-__all__ = ["Child", "LaunchFailed", "answers", "spawn_ready", "start_lock", "start_ready"]

@@ -222,7 +222,3 @@ def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
     except (OSError, AttributeError, struct.error):  # no socket, not a Unix one, or not Linux
         return None
     return pid, uid, gid
-
-
-__all__ = ["Facts", "NotThatProcess", "PeerProcess", "declare_relay", "has_terminal", "lineage", "now",
-           "own_exe", "peer_credentials", "read_facts", "related", "tty_name"]

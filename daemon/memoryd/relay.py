@@ -343,7 +343,3 @@ def relay_stdio(socket_path: str, db: str | None, write_policy: str | None, serv
         _say(f"{reason} ({socket_path})")
         return 1
     return 0
-
-
-__all__ = ["RelayError", "attach", "check_served", "check_store", "mcp_attach_line", "pump", "relay_stdio",
-           "switch_to_mcp"]

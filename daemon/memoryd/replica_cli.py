@@ -63,6 +63,3 @@ def run(args: argparse.Namespace) -> int:
     out = args.to.expanduser().absolute()
     litestream.restore(chosen, out)
     return 0
-
-
-__all__ = ["add_parser", "run"]

@@ -92,6 +92,3 @@ def read(replica: Replica, store: Path, *, timeout_s: float = litestream.RESTORE
     if rel in ("behind", "diverged"):
         raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)), rel, ours, theirs)
     return rel, newest
-
-
-__all__ = ["ReplicaDiverged", "check", "read"]

@@ -56,6 +56,3 @@ def ensure_private_dir(path: Path) -> None:
     check_private_dir(path, missing_ok=True)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(path)
-
-
-__all__ = ["UnsafeDir", "check_private_dir", "ensure_private_dir"]
