@@ -284,29 +284,19 @@ def fail(ctx: Ctx, exc: Exception) -> int:
     if isinstance(exc, UsageError):
         _error(ctx, "USAGE", str(exc))
         return EXIT_USAGE
+    if not isinstance(exc, ProtocolError | ClientError):
+        raise exc
+    message = exc.message
     if isinstance(exc, ProtocolError):
-        message = exc.message
         if exc.code == "WRITE_DENIED" and exc.details.get("outcome") == "unavailable" and a.via_approver:
             message += "; no approver is subscribed: run `memoryctl approve` in another terminal"
-        _error(ctx, exc.code, message, exc.details)
-        return EXIT_PROTOCOL
-    if isinstance(exc, AutostartFailed):
+    elif isinstance(exc, AutostartFailed):
         for line in _daemon_reason(exc.details.get("stderr") or ""):
             print(line, file=sys.stderr)
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_CONNECTION
-    if isinstance(exc, ConnectFailed):
-        message = exc.message
-        if exc.details.get("errno") in NO_DAEMON_ERRNOS:
-            message += f"; no daemon runs there: start one with `{_serve_command(ctx)}`"
-            if a.no_autostart:
-                message += " or drop --no-autostart"
-        _error(ctx, exc.code, message, exc.details)
-        return EXIT_CONNECTION
-    if isinstance(exc, BadResponse):
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_PROTOCOL
-    if isinstance(exc, ClientError):
-        _error(ctx, exc.code, exc.message, exc.details)
-        return EXIT_CONNECTION
-    raise exc
+    elif isinstance(exc, ConnectFailed) and exc.details.get("errno") in NO_DAEMON_ERRNOS:
+        message += f"; no daemon runs there: start one with `{_serve_command(ctx)}`"
+        if a.no_autostart:
+            message += " or drop --no-autostart"
+    _error(ctx, exc.code, message, exc.details)
+    # the daemon answered (no, or not in the contract): 1; it was not reached, or not in time: 3
+    return EXIT_PROTOCOL if isinstance(exc, ProtocolError | BadResponse) else EXIT_CONNECTION
