@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, sql, unaccepted
+from e2e_helpers import Gate, add, arrived, sql, start_held, unaccepted
 from memoryd import foreign
 from rawclient import Raw, RpcFailure, socket_client, write_ctx
 
@@ -275,3 +276,77 @@ async def test_a_planted_index_stops_writes_until_it_is_accepted(daemon_factory:
         sql(d.db_path, "ALTER TABLE entries ADD COLUMN planted TEXT")
         refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses pnpm"}, "write": write_ctx()})
         assert "(column entries.planted)" in said(refused)
+
+
+async def held_replace(agent: Raw, human: Raw, gate: Gate, eid: str, meanwhile: Callable[[], Awaitable[None]]
+                       ) -> dict[str, Any]:
+    """A replace of ``eid`` whose approval ``human`` holds open while ``meanwhile`` runs,
+    then grants: the raw reply."""
+    gate.arrived = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        box = start_held(tg, agent, "memory/replace", replace(eid, "Prefers spaces"))
+        await arrived(gate)
+        await meanwhile()
+        await human.ok("approval/decided", {"id": gate.asked[-1]["id"], "outcome": "allowed-once"})
+    reply: dict[str, Any] = box["r"]
+    return reply
+
+
+def moved_message(fields: str, eid: str) -> str:
+    return (f"the approved entry changed while the approval was pending: its {fields} are not what the approval "
+            f"showed, and nothing was written; look at the entry again (memoryctl audit explain {eid}) and retry "
+            "the write if it still applies")
+
+
+@pytest.mark.parametrize("looked", [False, True], ids=["nothing-between", "a-look-while-renamed"])
+async def test_a_check_that_cannot_run_during_the_approval_wait_lets_nothing_commit(
+        ask_any_daemon: Any, looked: bool) -> None:
+    """The issue's order: while a replace waits for its approval, another program renames
+    the proposals table away, moves the target to the shared layer with another source, and
+    renames the table back; then the approval is granted. ``looked``: a batch ran while the
+    table was away (audit/verify's), so a check that could not run came between. Either way
+    the approved replace commits nothing, the move is a foreign row, and the refusal a
+    failed row after it naming why."""
+    d = ask_any_daemon
+    db = d.db_path
+    async with socket_client(d.socket_path, approvals=False) as agent, \
+            socket_client(d.socket_path, foreign=True) as human:
+        gate = Gate()
+        human.on_approval = gate
+        await human.ok("approval/subscribe", {})
+        gate.arrived = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            box = start_held(tg, agent, "memory/add", {"input": {**LAYER, "text": "Prefers tabs", "agentKey": "coder"},
+                                                       "write": write_ctx()})
+            await arrived(gate)
+            await human.ok("approval/decided", {"id": gate.asked[-1]["id"], "outcome": "allowed-once"})
+        eid = box["r"]["result"]["entry"]["id"]
+        left: list[Any] = []
+
+        async def attack() -> None:
+            sql(db, "ALTER TABLE proposals RENAME TO proposals_away")
+            sql(db, "UPDATE entries SET agent_key = '', source = 'planted' WHERE id = ?", eid)
+            if looked:
+                refused = await agent.fail("audit/verify")
+                assert refused.code == "STORE_CORRUPT"
+                assert said(refused) == ("audit verify cannot read the store (no such table: proposals): another "
+                                         "program changed it past what memoryd reads; undo that change, or restore "
+                                         "the store from a replica (memoryctl restore)")
+            sql(db, "ALTER TABLE proposals_away RENAME TO proposals")
+            left.append(stored(db)[:2])
+
+        reply = await held_replace(agent, human, gate, eid, attack)
+        approval = gate.asked[-1]["id"]
+        assert reply["error"]["data"] == {"code": "ENTRY_NOT_FOUND", "message": moved_message("agentKey, source", eid),
+                                          "details": {**LAYER, "entryId": eid}}
+        assert stored(db)[:2] == left[0]  # entries and audit rows as the other program left them
+        report = await agent.ok("audit/verify")
+        [(n, body)] = foreign_rows(db)
+        assert [(e["id"], e["agentKey"], e["source"], e["text"]) for e in body["entries"]] == [
+            (eid, "", "planted", "Prefers tabs")]
+        assert report["problems"] == [unaccepted(n, body["note"])]
+        [(failed_n, ref, failed)] = sql(db, "SELECT n, ref, body FROM memoryd_ledger WHERE kind = 'failed'")
+        assert failed_n > n and ref == approval
+        assert (json.loads(failed)["code"], json.loads(failed)["message"]) == ("ENTRY_NOT_FOUND",
+                                                                               moved_message("agentKey, source", eid))
+        assert stored(db)[:2] == left[0]

@@ -7,6 +7,7 @@ is one writer job.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 from memoryd_protocol.audit_types import AuditAccepted, AuditAcceptParams, AuditVerifyParams
 from memoryd_protocol.constants import AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP
-from memoryd_protocol.errors import InvalidInput
+from memoryd_protocol.errors import InvalidInput, StoreCorrupt
 from memoryd_protocol.ledger_check import heads_problems, read_life, read_report, with_problems
 from memoryd_protocol.types import AuditExplainParams, AuditListParams, AuditRow, EntryLife, LedgerReport
 
@@ -109,7 +110,16 @@ class Audits:
         await self.service.writer.settled()
         anchor = self.service.writer.anchor
         head, lost = anchor.head, anchor.lost  # committed before the read begins: the read must hold it
-        return await self.service.readers.read(lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
+        try:
+            return await self.service.readers.read(
+                lambda c: read_report(lambda sql: c.execute(sql).fetchall(), head, lost=lost))
+        except sqlite3.Error as exc:
+            if store.fault_reason(exc) is not None:
+                raise
+            # Writes already refuse such a store and send their user here: say what stops the read.
+            raise StoreCorrupt(f"audit verify cannot read the store ({foreign.unreadable(exc)}): another program "
+                               "changed it past what memoryd reads; undo that change, or restore the store from a "
+                               "replica (memoryctl restore)", {"path": str(self.service.config.db_path)}) from None
 
     async def audit_explain(self, ctx: RequestContext, p: AuditExplainParams) -> EntryLife:
         async with self._explaining:

@@ -326,7 +326,7 @@ def reconcile(tx: Tx, head_n: int, cause: str, new_schema: Sequence[str] = ()) -
 _UNDECODABLE = "Could not decode to UTF-8 column "
 
 
-def _reason(exc: Exception) -> str:
+def unreadable(exc: Exception) -> str:
     """Why a check could not run, safe for the log, the client and the ledger: SQLite's
     own words (they name tables and columns), never a stored text."""
     if isinstance(exc, sqlite3.Error):
@@ -352,7 +352,7 @@ def check(tx: Tx, head_n: int, cause: str = "while memoryd ran", new_schema: Seq
         if isinstance(exc, sqlite3.Error) and store.fault_reason(exc) is not None:
             raise  # the store cannot take writes now: the batch fails as any batch would
         tx.restore(saved)
-        why = _reason(exc)
+        why = unreadable(exc)
         log.debug("the check failed with: %r", exc)
         log.error("memoryd cannot check the store for changes another program made (%s): it writes nothing until it "
                   "can; audit verify names what is wrong", why, exc_info=not isinstance(exc, sqlite3.Error))
