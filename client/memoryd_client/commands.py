@@ -152,13 +152,6 @@ async def cmd_export(c: Client, ctx: Ctx) -> None:
         sys.stdout.flush()
 
 
-def _parse_json(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-
-
 async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
     """The payload for ``--adapter``: parsed JSON for a JSON adapter, the text for a text one
     (``importFormats`` says which); the raw text when JSON does not parse."""
@@ -173,7 +166,10 @@ async def _adapter_payload(c: Client, ctx: Ctx) -> Any:
     wants_text = any(f.startswith("text/") for f in formats)
     if wants_text and not wants_json:
         return raw
-    parsed = _parse_json(raw)
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
     return parsed if isinstance(parsed, dict | list) else raw
 
 
