@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add, sql
+from e2e_helpers import add, sql, unaccepted
 from rawclient import RpcFailure, socket_client, write_ctx
 
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
@@ -76,3 +76,44 @@ async def test_a_table_rebuilt_with_another_constraint_stops_writes(daemon_facto
         assert "another program changed the store's schema (table proposals changed)" in said(refused)
         assert schema_items(db) == ["table proposals changed"]
         assert stored(db) == before
+
+
+#: (what another program plants, what memoryd names it, how it is removed)
+PLANTED = [
+    ("CREATE VIEW planted AS SELECT id, text FROM entries", "view planted", "DROP VIEW planted"),
+    ("CREATE TABLE planted (note TEXT)", "table planted", "DROP TABLE planted"),
+]
+
+
+@pytest.mark.parametrize("way", ["removed", "accepted"])
+@pytest.mark.parametrize(("ddl", "name", "drop"), PLANTED, ids=["view", "table"])
+async def test_a_planted_view_or_table_stops_writes_until_it_is_removed_or_accepted(
+        daemon_factory: Any, any_approvers: Path, ddl: str, name: str, drop: str, way: str) -> None:
+    """A view or a new table is a schema change like a planted trigger: named, recorded
+    once as a ``foreign`` row, and every write refused with the store unchanged, until the
+    object is dropped or that row accepted."""
+    d = daemon_factory("--config", str(any_approvers))
+    db = d.db_path
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs")
+        sql(db, ddl)
+        before = stored(db)
+        for text in ("Uses uv", "Uses pnpm"):
+            refused = await raw.fail("memory/add", {"input": {**LAYER, "text": text}, "write": write_ctx()})
+            [(n, body)] = [(n, json.loads(b)) for n, b in sql(db, "SELECT n, body FROM memoryd_ledger "
+                                                                   "WHERE kind = 'foreign'")]
+            assert refused.code == "STORE_CORRUPT"
+            assert said(refused) == (f"nothing was written: another program changed the store's schema ({name}); "
+                                     f"remove it, or accept it with memoryctl audit accept {n}")
+            assert body["note"] == f"the schema changed: {name} added (while memoryd ran)"
+            assert schema_items(db) == [name]  # recorded once, however many writes it refuses
+            assert stored(db) == before
+        if way == "removed":
+            sql(db, drop)
+        else:
+            await raw.ok("audit/accept", {"n": n})
+        written = (await add(raw, "Uses uv"))["entry"]
+        assert sql(db, "SELECT text FROM entries WHERE id = ?", written["id"]) == [("Uses uv",)]
+        # the row stays to accept when the object is gone; once accepted, nothing is left to report
+        problems = [] if way == "accepted" else [unaccepted(n, body["note"])]
+        assert (await raw.ok("audit/verify"))["problems"] == problems
