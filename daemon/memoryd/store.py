@@ -112,8 +112,6 @@ def parse_tags(raw: Any) -> list[str] | None:
     """The tags column (JSON array of strings); None when it is anything else."""
     if raw is None:
         return []
-    if raw == "[]":
-        return []
     try:
         return _tags_decoder.decode(raw)
     except (msgspec.DecodeError, TypeError):
@@ -121,10 +119,7 @@ def parse_tags(raw: Any) -> list[str] | None:
 
 
 def dump_tags(tags: Iterable[str]) -> str:
-    tags = list(tags)
-    if not tags:
-        return "[]"  # most writes: what json.dumps gives, without calling it
-    return json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
 
 
 def row_to_entry(row: Sequence[Any]) -> Entry:
@@ -135,7 +130,9 @@ def row_to_entry(row: Sequence[Any]) -> Entry:
         id=row[0],
         track=row[1],
         scope=row[2],
-        workspace_key=row[3] or "",
+        # dsh-memento stores the writing session's cwd on user-global entries too; the wire's
+        # user-global entry has none, so a store it wrote reads (and is rewritten) with ''.
+        workspace_key="" if row[2] == "user-global" else row[3] or "",
         text=row[4],
         source=row[5],
         created_at=row[6],
@@ -382,8 +379,9 @@ def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
 def update_entry(tx: Tx, e: Entry) -> None:
     rowid = _unindex(tx, e.id)
     tx.conn.execute(
-        "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ? WHERE id = ?",
-        (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.id),
+        "UPDATE entries SET text = ?, source = ?, updated_at = ?, session_id = ?, tags = ?, version = ?, "
+        "workspace_key = ? WHERE id = ?",
+        (e.text, e.source, e.updated_at, e.session_id, dump_tags(e.tags), e.version, e.workspace_key, e.id),
     )
     if rowid is not None:
         _index(tx, rowid, e)
