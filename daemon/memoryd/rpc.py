@@ -6,15 +6,14 @@ Who does what:
   params with the method's own decoder, built once from the methods table.
 - Our own code, each part for the reason given where it is: the request shape check
   (:func:`_shape_error`), batches (:meth:`Dispatcher.handle`), the per-request dispatch of
-  the table's methods (:meth:`Dispatcher._dispatch`: jsonrpcserver's cost per request is
-  too much of a write's budget at the floor), the ordering of a connection's requests
-  (connection.py), and :func:`error_object`, the one place where an exception becomes a
-  wire error.
-- A method outside the table is answered METHOD_NOT_FOUND. jsonrpcserver is not called:
-  its dispatch costs too much per request (the README's design notes); it stays the
-  reference our dispatch is tested against (tests/test_rpc_unit.py). Protocol errors keep their code and details; msgspec validation failures become
-  INVALID_INPUT with the ``$.path`` of the bad field; anything unexpected becomes -32603
-  with a fixed message, and its traceback goes to the log, never onto the wire.
+  the table's methods (:meth:`Dispatcher._dispatch`), the ordering of a connection's
+  requests (connection.py), and :func:`error_object`, the one place where an exception
+  becomes a wire error. jsonrpcserver is the reference that dispatch is tested against
+  (tests/test_rpc_unit.py), not called: its cost per request is too much of a write's.
+- A method outside the table is answered METHOD_NOT_FOUND. Protocol errors keep their code
+  and details; msgspec validation failures become INVALID_INPUT with the ``$.path`` of the
+  bad field; anything unexpected becomes -32603 with a fixed message, and its traceback
+  goes to the log, never onto the wire.
 """
 
 from __future__ import annotations
