@@ -3,11 +3,14 @@
 expected/ holds what dsh-memento 0.4.4's adapters give for every input there, produced by
 running its code (generate.mjs); exports/ holds the documents its export commands print.
 memoryd must give the same entries, except where the reference breaks the spec (see
-docs/adapters.md, "Deviations"), and must export documents the reference reads back.
+docs/adapters.md, "Deviations"), and must export documents the reference reads back:
+readback/ holds what the reference's own import stored from memoryd's exports
+(memoryd-exports/) and from its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -129,17 +132,6 @@ def _reference_entries(prefix: str = "") -> list[Entry]:
     return [msgspec.convert({**e, "sessionId": None}, Entry) for e in envelope["entries"]]
 
 
-def _as_reference_reads(text: str) -> list[tuple[str, str]]:
-    """(section, bullet) pairs, as the reference's markdown adapters read a document."""
-    out, section = [], ""
-    for line in text.split("\n"):
-        if line.startswith("## "):
-            section = line[3:].strip()
-        elif line.startswith("- "):
-            out.append((section, line[2:].strip()))
-    return out
-
-
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
 def test_markdown_export_is_the_references_document(adapter_id: str) -> None:
     """Same entries, same document: ``{plugin, text}``, sections in the reference's order,
@@ -152,16 +144,63 @@ def test_markdown_export_is_the_references_document(adapter_id: str) -> None:
     assert ours["text"] != theirs["text"]  # the placement lines are there
 
 
+def _readbacks() -> list[Any]:
+    return [pytest.param(path, id=path.stem) for path in sorted((REF / "readback").glob("*.json"))]
+
+
+@pytest.mark.parametrize("path", _readbacks())
+def test_each_reading_by_the_reference_is_of_the_document_as_it_is(path: Path) -> None:
+    """readback/ is generate.mjs's record of the reference reading a document: the document
+    has not changed since (else: run generate.mjs with ``readback``)."""
+    folder, name, _ = path.stem.split("--")
+    read = json.loads(path.read_text(encoding="utf-8"))["read"]
+    assert read == hashlib.sha256((REF / folder / name).read_bytes()).hexdigest(), (
+        f"{folder}/{name} changed since the reference read it: node generate.mjs CHECKOUT readback")
+
+
+#: the session generate.mjs imports from: dsh-memento gives every entry without a workspaceKey
+#: (every user-global one) this cwd, and every entry without an agentKey this (no) preset
+READER_CWD = "/home/u/elsewhere"
+
+
+def _memoryd_store() -> list[dict[str, Any]]:
+    """The entries of the store memoryd exported (tests/test_e2e_reference_readback.py)."""
+    return list(json.loads((REF / "memoryd-exports" / "envelope.json").read_text(encoding="utf-8"))["entries"])
+
+
+def _stored(e: dict[str, Any]) -> tuple[Any, ...]:
+    return (e["track"], e["scope"], e["workspaceKey"], e["agentKey"], e["text"], e["source"], e["tags"])
+
+
+def _read_back(folder: str, name: str, how: str) -> list[tuple[Any, ...]]:
+    reading = json.loads((REF / "readback" / f"{folder}--{name}.json--{how}.json").read_text(encoding="utf-8"))
+    assert "error" not in reading, reading
+    return sorted(_stored(e) for e in reading["entries"])
+
+
+def test_the_reference_imports_memoryds_envelope_whole() -> None:
+    """Every entry, in its layer: the reference keeps track, scope, text, source and the keys
+    (its envelope import drops tags, and stamps its own cwd where the key is '')."""
+    store = _memoryd_store()
+    assert sorted(_stored({**e, "tags": [], "workspaceKey": e["workspaceKey"] or READER_CWD}) for e in store) == \
+        _read_back("memoryd-exports", "envelope", "envelope")
+
+
+def test_the_reference_imports_memoryds_mem0_export_as_its_own() -> None:
+    store = _memoryd_store()
+    assert sorted(("user", "user-global", READER_CWD, "", e["text"], "mem0", e["tags"]) for e in store) == \
+        _read_back("memoryd-exports", "mem0", "mem0") == _read_back("exports", "mem0", "mem0")
+
+
+@pytest.mark.parametrize("reader", MARKDOWN_IDS)
 @pytest.mark.parametrize("adapter_id", MARKDOWN_IDS)
-def test_the_reference_reads_a_memoryd_export_as_its_own(adapter_id: str) -> None:
-    """Where a track/scope holds several layers, memoryd writes a section per layer: the
-    reference reads the same bullets under the same track/scope headings."""
-    ours = export_entries(builtin_adapters()[adapter_id], _reference_entries())
-    theirs = json.loads((REF / "exports" / f"{adapter_id}.json").read_text(encoding="utf-8"))
-    assert not ours["text"].endswith("\n")
-    read = [(s, b) for s, b in _as_reference_reads(ours["text"]) if not s.startswith("memoryd:")]
-    assert sorted(read) == sorted(_as_reference_reads(theirs["text"]))
-    assert len(read) == len(_as_reference_reads(ours["text"]))  # no bullet sits under a placement line
+def test_the_reference_imports_memoryds_markdown_export_as_its_own(adapter_id: str, reader: str) -> None:
+    """Each entry a bullet under its track/scope, as the reference's own export of the same
+    store reads: memoryd's placement lines are headings with no bullet under them."""
+    store = _memoryd_store()
+    want = sorted(("user", "user-global", READER_CWD, "", e["text"].replace("\n", " "), reader,
+                   [f"{e['track']}/{e['scope']}"]) for e in store)
+    assert want == _read_back("memoryd-exports", adapter_id, reader) == _read_back("exports", adapter_id, reader)
 
 
 @pytest.mark.parametrize("prefix", ["", "simple-"])
