@@ -79,7 +79,7 @@ def document(db: Path, replica: Replica) -> dict[str, Any]:
         rep["endpoint"] = replica.endpoint
     if replica.region is not None:
         rep["region"] = replica.region
-    if replica.scheme == "sftp" and _sftp_password(replica) is not None:
+    if _expands(replica):
         rep["password"] = "${" + SFTP_PASSWORD + "}"
     dbconf: dict[str, Any] = {"path": str(db)}
     top: dict[str, Any] = {}
