@@ -10,7 +10,8 @@
   ``stop()`` returns 0 once the daemon's own drain and close finished cleanly). A test
   in such a module that needs a real process (``.proc``, ``.stderr()``, signals, a pid
   that is not the test's) is marked ``pytest.mark.process``. ``MEMORYD_TEST_TIER=process``
-  runs every test on processes.
+  runs every test on processes, except those marked ``pytest.mark.inprocess_only`` (they
+  patch the daemon's modules in the test process): it skips them.
 
 ``pair_factory`` runs one test over three transports: ``memory`` (the daemon in the test's
 own event loop, over an in-memory pair of streams), ``socket`` (a daemon process) and
@@ -59,6 +60,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="memoryd-test-state-")
     config.addinivalue_line("markers", "inprocess: daemon_factory's daemons run in the test process")
     config.addinivalue_line("markers", "process: this test needs a real daemon process (overrides inprocess)")
+    config.addinivalue_line("markers", "inprocess_only: this test patches the daemon's modules in the test process, "
+                            "so MEMORYD_TEST_TIER=process skips it")
     config.addinivalue_line("markers", "exec: this test's daemons are `python -m memoryd` children of the test "
                             "process, not forked from a preloaded one (tests/forked.py)")
 
@@ -165,6 +168,9 @@ def start_thread_daemon(tmp: Path, *extra: str, policy: str | None = "auto", db:
 def daemon_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
     started: list[Any] = []
     inprocess = _inprocess(request)
+    if not inprocess and request.node.get_closest_marker("inprocess_only") is not None:
+        # A daemon process never sees the test's patches: run there, the test proves nothing.
+        pytest.skip("it patches the daemon's modules in the test process, which a daemon process does not share")
     fork = request.node.get_closest_marker("exec") is None
 
     def factory(*extra: str, policy: str | None = "auto", db: Path | None = None, name: str = "d",

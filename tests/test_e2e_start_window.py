@@ -27,6 +27,7 @@ def foreign_entries(db: Path) -> list[list[tuple[str, str, str]]]:
             for (body,) in sql(db, "SELECT body FROM memoryd_ledger WHERE kind = 'foreign' ORDER BY n")]
 
 
+@pytest.mark.inprocess_only
 async def test_a_commit_right_after_the_start_check_is_found_by_the_first_batch(
         daemon_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     d = daemon_factory()
