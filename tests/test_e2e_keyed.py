@@ -65,7 +65,8 @@ def keyed(daemon_factory: Any, tmp_path: Path, key: Path) -> Any:
 async def prove(raw: Any, secret: bytes, method: str = "approval/prove") -> dict[str, Any]:
     """A fresh challenge of ``raw``'s, answered with ``secret``: the reply to ``method``."""
     ch = await raw.ok("approval/challenge", {})
-    return await raw.call(method, {"proof": approver_proof(secret, ch["nonce"], ch["connection"], ch["pid"])})
+    return await raw.call(method, {"proof": approver_proof(secret, ch["nonce"], ch["connection"], ch["pid"],
+                                                          ch["start"])})
 
 
 # --- the key file ------------------------------------------------------------------------------
@@ -125,13 +126,13 @@ async def test_subscribing_takes_a_fresh_proof_of_this_connection(keyed: Any, ke
         ch = await raw.ok("approval/challenge", {})
         assert ch["pid"] == os.getpid() and len(ch["nonce"]) == 64 and ch["connection"].endswith("/" + str(
             (await raw.ok("daemon/status", {}))["connectionList"][0]["id"]))
-        wrong = approver_proof(b"\0" * 32, ch["nonce"], ch["connection"], ch["pid"])
+        wrong = approver_proof(b"\0" * 32, ch["nonce"], ch["connection"], ch["pid"], ch["start"])
         err = await raw.fail("approval/subscribe", {"proof": wrong})
         assert (err.code, err.details, err.error["message"]) == ("INVALID_INPUT", {"field": "proof"}, (
             f"the proof does not answer this connection's challenge with the approver key {key}: make sure the "
             "program reads that key, then send approval/challenge again"))
         # a challenge is answered once, right or wrong
-        right = approver_proof(secret, ch["nonce"], ch["connection"], ch["pid"])
+        right = approver_proof(secret, ch["nonce"], ch["connection"], ch["pid"], ch["start"])
         err = await raw.fail("approval/subscribe", {"proof": right})
         assert err.error["message"] == ("this connection has no challenge to answer (none was asked, it was answered, "
                                         "or it is older than 60 s): send approval/challenge first")
@@ -140,7 +141,7 @@ async def test_subscribing_takes_a_fresh_proof_of_this_connection(keyed: Any, ke
             theirs = await other.ok("approval/challenge", {})
             await raw.ok("approval/challenge", {})
             err = await raw.fail("approval/subscribe", {"proof": approver_proof(
-                secret, theirs["nonce"], theirs["connection"], theirs["pid"])})
+                secret, theirs["nonce"], theirs["connection"], theirs["pid"], theirs["start"])})
             assert err.details == {"field": "proof"}
         assert (await prove(raw, secret, "approval/subscribe"))["result"] == {}
         assert [c["approver"] for c in (await raw.ok("daemon/status", {}))["connectionList"]] == [True]

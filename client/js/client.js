@@ -227,7 +227,7 @@ export class Client extends Connection {
 
   /**
    * `approval/challenge` → `{nonce, connection, pid, start}`: a fresh nonce to prove the approver key with, once.
-   * Prove it only when `pid` (and `start`) name this process: another pid is a process relaying the connection.
+   * Prove it only when `pid` and `start` are both there and name this process: otherwise something may relay it.
    */
   approvalChallenge(call) {
     return this.call('approval/challenge', {}, call);

@@ -358,15 +358,16 @@ export interface InitializeResult {
 }
 
 /**
- * `approval/challenge`: prove with hex HMAC-SHA256(key, "memoryd-approver-v1\0" + nonce + "\0" + connection + "\0" + pid),
- * but only when `pid` and `start` name your own process: otherwise something relays your connection.
+ * `approval/challenge`: prove with hex HMAC-SHA256(key, "memoryd-approver-v2\0" + nonce + "\0" + connection + "\0" + pid
+ * + "\0" + start), but only when `pid` and `start` are there and name your own process: otherwise something relays
+ * your connection.
  */
 export interface ApprovalChallenge {
   nonce: string;
   connection: string;
   /** the pid the daemon sees on this connection's socket */
   pid: number;
-  /** that process's start time (clock ticks after boot, /proc/<pid>/stat field 22); absent from an older daemon */
+  /** that process's start time (clock ticks after boot, /proc/<pid>/stat field 22); refuse a challenge without it */
   start?: number | null;
 }
 

@@ -242,8 +242,8 @@ class Client(Connection):
         except ApproverKeyError as exc:
             raise ApproverKeyUnusable(str(exc)) from None
         ch = await self.approval_challenge()
-        check_challenge(ch, self.path, self.peer_pid)
-        proof = approver_proof(secret, ch.nonce, ch.connection, ch.pid)
+        start = check_challenge(ch, self.path, self.peer_pid)
+        proof = approver_proof(secret, ch.nonce, ch.connection, ch.pid, start)
         if subscribe:
             await self.approval_subscribe(proof)
         else:

@@ -66,8 +66,9 @@ class ApproverKeyUnusable(ClientError):
 
 
 class ApproverRelayed(ClientError):
-    """The daemon's ``approval/challenge`` names another process than this one: something
-    relays the connection (a proxy at the socket path), so the approver key was not used.
+    """The daemon's ``approval/challenge`` names another process than this one, or this pid
+    without a start time: something may relay the connection (a proxy at the socket path), so
+    the approver key was not used.
     ``details``: ``pid`` (the daemon's view), ``ownPid``, ``socketPid`` (SO_PEERCRED)."""
 
     CODE = "APPROVER_RELAYED"

@@ -33,18 +33,29 @@ def _exe(pid: int) -> str | None:
         return None
 
 
-def check_challenge(ch: ApprovalChallenge, socket: Path | None, socket_pid: int | None) -> None:
-    """Raise :class:`ApproverRelayed` unless ``ch`` names this process: the pid, and the start
-    time when the daemon sends one. ``socket``, ``socket_pid``: the socket this client
-    connected to and the process its peer credentials name, for the message."""
+def check_challenge(ch: ApprovalChallenge, socket: Path | None, socket_pid: int | None) -> int:
+    """The challenge's start time, to sign, when ``ch`` names this process, pid and start time;
+    else :class:`ApproverRelayed`. ``socket``, ``socket_pid``: the socket this client connected
+    to and the process its peer credentials name, for the message."""
     me, start = os.getpid(), own_start()
-    if ch.pid == me and (ch.start is None or start is None or ch.start == start):
-        return
+    if ch.pid == me and ch.start is not None and ch.start == start:
+        return ch.start
+    where = str(socket) if socket is not None else "the socket"
+    details = {"pid": ch.pid, "ownPid": me, "socketPid": socket_pid}
+    # A pid alone may name another process: one in another pid namespace has this pid too.
+    if ch.pid == me and ch.start is None:
+        raise ApproverRelayed(f"the daemon's challenge names pid {ch.pid} without its start time, so it may name "
+                              "another process than this one: another process relays this connection and removed it, "
+                              "or memoryd is older than this client, so the approver key was not used; make sure "
+                              f"{where} is memoryd's own socket (restart memoryd to put it back), then retry", details)
+    if ch.pid == me and start is None:
+        raise ApproverRelayed("this process cannot read its own start time (/proc/self/stat), so it cannot tell "
+                              "whether the daemon's challenge names it, and the approver key was not used; run it where "
+                              "/proc shows its own pid namespace", details)
     if ch.pid == me:  # the same pid, another process: a pid reused, or another pid namespace
         seen, mine = f"pid {ch.pid} started at clock tick {ch.start}", f"started at clock tick {start}"
     else:
         seen, mine = f"pid {ch.pid}", f"pid {me}"
-    where = str(socket) if socket is not None else "the socket"
     if socket_pid is not None:
         exe = _exe(socket_pid)
         message = (f"the daemon sees this connection as {seen}, not as this process ({mine}): another process "
@@ -56,7 +67,7 @@ def check_challenge(ch: ApprovalChallenge, socket: Path | None, socket_pid: int 
                    f"relays it, or this process runs in another pid namespace than memoryd, so the approver key "
                    f"was not used; run it where memoryd runs, and make sure {where} is memoryd's own socket "
                    "(restart memoryd to put it back)")
-    raise ApproverRelayed(message, {"pid": ch.pid, "ownPid": me, "socketPid": socket_pid})
+    raise ApproverRelayed(message, details)
 
 
 __all__ = ["check_challenge", "own_start"]

@@ -74,6 +74,7 @@ class _KeyState:
     nonce: str | None = None
     connection: str = ""
     pid: int = 0
+    start: int = 0
     issued: float = 0.0
     proven: bool = False
 
@@ -124,8 +125,8 @@ def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
     except NotThatProcess as exc:
         raise _refused(peer, str(exc)) from None
     state = _keys.setdefault(peer, _KeyState())
-    state.nonce, state.connection, state.pid, state.issued = secrets.token_hex(32), connection, facts.pid, \
-        time.monotonic()
+    state.nonce, state.connection, state.pid, state.start = secrets.token_hex(32), connection, facts.pid, facts.start
+    state.issued = time.monotonic()
     return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid, start=facts.start)
 
 
@@ -149,8 +150,11 @@ def prove(peer: Peer, proof: str | None) -> None:
         key = read_approver_key(path)
     except ApproverKeyError as exc:
         raise _refused(peer, f"the daemon cannot use its approver key: {exc}") from None
-    want = approver_proof(key, nonce, state.connection, state.pid).encode()
-    if facts.pid != state.pid or not hmac.compare_digest(want, proof.encode("utf-8", "replace")):
+    # The start time memoryd saw is signed too: a relay that rewrites it in the challenge makes
+    # its client sign another process's start, and the proof does not answer.
+    want = approver_proof(key, nonce, state.connection, state.pid, state.start).encode()
+    if (facts.pid, facts.start) != (state.pid, state.start) or not hmac.compare_digest(
+            want, proof.encode("utf-8", "replace")):
         raise _refused(peer, f"the proof does not answer this connection's challenge with the approver key {path}: "
                              "make sure the program reads that key, then send approval/challenge again", "proof")
     state.proven = True

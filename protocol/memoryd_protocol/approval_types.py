@@ -39,18 +39,18 @@ class RelayInfo(msgspec.Struct, rename="camel", kw_only=True):
 class ApprovalChallenge(msgspec.Struct, rename="camel", kw_only=True):
     """``approval/challenge``: a fresh nonce for this connection, answered once, within a
     minute, by ``approval/prove`` or ``approval/subscribe`` with ``proof`` = hex
-    HMAC-SHA256(approver key, "memoryd-approver-v1" NUL nonce NUL connection NUL pid).
+    HMAC-SHA256(approver key, "memoryd-approver-v2" NUL nonce NUL connection NUL pid NUL start).
     ``pid`` and ``start`` name the process memoryd sees on the connection: a client answers
-    only a challenge that names itself, else something relays its connection and the proof
-    would make that relay an approver."""
+    only a challenge that names itself, pid and start time, else something relays its
+    connection and the proof would make that relay an approver."""
 
     nonce: str
     #: this connection as the ledger names it (``<run>/<id>``)
     connection: str
     #: the pid memoryd sees on this connection's socket
     pid: int
-    #: that process's start time (clock ticks after boot, /proc/<pid>/stat field 22); null
-    #: from a daemon that does not send it
+    #: that process's start time (clock ticks after boot, /proc/<pid>/stat field 22); a
+    #: client refuses a challenge without it (an older daemon, or a relay that removed it)
     start: int | None = None
 
 

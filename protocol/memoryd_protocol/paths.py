@@ -139,8 +139,8 @@ def runtime_files(socket_path: Path) -> tuple[Path, ...]:
 # --- the approver key (approvers = "keyed") ---------------------------------------------------
 
 APPROVER_KEY_NAME = "approver.key"
-#: what an approver's proof is the HMAC of: this tag, the nonce, the connection, the pid
-PROOF_TAG = "memoryd-approver-v1"
+#: what an approver's proof is the HMAC of: this tag, the nonce, the connection, the pid, its start time
+PROOF_TAG = "memoryd-approver-v2"
 
 
 class ApproverKeyError(ValueError):
@@ -204,10 +204,10 @@ def create_approver_key(path: Path) -> None:
         os.close(fd)
 
 
-def approver_proof(key: bytes, nonce: str, connection: str, pid: int) -> str:
+def approver_proof(key: bytes, nonce: str, connection: str, pid: int, start: int) -> str:
     """``approval/prove``'s proof of ``key`` for one challenge (approval_types.ApprovalChallenge):
-    hex HMAC-SHA256 of the tag, nonce, connection and pid, NUL-separated."""
-    message = "\0".join((PROOF_TAG, nonce, connection, str(pid))).encode()
+    hex HMAC-SHA256 of the tag, nonce, connection, pid and start time, NUL-separated."""
+    message = "\0".join((PROOF_TAG, nonce, connection, str(pid), str(start))).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
