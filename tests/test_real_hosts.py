@@ -650,3 +650,54 @@ def test_codex_tuis_mcp_command_lists_the_tools_and_resources(daemon_factory: An
     assert block["Tools"].split(", ") == sorted(TOOLS), shown
     assert block["Resources"] == ("Frozen memory snapshot (memory://snapshot), Memory budgets (memory://budgets), "
                                   "Visible memory entries (memory://entries)"), shown
+
+
+
+def _elicited(m: dict[str, Any]) -> bool:
+    return m["dir"] == "server" and isinstance(m["msg"], dict) and m["msg"].get("method") == "elicitation/create"
+
+
+def test_codex_tui_shows_the_approval_whole_and_a_person_accepts_it(
+        daemon_factory: Any, hosts_install: Path, tmp_path: Path, standin: StandIn, tap: Tap) -> None:
+    from rawclient import socket_client
+
+    d = daemon_factory(policy="ask")
+    h = _host("codex", hosts_install, tmp_path, d, tap, standin)
+    with Screen([*h.argv(), "--no-daemon"], cwd=h.workspace, env=h.env()) as screen:
+        screen.wait_for(lambda t: "› Ask Codex to do anything" in t, what="the prompt")
+        screen.type('CALL memory_add {"track":"user","scope":"workspace","text":"Prefers tabs"}')
+        screen.wait_for(lambda t: "Prefers tabs" in t, what="the typed prompt")
+        screen.press_until("Enter", lambda t: tap.arrived(_call(retry=False), t), what="a tools/call", wait=5)
+        asked = tap.wait_for(_elicited)["msg"]
+        shown = screen.wait_for(lambda t: "enter to submit" in t, what="the approval dialog")
+        # the dialog shows the message whole, every line, then its three answers
+        on_screen = [line.strip() for line in shown.splitlines()]
+        message = [line.strip() for line in asked["params"]["message"].split("\n")]
+        start = on_screen.index(message[0])
+        assert on_screen[start:start + len(message) + 3] == [
+            *message, "› 1. Allow   Allow this request and continue", "2. Deny    Decline this request and continue",
+            "3. Cancel  Cancel this request"], shown
+        def answered(m: dict[str, Any]) -> bool:
+            return (m["dir"] == "host" and isinstance(m["msg"], dict) and m["msg"].get("id") == asked["id"]
+                    and "result" in m["msg"])
+
+        # Enter on Allow; pressed again if no answer reached the server within a second
+        # (the dialog can drop an Enter that comes as soon as it is drawn: FINDINGS.md)
+        presses = screen.press_until("Enter", lambda t: tap.arrived(answered, t), what="the answer")
+        answer = tap.wait_for(answered)["msg"]
+        assert answer["result"] == {"action": "accept", "content": {}}, (presses, answer)
+        [call] = tap.requests("tools/call")
+        done = tap.wait_for(lambda m: m["dir"] == "server" and isinstance(m["msg"], dict)
+                            and m["msg"].get("id") == call["id"] and "result" in m["msg"])["msg"]["result"]
+        assert done["isError"] is False and done["structuredContent"]["entry"]["text"] == "Prefers tabs", done
+        assert standin.finished.wait(60), "Codex never sent the model the result"
+    added = standin.result("memory_add")
+    assert "Prefers tabs" in added.text and "WRITE_DENIED" not in added.text, added
+
+    async def explain() -> dict[str, Any]:
+        async with socket_client(d.socket_path) as raw:
+            return dict(await raw.ok("audit/explain", {"target": "Prefers tabs"}))
+
+    [event] = anyio.run(explain)["events"]
+    assert (event["action"], event["text"], event["decision"]["outcome"], event["decision"]["by"]) == (
+        "add", "Prefers tabs", "allowed-once", {"kind": "human", "name": "mcp-elicitation"}), event
