@@ -158,9 +158,10 @@ async def test_seed_and_import_carry_every_entry(ask_daemon: Any) -> None:
         ]}
         await ok(raw, "memory/import", {"envelope": env, "write": write_ctx()}, 77)
         text = "agent/workspace: deploy with make ship\nuser/user-global: likes tea"
+        # a batch of several sources names each of them
         assert rec.last() == {
-            "action": "seed", "track": "batch", "scope": "batch", "text": text, "source": "dsh-memento",
-            "sessionId": "s-1", "reason": reason("seed", "batch/batch", "dsh-memento", text, 2), "count": 2,
+            "action": "seed", "track": "batch", "scope": "batch", "text": text, "source": "claude, dsh-memento",
+            "sessionId": "s-1", "reason": reason("seed", "batch/batch", "claude, dsh-memento", text, 2), "count": 2,
             "entries": [
                 {"track": "agent", "scope": "workspace", "workspaceKey": "/srv/other", "agentKey": "ops",
                  "text": "deploy with make ship", "tags": ["deploy"], "source": "claude"},

@@ -11,7 +11,6 @@ import msgspec
 from memoryd_protocol.adapters import adapt_payload, export_entries, get_adapter, json_type
 from memoryd_protocol.constants import EXPORT_PLUGIN, EXPORT_SCHEMA, MAX_IMPORT_ENTRIES
 from memoryd_protocol.errors import InvalidInput
-from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
     AdapterInfo,
     Entry,
@@ -25,7 +24,7 @@ from memoryd_protocol.validation import writer_view
 from . import store
 from .context import Handler, RequestContext
 from .service import Service
-from .writes import Writes
+from .writes import Writes, drop_user_global_workspaces
 
 
 class _ImportedEntry(msgspec.Struct, rename="camel", kw_only=True):
@@ -65,18 +64,6 @@ def _too_many(count: int, field: str) -> InvalidInput:
                         f"parts of at most {MAX_IMPORT_ENTRIES} entries and import each (with skipExisting, as "
                         "memoryctl import sends it, entries already in the store are skipped, so re-running a part "
                         "is safe)", field)
-
-
-def _drop_user_global_workspaces(inputs: list[EntryInput]) -> int:
-    """Clear the workspaceKey of every user-global input; how many named one. Such entries
-    have none (the spec's ''), but dsh-memento stores the session's cwd there, so its own
-    exports carry one: memory must still move, so the key goes and the approval says so."""
-    dropped = 0
-    for i in inputs:
-        if i.scope == "user-global" and i.workspace_key is not None and js_trim(i.workspace_key):
-            i.workspace_key = None
-            dropped += 1
-    return dropped
 
 
 class Transfer:
@@ -124,7 +111,7 @@ class Transfer:
         for i in inputs:
             i.track = p.track or i.track
             i.scope = p.scope or i.scope
-        dropped = _drop_user_global_workspaces(inputs)
+        dropped = drop_user_global_workspaces(inputs)
         if len(inputs) > MAX_IMPORT_ENTRIES:
             raise _too_many(len(inputs), "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.

@@ -14,6 +14,7 @@ from memoryd_protocol.constants import (
 )
 from memoryd_protocol.errors import EntryNotFound, InvalidInput
 from memoryd_protocol.text import (
+    js_trim,
     normalize_tags,
     utf16_len,
 )
@@ -53,6 +54,18 @@ from .tx import Tx
 
 if TYPE_CHECKING:
     from .service import Service
+
+def drop_user_global_workspaces(inputs: Sequence[EntryInput]) -> int:
+    """Clear the workspaceKey of every user-global input; how many named one. Such entries
+    have none (the spec's ''), but dsh-memento stores the session's cwd there, so its own
+    exports carry one: memory must still move, so the key goes and the approval says so."""
+    dropped = 0
+    for i in inputs:
+        if i.scope == "user-global" and i.workspace_key is not None and js_trim(i.workspace_key):
+            i.workspace_key = None
+            dropped += 1
+    return dropped
+
 
 #: What an approval shows of a target entry and the ledger proves of it, (attribute, wire
 #: name): an approved write finds each as the approval showed it, or writes nothing.
@@ -288,8 +301,7 @@ class Writes:
         text = payloads.seed_text([(e.track, e.scope, e.text) for e in planned])
         if workspace_keys_dropped:
             text += "\n" + payloads.dropped_workspaces_note(workspace_keys_dropped)
-        sources = {e.source for e in planned}
-        source = sources.pop() if len(sources) == 1 else check_source(None)
+        source = payloads.batch_source([e.source for e in planned])
 
         def commit(tx: Tx, stamp: Stamp) -> SeedResult:
             ts = store.now_ms()
@@ -309,4 +321,9 @@ class Writes:
 
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write, self.aliases)
-        return await self.seed_planned(ctx, view, self.plan_seed(view, p.inputs))
+        # seed is the reference's import path: it takes what an import takes
+        dropped = drop_user_global_workspaces(p.inputs)
+        result = await self.seed_planned(ctx, view, self.plan_seed(view, p.inputs), dropped)
+        if dropped:
+            result.workspace_keys_dropped = dropped
+        return result

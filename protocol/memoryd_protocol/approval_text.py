@@ -313,8 +313,8 @@ def _painted(line: str, style: str, paint: Callable[[str, str], str]) -> str:
 
 
 def _source_line(asked: T.ApprovalAsked) -> str:
-    """The write's source; for a batch, its entries' own: a batch of several sources is
-    recorded under the protocol's default one, which none of its entries may carry."""
+    """The write's source; for a batch, its entries' own, each with its count (the batch is
+    recorded under their list, which says no count)."""
     counts: dict[str, int] = {}
     for e in asked.entries or ():
         if e.source:

@@ -6,6 +6,7 @@ in one provider reads the same text in the other.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from .constants import ALLOWED_ONCE, CONSOLIDATE_EXCERPT_UNITS, DENIAL_OUTCOMES
@@ -36,6 +37,16 @@ def consolidate_text(targets: Sequence[tuple[str, str]], new: str) -> str:
 def seed_text(items: Sequence[tuple[str, str, str]]) -> str:
     """``items`` is ``[(track, scope, text), ...]``."""
     return "\n".join(f"{track}/{scope}: {text}" for track, scope, text in items)
+
+
+def batch_source(sources: Sequence[str]) -> str:
+    """The source a batch is recorded and shown under: its entries' one source, else each of
+    theirs in order of first use, comma-separated, so that the row claims no source none of
+    them has. A label with the list's own punctuation is quoted: it cannot pass for two."""
+    distinct = list(dict.fromkeys(sources))
+    if len(distinct) == 1:
+        return distinct[0]
+    return ", ".join(json.dumps(s, ensure_ascii=False) if any(c in s for c in ',()"') else s for s in distinct)
 
 
 def dropped_workspaces_note(count: int) -> str:
