@@ -350,3 +350,37 @@ async def test_a_check_that_cannot_run_during_the_approval_wait_lets_nothing_com
         assert (json.loads(failed)["code"], json.loads(failed)["message"]) == ("ENTRY_NOT_FOUND",
                                                                                moved_message("agentKey, source", eid))
         assert stored(db)[:2] == left[0]
+
+
+async def test_a_store_whose_check_cannot_run_is_read_exported_and_imported_into_a_new_store(
+        daemon_factory: Any, any_approvers: Path) -> None:
+    """A ledger row that no longer reads, and no way to undo it: every write is refused, an
+    acceptance too (there is nothing the check could record), but reads are served, and the
+    export imports whole into a new store, whose ledger verifies."""
+    d = daemon_factory("--config", str(any_approvers))
+    async with socket_client(d.socket_path) as raw:
+        await add(raw, "Prefers tabs", agentKey="coder")
+        await raw.ok("memory/add", {"input": {"track": "agent", "scope": "user-global", "agentKey": "coder",
+                                              "text": "Uses uv", "tags": ["py"]}, "write": write_ctx()})
+        sql(d.db_path, "UPDATE memoryd_ledger SET body = 'not json' WHERE n = 1")
+        before = stored(d.db_path)
+        cannot = ("nothing was written: memoryd cannot check the store for changes another program made (JSON is "
+                  "malformed: invalid character (byte 4)); undo that change (audit verify names what is wrong), then "
+                  "write again")
+        refused = await raw.fail("memory/add", {"input": {**LAYER, "text": "Uses pnpm"}, "write": write_ctx()})
+        assert (refused.code, said(refused)) == ("STORE_CORRUPT", cannot)
+        refused = await raw.fail("audit/accept", {"n": 1})
+        assert (refused.code, said(refused)) == ("STORE_CORRUPT", cannot)
+        assert (await raw.ok("audit/verify"))["problems"][0]["n"] == 1
+        listed = await raw.ok("memory/list")
+        assert sorted(e["text"] for e in listed) == ["Prefers tabs", "Uses uv"]
+        assert [e["text"] for e in (await raw.ok("memory/query", {"filter": {"text": "uv"}}))["entries"]] == ["Uses uv"]
+        envelope = await raw.ok("memory/export", {})
+        assert stored(d.db_path) == before
+    fresh = daemon_factory(name="fresh")
+    async with socket_client(fresh.socket_path) as raw:
+        await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx()})
+        kept = ("track", "scope", "workspaceKey", "agentKey", "text", "tags", "source")
+        assert sorted(tuple(str(e[k]) for k in kept) for e in await raw.ok("memory/list")) == sorted(
+            tuple(str(e[k]) for k in kept) for e in listed)
+        assert (await raw.ok("audit/verify"))["ok"] is True

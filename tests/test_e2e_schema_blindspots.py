@@ -107,6 +107,8 @@ async def test_a_planted_view_or_table_stops_writes_until_it_is_removed_or_accep
                                      f"remove it, or accept it with memoryctl audit accept {n}")
             assert body["note"] == f"the schema changed: {name} added (while memoryd ran)"
             assert schema_items(db) == [name]  # recorded once, however many writes it refuses
+            query = await raw.ok("memory/query", {"filter": {"text": "tabs"}})  # reads are served meanwhile
+            assert [e["text"] for e in query["entries"]] == ["Prefers tabs"]
             assert stored(db) == before
         if way == "removed":
             sql(db, drop)

@@ -13,7 +13,7 @@ from memoryd_protocol.constants import (
     QUERY_HARD_CAP,
     RECALLED_TEXT_UNITS,
 )
-from memoryd_protocol.errors import StoreUnavailable
+from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable
 from memoryd_protocol.text import (
     cut_units,
     js_trim,
@@ -96,13 +96,14 @@ class Reads:
         # Recall counts and the recalled row are ranking and audit metadata, not a write the
         # caller asked for: their commit may skip the fsync (durable=False), and queries in
         # flight together share it. The page shows each entry's count as its own recall left
-        # it. A store that cannot take the commit (busy, full) does not fail the query: its
-        # hits are served as read, and the writer has logged the fault.
+        # it. A store that cannot take the commit (busy, full, or refusing writes over another
+        # program's change) does not fail the query: its hits are served as read, and the
+        # writer has logged why.
         counts: dict[str, int] = {}
         try:
             if ids or stamp is not None:
                 counts = await self.service.writer.submit(recalled, durable=False)
-        except (StoreUnavailable, WriterClosed):
+        except (StoreUnavailable, StoreCorrupt, WriterClosed):
             pass
         for e in hits:
             if e.id in counts:
