@@ -88,6 +88,10 @@ _REFUSED = {
     "proposals": ("SELECT id, status FROM proposals WHERE NOT (status IN ('pending', 'approved', 'dismissed')) "
                   "ORDER BY rowid LIMIT 1"),
 }
+#: The tables an older memoryd defined otherwise, rebuilt in this order: audit's definition
+#: differed in whitespace only, but SQLite keeps the text, and the store is the reference's
+#: text for text.
+_REBUILT = ("entries", "proposals", "audit")
 #: what a table is renamed to while its rows move into the reference's definition
 _MOVING = "memoryd_rebuilding"
 
@@ -103,7 +107,7 @@ def _reference() -> tuple[dict[str, str], dict[str, list[tuple[str, str, int, in
                 conn.execute(sql)
         return ({str(name): str(sql) for name, sql in conn.execute(
                     "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL")},
-                {table: _columns(conn, table) for table in _REFUSED})
+                {table: _columns(conn, table) for table in _REBUILT})
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[tuple[str, str, int, int]]:
@@ -115,18 +119,17 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[tuple[str, str, int, 
 
 def adopt(conn: sqlite3.Connection) -> None:
     """Give a store the reference's definitions where an older memoryd made its own: the
-    indexes it lacks, and ``entries`` and ``proposals`` rebuilt (SQLite's procedure for a
-    change ALTER TABLE cannot make) when their columns are the reference's and only the
-    defaults and constraints differ. Every row keeps its rowid and every value, so the text
+    indexes it lacks, and ``entries``, ``proposals`` and ``audit`` rebuilt (SQLite's procedure
+    for a change ALTER TABLE cannot make) when their columns are the reference's and only the
+    text, defaults and constraints differ. Every row keeps its rowid and every value, so the text
     index and the ledger's replay still match them. Inside the caller's transaction.
 
     A table with columns of another program's is left as it is (the schema check names it).
     Raises StoreCorrupt for a row that the reference's CHECKs refuse."""
     want, columns = _reference()
     have = {str(name): str(sql or "") for name, sql in conn.execute("SELECT name, sql FROM sqlite_master")}
-    for table in _REFUSED:
-        if (table in have and " ".join(have[table].split()) != " ".join(want[table].split())
-                and _columns(conn, table) == columns[table]):
+    for table in _REBUILT:
+        if table in have and have[table] != want[table] and _columns(conn, table) == columns[table]:
             _rebuild(conn, table, want[table])
     for name, sql in want.items():
         if name not in have and sql.startswith("CREATE INDEX"):
@@ -134,7 +137,7 @@ def adopt(conn: sqlite3.Connection) -> None:
 
 
 def _rebuild(conn: sqlite3.Connection, table: str, definition: str) -> None:
-    refused = conn.execute(_REFUSED[table]).fetchone()
+    refused = conn.execute(_REFUSED[table]).fetchone() if table in _REFUSED else None
     if refused is not None and table == "entries":
         raise StoreCorrupt(f"store entry {refused[0]} has track {refused[1]!r} and scope {refused[2]!r}, which "
                            "dsh-memento's schema does not allow: correct or delete it (sqlite3 can), then start "
@@ -147,6 +150,10 @@ def _rebuild(conn: sqlite3.Connection, table: str, definition: str) -> None:
     kept = [str(sql) for (sql,) in conn.execute(
         "SELECT sql FROM sqlite_master WHERE tbl_name = ? AND type IN ('index', 'trigger') AND sql IS NOT NULL "
         "ORDER BY rowid", (table,))]
+    # an AUTOINCREMENT table's high-water mark, which dropping the renamed table takes along:
+    # put back as it was, in its own row
+    sequence = conn.execute("SELECT rowid, seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone() if (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'").fetchone()) else None
     # legacy: the rename leaves views and other triggers naming the table as they are, so
     # they name the new one once it has the old name
     (legacy,) = conn.execute("PRAGMA legacy_alter_table").fetchone()
@@ -158,5 +165,8 @@ def _rebuild(conn: sqlite3.Connection, table: str, definition: str) -> None:
         conn.execute(f"DROP TABLE {_MOVING}")
     finally:
         conn.execute(f"PRAGMA legacy_alter_table = {int(legacy)}")
+    if sequence is not None:
+        conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (table,))
+        conn.execute("INSERT INTO sqlite_sequence (rowid, name, seq) VALUES (?, ?, ?)", (sequence[0], table, sequence[1]))
     for sql in kept:
         conn.execute(sql)
