@@ -13,7 +13,9 @@ chain; ``memoryctl audit heads`` prints them, for a copy kept elsewhere.
 
 The file is read and written on a worker thread, never on the event loop, and only as
 memoryd_protocol.heads_file opens it: anything else found at its path (a FIFO, a link,
-another uid's file) is refused, said once in the log, and the heads go to the log alone.
+another uid's file, one its group or others can write, or a directory that is a link or that
+others can write) is refused, said once in the log, and the heads go to the log alone. A
+start reads only the file's tail (HEADS_TAIL_BYTES).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Literal
 import anyio
 import msgspec
 from memoryd_protocol.audit_types import StoreFile, WitnessedHead, parse_heads
-from memoryd_protocol.heads_file import HeadsFileRefused, append_head, read_heads_file
+from memoryd_protocol.heads_file import HEADS_TAIL_BYTES, HeadsFileRefused, append_head, read_heads_tail
 from memoryd_protocol.paths import heads_path_for
 
 log = logging.getLogger("memoryd.heads")
@@ -57,7 +59,7 @@ class Heads:
 
     def _last(self, path: Path) -> WitnessedHead | None:
         try:
-            heads = parse_heads(read_heads_file(path), str(self.store))
+            data, size = read_heads_tail(path, HEADS_TAIL_BYTES)
         except FileNotFoundError:
             return None
         except HeadsFileRefused as exc:
@@ -69,6 +71,14 @@ class Heads:
             log.warning("the heads file %s cannot be read (%s): the start checks the store without it", path,
                         exc.strerror or exc)
             return None
+        heads = parse_heads(data, str(self.store))
+        if size > HEADS_TAIL_BYTES:
+            log.info("the heads file %s holds %d bytes: the start reads its last %d only", path, size,
+                     HEADS_TAIL_BYTES)
+            if not heads:
+                log.warning("no head of this store in the last %d bytes of the heads file %s: the start checks the "
+                            "store without a stop head; memoryctl audit verify --heads %s checks every head in it",
+                            HEADS_TAIL_BYTES, path, path)
         return heads[-1] if heads else None
 
     def untouched(self, stop: WitnessedHead | None) -> bool:
