@@ -122,3 +122,18 @@ async def test_the_references_export_of_its_store_imports_with_the_keys_counted(
         res = await raw.ok("memory/import", {"envelope": envelope, "write": IMPORTER})
         assert (res["added"], res["workspaceKeysDropped"]) == (5, 3)
         assert {e["workspaceKey"] for e in await raw.ok("memory/list", {}) if e["scope"] == "user-global"} == {""}
+
+
+async def test_the_references_export_into_its_own_store_finds_every_entry_there(daemon_factory: Any,
+                                                                                 tmp_path: Path) -> None:
+    """skipExisting (memoryctl import's default) takes an entry the reference stored with
+    its cwd for the same entry as the export's, whose key is dropped: nothing is doubled."""
+    db = tmp_path / "reference.db"
+    reference_written_store(db)
+    envelope = json.loads((REF / "exports" / "envelope.json").read_text(encoding="utf-8"))
+    d = daemon_factory(db=db)
+    async with socket_client(d.socket_path) as raw:
+        before = await raw.ok("memory/list", {})
+        res = await raw.ok("memory/import", {"envelope": envelope, "write": IMPORTER, "skipExisting": True})
+        assert (res["added"], res["skipped"]) == (0, 5)
+        assert await raw.ok("memory/list", {}) == before
