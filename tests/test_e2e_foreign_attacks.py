@@ -104,6 +104,7 @@ async def test_a_check_stopped_by_a_text_that_is_not_utf8_says_why_without_the_t
     assert "(a stored text is not valid UTF-8)" in d.stderr()
 
 
+@pytest.mark.inprocess_only
 async def test_a_change_in_the_pause_after_a_reconcile_is_found_before_the_next_commit(
         daemon_factory: Any, any_approvers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another program writes, a write reconciles, and the next reconcile is not due for a
