@@ -18,6 +18,9 @@ from rawclient import Raw, socket_client, write_ctx
 pytestmark = [pytest.mark.anyio, pytest.mark.inprocess]
 
 LAYER = {"track": "user", "scope": "user-global"}
+#: A user-global entry has no workspace (the wire's key is ''), so a workspace key another
+#: program sets changes nothing memoryd reads of it: that change is tried on a workspace entry.
+WORKSPACE_LAYER = {"track": "user", "scope": "workspace"}
 
 #: (column, the other program's value, the entry's wire field): one per field the approval
 #: shows of its target besides the text, which the daemon compared already.
@@ -75,12 +78,12 @@ async def attack(d: Any, method: str, params: dict[str, Any], target: str, colum
         return box["r"], gate.asked[-1]["id"], left
 
 
-async def setup(d: Any, *texts: str) -> list[dict[str, Any]]:
+async def setup(d: Any, *texts: str, layer: dict[str, str] = LAYER) -> list[dict[str, Any]]:
     async with socket_client(d.socket_path) as raw:
         gate = Gate()
         raw.on_approval = gate
-        return [(await approved(raw, gate, "memory/add", {"input": entry_input(t, tags=["t"]), "write": write_ctx()})
-                 )["entry"] for t in texts]
+        return [(await approved(raw, gate, "memory/add", {"input": entry_input(t, **layer, tags=["t"]),
+                                                         "write": write_ctx()}))["entry"] for t in texts]
 
 
 def changed_message(field: str, entry_id: str) -> str:
@@ -112,14 +115,15 @@ async def check_recorded(d: Any, entry: dict[str, Any], field: str, value: Any, 
 async def test_a_target_changed_by_another_program_fails_the_approved_write(
         ask_daemon: Any, action: str, column: str, value: str, field: str) -> None:
     d = ask_daemon
-    [entry] = await setup(d, "deploys on fridays")
-    params: dict[str, Any] = {**LAYER, "id": entry["id"]}
+    layer = WORKSPACE_LAYER if field == "workspaceKey" else LAYER
+    [entry] = await setup(d, "deploys on fridays", layer=layer)
+    params: dict[str, Any] = {**layer, "id": entry["id"]}
     if action == "replace":
         params["text"] = "deploys on mondays"
     reply, approval, left = await attack(d, f"memory/{action}", {"input": params, "write": write_ctx()},
                                          entry["id"], column, value)
     assert reply["error"]["data"] == {"code": "ENTRY_NOT_FOUND", "message": changed_message(field, entry["id"]),
-                                      "details": {**LAYER, "entryId": entry["id"]}}
+                                      "details": {**layer, "entryId": entry["id"]}}
     assert store_rows(d.db_path) == left
     await check_recorded(d, entry, field, json.loads(value) if field == "tags" else value, approval, action)
     assert store_rows(d.db_path) == left  # as the other program left it: memoryd wrote nothing of the write
