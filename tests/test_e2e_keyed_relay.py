@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,23 @@ def relay(keyed: Any) -> Iterator[Relay]:  # noqa: F811
             r.report()
 
 
+@pytest.fixture
+def start_relay(keyed: Any) -> Iterator[Callable[[str], Relay]]:  # noqa: F811
+    """A relay that changes the challenge's ``start`` (relaying_proxy.py's START)."""
+    made: list[Relay] = []
+
+    def make(start: str) -> Relay:
+        made.append(Relay(keyed, start))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for r in made:
+            if r.proc.poll() is None:
+                r.report()
+
+
 def as_pid(pid: int, argv: list[str]) -> subprocess.Popen[str]:
     """``argv`` run in a pid namespace of its own (with its own /proc) as pid ``pid`` there: a
     client whose pid, as it sees it, is the relay's pid as memoryd sees it."""
@@ -115,11 +132,12 @@ def no_approval_taken(daemon: Any, relay: Relay) -> list[str]:
 
 @pytest.mark.process
 @needs_pid_namespaces
-def test_a_relay_that_strips_start_gets_no_proof_from_a_client_with_its_pid(keyed: Any) -> None:  # noqa: F811
+def test_a_relay_that_strips_start_gets_no_proof_from_a_client_with_its_pid(
+        keyed: Any, start_relay: Callable[[str], Relay]) -> None:  # noqa: F811
     """The relay removes the challenge's start, and the approver runs where its pid is the
     relay's (another pid namespace): the pid alone names it, so before, it proved the key for
     the relay's connection and the relay allowed the agent's write."""
-    relay = Relay(keyed, "strip")
+    relay = start_relay("strip")
     approver = approve_as(relay)
     try:
         assert approver.stderr is not None
@@ -142,12 +160,12 @@ def test_a_relay_that_strips_start_gets_no_proof_from_a_client_with_its_pid(keye
 
 @pytest.mark.process
 @needs_pid_namespaces
-def test_a_relay_that_puts_the_clients_start_in_gets_a_proof_the_daemon_refuses(keyed: Any,  # noqa: F811
-                                                                                 key: Path) -> None:  # noqa: F811
+def test_a_relay_that_puts_the_clients_start_in_gets_a_proof_the_daemon_refuses(
+        keyed: Any, key: Path, start_relay: Callable[[str], Relay]) -> None:  # noqa: F811
     """The relay puts the approver's own start time into the challenge, so that pid and start
     both name the approver, which signs: the proof covers the start time, and memoryd checks
     it with the relay's, the process it sees on the connection."""
-    relay = Relay(keyed, "client")
+    relay = start_relay("client")
     relay_start = proc_start(relay.pid)
     approver = approve_as(relay)
     try:
