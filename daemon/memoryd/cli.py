@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from memoryd_protocol.constants import WRITE_POLICIES
 from memoryd_protocol.paths import log_path_for
 
 from . import config as config_mod
-from . import launch, relay, replica_cli, units
+from . import relay, replica_cli, units
 from .errors import DaemonError
 from .rundir import UnsafeDir, ensure_private_dir
 
@@ -185,6 +184,10 @@ def _given_workspace(cwd: str) -> str:
 def _detach(socket_path: Path, serve_args: list[str]) -> int:
     """``serve --detach``: start the daemon in the background, print its pid once it is
     ready. Exit status 0 (also when one already answers), else the daemon's own."""
+    import signal
+
+    from . import launch  # subprocess and its kin: only a start in the background needs them
+
     runtime = socket_path.parent
     log = log_path_for(socket_path)
     try:

@@ -7,11 +7,9 @@ bug, not a convenience).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
@@ -37,6 +35,7 @@ from memoryd_protocol.paths import default_config_path, default_db_path, default
 
 from .errors import DaemonError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .replica import Replica
 
@@ -65,7 +64,7 @@ DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE = 120
 #: bound on the table, not a share everyone competes for.
 DEFAULT_PROPOSAL_MAX_PENDING_TOTAL = 1024
 
-#: What --help names as the default: the same text whatever the reader's environment.
+#: For --help, which must not compute the real path (that costs the relay a platformdirs import).
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
 
@@ -87,62 +86,74 @@ class ConfigError(DaemonError, ValueError):
 _POLICY_RANK = {"auto": 0, "ask": 1, "off": 2}
 
 
-@dataclass(eq=False)
 class Config:
-    """Every setting, at its default until the file or a command-line option changes it."""
+    """Every setting, at its default until the file or a command-line option changes it. A
+    plain class: ``dataclasses`` imports ``inspect``, too dear for the relay, which loads it too."""
 
-    db_path: Path = field(default_factory=default_db_path)
-    #: $MEMORYD_SOCKET, else the per-user socket, until the file or ``--socket`` sets one
-    socket_path: Path = field(default_factory=default_socket_path)
-    write_policy: str = "ask"
-    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
-    language: str = "en"
-    max_entries_per_query: int = QUERY_DEFAULT_LIMIT
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    budgets: dict[tuple[str, str], int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
-    write_policies: dict[str, str] = field(default_factory=dict)
-    proposal_max_text: int = PROPOSAL_MAX_TEXT
-    proposal_max_pending: int = PROPOSAL_MAX_PENDING
-    #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
-    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
-    #: who may subscribe as an approver: "interactive" (a process with a controlling
-    #: terminal), "any", or "keyed" (proved $XDG_CONFIG_HOME/memoryd/approver.key)
-    approvers: str = "interactive"
-    mcp_approvals: str = "elicitation"
-    # Resource caps: what one client can make the daemon hold.
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS
-    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
-    half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
-    max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
-    max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
-    #: unsent output over all connections together before the longest behind are dropped
-    max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
-    #: requests in flight over all connections together: past it, connections stop reading
-    max_inflight_total: int = DEFAULT_MAX_INFLIGHT_TOTAL
-    #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
-    max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
-    #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
-    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
-    #: new sessions' first snapshots one connection may take while it lives
-    max_new_snapshots_per_connection: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION
-    #: new sessions' first snapshots one peer process may take in any 60 seconds
-    max_new_snapshots_per_minute: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE
-    #: pending proposals of all sessions together (proposal_max_pending is per session)
-    proposal_max_pending_total: int = DEFAULT_PROPOSAL_MAX_PENDING_TOTAL
-    #: how often the ledger's head is witnessed in the heads file while writes go on
-    heads_every_rows: int = 1000
-    heads_every_s: float = 600.0
-    #: ``[workspace_aliases]``: each path's canonical path
-    workspace_aliases: Mapping[str, str] = field(default_factory=dict)
-    #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
-    db_path_configured: bool = False
-    #: the config file set ``socket_path`` (a relay then never looks for another socket)
-    socket_configured: bool = False
-    #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
-    config_path: Path | None = None
-    #: ``[replicate]``: the replica Litestream ships the store to (None: no replication)
-    replicate: Replica | None = None
+    def __init__(self) -> None:
+        self.db_path: Path = default_db_path()
+        self._socket_path: Path | None = None
+        self.write_policy: str = "ask"
+        self.approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+        self.language: str = "en"
+        self.max_entries_per_query: int = QUERY_DEFAULT_LIMIT
+        self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self.budgets: dict[tuple[str, str], int] = dict(DEFAULT_BUDGETS)
+        self.write_policies: dict[str, str] = {}
+        self.proposal_max_text: int = PROPOSAL_MAX_TEXT
+        self.proposal_max_pending: int = PROPOSAL_MAX_PENDING
+        #: how long a write waits for another process's write lock before STORE_UNAVAILABLE busy
+        self.busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+        #: who may subscribe as an approver: "interactive" (a process with a controlling
+        #: terminal), "any", or "keyed" (proved $XDG_CONFIG_HOME/memoryd/approver.key)
+        self.approvers: str = "interactive"
+        self.mcp_approvals: str = "elicitation"
+        # Resource caps: what one client can make the daemon hold.
+        self.max_connections: int = DEFAULT_MAX_CONNECTIONS
+        self.max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS
+        self.max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+        self.half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
+        self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
+        self.max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
+        #: unsent output over all connections together before the longest behind are dropped
+        self.max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
+        #: requests in flight over all connections together: past it, connections stop reading
+        self.max_inflight_total: int = DEFAULT_MAX_INFLIGHT_TOTAL
+        #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
+        self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
+        #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
+        self.max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+        #: new sessions' first snapshots one connection may take while it lives
+        self.max_new_snapshots_per_connection: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION
+        #: new sessions' first snapshots one peer process may take in any 60 seconds
+        self.max_new_snapshots_per_minute: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE
+        #: pending proposals of all sessions together (proposal_max_pending is per session)
+        self.proposal_max_pending_total: int = DEFAULT_PROPOSAL_MAX_PENDING_TOTAL
+        #: how often the ledger's head is witnessed in the heads file while writes go on
+        self.heads_every_rows: int = 1000
+        self.heads_every_s: float = 600.0
+        #: ``[workspace_aliases]``: each path's canonical path
+        self.workspace_aliases: Mapping[str, str] = {}
+        #: the config file set ``db_path`` (the stdio relay then insists the daemon serves it)
+        self.db_path_configured = False
+        #: the config file set ``socket_path`` (a relay then never looks for another socket)
+        self.socket_configured = False
+        #: The file ``load()`` read (absolute), None without one; ``daemon/status`` reports it.
+        self.config_path: Path | None = None
+        #: ``[replicate]``: the replica Litestream ships the store to (None: no replication)
+        self.replicate: Replica | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        """The per-user default until the file or ``--socket`` sets one, computed when first
+        read (it may import tempfile, which a relay given ``--socket`` never needs)."""
+        if self._socket_path is None:
+            self._socket_path = default_socket_path()
+        return self._socket_path
+
+    @socket_path.setter
+    def socket_path(self, value: Path) -> None:
+        self._socket_path = value
 
     def policy_for(self, layers: Iterable[tuple[str, str]], sources: Iterable[str]) -> str:
         """The effective write policy of one write, the only place it is computed: the
@@ -195,6 +206,8 @@ def load(path: Path | None) -> Config:
     cfg = Config()
     if path is None:
         return cfg
+    import tomllib  # only with a config file: keeps the relay's start-up lean
+
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import select
-import signal
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 
 from memoryd_protocol.paths import default_db_path, log_path_for, read_owner_record
 
-from . import launch
 from .errors import DaemonError
 from .rundir import UnsafeDir, check_private_dir, ensure_private_dir
 
@@ -100,6 +98,10 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
         found = _owner_socket(store)
         if found is not None:
             return found[0], found[1], store
+    import signal
+
+    from . import launch  # only when no daemon answers: subprocess and its kin cost start-up
+
     try:
         ensure_private_dir(runtime)
     except UnsafeDir as exc:

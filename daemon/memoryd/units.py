@@ -17,8 +17,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from memoryd_protocol import DISTRIBUTION
 
@@ -35,9 +35,9 @@ class UnitError(DaemonError, ValueError):
     """A path that cannot be written into a unit file."""
 
 
-@dataclass(frozen=True)
-class Install:
-    """What the units depend on; everything else in them is fixed."""
+class Install(NamedTuple):
+    """What the units depend on; everything else in them is fixed. (A NamedTuple, not a
+    dataclass: ``memoryd mcp``'s start imports this module, and dataclasses costs it.)"""
 
     exec_start: Sequence[str]  # argv without "serve"
     documentation: Sequence[str]  # URIs

@@ -3,14 +3,10 @@ socket that ``memoryd serve`` opened without either importing the other)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,6 +20,8 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / APP
+    import tempfile  # only without XDG_RUNTIME_DIR: the relay and memoryctl start without it
+
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
 
@@ -195,6 +193,8 @@ def read_approver_key(path: Path) -> bytes:
 def create_approver_key(path: Path) -> None:
     """Write a new random key to ``path`` (mode 0600, its directory made 0700 if missing);
     FileExistsError when there is one already: replacing a key is the user's decision."""
+    import secrets  # the key's crypto: only the verbs that make or prove a key import it
+
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -207,6 +207,9 @@ def create_approver_key(path: Path) -> None:
 def approver_proof(key: bytes, nonce: str, connection: str, pid: int, start: int) -> str:
     """``approval/prove``'s proof of ``key`` for one challenge (approval_types.ApprovalChallenge):
     hex HMAC-SHA256 of the tag, nonce, connection, pid and start time, NUL-separated."""
+    import hashlib
+    import hmac
+
     message = "\0".join((PROOF_TAG, nonce, connection, str(pid), str(start))).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
