@@ -20,17 +20,19 @@ WHY_NOT: dict[str, str] = {
         "Group commit pays only while writes queue behind a COMMIT in flight. The event loop's CPU per "
         "write (parse, gate, reply) and the writer thread's (the batch's SQL and COMMIT) share one "
         "interpreter, so together they bound the rate; on a busy 2-core machine the clients' own CPU "
-        "competes with them. The anyio transport costs a request with a task of its own (every write) "
-        "about 25 µs more CPU than the asyncio Protocol did: each wait for input adds and removes the "
-        "descriptor from epoll, about 15 system calls against 6 (bench/results/PER-WRITE.md, "
-        "SIMPLICITY-2.md step 2 and \"The whole issue\")."),
+        "competes with them. Since each batch runs whole on the writer's thread, its Python work and "
+        "the loop's take turns at the GIL at every SQLite call; alternating builds put that step's "
+        "cost at about a tenth of the 16-client rate, and the anyio transport's at about as much "
+        "again before a connection's descriptor stayed registered across waits (bench/results/"
+        "SIMPLICITY-2.md, \"The whole issue\" and \"Where the 16-client rate went\")."),
     "acked writes, 1 client(s) ≥ 0.3× the FULL commit floor": (
         "One sequential client pays each write's whole path alone, with nothing to share a commit with: "
-        "the transaction itself (entry, audit row and chained ledger row, about 10 WAL pages against "
-        "the floor's 2) is about half the floor's rate in process, before any RPC (\"What one write "
-        "commits\" below), and the request's Python path adds about 0.4 ms of CPU. Meeting it needs "
-        "that path near halved, or fewer rows per write than the reference's layout and the ledger "
-        "keep."),
+        "the transaction itself (entry, its text index rows, audit row and chained ledger row, about "
+        "18 WAL pages against the floor's 2) is about half the floor's rate in process, before any RPC "
+        "(\"What one write commits\" below), and the request's Python path adds about 0.4 ms of CPU. "
+        "The text index written in the write's own transaction doubled the entry's pages (5.9 to 12.6), "
+        "where it was written after the acknowledgement before. Meeting it needs that path near "
+        "halved, or fewer pages per write."),
     "query at 2,000 ≤ 1.0× the in-process instr scan": (
         "Each query waits for a commit of its own recalls (synchronous=NORMAL, shared only with the "
         "queries in flight beside it) and crosses two threads, a reader's and the writer's; a "
@@ -39,6 +41,18 @@ WHY_NOT: dict[str, str] = {
         "readers' page caches, so the next read costs about twice its SQL; and the two hops are four "
         "wake-ups of a sleeping thread, each of which waits for a core on a loaded 2-core machine "
         "(bench/results/SIMPLICITY-2.md, step 3)."),
+    "query at 2,000 ≥ 3× faster than server-memory": (
+        "What keeps the query at 2,000 over the instr scan keeps it here: each query waits for a "
+        "commit of its own recalls and crosses a reader's thread and the writer's "
+        "(bench/results/SIMPLICITY-2.md, step 3)."),
+    "memoryctl query ≤ 5× python -c pass": (
+        "Importing the stack memoryctl's async client runs on (anyio's asyncio backend and msgspec), "
+        "no memoryd code yet, takes about 8× python -c pass by itself (python -m bench.startup prints "
+        "it); only a start without asyncio and msgspec, a second, blocking client, could be within "
+        "5× (bench/results/SIMPLICITY-2.md, step 1)."),
+    "memoryctl status ≤ 5× python -c pass": (
+        "As memoryctl query: the client's stack alone imports in about 8× python -c pass "
+        "(bench/results/SIMPLICITY-2.md, step 1)."),
     "query at 2,000: p99 ≤ 3× p50": (
         "The slowest queries are those whose recall commit runs the WAL's automatic checkpoint: a "
         "20-entry page's recalls write 12-21 pages, so one sequential query in 50-80 checkpoints "
