@@ -85,3 +85,15 @@ def rechain(conn: sqlite3.Connection, old: str, new: str) -> None:
         h = chain_hash(prev, n, ts, kind, ref, seq, body)
         conn.execute("UPDATE memoryd_ledger SET body = ?, prev = ?, hash = ? WHERE n = ?", (body, prev, h, n))
         prev = h
+
+
+def stop_promptly(d: Any) -> None:
+    """SIGTERM, and the daemon's exit (status 0) within the drain's bound."""
+    d.proc.terminate()
+    assert d.proc.wait(timeout=10) == 0
+
+
+def tip(db: Path) -> tuple[int, str]:
+    """The ledger's newest row: its n and hash."""
+    [(n, h)] = sql(db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+    return int(n), str(h)

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, sql
+from e2e_helpers import add, stop_promptly, tip
 from rawclient import socket_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
@@ -79,17 +79,6 @@ def copy(heads: Path, decoy: Path) -> Path:
     """A copy of the heads file (there: the daemon's start witnessed its head)."""
     decoy.write_bytes(heads.read_bytes())
     return decoy
-
-
-def stop_promptly(d: Any) -> None:
-    """SIGTERM, and the daemon's exit (status 0) within the drain's bound."""
-    d.proc.terminate()
-    assert d.proc.wait(timeout=10) == 0
-
-
-def tip(db: Path) -> tuple[int, str]:
-    [(n, h)] = sql(db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
-    return int(n), str(h)
 
 
 @pytest.mark.parametrize("kind", PLANTS)

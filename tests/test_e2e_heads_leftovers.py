@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, sql
+from e2e_helpers import add, stop_promptly, tip
 from memoryd_protocol.heads_file import HEADS_TAIL_BYTES, read_heads_tail
 from memoryd_protocol.paths import default_db_path
 from rawclient import socket_client
@@ -101,16 +101,6 @@ def write(path: Path, data: bytes) -> int:
     """``path`` holds ``data`` now; its size."""
     path.write_bytes(data)
     return path.stat().st_size
-
-
-def stop_promptly(d: Any) -> None:
-    d.proc.terminate()
-    assert d.proc.wait(timeout=10) == 0
-
-
-def tip(db: Path) -> tuple[int, str]:
-    [(n, h)] = sql(db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
-    return int(n), str(h)
 
 
 def forged_stop(db: Path) -> tuple[bytes, str]:
