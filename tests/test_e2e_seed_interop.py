@@ -97,3 +97,21 @@ async def test_a_denied_seed_row_names_the_sources_too(ask_daemon: Any) -> None:
         assert refused.code == "WRITE_DENIED"
         assert await raw.ok("memory/list", {}) == before
         assert seed_rows(await raw.ok("audit/list", {}), "seed-denied") == ["claude, memoryctl"]
+
+
+async def test_an_import_counts_only_the_dropped_keys_of_what_it_writes(ask_daemon: Any) -> None:
+    """Two user-global entries name a workspace and one is already there, so skipExisting
+    skips it: the approval lists one entry, and its note, the result and the ledger's seed
+    row count one dropped key, not two."""
+    envelope = {"plugin": "dsh-memento", "schema": "memory-export-v1", "entries": [
+        entry_input("Prefers tea", workspaceKey="/home/u/proj"), entry_input("Uses pnpm", workspaceKey="/home/u/proj")]}
+    async with socket_client(ask_daemon.socket_path) as raw:
+        asked = Recorder()
+        raw.on_approval = asked
+        await raw.ok("memory/add", {"input": entry_input("Prefers tea"), "write": write_ctx()})
+        res = await raw.ok("memory/import", {"envelope": envelope, "write": write_ctx(), "skipExisting": True})
+        assert (res["added"], res["skipped"], res["workspaceKeysDropped"]) == (1, 1, 1)
+        ask = asked.asked[-1]
+        assert [e["text"] for e in ask["entries"]] == ["Uses pnpm"]
+        assert ask["workspaceKeysDropped"] == 1
+        assert NOTE.replace("2 of these", "1 of these") in ask["text"]

@@ -119,21 +119,25 @@ class Transfer:
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.writes.plan_seed(view, inputs, source_default, restricted=False)
         if not p.skip_existing:
-            result = await self.writes.seed_planned(ctx, view, planned, dropped)
+            result = await self.writes.seed_planned(ctx, view, planned, len(dropped))
             if p.skip_existing is not None:
                 result.skipped = 0
         else:
             present = await self.service.read(existing_keys)
-            fresh = [e for e in planned if entry_key(e) not in present]
+            kept = [n for n, e in enumerate(planned) if entry_key(e) not in present]
+            fresh = [planned[n] for n in kept]
+            # What the approval and the result count is what is written: a skipped entry's
+            # dropped key is not.
+            dropped = dropped.intersection(kept)
             skipped = len(planned) - len(fresh)
             if not fresh:
                 # Everything is already there: a no-op, with no approval to ask and nothing to audit.
                 result = SeedResult(added=0, entries=[], skipped=skipped)
             else:
-                result = await self.writes.seed_planned(ctx, view, fresh, dropped)
+                result = await self.writes.seed_planned(ctx, view, fresh, len(dropped))
                 result.skipped = skipped
         if dropped:
-            result.workspace_keys_dropped = dropped
+            result.workspace_keys_dropped = len(dropped)
         return result
 
     @staticmethod

@@ -55,15 +55,16 @@ from .tx import Tx
 if TYPE_CHECKING:
     from .service import Service
 
-def drop_user_global_workspaces(inputs: Sequence[EntryInput]) -> int:
-    """Clear the workspaceKey of every user-global input; how many named one. Such entries
-    have none (the spec's ''), but dsh-memento stores the session's cwd there, so its own
-    exports carry one: memory must still move, so the key goes and the approval says so."""
-    dropped = 0
-    for i in inputs:
+def drop_user_global_workspaces(inputs: Sequence[EntryInput]) -> set[int]:
+    """Clear the workspaceKey of every user-global input; the indexes of those that named
+    one. Such entries have none (the spec's ''), but dsh-memento stores the session's cwd
+    there, so its own exports carry one: memory must still move, so the key goes and the
+    approval says so."""
+    dropped = set()
+    for n, i in enumerate(inputs):
         if i.scope == "user-global" and i.workspace_key is not None and js_trim(i.workspace_key):
             i.workspace_key = None
-            dropped += 1
+            dropped.add(n)
     return dropped
 
 
@@ -322,7 +323,7 @@ class Writes:
     async def seed(self, ctx: RequestContext, p: SeedParams) -> SeedResult:
         view = writer_view(p.write, self.aliases)
         # seed is the reference's import path: it takes what an import takes
-        dropped = drop_user_global_workspaces(p.inputs)
+        dropped = len(drop_user_global_workspaces(p.inputs))
         result = await self.seed_planned(ctx, view, self.plan_seed(view, p.inputs), dropped)
         if dropped:
             result.workspace_keys_dropped = dropped
