@@ -203,3 +203,23 @@ async def test_a_proposal_changed_by_another_program_is_not_approved(ask_daemon:
     assert [q["id"] for q in body["proposals"]] == [p["id"]]
     assert report["problems"] == [unaccepted(n, body["note"])]
     assert [b["event"] for _, _, b in ledger_bodies(d.db_path, "proposal")] == ["created"]
+
+
+async def test_a_user_global_proposal_another_program_gave_a_workspace_is_approved_without_it(
+        ask_daemon: Any) -> None:
+    """A user-global proposal has no workspace, also when another program stored one in its
+    column before the approval was asked: the approval shows none and the entry gets none,
+    and the edit is a foreign change."""
+    d = ask_daemon
+    async with socket_client(d.socket_path) as raw:
+        p = await raw.ok("proposals/create", {"session": {"id": "p-1", "header": {"cwd": "/home/u/p"}}, "input": {
+            "kind": "lesson", "track": "user", "scope": "user-global", "text": "prefers short answers"}})
+    sql(d.db_path, "UPDATE proposals SET workspace_key = '/home/u/elsewhere' WHERE id = ?", p["id"])
+    async with socket_client(d.socket_path) as raw:
+        gate = Gate()
+        raw.on_approval = gate
+        result = await approved(raw, gate, "proposals/approve", {"id": p["id"], "write": write_ctx()})
+    assert result["entry"]["workspaceKey"] == ""
+    assert "/home/u/elsewhere" not in gate.asked[-1]["text"]
+    assert sql(d.db_path, "SELECT workspace_key FROM entries WHERE id = ?", result["entry"]["id"]) == [("",)]
+    assert len(ledger_bodies(d.db_path, "foreign")) == 1

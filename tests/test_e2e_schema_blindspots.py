@@ -109,6 +109,9 @@ async def test_a_planted_view_or_table_stops_writes_until_it_is_removed_or_accep
             assert schema_items(db) == [name]  # recorded once, however many writes it refuses
             query = await raw.ok("memory/query", {"filter": {"text": "tabs"}})  # reads are served meanwhile
             assert [e["text"] for e in query["entries"]] == ["Prefers tabs"]
+            # a query that names its session too: its recalled row waits for the store
+            recall = await raw.ok("memory/query", {"filter": {"text": "tabs"}, "opts": {"sessionId": "s-1"}})
+            assert [e["text"] for e in recall["entries"]] == ["Prefers tabs"]
             assert stored(db) == before
         if way == "removed":
             sql(db, drop)
@@ -116,6 +119,10 @@ async def test_a_planted_view_or_table_stops_writes_until_it_is_removed_or_accep
             await raw.ok("audit/accept", {"n": n})
         written = (await add(raw, "Uses uv"))["entry"]
         assert sql(db, "SELECT text FROM entries WHERE id = ?", written["id"]) == [("Uses uv",)]
+        # after the first add (seq 1): the two session queries' recalled rows, kept while writes
+        # were refused, went in first
+        assert sql(db, "SELECT action FROM audit WHERE session_id = 's-1' AND seq > 1 ORDER BY seq") == [
+            ("recalled",), ("recalled",), ("add",)]
         # the row stays to accept when the object is gone; once accepted, nothing is left to report
         problems = [] if way == "accepted" else [unaccepted(n, body["note"])]
         assert (await raw.ok("audit/verify"))["problems"] == problems

@@ -18,6 +18,7 @@ from memoryd_protocol.approval_types import ProcessFacts
 from memoryd_protocol.ledger import (
     SELECT_AUDIT,
     SELECT_ENTRIES,
+    SELECT_PROPOSALS,
     SELECT_SNAPSHOTS,
     AcceptedBody,
     AskedBody,
@@ -35,6 +36,7 @@ from memoryd_protocol.ledger import (
     chain_hash,
     entries_from,
     ledger_entry,
+    proposals_from,
 )
 from memoryd_protocol.types import ApprovalAsked, ApprovalBy, Entry, LedgerConnection, Proposal
 
@@ -81,7 +83,7 @@ def ensure_start(tx: Tx) -> bool:
     after, earlier = max((a.seq for a in before), default=0), len(before)
     entries = entries_from(conn.execute(SELECT_ENTRIES))
     snapshots = dict(conn.execute(SELECT_SNAPSHOTS).fetchall())
-    proposals = store.proposals(conn, None)
+    proposals = proposals_from(conn.execute(SELECT_PROPOSALS))  # as stored, as verify reads them
     if earlier:
         note = (f"the chain starts after audit row {after}: the {earlier} earlier audit rows were written "
                 f"before this store had a ledger (by dsh-memento, or an older memoryd) and carry no hashes")

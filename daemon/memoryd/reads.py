@@ -86,25 +86,30 @@ class Reads:
         stamp = None if session_id is None else Stamp(origin=self.service.pipeline.who(ctx.peer), session_id=session_id)
         ids = [e.id for e in hits]
 
-        def recalled(tx: Tx) -> dict[str, int]:
-            counts = store.recall(tx.conn, ids, ts) if ids else {}
+        def row(tx: Tx) -> None:
             if stamp is not None:  # only a query that names its session leaves a ledger row
                 stamp.audit(tx, "recalled", track=track, scope=scope, entry_id=None,
                             text=cut_units(text, RECALLED_TEXT_UNITS) if text else "", source=None, ts=ts)
+
+        def recalled(tx: Tx) -> dict[str, int]:
+            counts = store.recall(tx.conn, ids, ts) if ids else {}
+            row(tx)
             return counts
 
         # Recall counts and the recalled row are ranking and audit metadata, not a write the
         # caller asked for: their commit may skip the fsync (durable=False), and queries in
         # flight together share it. The page shows each entry's count as its own recall left
         # it. A store that cannot take the commit (busy, full, or refusing writes over another
-        # program's change) does not fail the query: its hits are served as read, and the
-        # writer has logged why.
+        # program's change) does not fail the query: its hits are served as read, uncounted,
+        # and the writer has logged why. Its recalled row is kept and written with the first
+        # batch the store takes, as the approval rows are: every recall of a session leaves one.
         counts: dict[str, int] = {}
         try:
             if ids or stamp is not None:
                 counts = await self.service.writer.submit(recalled, durable=False)
         except (StoreUnavailable, StoreCorrupt, WriterClosed):
-            pass
+            if stamp is not None:
+                self.service.writer.defer(row, keep=True)
         for e in hits:
             if e.id in counts:
                 e.recall_count, e.last_recalled = counts[e.id], ts

@@ -147,7 +147,11 @@ def row_to_entry(row: Sequence[Any]) -> Entry:
 
 
 def row_to_proposal(row: Sequence[Any]) -> Proposal:
+    """A proposal as memoryd reads it: a user-global one has no workspace, as an entry has
+    none (row_to_entry), whatever another program stored in its column."""
     [proposal] = ledger_format.proposals_from([row])
+    if proposal.scope == "user-global":
+        proposal.workspace_key = ""
     return proposal
 
 
@@ -446,8 +450,12 @@ def insert_proposal(conn: sqlite3.Connection, p: Proposal) -> None:
 
 def decide_proposal(conn: sqlite3.Connection, proposal_id: str, status: str, ts: int) -> bool:
     """Pending → ``status``; False when it was not pending (someone else decided first)."""
+    # A decision stores a user-global proposal's workspace as memoryd reads it ('') so that
+    # the row the ledger records of it is the row the store holds.
     cur = conn.execute(
-        "UPDATE proposals SET status = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+        "UPDATE proposals SET status = ?, decided_at = ?, "
+        "workspace_key = CASE WHEN scope = 'user-global' THEN '' ELSE workspace_key END "
+        "WHERE id = ? AND status = 'pending'",
         (status, ts, proposal_id),
     )
     return cur.rowcount == 1
