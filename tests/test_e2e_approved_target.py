@@ -148,6 +148,7 @@ async def test_a_consolidate_target_changed_by_another_program_fails_the_approve
     assert store_rows(d.db_path) == left
 
 
+@pytest.mark.inprocess_only
 async def test_the_foreign_change_is_recorded_before_the_failure_even_between_checks(
         ask_daemon: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer looks for others' writes at most every so often (foreign.SPACING); a
