@@ -399,10 +399,11 @@ async def test_verify_against_the_replica_catches_a_full_rehash_with_the_heads_f
                              "the store: the ledger was rewritten\n")
 
 
-def _configured(daemon_factory: Any, tmp_path: Path, config: str, name: str, db: Path) -> tuple[Any, Log]:
+def _configured(daemon_factory: Any, tmp_path: Path, config: str, name: str, db: Path, *args: str
+                ) -> tuple[Any, Log]:
     cfg = tmp_path / f"{name}.toml"
     cfg.write_text(config)
-    d = daemon_factory("--config", str(cfg), name=name, db=db)
+    d = daemon_factory("--config", str(cfg), *args, name=name, db=db)
     return d, Log(d.stderr_path)
 
 
@@ -565,12 +566,15 @@ async def test_a_take_over_while_litestream_runs_is_found_by_the_lag_reader(daem
 
     took = memoryctl("--db", str(devbox_db), "restore", url)
     assert took.returncode == 0, took.stderr
-    devbox, devlog = _configured(daemon_factory, tmp_path, config, "devbox", devbox_db)
+    devbox, devlog = _configured(daemon_factory, tmp_path, config, "devbox", devbox_db, "--log-level", "debug")
     devlog.wait(rf"replication to {url}: replicating\n")
     async with socket_client(devbox.socket_path) as raw:
         await add(raw, "Written on the dev box")
-    devbox.stop()  # its last sync: the replica holds the dev box's history
     [devbox_head] = sql(devbox_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
+    # the replica holds the dev box's history (its own lag reader read it there), whatever
+    # its stop's last sync does on a loaded machine
+    devlog.wait(rf"replica read: ReplicaHead\(n={devbox_head[0]}, hash='{devbox_head[1]}'")
+    devbox.stop()
 
     async with socket_client(laptop.socket_path) as raw:
         await add(raw, "Written on the laptop meanwhile")
