@@ -110,9 +110,6 @@ class Proposals:
         proposal = await self._pending(p.id)
         self._deciding.add(p.id)
         cell = (proposal.track, proposal.scope)
-        # A user-global entry has no workspace (row_to_entry), also when another program put
-        # one in the proposal's column: what the approval shows is what is written.
-        workspace_key = "" if proposal.scope == "user-global" else proposal.workspace_key
 
         def commit(tx: Tx, stamp: Stamp) -> ProposalApproveResult:
             ts = store.now_ms()
@@ -126,7 +123,7 @@ class Proposals:
                                        "look at it again (memoryctl proposals) and approve it if it still applies",
                                        {"id": proposal.id})
             e = self.writes.new_entry(view, track=proposal.track, scope=proposal.scope, text=proposal.text,
-                                 source=PROPOSAL_SOURCE, tags=[], workspace_key=workspace_key,
+                                 source=PROPOSAL_SOURCE, tags=[], workspace_key=proposal.workspace_key,
                                  agent_key=proposal.agent_key, ts=ts)
             store.insert_entry(tx, e)
             stamp.audit(tx, "add", track=e.track, scope=e.scope, entry_id=e.id, text=e.text, source=PROPOSAL_SOURCE,
@@ -139,7 +136,7 @@ class Proposals:
                 action="add", track=proposal.track, scope=proposal.scope, text=proposal.text, source=PROPOSAL_SOURCE,
                 layers=[cell], sources=[PROPOSAL_SOURCE], deltas={cell: utf16_len(proposal.text)}, commit=commit,
                 events=lambda r: [("memory/added", MemoryAdded(entry=r.entry))],
-                placement=Placement(workspace_key, proposal.agent_key, [])))
+                placement=Placement(proposal.workspace_key, proposal.agent_key, [])))
         finally:
             self._deciding.discard(p.id)
 
