@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,9 @@ def tip(db: Path) -> tuple[int, str]:
     """The ledger's newest row: its n and hash."""
     [(n, h)] = sql(db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
     return int(n), str(h)
+
+
+def memoryctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """memoryctl as a user runs it: its own process and session, no terminal."""
+    return subprocess.run([sys.executable, "-m", "memoryd_client", *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, start_new_session=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add, rechain, sql
+from e2e_helpers import add, memoryctl, rechain, sql
 from memoryd_protocol.ledger import AuditBody, DecidedBody, canonical, chain_hash
 from memoryd_protocol.types import ApprovalBy, LedgerEntry
 from rawclient import Raw, socket_client, write_ctx
@@ -289,10 +289,6 @@ async def test_a_headless_connection_cannot_accept(daemon: Any) -> None:
         assert err.code == "INVALID_INPUT"
         assert sql(daemon.db_path, "SELECT n, hash FROM memoryd_ledger") == before
 
-
-def memoryctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memoryd_client", *args], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 async def test_verify_with_heads_catches_a_full_rehash(daemon_factory: Any, tmp_path: Path) -> None:

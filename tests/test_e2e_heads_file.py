@@ -10,14 +10,12 @@ import json
 import os
 import select
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, stop_promptly, tip
+from e2e_helpers import add, memoryctl, stop_promptly, tip
 from rawclient import socket_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
@@ -173,10 +171,6 @@ async def test_a_heads_file_planted_before_the_start_is_refused_and_its_stop_hea
     n, h = tip(d.db_path)
     assert f"ledger head at stop: row {n} hash {h}" in log
 
-
-def memoryctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memoryd_client", *args], capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 @pytest.mark.parametrize("kind", PLANTS)

@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from e2e_helpers import add, stop_promptly, tip
+from e2e_helpers import add, memoryctl, stop_promptly, tip
 from memoryd_protocol.heads_file import HEADS_TAIL_BYTES, read_heads_tail
 from memoryd_protocol.paths import default_db_path
 from rawclient import socket_client
@@ -156,10 +154,6 @@ async def test_a_loose_heads_file_before_the_start_is_refused_and_its_stop_head_
     n, h = tip(store)
     assert f"ledger head at stop: row {n} hash {h}" in log
 
-
-def memoryctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memoryd_client", *args], capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 @pytest.mark.parametrize("kind", PLANTS)

@@ -7,13 +7,11 @@ daemon and offline."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import add, sql
+from e2e_helpers import add, memoryctl, sql
 from rawclient import socket_client, stdio_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
@@ -29,10 +27,6 @@ def xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.setenv(var, str(tmp_path / "xdg" / name))
     return tmp_path / "xdg"
 
-
-def memoryctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memoryd_client", *args], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def ledger_tip(db: Path) -> tuple[int, str]:
