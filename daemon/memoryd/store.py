@@ -122,6 +122,13 @@ def dump_tags(tags: Iterable[str]) -> str:
     return json.dumps(list(tags), ensure_ascii=False, separators=(",", ":"))
 
 
+def workspace_key_of(scope: str, column: str | None) -> str:
+    """An entry's or a proposal's workspaceKey as memoryd reads its column. dsh-memento stores
+    the writing session's cwd on user-global rows too; the wire's user-global entry has
+    none, so a store it wrote reads (and is rewritten) with ''."""
+    return "" if scope == "user-global" else column or ""
+
+
 def row_to_entry(row: Sequence[Any]) -> Entry:
     tags = parse_tags(row[12])
     if tags is None:
@@ -130,9 +137,7 @@ def row_to_entry(row: Sequence[Any]) -> Entry:
         id=row[0],
         track=row[1],
         scope=row[2],
-        # dsh-memento stores the writing session's cwd on user-global entries too; the wire's
-        # user-global entry has none, so a store it wrote reads (and is rewritten) with ''.
-        workspace_key="" if row[2] == "user-global" else row[3] or "",
+        workspace_key=workspace_key_of(row[2], row[3]),
         text=row[4],
         source=row[5],
         created_at=row[6],
@@ -147,11 +152,8 @@ def row_to_entry(row: Sequence[Any]) -> Entry:
 
 
 def row_to_proposal(row: Sequence[Any]) -> Proposal:
-    """A proposal as memoryd reads it: a user-global one has no workspace, as an entry has
-    none (row_to_entry), whatever another program stored in its column."""
     [proposal] = ledger_format.proposals_from([row])
-    if proposal.scope == "user-global":
-        proposal.workspace_key = ""
+    proposal.workspace_key = workspace_key_of(proposal.scope, proposal.workspace_key)
     return proposal
 
 

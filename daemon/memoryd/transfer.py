@@ -56,9 +56,7 @@ def entry_key(e: Entry) -> EntryKey:
 
 def existing_keys(conn: sqlite3.Connection) -> set[EntryKey]:
     rows = conn.execute("SELECT track, scope, workspace_key, agent_key, text FROM entries")
-    # a user-global row dsh-memento wrote keeps its cwd: it is the entry an import lands keyless
-    return {(track, scope, "" if scope == "user-global" else wk or "", ak or "", text)
-            for track, scope, wk, ak, text in rows}
+    return {(track, scope, store.workspace_key_of(scope, wk), ak or "", text) for track, scope, wk, ak, text in rows}
 
 
 def _too_many(count: int, field: str) -> InvalidInput:
