@@ -29,7 +29,7 @@ import pytest
 from memoryd import adapter_registry, foreign, ledger, readers, store, storefile
 from memoryd.adapter_registry import AdapterRegistryError
 from memoryd.app import Daemon
-from memoryd.atomic import atomic, begin
+from memoryd.atomic import atomic
 from memoryd.config import Config
 from memoryd.tx import Tx
 from memoryd.writer import Writer, WriterClosed
@@ -570,24 +570,6 @@ def test_atomic_says_lost_when_sqlite_rolled_the_whole_transaction_back(tmp_path
             raise info.value
         assert outer.value.sqlite_errorname == "SQLITE_FULL"
         assert rows(db) == []
-    finally:
-        conn.close()
-
-
-def test_begin_with_a_busy_timeout_puts_the_connections_own_back(tmp_path: Path) -> None:
-    """The writer's BEGIN on its thread waits with the store's timeout; the connection's own
-    (0: the event loop never waits) is back after it, whether BEGIN took the lock or not."""
-    db = tmp_path / "a.db"
-    conn = storefile.open_store(db, 0, 0)
-    try:
-        conn.execute("PRAGMA busy_timeout = 7")
-        with write_lock(db), pytest.raises(sqlite3.OperationalError) as info:
-            begin(conn, busy_timeout_ms=0)
-        assert store.fault_reason(info.value) == "busy"
-        assert conn.execute("PRAGMA busy_timeout").fetchone() == (7,) and not conn.in_transaction
-        begin(conn, busy_timeout_ms=1000)
-        assert conn.in_transaction and conn.execute("PRAGMA busy_timeout").fetchone() == (7,)
-        conn.execute("ROLLBACK")
     finally:
         conn.close()
 

@@ -26,18 +26,17 @@ class Atomic:
     """What ``atomic`` returns: a context manager; ``lost`` says, after an error, that the
     enclosing transaction is gone too (see the module's docstring)."""
 
-    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool, busy_timeout_ms: int | None) -> None:
+    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool) -> None:
         self._conn = conn
         self._name = name
         self._immediate = immediate
-        self._busy_ms = busy_timeout_ms
         self._outer = False
         self.lost = False
 
     def __enter__(self) -> Atomic:
         self._outer = not self._conn.in_transaction
         if self._outer:
-            begin(self._conn, immediate=self._immediate, busy_timeout_ms=self._busy_ms)
+            begin(self._conn, immediate=self._immediate)
         else:
             self._conn.execute(f"SAVEPOINT {self._name}")
         return self
@@ -52,7 +51,7 @@ class Atomic:
             commit(conn)
             return
         if self._outer:
-            self._rollback(f"after {type(exc).__name__}")
+            rollback(conn, f"after {type(exc).__name__}")
             return  # the original error propagates
         if not conn.in_transaction:
             self.lost = True  # SQLite rolled the whole transaction back
@@ -64,10 +63,7 @@ class Atomic:
             # The savepoint cannot be undone: neither can the transaction be committed.
             log.error("rollback to savepoint %s failed: %s", self._name, undo)
             self.lost = True
-            self._rollback("after a failed rollback to a savepoint")
-
-    def _rollback(self, why: str) -> None:
-        rollback(self._conn, why)
+            rollback(conn, "after a failed rollback to a savepoint")
 
 
 def rollback(conn: sqlite3.Connection, why: str) -> None:
@@ -82,19 +78,9 @@ def rollback(conn: sqlite3.Connection, why: str) -> None:
         log.error("rollback %s failed: %s", why, exc)
 
 
-def begin(conn: sqlite3.Connection, *, immediate: bool = True, busy_timeout_ms: int | None = None) -> None:
-    """BEGIN a transaction (IMMEDIATE: take the write lock now). ``busy_timeout_ms``: wait
-    that long for the lock, whatever the connection's own timeout is."""
-    sql = "BEGIN IMMEDIATE" if immediate else "BEGIN"
-    if busy_timeout_ms is None:
-        conn.execute(sql)
-        return
-    (was,) = conn.execute("PRAGMA busy_timeout").fetchone()
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-    try:
-        conn.execute(sql)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(was)}")
+def begin(conn: sqlite3.Connection, *, immediate: bool = True) -> None:
+    """BEGIN a transaction (IMMEDIATE: take the write lock now)."""
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 def commit(conn: sqlite3.Connection) -> None:
@@ -107,9 +93,7 @@ def commit(conn: sqlite3.Connection) -> None:
         raise
 
 
-def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True,
-           busy_timeout_ms: int | None = None) -> Atomic:
+def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> Atomic:
     """A transaction (outside one) or a savepoint named ``name`` (inside one) around a
-    ``with`` block; ``immediate=False`` for a read transaction; ``busy_timeout_ms`` for its
-    BEGIN (see ``begin``)."""
-    return Atomic(conn, name, immediate, busy_timeout_ms)
+    ``with`` block; ``immediate=False`` for a read transaction."""
+    return Atomic(conn, name, immediate)
