@@ -90,19 +90,15 @@ _EMPTY_BATCH_LINE: Final = error_line(RpcError(INVALID_REQUEST, "Invalid request
 # --- parsing -----------------------------------------------------------------------------
 
 
-class Call:
+class Call(msgspec.Struct):
     """One request object of a line, its params not decoded yet: ``msgspec.Raw`` as parsed,
     or a Python value when the line needed the lenient parser. A field the object lacks is
     ``UNSET``; a line (or batch item) that is not an object has every field ``UNSET``."""
 
-    __slots__ = ("id", "jsonrpc", "method", "params")
-
-    def __init__(self, jsonrpc: Any = msgspec.UNSET, method: Any = msgspec.UNSET, params: Any = msgspec.UNSET,
-                 id_: Any = msgspec.UNSET) -> None:
-        self.jsonrpc = jsonrpc
-        self.method = method
-        self.params = params
-        self.id = id_
+    jsonrpc: Any = msgspec.UNSET
+    method: Any = msgspec.UNSET
+    params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    id: Any = msgspec.UNSET
 
     def reply_id(self) -> str | int | float | None:
         """The id a reply carries, also for a request that failed validation when its id
@@ -113,22 +109,11 @@ class Call:
         return None
 
 
-class _Envelope(msgspec.Struct):
-    jsonrpc: Any = msgspec.UNSET
-    method: Any = msgspec.UNSET
-    params: msgspec.Raw = msgspec.Raw()
-    id: Any = msgspec.UNSET
-
-
 #: A parsed line: one call, a batch of them, or ``UNPARSABLE``.
 Message = Call | list[Call]
 UNPARSABLE: Final[Any] = object()
-_line_decoder = msgspec.json.Decoder(_Envelope | list[msgspec.Raw])
-_item_decoder = msgspec.json.Decoder(_Envelope)
-
-
-def _call(env: _Envelope) -> Call:
-    return Call(env.jsonrpc, env.method, env.params if env.params else msgspec.UNSET, env.id)
+_line_decoder = msgspec.json.Decoder(Call | list[msgspec.Raw])
+_item_decoder = msgspec.json.Decoder(Call)
 
 
 def _lenient_call(obj: Any) -> Call:
@@ -158,12 +143,12 @@ def parse(line: bytes) -> Message | Any:
         except (ValueError, RecursionError):
             return UNPARSABLE
         return [_lenient_call(o) for o in obj] if isinstance(obj, list) else _lenient_call(obj)
-    if isinstance(top, _Envelope):
-        return _call(top)
+    if isinstance(top, Call):
+        return top
     batch: list[Call] = []
     for raw in top:
         try:
-            batch.append(_call(_item_decoder.decode(raw)))
+            batch.append(_item_decoder.decode(raw))
         except msgspec.ValidationError:
             batch.append(Call())
     return batch
@@ -214,7 +199,7 @@ def _lacks_agent(write: Any) -> bool:
     return write is None or (isinstance(write, dict) and write.get("agent") is None)
 
 
-def _field_of(exc: msgspec.ValidationError) -> str | None:
+def field_of(exc: msgspec.ValidationError) -> str | None:
     """``$.input.track`` from msgspec's "… - at `$.input.track`" as ``input.track``."""
     _, sep, where = str(exc).rpartition(" - at `$")
     return where.rstrip("`").lstrip(".") or None if sep else None
@@ -242,7 +227,7 @@ class ParamsDecoder:
         except msgspec.ValidationError as exc:
             if self._needs_agent and _lacks_agent(_probe_decoder.decode(params).write if raw else params.get("write")):
                 raise WriteRequiresAgent() from None
-            raise InvalidInput(f"invalid params: {exc}", _field_of(exc)) from None
+            raise InvalidInput(f"invalid params: {exc}", field_of(exc)) from None
         except msgspec.DecodeError:
             # The envelope leaves params undecoded, so bytes that are not UTF-8 inside them
             # are first seen here: the client's bad input, not our failure.
@@ -276,17 +261,6 @@ def bind_handlers(*groups: Mapping[str, Handler]) -> dict[str, Handler]:
     return {name: bound[name] for name in METHODS}
 
 
-class _Bound:
-    """One method of the table as our dispatch calls it: its params decoder and its handler."""
-
-    __slots__ = ("decode", "handler", "name")
-
-    def __init__(self, method: Method, handler: Handler) -> None:
-        self.name = method.name
-        self.decode = ParamsDecoder(method)
-        self.handler = handler
-
-
 class Dispatcher:
     def __init__(self, handlers: Mapping[str, Handler], *, max_batch_calls: int = DEFAULT_MAX_BATCH_CALLS) -> None:
         #: a longer batch is refused whole (one -32600), before any call in it runs
@@ -296,7 +270,8 @@ class Dispatcher:
         unknown = sorted(set(handlers) - METHODS.keys())
         if unknown:
             raise ValueError(f"handlers for methods outside the table: {', '.join(unknown)}")
-        self._bound = {name: _Bound(METHODS[name], h) for name, h in handlers.items()}
+        #: each method's params decoder and handler
+        self._bound = {name: (ParamsDecoder(METHODS[name]), h) for name, h in handlers.items()}
 
     async def handle(self, peer: Any, message: Message, release_turn: Callable[[], None] | None = None) -> bytes | None:
         """A parsed line (request, notification or batch) in, at most one line out.
@@ -334,7 +309,8 @@ class Dispatcher:
         try:
             if bound is None:
                 raise RpcError(METHOD_NOT_FOUND, "Method not found", {"method": call.method})
-            result = await bound.handler(RequestContext(peer, call.reply_id(), release_turn), bound.decode(call.params))
+            decode, handler = bound
+            result = await handler(RequestContext(peer, call.reply_id(), release_turn), decode(call.params))
         except Exception as exc:  # cancellation is not an Exception: it goes on up
             error = error_object(exc, call.method if bound is not None else None)
             return None if call.id is msgspec.UNSET else {"jsonrpc": "2.0", "id": call.id, "error": error}

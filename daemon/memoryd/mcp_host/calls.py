@@ -17,7 +17,7 @@ from memoryd_protocol.text import normalize_agent_key, normalize_workspace_key
 from memoryd_protocol.validation import SessionView
 
 from ..context import Handler, RequestContext
-from ..rpc import error_object
+from ..rpc import error_object, field_of
 from .peer import McpPeer
 
 #: A ``tools/call`` result in wire form: a dict, not the SDK's ``CallToolResult``, which the
@@ -113,8 +113,7 @@ class McpCalls:
         try:
             args: Any = msgspec.convert(arguments if arguments is not None else {}, tool.arguments)
         except msgspec.ValidationError as exc:
-            where = str(exc).rpartition(" - at `$")[2].rstrip("`").lstrip(".") or None
-            raise InvalidInput(f"invalid arguments: {exc}", where) from None
+            raise InvalidInput(f"invalid arguments: {exc}", field_of(exc)) from None
         if tool.method == "memory/query":
             opts = t.QueryOpts(session_id=self.session_id, agent_key=self.view.agent_key,
                                workspace_key=self.view.workspace_key)
