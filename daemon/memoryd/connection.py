@@ -111,21 +111,21 @@ class Connection:
         if self._held:
             data = b"".join(self._held) + data
             self._held.clear()
-        try:
-            self._sink.post(data + b"\n")
-        except OSError:
-            # The peer went away; requests still complete, only their replies are lost.
-            self.closed = True
+        self._post(data + b"\n")
         return not self.closed
 
     def _release(self) -> None:
         if self._held and not self.closed:
             data = b"".join(self._held)
             self._held.clear()
-            try:
-                self._sink.post(data)
-            except OSError:
-                self.closed = True
+            self._post(data)
+
+    def _post(self, data: bytes) -> None:
+        try:
+            self._sink.post(data)
+        except OSError:
+            # The peer went away; requests still complete, only their replies are lost.
+            self.closed = True
 
     async def send_line(self, data: bytes) -> None:
         """A reply: queued, then the request waits while the peer is behind (backpressure)."""
@@ -222,59 +222,48 @@ class Connection:
         loop = asyncio.get_running_loop()
         #: the requests' tasks not finished yet
         tasks: set[asyncio.Task[None]] = set()
-        cancelled = False
         try:
             try:
                 prev = asyncio.Event()
                 prev.set()
-                try:
-                    while (line := await self.next_line(lines)) is not None:
-                        message = parse(line)
-                        if serves_inline(message):
-                            # Served inline, in order: no task, and nothing here can wait
-                            # for an approval that a later line would have to decide.
-                            if not prev.is_set():
-                                await prev.wait()
-                            await self._serve_one(message)
-                            if self.handoff is not None:
-                                # mcp/attach was answered: from here on the lines are MCP
-                                handoff, self.handoff = self.handoff, None
-                                await handoff(lines)
-                                break
-                            continue
-                        # Inline requests take no place: one at a time, in this loop, which
-                        # reads nothing meanwhile, so an approver's decision never waits here.
-                        if not await self.take_place(len(line)):
+                while (line := await self.next_line(lines)) is not None:
+                    message = parse(line)
+                    if serves_inline(message):
+                        # Served inline, in order: no task, and nothing here can wait
+                        # for an approval that a later line would have to decide.
+                        if not prev.is_set():
+                            await prev.wait()
+                        await self._serve_one(message)
+                        if self.handoff is not None:
+                            # mcp/attach was answered: from here on the lines are MCP
+                            handoff, self.handoff = self.handoff, None
+                            await handoff(lines)
                             break
-                        turn = asyncio.Event()
-                        task = loop.create_task(self._handle(message, prev, turn, len(line)))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                        prev = turn
-                finally:
-                    self.gone = True
-                    # Waiters asked of this connection get "unavailable" and finish.
-                    self._approvals.connection_closed(self)
-            except BaseException:
-                cancelled = True
-                for t in tasks:
-                    t.cancel()
-                raise
+                        continue
+                    # Inline requests take no place: one at a time, in this loop, which
+                    # reads nothing meanwhile, so an approver's decision never waits here.
+                    if not await self.take_place(len(line)):
+                        break
+                    turn = asyncio.Event()
+                    task = loop.create_task(self._handle(message, prev, turn, len(line)))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    prev = turn
             finally:
-                # Every request read is answered (or cancelled) before serve returns; a cancel
-                # while waiting for them (the drain ran out of time) cancels them.
-                try:
-                    if tasks and not cancelled:
-                        await asyncio.wait(set(tasks))
-                except BaseException:
-                    for t in tasks:
-                        t.cancel()
-                    raise
-                finally:
-                    if tasks:
-                        with anyio.CancelScope(shield=True):
-                            await asyncio.wait(set(tasks))
+                self.gone = True
+                # Waiters asked of this connection get "unavailable" and finish.
+                self._approvals.connection_closed(self)
+            if tasks:  # every request read is answered before serve returns
+                await asyncio.wait(set(tasks))
+        except BaseException:
+            # cancelled while reading, or while waiting for them (the drain ran out of time)
+            for t in tasks:
+                t.cancel()
+            raise
         finally:
+            if tasks:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(set(tasks))
             self._approvals.connection_closed(self)
             log.debug("connection %d closed", self.id)
 
