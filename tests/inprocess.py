@@ -38,7 +38,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from memoryd.app import Daemon
 from memoryd.cli import build_parser, serve_config
 from memoryd.config import Config
-from memoryd.transports import PeerProcess
+from memoryd.peers import PeerProcess
 from rawclient import Raw, _socket_lines, running
 
 #: what one read of a socket returns at most: lines longer than this reach the daemon in

@@ -27,6 +27,7 @@ from memoryd_protocol.types import ApprovalOrigin, ClientInfo, ConnectionInfo
 
 from .approvals import Approvals
 from .outbound import Outbound
+from .peers import PeerProcess
 from .rpc import (
     HALF_LINE_LINE,
     OVERSIZE_LINE,
@@ -39,7 +40,7 @@ from .rpc import (
     parse,
     serves_inline,
 )
-from .transports import TIMED_OUT, Lines, PeerProcess
+from .transports import TIMED_OUT, Lines
 
 log = logging.getLogger("memoryd.connection")
 

@@ -33,8 +33,7 @@ from memoryd_protocol.paths import temporary_twin
 
 from .errors import DaemonError
 from .outbound import Outbound
-from .peers import PeerProcess as PeerProcess
-from .peers import peer_credentials as peer_credentials
+from .peers import PeerProcess, peer_credentials
 from .rundir import check_private_dir, ensure_private_dir
 
 log = logging.getLogger("memoryd.transports")
@@ -101,16 +100,11 @@ def _is_live(path: Path) -> bool:
 MAX_SOCKET_PATH = 107
 
 
-def _temporary(path: Path) -> Path:
-    """The name bind_unix binds first (then renames into place), a few bytes longer."""
-    return temporary_twin(path)
-
-
 def refuse_taken(path: Path) -> None:
     """Raise :class:`SocketInUse` unless ``path`` is free or a stale socket and short enough
     to bind under its temporary name; :class:`UnsafeDir` when its directory is not private."""
     check_private_dir(path.parent, missing_ok=True)
-    length = len(os.fsencode(_temporary(path)))
+    length = len(os.fsencode(temporary_twin(path)))
     if length > MAX_SOCKET_PATH:
         raise SocketInUse(f"the socket path {path} is too long for a Unix socket: {length} bytes with its "
                           f"temporary name, at most {MAX_SOCKET_PATH}; choose a shorter --socket")
@@ -149,7 +143,7 @@ def bind_unix(path: Path) -> tuple[socket.socket, Path]:
     ensure_private_dir(path.parent)
     refuse_taken(path)
     _sweep_temporaries(path)
-    tmp = _temporary(path)
+    tmp = temporary_twin(path)
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -199,10 +193,6 @@ def sd_notify(message: str) -> None:
     except OSError as exc:
         log.warning("sd_notify failed: %s", exc)
 
-
-#: The default max_buffered_bytes, both ways: unsent output past it drops the connection (a
-#: stalled peer must not make the daemon buffer without bound), unread lines past it pause reading.
-MAX_UNREAD = DEFAULT_MAX_BUFFERED_BYTES
 
 #: Returned by :meth:`Lines.next` for an incomplete line held longer than the half-line timeout.
 TIMED_OUT: Final = b"\x00timed out"
@@ -345,8 +335,8 @@ class Outlet:
     The kernel's count of what it took is what the caps count, so the outlet writes with
     the descriptor's own non-blocking ``send`` and waits with ``anyio.wait_writable``."""
 
-    def __init__(self, target: socket.socket | int, send: Callable[[memoryview], int], max_buffered: int = MAX_UNREAD,
-                 *, peer: PeerProcess | None, outbound: Outbound | None = None,
+    def __init__(self, target: socket.socket | int, send: Callable[[memoryview], int], max_buffered: int, *,
+                 peer: PeerProcess | None, outbound: Outbound | None = None,
                  hang_up: Callable[[], None] | None = None) -> None:
         """``target`` is waited on, ``send`` writes to it; ``peer`` the process on the
         other end; ``outbound`` the daemon-wide cap on unsent output this counts towards;
@@ -529,7 +519,7 @@ def _shut(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def accepted(stream: SocketStream, max_buffered: int = MAX_UNREAD, *,
+def accepted(stream: SocketStream, max_buffered: int, *,
              outbound: Outbound | None = None) -> tuple[ByteReceiveStream, Outlet] | None:
     """The two halves of an accepted connection, whose peer credentials (SO_PEERCRED) decide:
     None for another user's, which is refused before anything it sent is read. The socket is
@@ -562,7 +552,7 @@ def _pollable(fd: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = MAX_UNREAD, *,
+async def stdio_stream(in_fd: int, out_fd: int, max_buffered: int = DEFAULT_MAX_BUFFERED_BYTES, *,
                        outbound: Outbound | None = None) -> AsyncIterator[tuple[ByteReceiveStream, Outlet]]:
     """stdin as a byte stream and stdout as an :class:`Outlet` whose peer is our parent.
     What epoll cannot watch (a regular file, /dev/null) is read on a worker thread and
