@@ -51,7 +51,7 @@ from memoryd_protocol.types import (
 from . import ledger
 from .config import Config
 from .context import Handler, Peer
-from .peers import NotThatProcess, now, related
+from .peers import Facts, NotThatProcess, now, related
 from .tx import Tx
 from .writer import Writer
 
@@ -89,6 +89,14 @@ def _refused(peer: Peer, reason: str, field: str | None = None) -> InvalidInput:
     return InvalidInput(reason, field)
 
 
+def _running(peer: Peer) -> Facts:
+    """The process on ``peer``'s socket now, refused unless it is the one that opened it."""
+    try:
+        return now(peer.peer)
+    except NotThatProcess as exc:
+        raise _refused(peer, str(exc)) from None
+
+
 def proven(peer: Peer) -> bool:
     """``peer`` proved the approver key (approval/prove or approval/subscribe's proof)."""
     state = _keys.get(peer)
@@ -100,10 +108,7 @@ def check_decider(peer: Peer, config: Config) -> ProcessFacts:
     process on its socket is the one that opened it, still running (not one it was handed
     to), and under ``approvers = "keyed"`` the connection proved the approver key. Returns
     that process as the kernel shows it now: what the decision's ledger row records."""
-    try:
-        facts = now(peer.peer)
-    except NotThatProcess as exc:
-        raise _refused(peer, str(exc)) from None
+    facts = _running(peer)
     if config.approvers == "keyed" and not proven(peer):
         raise _refused(peer, KEY_NOT_PROVEN)
     return facts.wire()
@@ -120,10 +125,7 @@ def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
     """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one.
     It names the process on the socket, pid and start time: a client signs only a challenge
     naming itself, so a process relaying its connection never gets the proof."""
-    try:
-        facts = now(peer.peer)
-    except NotThatProcess as exc:
-        raise _refused(peer, str(exc)) from None
+    facts = _running(peer)
     state = _keys.setdefault(peer, _KeyState())
     state.nonce, state.connection, state.pid, state.start = secrets.token_hex(32), connection, facts.pid, facts.start
     state.issued = time.monotonic()
@@ -141,10 +143,7 @@ def prove(peer: Peer, proof: str | None) -> None:
         raise _refused(peer, f"this connection has no challenge to answer (none was asked, it was answered, or it is "
                              f"older than {CHALLENGE_TTL_S:g} s): send approval/challenge first", "proof")
     state.nonce = None
-    try:
-        facts = now(peer.peer)
-    except NotThatProcess as exc:
-        raise _refused(peer, str(exc)) from None
+    facts = _running(peer)
     path = approver_key_path()
     try:
         key = read_approver_key(path)

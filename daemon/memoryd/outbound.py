@@ -87,32 +87,26 @@ class Outbound:
             if s is sink or s is largest:
                 continue  # never the connection being written to (this is its write's call)
             counted -= n
-            self._drop(s, n, total)
+            self._drop(s, f"dropping a connection that stopped reading: {n} bytes unsent, {total} unsent on all "
+                          f"connections (max_unsent_bytes_total {self.limit})")
 
     def caught_up(self, sink: Outgoing) -> None:
         """``sink`` is below its low-water mark again, or closed."""
         self._behind.pop(sink, None)
 
-    def _drop(self, sink: Outgoing, unsent: int, total: int) -> None:
+    def _drop(self, sink: Outgoing, why: str) -> None:
         self._behind.pop(sink, None)
-        self._drops.say(f"dropping a connection that stopped reading: {unsent} bytes unsent, {total} unsent on all "
-                        f"connections (max_unsent_bytes_total {self.limit})")
+        self._drops.say(why)
         if self._holding.get(sink):
             self._dropped.add(sink)
         sink.drop()
 
     # --- requests in flight ----------------------------------------------------------------
 
-    def enter(self, sink: object) -> bool:
-        """Take a place for one request of ``sink`` if one is free and nobody waits for it."""
-        if self._waiting or self.inflight >= self.inflight_limit:
-            return False
-        self._take(sink)
-        return True
-
     async def admit(self, sink: object) -> None:
         """Take a place for one request of ``sink``, waiting in turn while there is none."""
-        if self.enter(sink):
+        if not self._waiting and self.inflight < self.inflight_limit:
+            self._take(sink)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((waiter, sink))
@@ -128,18 +122,17 @@ class Outbound:
                 waiter.cancel()  # _hand_on skips it
             raise
 
-    def leave(self, sink: object, count: int = 1) -> None:
-        """``count`` requests of ``sink`` are answered (or parked, or will never be)."""
+    def leave(self, sink: object) -> None:
+        """One request of ``sink`` is answered (or parked, or will never be)."""
         held = self._holding.get(sink, 0)
-        count = min(count, held)
-        if count <= 0:
+        if not held:
             return
-        if held == count:
+        if held == 1:
             del self._holding[sink]
             self._dropped.discard(sink)
         else:
-            self._holding[sink] = held - count
-        self.inflight -= count
+            self._holding[sink] = held - 1
+        self.inflight -= 1
         self._hand_on()
 
     def _take(self, sink: object) -> None:
@@ -167,10 +160,7 @@ class Outbound:
             held = self._holding.get(s, 0)
             if not held or s in waiting:
                 continue  # a waiter is not dropped for itself: it is let in when its turn comes
-            self._behind.pop(s, None)
-            self._drops.say(f"dropping a connection that stopped reading: {s.unsent()} bytes unsent, {held} of its "
-                            f"requests in flight, {len(waiting)} connections waiting for a place "
-                            f"(max_inflight_total {self.inflight_limit})")
-            self._dropped.add(s)
+            self._drop(s, f"dropping a connection that stopped reading: {s.unsent()} bytes unsent, {held} of its "
+                          f"requests in flight, {len(waiting)} connections waiting for a place "
+                          f"(max_inflight_total {self.inflight_limit})")
             freeing += held
-            s.drop()
