@@ -342,6 +342,10 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
     except sqlite3.Error as exc:
         raise store.store_fault(exc, path) or exc from None
     try:
+        # Every job runs in a savepoint, whose journal of the pages it changes goes to a
+        # new temporary file (created, written and deleted) once it passes 64 KiB, as a
+        # page of recalls or an add does: kept in memory, it costs no system call.
+        conn.execute("PRAGMA temp_store = MEMORY")
         migrate(conn, version)
         with atomic(conn):
             store.sync_text_index(conn)
