@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from e2e_helpers import add, sql
 from memoryd import foreign, storefile
-from memoryd.config import DEFAULT_MAX_SNAPSHOT_BYTES, Config, ConfigError, apply
+from memoryd.config import Config, ConfigError, apply
 from rawclient import socket_client
 from test_snapshot_shared import TABS, dump, rows, session, sha, snap, snapshot_rows, stored, unshared_store
 
@@ -25,8 +25,7 @@ ZH = "[中文快照]\n\n## 用户画像 — 2/2000 已用字符\n- 中文"
 
 def test_max_snapshot_bytes_has_a_default_and_refuses_bad_values() -> None:
     cfg = Config()
-    assert (cfg.max_snapshot_bytes, cfg.max_snapshots) == (DEFAULT_MAX_SNAPSHOT_BYTES, 100_000)
-    assert DEFAULT_MAX_SNAPSHOT_BYTES == 64 * 1024 * 1024
+    assert (cfg.max_snapshot_bytes, cfg.max_snapshots) == (64 * 1024 * 1024, 100_000)
     apply(cfg, {"max_snapshot_bytes": 4096})
     assert cfg.max_snapshot_bytes == 4096
     for bad in (0, -1, 1024 ** 4 + 1, "64MiB", 1.5, True):

@@ -39,31 +39,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .replica import Replica
 
-#: The default max_unsent_bytes_total: beside the largest reply (never counted), room for two
-#: more of the largest kind (an audit/list of a thousand snapshot rows), and a bound that the
-#: daemon's memory stays well within on a small machine (the allocator keeps more than this).
-DEFAULT_MAX_UNSENT_BYTES_TOTAL = 32 * 1024 * 1024
-#: The default max_inflight_total: requests read from every connection together and not yet
-#: answered. An MCP call in flight holds the SDK's tasks and objects besides the daemon's, so
-#: this many stay a small part of the daemon's memory, and are still four connections' full
-#: pipelines (connection.MAX_INFLIGHT each).
-DEFAULT_MAX_INFLIGHT_TOTAL = 1024
-#: The default max_snapshots: a year and more of a few hundred sessions a day (each a small
-#: row naming its text by digest).
-DEFAULT_MAX_SNAPSHOTS = 100_000
-#: The default max_snapshot_bytes: the distinct snapshot texts the store keeps, each once (a
-#: new text comes only with a change of memory): thousands of 20 kB snapshots.
-DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
-#: The default max_new_snapshots_per_connection: a harness's relay, an MCP host's spawn and
-#: memoryctl each hold one session per connection; a client that multiplexes has room.
-DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION = 64
-#: The default max_new_snapshots_per_minute: one process (a harness behind its relays) starting
-#: sessions faster than two a second is a loop, not a person.
-DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE = 120
-#: The default proposal_max_pending_total: far above one session's proposal_max_pending, a
-#: bound on the table, not a share everyone competes for.
-DEFAULT_PROPOSAL_MAX_PENDING_TOTAL = 1024
-
 #: For --help, which must not compute the real path (that costs the relay a platformdirs import).
 DEFAULT_CONFIG_HINT = "$XDG_CONFIG_HOME/memoryd/config.toml"
 
@@ -115,20 +90,30 @@ class Config:
         self.half_line_timeout_s: float = DEFAULT_HALF_LINE_TIMEOUT_S
         self.max_pending_approvals: int = DEFAULT_MAX_PENDING_APPROVALS
         self.max_sessions_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION
-        #: unsent output over all connections together before the longest behind are dropped
-        self.max_unsent_bytes_total: int = DEFAULT_MAX_UNSENT_BYTES_TOTAL
-        #: requests in flight over all connections together: past it, connections stop reading
-        self.max_inflight_total: int = DEFAULT_MAX_INFLIGHT_TOTAL
-        #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused
-        self.max_snapshots: int = DEFAULT_MAX_SNAPSHOTS
-        #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is refused
-        self.max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
-        #: new sessions' first snapshots one connection may take while it lives
-        self.max_new_snapshots_per_connection: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_CONNECTION
-        #: new sessions' first snapshots one peer process may take in any 60 seconds
-        self.max_new_snapshots_per_minute: int = DEFAULT_MAX_NEW_SNAPSHOTS_PER_MINUTE
-        #: pending proposals of all sessions together (proposal_max_pending is per session)
-        self.proposal_max_pending_total: int = DEFAULT_PROPOSAL_MAX_PENDING_TOTAL
+        #: unsent output over all connections together before the longest behind are dropped:
+        #: beside the largest reply (never counted), room for two more of the largest kind (an
+        #: audit/list of a thousand snapshot rows), well within a small machine's memory
+        self.max_unsent_bytes_total: int = 32 * 1024 * 1024
+        #: requests in flight over all connections together: past it, connections stop reading.
+        #: An MCP call in flight holds the SDK's tasks and objects besides the daemon's, so this
+        #: many stay a small part of its memory, and are still four connections' full pipelines
+        #: (connection.MAX_INFLIGHT each).
+        self.max_inflight_total: int = 1024
+        #: frozen snapshots the store may hold: a new session's first snapshot beyond is refused;
+        #: a year and more of a few hundred sessions a day (each a small row naming its text by digest)
+        self.max_snapshots: int = 100_000
+        #: UTF-8 bytes of the distinct snapshot texts the store may hold: a new text beyond is
+        #: refused; each text is kept once, so thousands of 20 kB snapshots
+        self.max_snapshot_bytes: int = 64 * 1024 * 1024
+        #: new sessions' first snapshots one connection may take while it lives: a harness's relay,
+        #: an MCP host's spawn and memoryctl each hold one session; a client that multiplexes has room
+        self.max_new_snapshots_per_connection: int = 64
+        #: new sessions' first snapshots one peer process may take in any 60 seconds: a process
+        #: starting sessions faster than two a second is a loop, not a person
+        self.max_new_snapshots_per_minute: int = 120
+        #: pending proposals of all sessions together (proposal_max_pending is per session): far
+        #: above that, a bound on the table, not a share everyone competes for
+        self.proposal_max_pending_total: int = 1024
         #: how often the ledger's head is witnessed in the heads file while writes go on
         self.heads_every_rows: int = 1000
         self.heads_every_s: float = 600.0
@@ -161,10 +146,6 @@ class Config:
         override may loosen the default) and of every touched source's ``source:<name>``
         override, which can only make it stricter: a client picks its own source label, so
         a label must never open what the layer's policy closes."""
-        if not self.write_policies:  # every layer's policy is the default
-            for _ in layers:
-                return self.write_policy
-            raise ValueError("a write lands in at least one layer")
         policies = [self.write_policies.get(f"{track}/{scope}", self.write_policy) for track, scope in layers]
         if not policies:
             raise ValueError("a write lands in at least one layer")
