@@ -146,11 +146,12 @@ def _lag(work: Path, kind: str, samples: int, s3: S3 | None) -> dict[str, list[f
 
 def _check_holds(url: str, s3: S3 | None, db: Path) -> None:
     """A restore of the replica holds the store's head: every acknowledged write."""
-    from memoryd import litestream, replica
+    import anyio
+    from memoryd import replica, replica_guard
 
     keys = {"endpoint": s3.endpoint, "region": "us-east-1"} if s3 is not None else {}
-    head = litestream.replica_head(replica.parse({"url": url, **keys}))
-    local = litestream.head_of(db)
+    _, head = anyio.run(replica_guard.read, replica.parse({"url": url, **keys}), db)
+    local, _ = replica_guard.ledger_head(db)
     if head != local:
         raise SystemExit(f"the replica at {url} holds {head}, the store {local}")
 

@@ -68,10 +68,10 @@ def start(daemon_factory: Any, tmp_path: Path, config: str, name: str = "d", db:
     return d, Log(d.stderr_path)
 
 
-def restore(url: str, out: Path, **keys: Any) -> None:
+async def restore(url: str, out: Path, **keys: Any) -> None:
     from memoryd import litestream, replica
 
-    litestream.restore(replica.parse({"url": url, **keys}), out)
+    await litestream.restore(replica.parse({"url": url, **keys}), out)
 
 
 def verify(db: Path) -> dict[str, Any]:
@@ -124,7 +124,7 @@ async def test_many_writes_checkpoints_and_a_restart_restore_to_a_copy_that_veri
         assert "replication to file://" in d.stderr() and ": stopped" in d.stderr()
     local = head(tmp_path / "store.db")
     copy = tmp_path / "copy.db"
-    restore(f"file://{replica}", copy)
+    await restore(f"file://{replica}", copy)
     assert head(copy) == local  # the stop's last sync held every acknowledged write
     verify(copy)
     assert sorted(t for (t,) in sql(copy, "SELECT text FROM entries")) == sorted(acked)
@@ -145,7 +145,7 @@ async def test_s3_replica_credentials_from_a_0600_file_never_in_argv_or_log(
         "s3://memoryd-replica/creds", "replicating", 0, 0.0, st["headN"])
     assert d.stop() == 0
     copy = tmp_path / "copy.db"
-    restore("s3://memoryd-replica/creds", copy, endpoint=s3.endpoint, region="us-east-1", credentials_file=str(creds))
+    await restore("s3://memoryd-replica/creds", copy, endpoint=s3.endpoint, region="us-east-1", credentials_file=str(creds))
     assert head(copy) == head(d.db_path)
     verify(copy)
     assert SECRET_KEY not in d.stderr() and ACCESS_KEY not in d.stderr()
@@ -210,7 +210,7 @@ async def test_litestream_killed_is_started_again_after_a_back_off(daemon_factor
     assert (await status(d))["restarts"] == 1
     assert d.stop() == 0  # the stop waits for the new Litestream's last sync
     copy = tmp_path / "copy.db"
-    restore(f"file://{tmp_path / 'replica'}", copy)
+    await restore(f"file://{tmp_path / 'replica'}", copy)
     assert head(copy) == head(d.db_path)
     assert sql(copy, "SELECT text FROM entries") == [("after the restart",)]
 
@@ -260,7 +260,7 @@ async def test_an_sftp_replica_on_a_real_sshd_restores_to_a_copy_that_verifies(
     assert (await status(d))["url"] == url
     assert d.stop() == 0
     copy = tmp_path / "copy.db"
-    restore(url, copy, litestream=options)
+    await restore(url, copy, litestream=options)
     assert head(copy) == head(d.db_path)
     verify(copy)
     assert sorted(t for (t,) in sql(copy, "SELECT text FROM entries")) == [f"over sftp {k}" for k in range(3)]

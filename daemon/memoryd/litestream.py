@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from .errors import DaemonError
 from .replica import EXTRA, SFTP_PASSWORD, Replica
@@ -131,35 +131,31 @@ def replicate_argv(config: Path, replica: Replica) -> list[str]:
     return argv("replicate", config, replica)
 
 
-def restore(replica: Replica, out: Path, *, timeout_s: float = RESTORE_TIMEOUT_S,
-            started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> None:
+async def restore(replica: Replica, out: Path, *, timeout_s: float = RESTORE_TIMEOUT_S) -> None:
     """Restore the replica's newest copy of the store into ``out``, which must not exist
     (nor its -wal/-shm). Raises NoBackup when the replica holds none yet, LitestreamError
     (Litestream's own last line of error, which holds no secret) when the restore fails,
     and when Litestream is not installed. The file is left as Litestream wrote it: the
-    caller checks it (``audit verify``) before trusting it. ``started`` is given the
-    Litestream process as it starts (the daemon kills it when it stops)."""
+    caller checks it (``audit verify``) before trusting it. Cancelled (the daemon stops),
+    the restore's Litestream is killed."""
     replica = replica.reload_credentials()
-    if out.exists():
+    if await anyio.Path(out).exists():
         raise LitestreamError(f"restore: {out} exists already; restore into a new path")
     with tempfile.TemporaryDirectory(prefix="memoryd-litestream-") as tmp:
         # The config names ``out`` as the database: restore looks its replica up by that path.
         config = write_config(Path(tmp), out, replica)
-        with subprocess.Popen(argv("restore", config, replica, "-o", str(out), str(out)), env=environment(replica),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-            if started is not None:
-                started(proc)
-            try:
-                _, stderr = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                _remove(out)
-                raise LitestreamError(f"restore from {replica.shown_url} took longer than {timeout_s:g} s; "
-                                      "check that the replica is reachable") from None
-    if proc.returncode != 0:
+        try:
+            with anyio.fail_after(timeout_s):
+                done = await anyio.run_process(argv("restore", config, replica, "-o", str(out), str(out)),
+                                               env=environment(replica), stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL, check=False)
+        except TimeoutError:
+            _remove(out)
+            raise LitestreamError(f"restore from {replica.shown_url} took longer than {timeout_s:g} s; "
+                                  "check that the replica is reachable") from None
+    if done.returncode != 0:
         _remove(out)
-        said = last_error(stderr.decode("utf-8", "replace"))
+        said = last_error(done.stderr.decode("utf-8", "replace"))
         if _NO_BACKUP in said:
             raise NoBackup(f"restore: {replica.shown_url} holds no copy of a store yet")
         raise LitestreamError(f"restore from {replica.shown_url} failed: {said}")
@@ -182,26 +178,3 @@ def last_error(stderr: str) -> str:
             if said.get("level") == "ERROR":
                 return str(said.get("error") or said.get("msg"))
     return lines[-1] if lines else "no output"
-
-
-def head_of(path: Path) -> ReplicaHead | None:
-    """The newest ledger row of the store at ``path`` (None: an empty ledger), read only."""
-    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
-        row = conn.execute("SELECT n, hash, ts FROM memoryd_ledger ORDER BY n DESC LIMIT 1").fetchone()
-    return None if row is None else ReplicaHead(int(row[0]), str(row[1]), int(row[2]))
-
-
-def replica_head(replica: Replica, *, timeout_s: float = RESTORE_TIMEOUT_S,
-                 started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ReplicaHead | None:
-    """The newest ledger row the replica holds, read from a restore into a temporary
-    file: None when the replica holds no backup yet, or a store with an empty ledger."""
-    with tempfile.TemporaryDirectory(prefix="memoryd-replica-head-") as tmp:
-        out = Path(tmp) / "replica.db"
-        try:
-            restore(replica, out, timeout_s=timeout_s, started=started)
-        except NoBackup:
-            return None
-        try:
-            return head_of(out)
-        except sqlite3.Error as exc:
-            raise LitestreamError(f"the copy restored from {replica.shown_url} is not a memoryd store: {exc}") from None

@@ -32,7 +32,9 @@ SFTP_PASSWORD = "LITESTREAM_SFTP_PASSWORD"
 SCHEMES = ("file", "s3", "sftp")
 
 _DURATION = re.compile(r"[0-9]+(\.[0-9]+)?(ms|s|m|h)")
-_BOOL, _INT, _STR, _DUR = "bool", "int", "str", "duration"
+#: the kinds of Litestream's options, as an error names them
+_BOOL, _INT, _STR = "true or false", "a non-negative integer", "a one-line string"
+_DUR = 'a duration such as "1s" or "250ms"'
 #: Litestream's options memoryd passes on: on the replica, or (``_DB_OPTIONS``) on the
 #: database. Those that carry a secret (keys, passwords, SSE keys) are not among them.
 _REPLICA_OPTIONS: dict[str, str] = {
@@ -160,9 +162,7 @@ def _option(name: str, value: Any) -> tuple[str, str, Any]:
               _STR: isinstance(value, str) and 0 < len(value) <= 4096 and "\n" not in value,
               _DUR: isinstance(value, str) and _DURATION.fullmatch(value) is not None}[kind]
         if not ok:
-            shape = {_DUR: "a duration such as \"1s\" or \"250ms\"", _INT: "a non-negative integer",
-                     _BOOL: "true or false", _STR: "a one-line string"}[kind]
-            raise ReplicaError(f"[replicate.litestream] {name} must be {shape}, got {value!r}")
+            raise ReplicaError(f"[replicate.litestream] {name} must be {kind}, got {value!r}")
         return where, name, value
     known = sorted({*_REPLICA_OPTIONS, *_DB_OPTIONS, *_TOP_OPTIONS})
     raise ReplicaError(f"[replicate.litestream] unknown option {name!r} (memoryd passes on: {', '.join(known)})")

@@ -54,6 +54,10 @@ def _replica_table(url: str, config: Path | None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    import anyio
+
     from . import litestream, replica
 
     try:
@@ -61,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
     except replica.ReplicaError as exc:
         raise DaemonError(str(exc)) from None
     out = args.to.expanduser().absolute()
-    litestream.restore(chosen, out)
+    anyio.run(partial(litestream.restore, chosen, out))
     return 0

@@ -8,19 +8,17 @@ replica's, and replicating it would overwrite the other machine's. So before eac
 compared with the store's (:mod:`memoryd_protocol.replica_chain`), and a store that is
 behind the replica or diverged from it is refused, naming both heads and the restore that
 takes the replica's history. The lag reader judges each copy it reads the same way
-(:func:`read`), so a take-over while Litestream runs is found at its next look. Blocking:
-the supervisor runs both on a worker thread.
+(:func:`read`), so a take-over while Litestream runs is found at its next look.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 from memoryd_protocol.replica_chain import Head, Relation, refusal, relation
 
 from . import litestream
@@ -35,12 +33,8 @@ class ReplicaDiverged(DaemonError):
     """The store's ledger does not extend the replica's chain: replicating would overwrite
     another machine's history. The message names both heads and how to restore."""
 
-    def __init__(self, message: str, rel: Relation, local: Head | None, replica: Head | None) -> None:
-        super().__init__(message)
-        self.relation, self.local, self.replica = rel, local, replica
 
-
-def _read(path: Path, at: int | None) -> tuple[litestream.ReplicaHead | None, str | None]:
+def ledger_head(path: Path, at: int | None = None) -> tuple[litestream.ReplicaHead | None, str | None]:
     """The newest row of the store at ``path`` and its hash of row ``at``, read only, in one
     read transaction."""
     with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
@@ -59,36 +53,32 @@ def _head(row: litestream.ReplicaHead | None) -> Head | None:
     return None if row is None else Head(row.n, row.hash)
 
 
-def check(replica: Replica, store: Path) -> Relation:
-    """How ``store`` stands to ``replica`` (``empty`` or ``extends``); raises
-    :class:`ReplicaDiverged` when it is behind it or diverged from it, and LitestreamError
-    when the replica cannot be read."""
-    rel, _ = read(replica, store)
-    return rel
-
-
-def read(replica: Replica, store: Path, *, timeout_s: float = litestream.RESTORE_TIMEOUT_S,
-         started: Callable[[subprocess.Popen[bytes]], None] | None = None
-         ) -> tuple[Relation, litestream.ReplicaHead | None]:
-    """One copy of the replica, judged as :func:`check` does, and its newest ledger row
-    (None: no backup yet, or an empty ledger). The lag reader reads the replica this way,
-    so that a take-over while Litestream runs is found at the reader's next look."""
+async def read(replica: Replica, store: Path, *, timeout_s: float = litestream.RESTORE_TIMEOUT_S
+               ) -> tuple[Relation, litestream.ReplicaHead | None]:
+    """How ``store`` stands to a copy of ``replica`` (``empty`` or ``extends``), and the
+    copy's newest ledger row (None: no backup yet, or an empty ledger). Raises
+    :class:`ReplicaDiverged` when the store is behind the replica or diverged from it, and
+    LitestreamError when the replica cannot be read."""
     with tempfile.TemporaryDirectory(prefix="memoryd-replica-check-") as tmp:
         copy = Path(tmp) / "replica.db"
         try:
-            litestream.restore(replica, copy, timeout_s=timeout_s, started=started)
+            await litestream.restore(replica, copy, timeout_s=timeout_s)
         except litestream.NoBackup:
             return "empty", None
-        try:
-            newest, _ = _read(copy, None)
-            theirs = _head(newest)
-            local, ours_at = _read(store, None if theirs is None else theirs.n)
-            ours = _head(local)
-            _, theirs_at = _read(copy, None if ours is None else ours.n)
-        except sqlite3.Error as exc:
-            raise litestream.LitestreamError(f"the copy restored from {replica.shown_url} cannot be read as a "
-                                              f"memoryd store: {exc}") from None
+        return await anyio.to_thread.run_sync(_judge, replica, copy, store)
+
+
+def _judge(replica: Replica, copy: Path, store: Path) -> tuple[Relation, litestream.ReplicaHead | None]:
+    try:
+        newest, _ = ledger_head(copy)
+        theirs = _head(newest)
+        local, ours_at = ledger_head(store, None if theirs is None else theirs.n)
+        ours = _head(local)
+        _, theirs_at = ledger_head(copy, None if ours is None else ours.n)
+    except sqlite3.Error as exc:
+        raise litestream.LitestreamError(f"the copy restored from {replica.shown_url} cannot be read as a "
+                                          f"memoryd store: {exc}") from None
     rel = relation(ours, ours_at, theirs, theirs_at)
     if rel in ("behind", "diverged"):
-        raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)), rel, ours, theirs)
+        raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)))
     return rel, newest

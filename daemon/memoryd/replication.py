@@ -31,7 +31,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,11 @@ Submit = Callable[[Callable[[Tx], None]], Awaitable[None]]
 
 
 class Replication:
-    """Litestream for one store: ``run`` in the daemon's task group, ``stop`` after the drain."""
+    """Litestream for one store: ``bind``, then ``run`` in the daemon's task group, ``stop``
+    after the drain."""
+
+    _read: Read
+    _submit: Submit
 
     def __init__(self, replica: Replica, db: Path) -> None:
         litestream.binary()  # a missing extra stops the start here, naming it
@@ -96,25 +99,16 @@ class Replication:
         self.replica_head: litestream.ReplicaHead | None = None
         self.read_at: int | None = None
         self._head: Callable[[], Head] = lambda: None
-        self._read: Read | None = None
-        self._submit: Submit | None = None
         self._proc: Process | None = None
         self._started_at = 0.0
         self._dir: str | None = None
-        self._reader: subprocess.Popen[bytes] | None = None
         self._config: Path | None = None
         self._stopping = False
         self._scope = anyio.CancelScope()
         #: the local head the replica last held in full (None: not read yet)
         self._held: Head = None
 
-    def _reading(self, proc: subprocess.Popen[bytes]) -> None:
-        """The restore that reads the replica now: killed if the daemon stops meanwhile."""
-        self._reader = proc
-        if self._stopping:
-            proc.kill()
-
-    def bind(self, head: Callable[[], Head], read: Read, submit: Submit | None = None) -> None:
+    def bind(self, head: Callable[[], Head], read: Read, submit: Submit) -> None:
         """Where the local head and the store's rows are read (the writer's anchor, Service.read),
         and how a job runs on the writer's connection (Writer.submit)."""
         self._head, self._read, self._submit = head, read, submit
@@ -134,8 +128,7 @@ class Replication:
 
     async def run(self) -> None:
         with self._scope:
-            if self._submit is not None:
-                await self._submit(_leave_checkpoints_to_litestream)
+            await self._submit(_leave_checkpoints_to_litestream)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._measure)
                 await self._supervise()
@@ -182,7 +175,7 @@ class Replication:
         (replica_guard), checked before each Litestream start. A store behind the replica or
         diverged from it is "diverged" for good: one ERROR names both heads and the restore."""
         try:
-            await anyio.to_thread.run_sync(replica_guard.check, self.replica.reload_credentials(), self.db)
+            await replica_guard.read(self.replica, self.db)
         except replica_guard.ReplicaDiverged as exc:
             self._diverged(exc)
             return False
@@ -230,10 +223,7 @@ class Replication:
                 await anyio.sleep(every)  # nothing committed since the replica held the head
                 continue
             try:
-                _, head = await anyio.to_thread.run_sync(
-                    partial(replica_guard.read, self.replica, self.db, timeout_s=self.replica.read_timeout_s,
-                            started=self._reading),
-                    abandon_on_cancel=True)
+                _, head = await replica_guard.read(self.replica, self.db, timeout_s=self.replica.read_timeout_s)
             except replica_guard.ReplicaDiverged as exc:
                 self._diverged(exc)
                 return
@@ -274,10 +264,7 @@ class Replication:
                 proc.kill()
             with anyio.CancelScope(shield=True):
                 await proc.wait()
-        self._scope.cancel()
-        reader = self._reader
-        if reader is not None and reader.poll() is None:
-            reader.kill()  # a read of the replica in flight outlives no daemon
+        self._scope.cancel()  # a read of the replica in flight ends with it (its Litestream killed)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._set("stopped")
@@ -305,7 +292,7 @@ class Replication:
         if self.read_at is not None:
             lag_rows = max(0, (head_n or 0) - (replica_n or 0))
             lag_s = 0.0
-            if lag_rows and self._read is not None:
+            if lag_rows:
                 first = (replica_n or 0) + 1
                 row = await self._read(lambda c: c.execute("SELECT ts FROM memoryd_ledger WHERE n = ?",
                                                            (first,)).fetchone())
