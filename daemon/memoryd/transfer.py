@@ -79,13 +79,10 @@ class Transfer:
             "adapters/list": self.adapters_list,
         }
 
-    def adapter(self, adapter_id: str) -> Any:
-        return get_adapter(self.adapters, adapter_id)
-
     async def export(self, ctx: RequestContext, p: ExportParams) -> Any:
         entries = await self.service.read(store.list_entries)
         if p.adapter is not None:
-            return export_entries(self.adapter(p.adapter), entries)
+            return export_entries(get_adapter(self.adapters, p.adapter), entries)
         exported_at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         return {
             "plugin": EXPORT_PLUGIN,
@@ -100,7 +97,7 @@ class Transfer:
         if (p.envelope is None) == (p.adapter is None):
             raise InvalidInput("import takes either an envelope or an adapter with its payload", "envelope")
         if p.adapter is not None:
-            inputs = adapt_payload(self.adapter(p.adapter), p.payload)
+            inputs = adapt_payload(get_adapter(self.adapters, p.adapter), p.payload)
             source_default: str | None = p.adapter
         else:
             if p.track is not None or p.scope is not None:
@@ -116,24 +113,20 @@ class Transfer:
             raise _too_many(len(inputs), "entries")
         # An import is a restore: it keeps the workspaceKey/agentKey the backup names.
         planned = self.writes.plan_seed(view, inputs, source_default, restricted=False)
-        if not p.skip_existing:
-            result = await self.writes.seed_planned(ctx, view, planned, len(dropped))
-            if p.skip_existing is not None:
-                result.skipped = 0
-        else:
+        skipped: int | msgspec.UnsetType = msgspec.UNSET if p.skip_existing is None else 0
+        if p.skip_existing:
             present = await self.service.read(existing_keys)
             kept = [n for n, e in enumerate(planned) if entry_key(e) not in present]
-            fresh = [planned[n] for n in kept]
             # What the approval and the result count is what is written: a skipped entry's
             # dropped key is not.
             dropped = dropped.intersection(kept)
-            skipped = len(planned) - len(fresh)
-            if not fresh:
-                # Everything is already there: a no-op, with no approval to ask and nothing to audit.
-                result = SeedResult(added=0, entries=[], skipped=skipped)
-            else:
-                result = await self.writes.seed_planned(ctx, view, fresh, len(dropped))
-                result.skipped = skipped
+            skipped, planned = len(planned) - len(kept), [planned[n] for n in kept]
+        if planned or not p.skip_existing:
+            result = await self.writes.seed_planned(ctx, view, planned, len(dropped))
+        else:
+            # Everything is already there: a no-op, with no approval to ask and nothing to audit.
+            result = SeedResult(added=0, entries=[])
+        result.skipped = skipped
         if dropped:
             result.workspace_keys_dropped = len(dropped)
         return result

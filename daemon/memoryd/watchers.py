@@ -1,25 +1,11 @@
 """Watchers: peers told about the committed writes of entries their sessions can see.
 
-A watcher is any :class:`~memoryd.context.Peer`: a socket or stdio connection that sent
-``memory/watch``, or an in-process front-end's own peer object. The registry's API, one
-instance per daemon (``Service.watchers``):
-
-- ``watch(peer, view) -> None``: ``peer`` now gets ``memory/added``, ``memory/updated`` and
-  ``memory/removed`` for every committed write, by anyone, of an entry ``view`` sees
-  (``SessionView.sees``, the query rules). Keyed by ``view.session_id``: the same id again
-  replaces that watch's view and counts once; a new id beyond
-  ``MAX_WATCHED_SESSIONS`` is INVALID_INPUT and changes nothing.
-- ``drop(peer) -> None``: every watch of ``peer`` ends (its connection closed). A peer
-  that was never registered is fine.
-- ``broadcast(origin, events) -> None``: the write pipeline's step 7, once per commit,
-  after ``origin`` (the writing peer) got its own events.
-
-``peer.notify`` must never wait (``Connection.notify`` queues the line and returns): the
-broadcast runs on the writer's request, so a watcher that does not read must cost the
-writer nothing. A connection whose unsent output passes ``max_buffered_bytes`` is dropped
-by its transport, which ends its watches with the connection. How many watchers there can
-be is bounded by ``max_connections`` times ``MAX_WATCHED_SESSIONS`` (in-process peers
-aside).
+A watcher is any :class:`~memoryd.context.Peer` that sent ``memory/watch`` (a socket or stdio
+connection, or an in-process front-end's peer). ``peer.notify`` must never wait
+(``Connection.notify`` queues the line and returns): the broadcast runs on the writer's
+request, so a watcher that does not read must cost the writer nothing. A connection whose
+unsent output passes ``max_buffered_bytes`` is dropped by its transport, which ends its
+watches with the connection.
 """
 
 from __future__ import annotations
@@ -42,18 +28,20 @@ def _seen(views: Sequence[SessionView], event: EntryEvent) -> bool:
 
 
 class Watchers:
-    def __init__(self, max_per_peer: int = MAX_WATCHED_SESSIONS) -> None:
+    def __init__(self) -> None:
         #: peer → its watched sessions (session id → the view), in the order watched
         self._watching: dict[Peer, dict[str, SessionView]] = {}
-        self.max_per_peer = max_per_peer
 
     def watch(self, peer: Peer, view: SessionView) -> None:
+        """``peer`` gets ``memory/added``, ``memory/updated`` and ``memory/removed`` for every
+        committed write, by anyone, of an entry ``view`` sees. The same session id again
+        replaces that watch's view; a new one beyond ``MAX_WATCHED_SESSIONS`` is refused."""
         session_id = view.session_id
         if not session_id:
             raise InvalidInput("session.id is required", "session.id")
         mine = self._watching.get(peer, {})
-        if session_id not in mine and len(mine) >= self.max_per_peer:
-            raise InvalidInput(f"this connection already watches {self.max_per_peer} sessions, the most one "
+        if session_id not in mine and len(mine) >= MAX_WATCHED_SESSIONS:
+            raise InvalidInput(f"this connection already watches {MAX_WATCHED_SESSIONS} sessions, the most one "
                                f"connection may (MAX_WATCHED_SESSIONS)", "session.id")
         mine[session_id] = view
         self._watching[peer] = mine
@@ -70,6 +58,7 @@ class Watchers:
         return len(self._watching)
 
     async def broadcast(self, origin: Peer, events: Sequence[tuple[str, EntryEvent]]) -> None:
+        """Once per commit, after ``origin`` (the writing peer) got its own events."""
         if not self._watching or not events:
             return
         # ``origin`` already has every event of its write (the pipeline sent them): never twice.
