@@ -18,12 +18,15 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from importlib.machinery import PathFinder
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from memoryd_protocol.adapters import ADAPTER_ID_PATTERN, Adapter, builtin_adapters
 from memoryd_protocol.types import AdapterInfo
 
 from .errors import DaemonError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 #: The entry-point group third-party adapters register in.
 ENTRY_POINT_GROUP: Final = "memoryd.adapters"
@@ -36,19 +39,7 @@ class AdapterRegistryError(DaemonError, ValueError):
     """A third-party adapter was refused at start-up."""
 
 
-class EntryPointLike(Protocol):
-    """The part of :class:`importlib.metadata.EntryPoint` the registry uses."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def value(self) -> str: ...
-
-    def load(self) -> Any: ...
-
-
-def discovered_entry_points() -> list[EntryPointLike]:
+def discovered_entry_points() -> list[EntryPoint]:
     """The installed ``memoryd.adapters`` entry points. importlib.metadata, dear to import and
     to run, is asked only once ``may_register`` found somewhere one could be."""
     if not may_register():
@@ -91,7 +82,7 @@ def may_register(path: Iterable[str] | None = None) -> bool:
     return False
 
 
-def _describe(ep: EntryPointLike) -> str:
+def _describe(ep: EntryPoint) -> str:
     return f"adapter entry point {ep.name!r} ({ep.value})"
 
 
@@ -99,7 +90,7 @@ def _looks_like_adapter(obj: object) -> bool:
     return all(hasattr(obj, attr) for attr in (*_STRING_ATTRIBUTES, "import_formats", *_METHODS))
 
 
-def _instantiate(ep: EntryPointLike) -> object:
+def _instantiate(ep: EntryPoint) -> object:
     where = _describe(ep)
     try:
         loaded = ep.load()
@@ -147,7 +138,7 @@ def check_adapter(obj: object, where: str) -> Adapter:
     return adapter
 
 
-def load_adapters(sources: Iterable[EntryPointLike] | None = None) -> dict[str, Adapter]:
+def load_adapters(sources: Iterable[EntryPoint] | None = None) -> dict[str, Adapter]:
     """The built-in adapters followed by the third-party ones, keyed by id. ``sources``
     defaults to the installed entry points; they are added in name order, so the
     ``adapters/list`` order does not depend on installation order."""
