@@ -231,13 +231,15 @@ class Daemon:
             return cls(config, writer, approvals, service, dispatcher, resources.pop_all(), heads, endpoint=endpoint,
                        replication=replication)
 
-    def new_connection(self, sink: Any, name: str) -> Connection:
+    async def serve_stream(self, sink: Sink, stream: Any, name: str = "socket") -> None:
+        """Serve one connection until the peer's EOF or the drain, in ``running()``'s task
+        group: ``sink`` the outgoing half (its ``peer``, if any, names the peer process),
+        ``stream`` the anyio receive stream of bytes read, ``name`` the transport
+        daemon/status shows."""
         cfg = self.config
-        return Connection(sink, self.dispatcher, self.approvals, cfg.max_message_bytes, name,
+        conn = Connection(sink, self.dispatcher, self.approvals, cfg.max_message_bytes, name,
                           max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s,
                           inflight=self.outbound)
-
-    async def _serve_connection(self, conn: Connection, stream: Any) -> None:
         self.connections.add(conn)
         self.service.connections = len(self.connections)
         if self.no_connections.is_set():
@@ -261,7 +263,7 @@ class Daemon:
                 if halves is not None:  # None: another user's, refused
                     incoming, outlet = halves
                     async with incoming, outlet.sending():
-                        await self._serve_connection(self.new_connection(outlet, "socket"), incoming)
+                        await self.serve_stream(outlet, incoming)
                         await outlet.finish()  # what is still queued goes out before the close
         except Exception:
             # One connection's failure (a bug of ours) must not take the others down.
@@ -329,13 +331,6 @@ class Daemon:
             await self.close()  # shielded; a second close (``_serve``'s) does nothing
         await self.heads.witness(self.writer.anchor.head, "stop")
 
-    async def serve_stream(self, sink: Sink, stream: Any, name: str = "socket") -> None:
-        """Serve one connection until the peer's EOF or the drain, in ``running()``'s task
-        group: ``sink`` the outgoing half (its ``peer``, if any, names the peer process),
-        ``stream`` the anyio receive stream of bytes read, ``name`` the transport
-        daemon/status shows."""
-        await self._serve_connection(self.new_connection(sink, name), stream)
-
     async def listen(self, serving: TaskGroup) -> None:
         """Serve the configured socket (or systemd's) from ``running()``'s task group."""
         await self._start_listener(serving, self._bind())
@@ -401,9 +396,8 @@ class Daemon:
         os.dup2(2, 1)
         try:
             async with stdio_stream(0, out_fd, self.config.max_buffered_bytes, outbound=self.outbound) as (stdin, out):
-                conn = self.new_connection(out, "stdio")
                 try:
-                    await self._serve_connection(conn, stdin)
+                    await self.serve_stream(out, stdin, "stdio")
                 except Exception:
                     log.exception("stdio connection failed")
                 finally:
@@ -498,11 +492,8 @@ async def _serve(cfg: Config, stdio: bool) -> int:
     except ProtocolError as exc:
         print(f"memoryd: {exc.code}: {exc.message}: {cfg.db_path}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"memoryd: cannot open store {cfg.db_path}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except sqlite3.Error as exc:
-        print(f"memoryd: cannot open store {cfg.db_path}: {exc}", file=sys.stderr)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"memoryd: cannot open store {cfg.db_path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
         return 1
     # What start-up made lives as long as the process: frozen out of the collector's sight,
     # its collections walk only what requests made.

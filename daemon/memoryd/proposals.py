@@ -22,15 +22,11 @@ from .context import Handler, RequestContext
 from .ledger import Stamp
 from .pipeline import Placement, WritePlan
 from .service import Service
+from .sessions import shown
 from .tx import Tx
 from .writes import Writes
 
 PROPOSAL_SOURCE = "proposal"
-
-
-def shown(session_id: str) -> str:
-    """A session id as an error message names it (a long one cut)."""
-    return session_id if len(session_id) <= 128 else session_id[:128] + "…"
 
 
 class Proposals:

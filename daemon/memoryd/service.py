@@ -3,9 +3,7 @@
 One Service per daemon: the config, the writer and the read connections, the approvals,
 the sessions and the watchers, and the helpers the method groups (reads, writes,
 snapshots, proposals, transfer) share to read and resolve entries. Every write goes
-through ``pipeline`` (validation → budget pre-check → approval → writer commit → events);
-every job re-checks what the approval was granted on (the entry *by id*, the budget
-against current usage) before it touches a row.
+through ``pipeline`` (pipeline.py draws its steps).
 """
 
 from __future__ import annotations
@@ -111,11 +109,9 @@ class Service:
         await self.writer.settled()
         return await self.readers.read(fn)
 
-    def limit(self, track: str, scope: str) -> int:
-        return self.config.budgets[(track, scope)]
-
     def row(self, usage: Usage, track: str, scope: str) -> BudgetRow:
-        return BudgetRow(track=track, scope=scope, used=usage.get((track, scope), 0), limit=self.limit(track, scope))  # type: ignore[arg-type]
+        return BudgetRow(track=track, scope=scope, used=usage.get((track, scope), 0),  # type: ignore[arg-type]
+                         limit=self.config.budgets[(track, scope)])
 
     def budget_rows(self) -> list[BudgetRow]:
         usage = self.writer.usage
@@ -125,17 +121,14 @@ class Service:
         cell = await self.read(lambda c: store.cell_entries(c, track, scope))
         return [e for e in cell if view.sees(e.scope, e.workspace_key, e.agent_key)]
 
-    async def resolve(self, view: SessionView, track: str, scope: str, match: str) -> Entry:
-        entries = await self.visible(view, track, scope)
-        by_id = {e.id: e for e in entries}
-        return by_id[resolve_one(((e.id, e.text) for e in entries), track, scope, match)]
-
     async def resolve_target(self, view: SessionView, track: str, scope: str, target: Target) -> Entry:
         """The entry a replace/remove names: by unique substring, or by id. An id must name
         an entry of this track/scope that the session sees, exactly as a match must."""
+        entries = await self.visible(view, track, scope)
         if target.match is not None:
-            return await self.resolve(view, track, scope, target.match)
-        for e in await self.visible(view, track, scope):
+            by_id = {e.id: e for e in entries}
+            return by_id[resolve_one(((e.id, e.text) for e in entries), track, scope, target.match)]
+        for e in entries:
             if e.id == target.entry_id:
                 return e
         raise EntryNotFound("no visible memory entry has this id", target.details(track, scope))

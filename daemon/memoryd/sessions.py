@@ -31,6 +31,11 @@ NEW_SNAPSHOT_WINDOW_S = 60.0
 #: processes whose window is kept before the idle ones are forgotten
 _PROCESSES_KEPT = 1024
 
+def shown(session_id: str) -> str:
+    """A session id as an error message names it (a long one cut)."""
+    return session_id if len(session_id) <= 128 else session_id[:128] + "…"
+
+
 def named_session(params: Any) -> str | None:
     """The session id a request's params name, wherever the method carries it."""
     sid: Any = None
@@ -122,8 +127,7 @@ class Sessions:
         """Refuse ``action`` on a session that another open connection holds."""
         owner = self._owner.get(session_id)
         if owner is not None and owner != peer.id:
-            shown = session_id if len(session_id) <= 128 else session_id[:128] + "…"
-            raise InvalidInput(f"session {shown!r} belongs to another open connection: only that connection "
+            raise InvalidInput(f"session {shown(session_id)!r} belongs to another open connection: only that connection "
                                f"can {action}", "session.id")
 
     def release(self, peer: Peer) -> None:
