@@ -13,7 +13,7 @@ A decision counts only from the process that opened the deciding connection, sti
 (:func:`check_decider`; its kernel facts go into the ledger), and a subscribed approver never
 decides a write of its own process, an ancestor's or a descendant's (peers.related). Under
 ``approvers = "keyed"`` a connection decides only once it proved the approver key: an HMAC of
-a fresh nonce of this connection's (:func:`challenge`, :func:`prove`). Under ``approvers =
+a fresh nonce of this connection's (:meth:`Approvals.challenged`, :func:`prove`). Under ``approvers =
 "interactive"`` only a process with a controlling terminal subscribes as an approver or makes
 a person's decision outside a prompt (:func:`_require_terminal`, :meth:`Approvals.check_person`).
 """
@@ -121,17 +121,6 @@ def _require_terminal(peer: Peer, config: Config, refusal: str, field: str | Non
         raise InvalidInput(refusal, field)
 
 
-def challenge(peer: Peer, connection: str) -> ApprovalChallenge:
-    """A fresh nonce for ``peer`` (``connection``: its ledger ref), replacing any earlier one.
-    It names the process on the socket, pid and start time: a client signs only a challenge
-    naming itself, so a process relaying its connection never gets the proof."""
-    facts = _running(peer)
-    state = _keys.setdefault(peer, _KeyState())
-    state.nonce, state.connection, state.pid, state.start = secrets.token_hex(32), connection, facts.pid, facts.start
-    state.issued = time.monotonic()
-    return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid, start=facts.start)
-
-
 def prove(peer: Peer, proof: str | None) -> None:
     """``proof`` answers ``peer``'s open challenge with the approver key, which the daemon
     reads itself (it runs as the same user); each challenge is answered once, right or wrong."""
@@ -229,23 +218,28 @@ class Approvals:
         return Empty()
 
     async def challenged(self, ctx: RequestContext, p: Any) -> ApprovalChallenge:
-        return challenge(ctx.peer, f"{self.run_id}/{ctx.peer.id}")
+        """A fresh nonce for the connection, replacing any earlier one. It names the process on
+        the socket, pid and start time: a client signs only a challenge naming itself, so a
+        process relaying its connection never gets the proof."""
+        peer, connection = ctx.peer, f"{self.run_id}/{ctx.peer.id}"
+        facts = _running(peer)
+        state = _keys.setdefault(peer, _KeyState())
+        state.nonce, state.connection, state.pid, state.start = secrets.token_hex(32), connection, facts.pid, facts.start
+        state.issued = time.monotonic()
+        return ApprovalChallenge(nonce=state.nonce, connection=connection, pid=facts.pid, start=facts.start)
 
     async def proved(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
         prove(ctx.peer, p.proof)
         return Empty()
 
     async def subscribed(self, ctx: RequestContext, p: ApprovalProofParams) -> Empty:
-        self.subscribe(ctx.peer, p.proof)
-        return Empty()
-
-    def subscribe(self, peer: Peer, proof: str | None = None) -> None:
-        """Admit ``peer`` as an approver (``proof``: approval/subscribe's, answering its challenge),
-        or raise InvalidInput naming what it lacks under the config's ``approvers``."""
+        """Admit the connection as an approver (its proof, if any, answering its challenge), or
+        raise InvalidInput naming what it lacks under the config's ``approvers``."""
+        peer = ctx.peer
         if not peer.can_approve:
             raise InvalidInput("a connection that declared capabilities.approvals false cannot be an approver")
-        if proof is not None:
-            prove(peer, proof)
+        if p.proof is not None:
+            prove(peer, p.proof)
         if self.config.approvers == "keyed" and not proven(peer):
             raise InvalidInput('approvers = "keyed": only a connection that proved the approver key can subscribe; '
                                "send approval/challenge, then approval/subscribe with its proof (memoryctl approve "
@@ -254,6 +248,7 @@ class Approvals:
                                              'approver; set approvers = "any" in the daemon\'s config to admit others')
         if peer not in self.approvers:
             self.approvers.append(peer)
+        return Empty()
 
     def check_person(self, peer: Peer, what: str, field: str | None = None) -> ProcessFacts:
         """Raise INVALID_INPUT unless ``peer`` may make a person's decision (``what``) now: as it
