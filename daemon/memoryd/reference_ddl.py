@@ -80,13 +80,14 @@ _SCRIPTS = {
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     n: tuple(s.strip() for s in script.split(";") if s.strip()) for n, script in _SCRIPTS.items()}
 
-#: The rows of each rebuilt table that the reference's CHECKs refuse: the copy would fail on
-#: them, so they are named first (the entry's id and layer; never its text).
+#: The first row of each rebuilt table that the reference's CHECKs refuse, and how the error
+#: names it: the copy would fail on it, so it is named first (its id and layer; never its text).
 _REFUSED = {
     "entries": ("SELECT id, track, scope FROM entries WHERE NOT (track IN ('user', 'agent')) "
-                "OR NOT (scope IN ('user-global', 'workspace')) ORDER BY rowid LIMIT 1"),
+                "OR NOT (scope IN ('user-global', 'workspace')) ORDER BY rowid LIMIT 1",
+                "store entry {0} has track {1!r} and scope {2!r}"),
     "proposals": ("SELECT id, status FROM proposals WHERE NOT (status IN ('pending', 'approved', 'dismissed')) "
-                  "ORDER BY rowid LIMIT 1"),
+                  "ORDER BY rowid LIMIT 1", "store proposal {0} has status {1!r}"),
 }
 #: The tables an older memoryd defined otherwise, rebuilt in this order: audit's definition
 #: differed in whitespace only, but SQLite keeps the text, and the store is the reference's
@@ -137,14 +138,12 @@ def adopt(conn: sqlite3.Connection) -> None:
 
 
 def _rebuild(conn: sqlite3.Connection, table: str, definition: str) -> None:
-    refused = conn.execute(_REFUSED[table]).fetchone() if table in _REFUSED else None
-    if refused is not None and table == "entries":
-        raise StoreCorrupt(f"store entry {refused[0]} has track {refused[1]!r} and scope {refused[2]!r}, which "
-                           "dsh-memento's schema does not allow: correct or delete it (sqlite3 can), then start "
-                           "memoryd again")
-    if refused is not None:
-        raise StoreCorrupt(f"store proposal {refused[0]} has status {refused[1]!r}, which dsh-memento's schema "
-                           "does not allow: correct or delete it (sqlite3 can), then start memoryd again")
+    if table in _REFUSED:
+        query, named = _REFUSED[table]
+        refused = conn.execute(query).fetchone()
+        if refused is not None:
+            raise StoreCorrupt(named.format(*refused) + ", which dsh-memento's schema does not allow: correct or "
+                               "delete it (sqlite3 can), then start memoryd again")
     columns = ", ".join(f'"{name}"' for name, *_ in _columns(conn, table))
     # the table's indexes and triggers go with it: made again from their own text afterwards
     kept = [str(sql) for (sql,) in conn.execute(

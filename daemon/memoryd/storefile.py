@@ -99,9 +99,8 @@ MEMORYD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 TAIL_SCHEMA = 5
 #: The first memoryd_schema whose stores hold the reference's DDL, not memoryd's own.
 REFERENCE_DDL_SCHEMA = 8
-REQUIRED_COLUMNS: dict[int, dict[str, set[str]]] = {
-    1: {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}},
-}
+#: the tables and columns without which a file is not a memory store at all
+_REQUIRED_COLUMNS = {"meta": {"key", "value"}, "entries": {"id", "track", "scope", "text"}, "audit": {"seq", "action"}}
 
 
 def _no_write(p: Path, st: os.stat_result) -> bool:
@@ -201,7 +200,7 @@ def inspect(path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> int:
             raise StoreUnsupportedVersion(
                 f"store memoryd_schema {own[0]} is newer than supported version {MEMORYD_SCHEMA_VERSION}", details
             )
-        for table, cols in REQUIRED_COLUMNS[1].items():
+        for table, cols in _REQUIRED_COLUMNS.items():
             if table not in tables:
                 raise StoreCorrupt(f"store has no {table} table", details)
             have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
