@@ -40,9 +40,9 @@ Event = Literal["start", "stop", "every"]
 class Heads:
     """Where this daemon witnesses its store's heads (``path`` None: nowhere, the log only)."""
 
-    def __init__(self, store: Path, every_rows: int, every_s: float, path: Path | None = None) -> None:
+    def __init__(self, store: Path, every_rows: int, every_s: float) -> None:
         self.store = store.resolve()
-        self.path = path if path is not None else heads_path_for(self.store)
+        self.path = heads_path_for(self.store)
         self.every_rows, self.every_s = every_rows, every_s
         self._n = 0
         self._at = time.monotonic()

@@ -90,13 +90,9 @@ def document(db: Path, replica: Replica) -> dict[str, Any]:
     return {**top, "logging": {"type": "json", "stderr": True, "level": "info"}, "dbs": [dbconf]}
 
 
-def _sftp_password(replica: Replica) -> str | None:
-    return replica.credentials.get(SFTP_PASSWORD, os.environ.get(SFTP_PASSWORD))
-
-
 def _expands(replica: Replica) -> bool:
     """Whether Litestream must expand ``${…}`` in the config: only for an SFTP password."""
-    return replica.scheme == "sftp" and _sftp_password(replica) is not None
+    return replica.scheme == "sftp" and replica.credentials.get(SFTP_PASSWORD, os.environ.get(SFTP_PASSWORD)) is not None
 
 
 def environment(replica: Replica) -> dict[str, str]:
