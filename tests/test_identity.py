@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from memoryd.ratelog import RateLimitedLog
 from memoryd.rundir import UnsafeDir, check_private_dir, ensure_private_dir
-from memoryd.transports import RefusalLog, peer_allowed
+from memoryd.transports import peer_allowed
 
 
 def test_the_daemons_own_uid_and_root_may_connect_nobody_else() -> None:
@@ -36,28 +37,23 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_refusals_are_logged_one_by_one_up_to_a_burst_then_summed_up(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    limiter = RefusalLog(burst=3, window_s=60, clock=clock)
+    limiter = RateLimitedLog(logging.getLogger("memoryd.transports"), burst=3, clock=clock)
     caplog.set_level(logging.WARNING, "memoryd.transports")
-    for pid in range(100, 110):
-        limiter.refused(pid, 65534)
-    euid = os.geteuid()
-    line = "refused a connection from pid {} uid 65534: only the daemon's own uid ({}) and root may connect"
-    assert warnings(caplog) == [line.format(pid, euid) for pid in (100, 101, 102)]
+    for n in range(10):
+        limiter.say(f"refused {n}")
+    assert warnings(caplog) == ["refused 0", "refused 1", "refused 2"]
     caplog.clear()
     clock.now += 59.9  # still the same window: nothing more
-    limiter.refused(200, 65534)
+    limiter.say("refused 10")
     assert warnings(caplog) == []
-    clock.now += 0.1  # the window is over: the ones left out are counted, then the new one
-    limiter.refused(201, 1001)
-    assert warnings(caplog) == [
-        "refused 8 more connections from other users, not logged one by one (at most 3 per 60 s)",
-        "refused a connection from pid 201 uid 1001: only the daemon's own uid "
-        f"({euid}) and root may connect",
-    ]
+    clock.now += 0.1  # the window is over: the next one counts the ones left out
+    limiter.say("refused 11")
+    limiter.say("refused 12")
+    assert warnings(caplog) == ["refused 11 (8 more since the last report)", "refused 12"]
     caplog.clear()
     clock.now += 600  # a quiet window has nothing to sum up
-    limiter.refused(None, None)
-    assert warnings(caplog) == ["refused a connection whose peer credentials cannot be read"]
+    limiter.say("refused 13")
+    assert warnings(caplog) == ["refused 13"]
 
 
 @pytest.fixture

@@ -1,29 +1,35 @@
-"""A warning that repeats on every attempt, logged as one line at most once a minute."""
+"""A warning that repeats on every attempt, logged a few times a minute at most."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 
 class RateLimitedLog:
-    """One warning, then at most one a minute, saying how many were held back: a condition
-    that repeats on every attempt (a full descriptor table, peers that stop reading) is one
-    line, not a flood."""
+    """At most ``burst`` warnings a minute, the next one saying how many were held back: a
+    condition that repeats on every attempt (a full descriptor table, peers that stop reading,
+    another user connecting in a loop) is a few lines, not a flood."""
 
     INTERVAL_S = 60.0
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, burst: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
-        self._last: float | None = None
+        self.burst = burst
+        self._clock = clock
+        self._start = -float("inf")
+        self._said = 0
         self._held = 0
 
     def say(self, message: str) -> None:
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self.INTERVAL_S:
+        now = self._clock()
+        if now - self._start >= self.INTERVAL_S:
+            self._start, self._said = now, 0
+        if self._said >= self.burst:
             self._held += 1
             return
         more = f" ({self._held} more since the last report)" if self._held else ""
         self._log.warning("%s%s", message, more)
-        self._last = now
+        self._said += 1
         self._held = 0

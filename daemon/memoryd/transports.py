@@ -18,7 +18,6 @@ import selectors
 import socket
 import stat
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
@@ -34,6 +33,7 @@ from memoryd_protocol.paths import temporary_twin
 from .errors import DaemonError
 from .outbound import Outbound
 from .peers import PeerProcess, peer_credentials
+from .ratelog import RateLimitedLog
 from .rundir import check_private_dir, ensure_private_dir
 
 log = logging.getLogger("memoryd.transports")
@@ -46,38 +46,9 @@ def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
     return peer_uid in (daemon_uid, 0)
 
 
-class RefusalLog:
-    """One warning per refused connection, at most ``burst`` per ``window_s`` seconds, the
-    rest summed up in one line: a peer that connects in a loop cannot flood the log."""
-
-    def __init__(self, burst: int = 10, window_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.window_s = window_s
-        self._clock = clock
-        self._start = -float("inf")
-        self._logged = 0
-        self._suppressed = 0
-
-    def refused(self, pid: int | None, uid: int | None) -> None:
-        now = self._clock()
-        if now - self._start >= self.window_s:
-            if self._suppressed:
-                log.warning("refused %d more connections from other users, not logged one by one (at most %d per %g s)",
-                            self._suppressed, self.burst, self.window_s)
-            self._start, self._logged, self._suppressed = now, 0, 0
-        if self._logged >= self.burst:
-            self._suppressed += 1
-            return
-        self._logged += 1
-        if uid is None:
-            log.warning("refused a connection whose peer credentials cannot be read")
-        else:
-            log.warning("refused a connection from pid %s uid %d: only the daemon's own uid (%d) and root may connect",
-                        pid if pid else "?", uid, os.geteuid())
-
-
-refusals = RefusalLog()
+#: one warning per refused connection, at most 10 a minute: a peer that connects in a loop
+#: cannot flood the log
+refusals = RateLimitedLog(log, burst=10)
 
 
 class SocketInUse(DaemonError):
@@ -528,7 +499,11 @@ def accepted(stream: SocketStream, max_buffered: int, *,
     sock: socket.socket = stream.extra(SocketAttribute.raw_socket)
     creds = peer_credentials(sock)
     if creds is None or not peer_allowed(creds[1], os.geteuid()):
-        refusals.refused(creds[0] if creds else None, creds[1] if creds else None)
+        if creds is None:
+            refusals.say("refused a connection whose peer credentials cannot be read")
+        else:
+            refusals.say(f"refused a connection from pid {creds[0] or '?'} uid {creds[1]}: only the daemon's own "
+                         f"uid ({os.geteuid()}) and root may connect")
         # Shut both ways and discard its input first: closing a Unix socket with unread
         # input resets the peer instead of giving it EOF.
         with contextlib.suppress(OSError):
