@@ -51,10 +51,9 @@ class Wire:
         #: request id, as the host wrote it → the tokens of the requests with that id read and
         #: not yet settled, oldest first (a host may reuse an id)
         self._open: dict[Any, list[object]] = {}
-        #: each open request's token → the bytes of its line (its place's size)
-        self._sizes: dict[object, int] = {}
-        #: the open requests' tokens that are LASTING ones
-        self._lasting: set[object] = set()
+        #: each open request's token → the bytes of its line (its place's size), and whether
+        #: it is a LASTING one
+        self._sizes: dict[object, tuple[int, bool]] = {}
         self._room = asyncio.Event()
 
     async def serve(self, lines: Lines, serve: Serve) -> None:
@@ -71,7 +70,7 @@ class Wire:
                 tg.cancel_scope.cancel()
             finally:
                 # requests the SDK ended without a reply (the session is over) free their places
-                for size in self._sizes.values():
+                for size, _ in self._sizes.values():
                     self.conn.free_place(size)
                 self._sizes.clear()
                 self._open.clear()
@@ -84,21 +83,14 @@ class Wire:
             return
         if token is None:
             token = tokens.pop(0)
-            self._lasting.discard(token)
         elif token in tokens:
             tokens.remove(token)
-            self._lasting.discard(token)
         else:
             return
         if not tokens:
             del self._open[request_id]
-        self.conn.free_place(self._sizes.pop(token))
+        self.conn.free_place(self._sizes.pop(token)[0])
         self._room.set()
-
-    async def _until(self, done: Callable[[], bool]) -> None:
-        while not done():
-            self._room.clear()
-            await self._room.wait()
 
     async def _read(self, send: Any, lines: Lines) -> None:
         try:
@@ -107,7 +99,9 @@ class Wire:
                     await self._take(send, line)
                 self._on_eof()
                 with anyio.move_on_after(EOF_ANSWER_S):
-                    await self._until(lambda: len(self._sizes) == len(self._lasting))
+                    while not all(lasting for _, lasting in self._sizes.values()):
+                        self._room.clear()
+                        await self._room.wait()
         finally:
             self._on_eof()
 
@@ -124,9 +118,7 @@ class Wire:
                 return  # as on the socket: what a dropped host sent is not served
             token = object()
             self._open.setdefault(message.id, []).append(token)
-            self._sizes[token] = len(line)
-            if message.method in LASTING:
-                self._lasting.add(token)
+            self._sizes[token] = (len(line), message.method in LASTING)
 
             async def unanswered(request_id: Any = message.id, token: object = token) -> None:
                 self._settle(request_id, token)  # cancelled by the host: the SDK writes no reply
