@@ -223,7 +223,7 @@ async def library_reply(handlers: dict[str, Any], call: rpc.Call) -> dict[str, A
     from memoryd_protocol.methods import METHODS
 
     def as_method(name: str, handler: Any) -> Any:
-        decode = rpc.ParamsDecoder(METHODS[name])
+        decode = rpc.params_decoder(METHODS[name])
 
         async def call_(ctx: Ctx, params: Any, /) -> Any:
             try:

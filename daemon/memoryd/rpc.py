@@ -205,36 +205,32 @@ def field_of(exc: msgspec.ValidationError) -> str | None:
     return where.rstrip("`").lstrip(".") or None if sep else None
 
 
-class ParamsDecoder:
+def params_decoder(method: Method) -> Callable[[Any], Any]:
     """One method's params: its msgspec decoder, built once, and for a method that needs an
     agent the WRITE_REQUIRES_AGENT probe, which comes before any other check of them."""
+    kind, decoder, needs_agent = method.params, msgspec.json.Decoder(method.params), method.needs_agent
 
-    __slots__ = ("_decoder", "_needs_agent", "_type")
-
-    def __init__(self, method: Method) -> None:
-        self._type = method.params
-        self._decoder = msgspec.json.Decoder(method.params)
-        self._needs_agent = method.needs_agent
-
-    def __call__(self, params: Any) -> Any:
+    def decode(params: Any) -> Any:
         if params is msgspec.UNSET:
             params = _NO_PARAMS
         raw = isinstance(params, msgspec.Raw)
         if (bytes(memoryview(params)[:1]) == b"[") if raw else isinstance(params, list):
             raise InvalidInput("params must be an object (by-name), not an array")
         try:
-            decoded = self._decoder.decode(params) if raw else msgspec.convert(params, self._type)
+            decoded = decoder.decode(params) if raw else msgspec.convert(params, kind)
         except msgspec.ValidationError as exc:
-            if self._needs_agent and _lacks_agent(_probe_decoder.decode(params).write if raw else params.get("write")):
+            if needs_agent and _lacks_agent(_probe_decoder.decode(params).write if raw else params.get("write")):
                 raise WriteRequiresAgent() from None
             raise InvalidInput(f"invalid params: {exc}", field_of(exc)) from None
         except msgspec.DecodeError:
             # The envelope leaves params undecoded, so bytes that are not UTF-8 inside them
             # are first seen here: the client's bad input, not our failure.
             raise InvalidInput("invalid params: a string is not valid UTF-8", "params") from None
-        if self._needs_agent and decoded.write.agent is None:  # type: ignore[attr-defined]
+        if needs_agent and decoded.write.agent is None:  # type: ignore[attr-defined]
             raise WriteRequiresAgent()
         return decoded
+
+    return decode
 
 
 # --- dispatch ----------------------------------------------------------------------------
@@ -271,7 +267,7 @@ class Dispatcher:
         if unknown:
             raise ValueError(f"handlers for methods outside the table: {', '.join(unknown)}")
         #: each method's params decoder and handler
-        self._bound = {name: (ParamsDecoder(METHODS[name]), h) for name, h in handlers.items()}
+        self._bound = {name: (params_decoder(METHODS[name]), h) for name, h in handlers.items()}
 
     async def handle(self, peer: Any, message: Message, release_turn: Callable[[], None] | None = None) -> bytes | None:
         """A parsed line (request, notification or batch) in, at most one line out.
