@@ -22,18 +22,19 @@ from types import TracebackType
 log = logging.getLogger("memoryd.store")
 
 
-class Atomic:
-    """What ``atomic`` returns: a context manager; ``lost`` says, after an error, that the
-    enclosing transaction is gone too (see the module's docstring)."""
+class atomic:  # as contextlib's context managers: named for the ``with`` it is used in
+    """A transaction (outside one) or a savepoint named ``name`` (inside one) around a
+    ``with`` block; ``immediate=False`` for a read transaction. ``lost`` says, after an
+    error, that the enclosing transaction is gone too (see the module's docstring)."""
 
-    def __init__(self, conn: sqlite3.Connection, name: str, immediate: bool) -> None:
+    def __init__(self, conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> None:
         self._conn = conn
         self._name = name
         self._immediate = immediate
         self._outer = False
         self.lost = False
 
-    def __enter__(self) -> Atomic:
+    def __enter__(self) -> atomic:
         self._outer = not self._conn.in_transaction
         if self._outer:
             begin(self._conn, immediate=self._immediate)
@@ -91,9 +92,3 @@ def commit(conn: sqlite3.Connection) -> None:
     except BaseException:
         rollback(conn, "after a failed commit")
         raise
-
-
-def atomic(conn: sqlite3.Connection, name: str = "atomic", *, immediate: bool = True) -> Atomic:
-    """A transaction (outside one) or a savepoint named ``name`` (inside one) around a
-    ``with`` block; ``immediate=False`` for a read transaction."""
-    return Atomic(conn, name, immediate)
