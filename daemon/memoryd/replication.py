@@ -141,14 +141,18 @@ class Replication:
         while not self._stopping:
             started = time.monotonic()
             try:
-                if not await self._extends():
-                    return  # never started over another machine's history; a start after the restore checks again
+                # No two writers: the replica's newest ledger row must be one of this store's
+                # chain, checked before each start (replica_guard).
+                await replica_guard.read(self.replica, self.db)
                 replica = self.replica.reload_credentials()
                 config = self._config = litestream.write_config(Path(tmp), self.db, replica)
                 proc = await anyio.open_process(litestream.replicate_argv(config, replica),
                                                 env=litestream.environment(replica), stdin=subprocess.DEVNULL,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                                 start_new_session=True)
+            except replica_guard.ReplicaDiverged as exc:
+                self._diverged(exc)
+                return  # never started over another machine's history; a start after the restore checks again
             except (OSError, ValueError, litestream.LitestreamError) as exc:
                 self.error = self._scrub(str(exc))
                 rc: int | None = None
@@ -170,21 +174,11 @@ class Replication:
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, self.replica.restart_max_s)
 
-    async def _extends(self) -> bool:
-        """No two writers: the replica's newest ledger row must be a row of this store's chain
-        (replica_guard), checked before each Litestream start. A store behind the replica or
-        diverged from it is "diverged" for good: one ERROR names both heads and the restore."""
-        try:
-            await replica_guard.read(self.replica, self.db)
-        except replica_guard.ReplicaDiverged as exc:
-            self._diverged(exc)
-            return False
-        return True
-
     def _diverged(self, exc: replica_guard.ReplicaDiverged) -> None:
-        """Another machine's history is in the replica: one ERROR naming both heads, and this
-        daemon's Litestream ends at once (killed: a SIGTERM would ship one more sync over it)
-        and is never started again, nor run for a last sync at the stop."""
+        """Another machine's history is in the replica (the store is behind it or diverged
+        from it): one ERROR naming both heads and the restore, and this daemon's Litestream
+        ends at once (killed: a SIGTERM would ship one more sync over it) and is never
+        started again, nor run for a last sync at the stop."""
         self.error = str(exc)
         log.error("%s", exc)
         self._set("diverged")
