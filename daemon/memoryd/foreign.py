@@ -109,7 +109,6 @@ class Watch:
     owed: bool = False
     #: None until the first batch looked, and while a schema change stops writes
     schema: int | None = None
-    _took: float = 0.0
     #: set when audit/verify looks: a batch waiting in :meth:`due` begins at once
     _look: anyio.Event | None = None
 
@@ -169,8 +168,7 @@ class Watch:
         if stale:
             started = time.monotonic()
             why = check(tx, head_n, new_schema=[item for item, n in unknown if n is None])
-            self._took = time.monotonic() - started
-            self.not_before = time.monotonic() + SPACING * self._took
+            self.not_before = time.monotonic() + SPACING * (time.monotonic() - started)
             self.owed = why is not None
             if why is not None:
                 return None, StoreCorrupt(f"nothing was written: memoryd cannot check the store for changes another "
