@@ -62,9 +62,19 @@ SESSIONS = (1, 16)
 START_SIZES = (2_000, 50)
 
 
+def bytecode_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (else this process's) without PYTHONDONTWRITEBYTECODE. An installed memoryd
+    has its bytecode compiled at install; a checkout that is edited while the bench runs
+    would, with that variable set, compile each edited module again at every timed start,
+    which no user's start does. Started this way, the first start after an edit writes it."""
+    out = dict(os.environ if env is None else env)
+    out.pop("PYTHONDONTWRITEBYTECODE", None)
+    return out
+
+
 def memoryd_cmd(d: Daemon) -> tuple[list[str], dict[str, str] | None]:
     """What a host spawns for memoryd: ``memoryd mcp`` into the running daemon."""
-    return [*console("memoryd"), "mcp", "--socket", d.sock, "--db", str(d.db), "--cwd", CWD], None
+    return [*console("memoryd"), "mcp", "--socket", d.sock, "--db", str(d.db), "--cwd", CWD], bytecode_env()
 
 
 def peer_cmd(script: Path, memory_file: Path) -> tuple[list[str], dict[str, str] | None]:

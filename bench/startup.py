@@ -30,16 +30,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .common import ROOT, START_BOUNDS, copy_store, python_pass, seed_store, start_daemon, summary
-from .mcp import CWD, spawn_list
+from .mcp import CWD, bytecode_env, spawn_list
 from .suites import stdio_start
 
 ENTRIES = 2_000
 
 
 def _env(tree: Path, tmp: Path) -> dict[str, str]:
-    """A started process's environment: ``tree``'s packages, no config file."""
+    """A started process's environment: ``tree``'s packages, no config file, and its
+    bytecode written once it is stale (:func:`bench.mcp.bytecode_env`)."""
     path = os.pathsep.join(str(tree / p) for p in ("protocol", "daemon", "client"))
-    return dict(os.environ, PYTHONPATH=path, XDG_CONFIG_HOME=str(tmp / "no-config"), XDG_STATE_HOME=str(tmp))
+    return bytecode_env(dict(os.environ, PYTHONPATH=path, XDG_CONFIG_HOME=str(tmp / "no-config"),
+                             XDG_STATE_HOME=str(tmp)))
 
 
 def _rows(tree: Path, tmp: Path, sock: str, db: Path) -> dict[str, Callable[[], float]]:
