@@ -409,7 +409,7 @@ class Daemon:
 
     def begin_stop(self) -> None:
         """Shutdown begins in the step the signal is seen: from now on no write is admitted."""
-        self.service.stop_writes()
+        self.approvals.cancel_all()
         self.stopping.set()
 
     async def _watch_signals(self, signals: Any) -> None:
@@ -434,7 +434,7 @@ class Daemon:
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        self.service.stop_writes()  # already, unless the stdio peer left first
+        self.approvals.cancel_all()  # already, unless the stdio peer left first
         with anyio.move_on_after(DRAIN_S):
             # No connection reads another line; each answers every request it has read.
             # A line not read by now gets no reply: the peer sees EOF, and nothing was written.

@@ -454,10 +454,13 @@ class Approvals:
                 if not p.targets:
                     p.resolve("unavailable")
 
-    def cancel_all(self, outcome: str = "cancelled") -> None:
+    def cancel_all(self) -> None:
+        """Shutdown has begun: from now on the gate admits no write. Every write that
+        reaches it is denied (``cancelled``, its denied row first), and so is every write
+        still waiting for an approval."""
         self.closing = True
         for p in list(self.pending.values()):
-            p.resolve(outcome)
+            p.resolve("cancelled")
 
     def __len__(self) -> int:
         return len(self.pending)

@@ -133,12 +133,6 @@ class Service:
                 return e
         raise EntryNotFound("no visible memory entry has this id", target.details(track, scope))
 
-    def stop_writes(self) -> None:
-        """Shutdown has begun: from now on the gate admits no write. Every write that
-        reaches it is denied (``cancelled``, its denied row first), and so is every write
-        still waiting for an approval."""
-        self.approvals.cancel_all("cancelled")
-
     # --- lifecycle ---------------------------------------------------------------------
 
     async def initialize(self, ctx: RequestContext, p: InitializeParams) -> InitializeResult:
