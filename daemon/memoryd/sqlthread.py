@@ -74,10 +74,7 @@ class SqliteThread:
         return await self._hand(fn)
 
     def _hand(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        if self._closed:
-            raise RuntimeError(f"{self.name}: the connection is closed")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[T] = loop.create_future()
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
         def settle(result: T | None, error: BaseException | None) -> None:
             if done.done():  # the caller was cancelled: nobody waits for this result
@@ -87,6 +84,14 @@ class SqliteThread:
             else:
                 done.set_result(result)  # type: ignore[arg-type]
 
+        self._post(fn, settle)
+        return done
+
+    def _post(self, fn: Callable[[], T], then: Callable[[T | None, BaseException | None], object]) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the connection is closed")
+        loop = asyncio.get_running_loop()
+
         def call() -> None:
             result: T | None = None
             error: BaseException | None = None
@@ -95,12 +100,11 @@ class SqliteThread:
             except BaseException as exc:
                 error = exc
             try:
-                loop.call_soon_threadsafe(settle, result, error)
+                loop.call_soon_threadsafe(then, result, error)
             except RuntimeError:  # the loop is closed: nobody waits for this call any more
                 pass
 
         self._calls.put(call)
-        return done
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self.hand(fn)
@@ -111,6 +115,15 @@ class SqliteThread:
         conn = self._conn
         assert conn is not None
         return self._hand(lambda: fn(conn))
+
+    def post(self, fn: Callable[[sqlite3.Connection], T],
+             then: Callable[[T | None, BaseException | None], object]) -> None:
+        """Hand ``fn(conn)`` over; once it has returned, ``then(result, None)`` (or ``then(None,
+        error)``) runs on the event loop: no future and no task to wake, for a caller that
+        goes on in a callback (the writer's batches)."""
+        conn = self._conn
+        assert conn is not None
+        self._post(lambda: fn(conn), then)
 
     async def aclose(self, last: Callable[[sqlite3.Connection], object] | None = None) -> None:
         """Run ``last`` (its error is logged at debug level and dropped), close the
