@@ -21,7 +21,6 @@ what they were shown is erased.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable
 
@@ -32,7 +31,6 @@ from memoryd_protocol.snapshot_types import PRUNE_ROW_SESSIONS, SnapshotPrunePar
 from memoryd_protocol.text import js_trim
 from memoryd_protocol.types import (
     MemorySnapshot,
-    Proposal,
     SnapshotParams,
     SnapshotResult,
 )
@@ -97,6 +95,17 @@ class Snapshots:
                                 f"sha256:{digest} it names")
         return text
 
+    def _render(self, tx: Tx, view: SessionView, language: str) -> str:
+        """The snapshot ``view`` is shown: the entries it sees, its cells' usage as ``tx``
+        leaves it, and the session's own pending proposals, fenced as the reference lists them."""
+        config = self.service.config
+        visible = [(track, scope, text) for track, scope, wk, ak, text in store.layer_texts(tx.conn)
+                   if view.sees(scope, wk, ak)]
+        shown = [(x.id, x.track, x.scope, x.text)
+                 for x in visible_proposals(store.proposals(tx.conn, "pending"), view, config.proposal_max_pending)]
+        usage = {cell: (used, config.budgets[cell]) for cell, used in tx.usage.items()}
+        return render(visible, usage, shown, language)  # type: ignore[arg-type]
+
     def handlers(self) -> dict[str, Handler]:
         return {"memory/snapshot": self.snapshot, "snapshots/prune": self.prune}
 
@@ -121,22 +130,11 @@ class Snapshots:
     async def _freeze(self, ctx: RequestContext, p: SnapshotParams, view: SessionView, session_id: str,
                       undo: Callable[[], None]) -> SnapshotResult:
         language = p.language or self.service.config.language
-
-        def gather(c: sqlite3.Connection) -> tuple[list[tuple[str, str, str, str, str]], list[Proposal]]:
-            return store.layer_texts(c), store.proposals(c, "pending")
-
-        entries, pending = await self.service.read(gather)
-        visible = [(track, scope, text) for track, scope, wk, ak, text in entries if view.sees(scope, wk, ak)]
-        # the session's own pending proposals, fenced as the reference lists them
-        shown = [(x.id, x.track, x.scope, x.text)
-                 for x in visible_proposals(pending, view, self.service.config.proposal_max_pending)]
-        usage = {cell: (used, self.service.config.budgets[cell]) for cell, used in self.service.writer.usage.items()}
-        text = render(visible, usage, shown, language)  # type: ignore[arg-type]
-        digest, size = text_hash(text), len(text.encode())
-
         stamp = self.service.pipeline.stamp(ctx.peer, view)
 
         def job(tx: Tx) -> tuple[str, bool]:
+            # Rendered in the transaction that stores it: the text is the store as of the
+            # snapshot's own ledger row, read and written in one turn of the writer's thread.
             existing = store.frozen_snapshot(tx.conn, session_id)
             if existing is not None:
                 return self._stored(session_id, existing), False
@@ -146,8 +144,12 @@ class Snapshots:
                 self._keep(None, counted)
             sessions, held = counted
             self._refuse_beyond_cap(sessions)  # in the job: no two sessions both take the last one
+            text = self._render(tx, view, language)
+            digest = text_hash(text)
             stored = store.snapshot_text_matches(tx.conn, digest, text)
+            size = 0  # the bytes a text not stored yet adds
             if stored is None:
+                size = len(text.encode())
                 self._refuse_beyond_bytes(held, size)
             elif not stored:
                 # planted under the digest of a text a session would render: never served
@@ -156,7 +158,7 @@ class Snapshots:
             store.freeze_snapshot(tx.conn, session_id, digest, language, ts, text if stored is None else None)
             stamp.audit(tx, "snapshot", track=None, scope=None, entry_id=None, text=snapshot_ref(digest), source=None,
                         ts=ts)
-            self._keep(counted, (sessions + 1, held + (size if stored is None else 0)))
+            self._keep(counted, (sessions + 1, held + size))
             return text, True
 
         try:
