@@ -276,8 +276,6 @@ class Daemon:
         # The handlers go in before the socket exists: a SIGTERM that arrives as soon as a
         # client can connect must drain and exit 0, not kill the process (socket left behind).
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            if stdio:
-                self.service.socket_path = None
             sock = None if stdio else self._bind()
             async with self.running() as serving:
                 serving.start_soon(self._watch_signals, signals)
@@ -286,8 +284,8 @@ class Daemon:
                 else:
                     await self._start_listener(serving, sock)
                 sd_notify("READY=1")
-                served = ("stdio" if sock is None else str(self._socket_path) if self._socket_path is not None
-                          else listener_name(sock))
+                path = self.service.socket_path
+                served = "stdio" if sock is None else str(path) if path is not None else listener_name(sock)
                 log.info("memoryd ready (%s, store %s)", served, self.config.db_path)
                 await self.stopping.wait()
                 sd_notify("STOPPING=1")
@@ -341,13 +339,9 @@ class Daemon:
         sock = inherited_listener()
         #: the name our socket file has now (None: none of ours), removed on shutdown
         self._socket_file: Path | None = None
-        if sock is None:
-            path = self.config.socket_path
-            sock, self._socket_file = bind_unix(path)
-            self._socket_path: Path | None = path
-        else:
-            self._socket_path = None  # systemd owns the path: it is not ours to report or remove
-        self.service.socket_path = self._socket_path
+        if sock is None:  # else systemd owns the path: it is not ours to report or remove
+            sock, self._socket_file = bind_unix(self.config.socket_path)
+            self.service.socket_path = self.config.socket_path
         return sock
 
     async def _start_listener(self, tg: TaskGroup, sock: Any) -> None:
@@ -355,9 +349,9 @@ class Daemon:
         self._accepting = anyio.CancelScope()
         tg.start_soon(self._accept_loop, tg, sock)
         # The listener already queues connections; the accept loop takes them from here on.
-        if self._socket_file is not None and self._socket_path is not None:
-            os.replace(self._socket_file, self._socket_path)
-            self._socket_file = self._socket_path
+        if self._socket_file is not None and self.service.socket_path is not None:
+            os.replace(self._socket_file, self.service.socket_path)
+            self._socket_file = self.service.socket_path
 
     async def _accept_loop(self, tg: TaskGroup, sock: socket.socket) -> None:
         """anyio's listener, with our own loop around its accept: past ``max_connections`` a
