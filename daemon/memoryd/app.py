@@ -241,7 +241,6 @@ class Daemon:
                           max_buffered=cfg.max_buffered_bytes, half_line_s=cfg.half_line_timeout_s,
                           inflight=self.outbound)
         self.connections.add(conn)
-        self.service.connections = len(self.connections)
         if self.no_connections.is_set():
             self.no_connections = anyio.Event()
         if self.reading_stopped:  # accepted just before the listener closed
@@ -252,7 +251,6 @@ class Daemon:
             self.service.sessions.release(conn)
             self.service.watchers.drop(conn)
             self.connections.discard(conn)
-            self.service.connections = len(self.connections)
             if not self.connections:
                 self.no_connections.set()
 

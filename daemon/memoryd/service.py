@@ -86,7 +86,6 @@ class Service:
         self.sessions = Sessions(config.max_sessions_per_connection, config.max_new_snapshots_per_connection,
                                  config.max_new_snapshots_per_minute)
         self.started = time.monotonic()
-        self.connections = 0
         #: the live connections, for ``daemon/status`` (the Daemon's own set)
         self.live: Collection[Connection] = ()
         #: Where the daemon listens, for ``daemon/status``: the socket it bound and unlinks
@@ -178,7 +177,7 @@ class Service:
         return DaemonStatus(
             version=__version__,
             uptime_s=round(time.monotonic() - self.started, 3),
-            connections=self.connections,
+            connections=len(self.live),
             pending_approvals=len(self.approvals),
             queue_depth=self.writer.depth,
             store=StoreInfo(path=str(self.config.db_path), schema_version=STORE_SCHEMA_VERSION),
