@@ -264,8 +264,6 @@ class Lines:
         self._ended = True
         if self.stopped:
             return None
-        if self.discarding:
-            return OVERSIZE
         rest = self._buffered.buffer
         return rest if rest.strip() else None
 
