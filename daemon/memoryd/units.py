@@ -18,7 +18,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from memoryd_protocol import DISTRIBUTION
 
@@ -35,16 +34,19 @@ class UnitError(DaemonError, ValueError):
     """A path that cannot be written into a unit file."""
 
 
-class Install(NamedTuple):
-    """What the units depend on; everything else in them is fixed. (A NamedTuple, not a
-    dataclass: ``memoryd mcp``'s start imports this module, and dataclasses costs it.)"""
+class Install:
+    """What the units depend on; everything else in them is fixed. (A plain class:
+    ``memoryd mcp``'s start imports this module, and a dataclass (inspect) or a NamedTuple
+    (whose string annotations typing compiles, paths.OwnerRecord says why) costs it.)"""
 
-    exec_start: Sequence[str]  # argv without "serve"
-    documentation: Sequence[str]  # URIs
-    store_dir: Path
-    mkdir: str  # absolute path of mkdir(1), for ExecStartPre
-    private_tmp: bool = True  # False when memoryd or its store is in a temporary directory
-    also_writable: Sequence[Path] = ()  # other directories the daemon writes the store's files in
+    def __init__(self, exec_start: Sequence[str], documentation: Sequence[str], store_dir: Path, mkdir: str,
+                 private_tmp: bool = True, also_writable: Sequence[Path] = ()) -> None:
+        self.exec_start = exec_start  # argv without "serve"
+        self.documentation = documentation  # URIs
+        self.store_dir = store_dir
+        self.mkdir = mkdir  # absolute path of mkdir(1), for ExecStartPre
+        self.private_tmp = private_tmp  # False when memoryd or its store is in a temporary directory
+        self.also_writable = also_writable  # other directories the daemon writes the store's files in
 
 
 # --- discovering this install --------------------------------------------------------------

@@ -81,12 +81,11 @@ def owner_record_path(db: Path) -> Path:
     return db.with_name(db.name + ".memoryd-owner")
 
 
-class OwnerRecord(NamedTuple):
-    pid: int
-    #: None when the holder serves no socket
-    socket: str | None
-    #: set by a holder that is letting go of the store, so a starter waits for it
-    stopping: bool
+#: The owner record: ``pid``; ``socket``, None when the holder serves no socket; ``stopping``,
+#: set by a holder that is letting go of the store, so a starter waits for it. Made of the
+#: types themselves, not a class body, whose annotations are strings here that typing would
+#: compile: a process's first compile sets up the compiler's types, dear to every relay start.
+OwnerRecord = NamedTuple("OwnerRecord", [("pid", int), ("socket", str | None), ("stopping", bool)])  # noqa: UP014
 
 
 def read_owner_record(db: Path) -> OwnerRecord | None:
