@@ -83,8 +83,7 @@ class Service:
         self.readers = readers
         self.approvals = approvals
         #: which open connection each session id belongs to (sessions.py)
-        self.sessions = Sessions(config.max_sessions_per_connection, config.max_new_snapshots_per_connection,
-                                 config.max_new_snapshots_per_minute)
+        self.sessions = Sessions(config)
         self.started = time.monotonic()
         #: the live connections, for ``daemon/status`` (the Daemon's own set)
         self.live: Collection[Connection] = ()

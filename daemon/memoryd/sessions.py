@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from memoryd_protocol.constants import DEFAULT_MAX_SESSIONS_PER_CONNECTION
 from memoryd_protocol.errors import InvalidInput
 
+from .config import Config
 from .context import Handler, Peer, RequestContext
 
 #: Methods that name a session without binding it: watching a session is not acting as it,
@@ -52,18 +52,14 @@ def named_session(params: Any) -> str | None:
 
 
 class Sessions:
-    def __init__(self, max_per_connection: int = DEFAULT_MAX_SESSIONS_PER_CONNECTION,
-                 new_per_connection: int | None = None, new_per_minute: int | None = None) -> None:
+    def __init__(self, config: Config) -> None:
         self._owner: dict[str, int] = {}
         self._bound: dict[int, set[str]] = {}
-        #: session ids one connection may bind (max_sessions_per_connection): a request
-        #: naming one more is refused, so no connection grows this table without bound
-        self.max_per_connection = max_per_connection
-        #: first snapshots a connection may take while it lives, and a process in a minute
-        #: (None: no cap): each is a row kept until pruned, so a loop of fresh session ids
-        #: would fill max_snapshots for everyone
-        self.new_per_connection = new_per_connection
-        self.new_per_minute = new_per_minute
+        #: its max_sessions_per_connection (a request naming one session more is refused, so no
+        #: connection grows this table without bound) and max_new_snapshots_per_connection and
+        #: _per_minute (each first snapshot is a row kept until pruned, so a loop of fresh
+        #: session ids would fill max_snapshots for everyone)
+        self._config = config
         self._taken: dict[int, int] = {}
         self._recent: dict[object, deque[float]] = {}
 
@@ -76,8 +72,9 @@ class Sessions:
         or refuse it (INVALID_INPUT naming the key); the callable takes the count back,
         for a snapshot that was not taken after all."""
         taken = self._taken.get(peer.id, 0)
-        if self.new_per_connection is not None and taken >= self.new_per_connection:
-            raise InvalidInput(f"this connection already took {self.new_per_connection} new sessions' first snapshots "
+        cap = self._config.max_new_snapshots_per_connection
+        if taken >= cap:
+            raise InvalidInput(f"this connection already took {cap} new sessions' first snapshots "
                                "(max_new_snapshots_per_connection); reuse one of their ids, open another connection, "
                                "or raise max_new_snapshots_per_connection in the daemon's config", "session.id")
         process: object = ("connection", peer.id)
@@ -91,8 +88,9 @@ class Sessions:
             recent = self._recent[process] = deque()
         while recent and recent[0] <= now - NEW_SNAPSHOT_WINDOW_S:
             recent.popleft()
-        if self.new_per_minute is not None and len(recent) >= self.new_per_minute:
-            raise InvalidInput(f"this process already took {self.new_per_minute} new sessions' first snapshots in the "
+        cap = self._config.max_new_snapshots_per_minute
+        if len(recent) >= cap:
+            raise InvalidInput(f"this process already took {cap} new sessions' first snapshots in the "
                                "last minute (max_new_snapshots_per_minute); retry in a minute, reuse the id of a "
                                "session that has one, or raise max_new_snapshots_per_minute in the daemon's config",
                                "session.id")
@@ -116,8 +114,9 @@ class Sessions:
         if session_id in self._owner:
             return
         mine = self._bound.setdefault(peer.id, set())
-        if len(mine) >= self.max_per_connection:
-            raise InvalidInput(f"this connection already holds {self.max_per_connection} sessions; reuse one of "
+        cap = self._config.max_sessions_per_connection
+        if len(mine) >= cap:
+            raise InvalidInput(f"this connection already holds {cap} sessions; reuse one of "
                                "their ids, open another connection, or raise max_sessions_per_connection in the "
                                "daemon's config", "session.id")
         mine.add(session_id)
