@@ -300,7 +300,7 @@ class Dispatcher:
         problem = _shape_error(call)
         if problem is not None:
             log.debug("invalid request: %s", problem)
-            return _invalid(call.reply_id())
+            return invalid(call.reply_id())
         bound = self._bound.get(call.method)
         try:
             if bound is None:
@@ -313,20 +313,8 @@ class Dispatcher:
         return None if call.id is msgspec.UNSET else {"jsonrpc": "2.0", "id": call.id, "result": result}
 
 
-def _invalid(id_: Any) -> dict[str, Any]:
+def invalid(id_: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id_, "error": error_object(RpcError(INVALID_REQUEST, "Invalid request"))}
-
-
-def refusal(message: Message | Any, *, integer_ids: bool = False) -> bytes:
-    """The answer to a line that is no request this side serves: PARSE_ERROR when it is no
-    JSON, else INVALID_REQUEST with the request's id when it can be read (JSON-RPC 2.0 §5).
-    ``integer_ids``: a number with a fraction is no id (MCP's)."""
-    if message is UNPARSABLE:
-        return PARSE_ERROR_LINE
-    id_ = message.reply_id() if isinstance(message, Call) else None
-    if integer_ids and isinstance(id_, float):
-        id_ = None
-    return encode(_invalid(id_))
 
 
 def failure_line(message: Message | Any, exc: BaseException) -> bytes | None:

@@ -3,7 +3,7 @@
 The lines are the socket's (``Connection.next_line`` over the same :class:`Lines`: the
 line limit, the half-line timeout and their error lines), each parsed into the SDK's
 ``SessionMessage``; a line that is no JSON-RPC message is answered with the socket's error
-(``rpc.refusal``). Replies go out without waiting (a host that stops reading is dropped by
+(:func:`refuse`). Replies go out without waiting (a host that stops reading is dropped by
 the transport). A request takes a place as the socket's do (``Connection.take_place``), so
 no further line is read while MAX_INFLIGHT are open or every connection's requests together
 hold every place; at EOF, what was read is answered before the streams close.
@@ -23,7 +23,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from ..connection import MAX_INFLIGHT as MAX_INFLIGHT
 from ..connection import Connection
-from ..rpc import Call, parse, refusal
+from ..rpc import PARSE_ERROR_LINE, UNPARSABLE, Call, encode, invalid, parse
 from ..transports import Lines
 
 log = logging.getLogger("memoryd.mcp")
@@ -38,9 +38,14 @@ Serve = Callable[[Any, Any], Awaitable[None]]
 
 
 def refuse(line: bytes) -> bytes:
-    """The socket's error for a line that is no JSON-RPC message, with the request's id
-    when it can be read; MCP's ids are strings and integers only."""
-    return refusal(parse(line), integer_ids=True)
+    """The socket's error for a line that is no JSON-RPC message: PARSE_ERROR when it is no
+    JSON, else INVALID_REQUEST with the request's id when it can be read (JSON-RPC 2.0 §5);
+    MCP's ids are strings and integers only."""
+    message = parse(line)
+    if message is UNPARSABLE:
+        return PARSE_ERROR_LINE
+    id_ = message.reply_id() if isinstance(message, Call) else None
+    return encode(invalid(None if isinstance(id_, float) else id_))
 
 
 class Wire:
