@@ -152,18 +152,13 @@ def prove(peer: Peer, proof: str | None) -> None:
 class Gated(Protocol):
     """What the gate needs of a write (pipeline.WritePlan): its denied row, and its approval."""
 
-    @property
-    def action(self) -> str: ...
-    @property
-    def track(self) -> str: ...
-    @property
-    def scope(self) -> str: ...
-    @property
-    def text(self) -> str: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def entry_id(self) -> str | None: ...
+    action: str
+    track: str
+    scope: str
+    text: str
+    source: str
+    entry_id: str | None
+
     def asked(self, session_id: str | None) -> ApprovalAsked: ...
 
 
@@ -283,7 +278,7 @@ class Approvals:
         if policy == "off":
             await self._deny(writer, origin, session_id, write, "rejected", policy, None)
             raise WriteDenied("write denied: rejected", {"outcome": "rejected"})
-        if self.full(peer):
+        if sum(p.origin is peer for p in self.pending.values()) >= self.config.max_pending_approvals:
             # max_pending_approvals: denied at once, with its denied row like every denial.
             await self._deny(writer, origin, session_id, write, "unavailable", policy, None)
             raise WriteDenied(f"write denied: unavailable: this connection already has "
@@ -344,10 +339,6 @@ class Approvals:
             writer.defer(rows, keep=True)
 
     # --- pending approvals ------------------------------------------------------------------
-
-    def full(self, origin: Peer) -> bool:
-        """``origin`` already has max_pending_approvals writes waiting for a decision."""
-        return sum(p.origin is origin for p in self.pending.values()) >= self.config.max_pending_approvals
 
     def unsubscribe(self, peer: Peer) -> None:
         if peer in self.approvers:
