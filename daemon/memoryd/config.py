@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memoryd_protocol.constants import (
     DEFAULT_APPROVAL_TIMEOUT_S,
@@ -35,7 +35,6 @@ from memoryd_protocol.paths import default_config_path, default_db_path, default
 
 from .errors import DaemonError
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .replica import Replica
 
@@ -164,7 +163,7 @@ def _int(key: str, value: Any, lo: int, hi: int) -> int:
 
 def _policy(key: str, value: Any) -> str:
     if value not in WRITE_POLICIES:
-        raise ConfigError(f"config: {key} must be one of ask, auto, off, got {value!r}")
+        raise ConfigError(f"config: {key} must be one of {', '.join(WRITE_POLICIES)}, got {value!r}")
     return str(value)
 
 
