@@ -3,8 +3,8 @@
 Each connection already waits for its own output: a request's reply is queued, and the
 connection serves its next request only once the peer has read it (connection.py), so a
 peer that stops reading holds at most one reply. Many such peers each still hold one; this
-caps their sum. Only connections that are behind count (their transport paused writing at
-its high-water mark, with what waits queued behind it): the others hold less than that mark.
+caps their sum. Only connections that are behind count (the kernel did not take all that
+was posted, and the rest waits in their outlet): the others hold nothing unsent.
 
 When a connection falls behind, or gets more output while behind, and the output of the
 connections behind passes the cap (not counting the largest: one reply of any size always
@@ -91,7 +91,7 @@ class Outbound:
                           f"connections (max_unsent_bytes_total {self.limit})")
 
     def caught_up(self, sink: Outgoing) -> None:
-        """``sink`` is below its low-water mark again, or closed."""
+        """``sink`` has nothing unsent again, or is closed."""
         self._behind.pop(sink, None)
 
     def _drop(self, sink: Outgoing, why: str) -> None:
