@@ -5,7 +5,7 @@ The package itself holds the version and the protocol's name; each submodule (``
 
 from __future__ import annotations
 
-from . import constants, errors
+from . import constants
 from ._version import __version__
 from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 
@@ -14,4 +14,4 @@ from .constants import PROTOCOL, STORE_SCHEMA_VERSION
 #: at install.
 DISTRIBUTION = "dsh-memoryd"
 
-__all__ = ["DISTRIBUTION", "PROTOCOL", "STORE_SCHEMA_VERSION", "__version__", "constants", "errors"]
+__all__ = ["DISTRIBUTION", "PROTOCOL", "STORE_SCHEMA_VERSION", "__version__", "constants"]
