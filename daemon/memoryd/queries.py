@@ -39,19 +39,6 @@ def fts_phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-#: How much of the store file a reading connection maps (an upper bound, not an allocation).
-READER_MMAP_BYTES = 256 << 20
-
-
-def prepare_reader(conn: sqlite3.Connection) -> None:
-    """A reading connection's settings: the store memory-mapped, since every commit by
-    another connection (the recall bookkeeping's, after each query) empties its page cache,
-    and a mapped page is read in place. The hazard SQLite documents: a disk read error under
-    a mapped page is a SIGBUS that ends the daemon, not STORE_UNAVAILABLE (the writer's own
-    connection is not mapped; the service restarts the daemon)."""
-    conn.execute(f"PRAGMA mmap_size = {READER_MMAP_BYTES}")
-
-
 #: The index plan's candidates: the index's matches.
 INDEX_CANDIDATES = "rowid IN (SELECT rowid FROM memoryd_fts WHERE memoryd_fts MATCH ?)"
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from . import queries, storefile
+from . import storefile
 from .atomic import atomic
 from .sqlthread import SqliteThread
 
@@ -29,7 +29,6 @@ READERS = 3
 def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     conn = storefile.connect(path, busy_timeout_ms)
     conn.execute("PRAGMA query_only = ON")
-    queries.prepare_reader(conn)
     return conn
 
 
