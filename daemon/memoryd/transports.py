@@ -173,75 +173,68 @@ class _HalfLine(Exception):
     """The bytes of an incomplete line waited too long for the rest."""
 
 
-class _Watched(ByteReceiveStream):
-    """A connection's stream as :class:`Lines` reads it: each wait for bytes can be ended
-    at once (``Lines.stop``), and one made while an incomplete line is held is timed."""
-
-    def __init__(self, stream: AnyByteReceiveStream, lines: Lines) -> None:
-        self._stream = stream
-        self._lines = lines
-
-    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
-        lines = self._lines
-        if lines.stopped:
-            raise anyio.EndOfStream
-        partial = lines.held > 0 or lines.discarding
-        started = anyio.current_time() if partial else 0.0
-        with anyio.CancelScope(deadline=started + lines.left if partial else math.inf) as scope:
-            lines.scope = scope
-            try:
-                data: bytes = await self._stream.receive()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                log.debug("a read failed: %s", exc)
-                raise anyio.EndOfStream from None
-        lines.scope = None
-        if scope.cancelled_caught:
-            if lines.stopped:
-                raise anyio.EndOfStream
-            raise _HalfLine
-        if partial:
-            lines.left -= anyio.current_time() - started
-        lines.held += len(data)
-        return data
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-class Lines:
+class Lines(ByteReceiveStream):
     """A connection's input as NDJSON lines (wire-v1.md §1), for the socket, stdio and the
     MCP front-end alike: ``receive_until(b"\\n")`` over the stream, so nothing is read
     beyond what the connection asks for. A line longer than ``max_bytes`` is dropped as it
     streams in, never held whole, and reported once as OVERSIZE. Bytes of an incomplete
     line may wait for the rest ``half_line_s`` in all (the time spent waiting for the peer);
-    an idle connection is never timed out."""
+    an idle connection is never timed out. The buffer reads through :meth:`receive`, where
+    each wait for bytes can be ended at once (``stop``), and one made while an incomplete
+    line is held is timed."""
 
     def __init__(self, stream: AnyByteReceiveStream, max_bytes: int, half_line_s: float) -> None:
+        self._stream = stream
         self._max = max_bytes
         self._half_line_s = half_line_s
-        self._buffered = BufferedByteReceiveStream(_Watched(stream, self))
+        self._buffered = BufferedByteReceiveStream(self)
         #: bytes read and not yet handed out as lines: an incomplete line's, when nonzero
         self.held = 0
         #: a line over the limit is being dropped
-        self.discarding = False
+        self._discarding = False
         #: seconds the incomplete line may still wait
-        self.left = half_line_s
+        self._left = half_line_s
         #: ``stop`` was called: the read waiting now ends, and no further line is read
-        self.stopped = False
+        self._stopped = False
         self._ended = False
         #: the scope of the read waiting for bytes now, if any
-        self.scope: anyio.CancelScope | None = None
+        self._scope: anyio.CancelScope | None = None
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        if self._stopped:
+            raise anyio.EndOfStream
+        partial = self.held > 0 or self._discarding
+        started = anyio.current_time() if partial else 0.0
+        with anyio.CancelScope(deadline=started + self._left if partial else math.inf) as scope:
+            self._scope = scope
+            try:
+                data: bytes = await self._stream.receive()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                log.debug("a read failed: %s", exc)
+                raise anyio.EndOfStream from None
+        self._scope = None
+        if scope.cancelled_caught:
+            if self._stopped:
+                raise anyio.EndOfStream
+            raise _HalfLine
+        if partial:
+            self._left -= anyio.current_time() - started
+        self.held += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
     def stop(self) -> None:
         """Read no further line: a read waiting for bytes ends at once, as at EOF."""
-        self.stopped = True
-        if self.scope is not None:
-            self.scope.cancel()
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
 
     async def next(self) -> bytes | None:
         """The next line without its ``\\n`` (blank lines skipped, a trailing ``\\r`` kept),
         OVERSIZE for one over the limit, TIMED_OUT, or None at the end (EOF or ``stop``)."""
-        while not (self.stopped or self._ended):
+        while not (self._stopped or self._ended):
             try:
                 line = await self._buffered.receive_until(b"\n", self._max + 1)
             except anyio.DelimiterNotFound:
@@ -252,7 +245,7 @@ class Lines:
                 self._ended = True
                 return TIMED_OUT
             self.held -= len(line) + 1
-            self.left = self._half_line_s
+            self._left = self._half_line_s
             if len(line) > self._max:
                 return OVERSIZE
             if line and not (line[:1].isspace() and line.isspace()):
@@ -262,19 +255,19 @@ class Lines:
     def _last(self) -> bytes | None:
         """At EOF: the unterminated last line, if any (none after ``stop``)."""
         self._ended = True
-        if self.stopped:
+        if self._stopped:
             return None
         rest = self._buffered.buffer
         return rest if rest.strip() else None
 
     async def _discard(self) -> bytes | None:
         """Drop the line over the limit up to its ``\\n``, then report it."""
-        self.discarding = True
+        self._discarding = True
         await self._buffered.receive(sys.maxsize)  # what is held of it: the whole buffer
         self.held = 0
         try:
             while True:
-                data = await self._buffered.receive_stream.receive()
+                data = await self.receive()
                 end = data.find(b"\n")
                 if end >= 0:
                     rest = data[end + 1:]
@@ -284,13 +277,13 @@ class Lines:
                 self.held = 0
         except anyio.EndOfStream:
             self._ended = True
-            if self.stopped:
+            if self._stopped:
                 return None
         except _HalfLine:
             self._ended = True
             return TIMED_OUT
-        self.discarding = False
-        self.left = self._half_line_s
+        self._discarding = False
+        self._left = self._half_line_s
         return OVERSIZE
 
 
