@@ -326,6 +326,54 @@ async def test_close_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) ->
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
 
 
+
+async def test_serve_cancelled_while_a_batch_runs_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) -> None:
+    """The batch in flight commits and so does the job queued behind it, each caller with
+    its result; ``serve`` takes its cancellation only once both have; later jobs are refused."""
+    db, _, writer = fresh(tmp_path)
+    running_job, cancelled = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def slow(tx: Tx) -> str:
+        running_job.set()
+        assert cancelled.wait(10)
+        return put("slow")(tx)
+
+    async def one(key: str, fn: Callable[[Tx], str]) -> None:
+        try:
+            results[key] = await writer.submit(fn)
+        except RuntimeError as exc:
+            results[key] = exc
+
+    scope = anyio.CancelScope()
+    ended: list[int] = []
+
+    async def serve() -> None:
+        with scope:
+            try:
+                await writer.serve()
+            finally:
+                ended.append(writer.depth)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            tg.start_soon(one, "slow", slow)
+            await anyio.to_thread.run_sync(running_job.wait)
+            tg.start_soon(one, "queued", put("queued"))
+            await anyio.wait_all_tasks_blocked()
+            scope.cancel()
+            await anyio.wait_all_tasks_blocked()
+            assert ended == []  # serve waits for the batch in flight
+            cancelled.set()
+        with pytest.raises(WriterClosed):
+            await writer.submit(put("late"))
+    finally:
+        await writer.aclose()
+    assert scope.cancelled_caught and ended == [0]
+    assert results == {"slow": "slow", "queued": "queued"}
+    assert rows(db) == [("t:queued", "x"), ("t:slow", "x")]
+
 # --- logging: a failing job's traceback once ------------------------------------------------
 
 

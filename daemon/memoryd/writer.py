@@ -146,8 +146,6 @@ class Writer:
         #: a batch is between ``_next`` and ``_end_batch``; ``_next`` is already scheduled
         self._running = False
         self._scheduled = False
-        #: what a cancelled ``serve`` waits on until the batch in flight has ended
-        self._quiet: asyncio.Future[None] | None = None
         #: the task of a batch the spaced reconcile holds (``_held``)
         self._holding: asyncio.Task[None] | None = None
         self._full_sync = True
@@ -295,14 +293,13 @@ class Writer:
             self._next()
             await self._stop
         except BaseException:
-            # Ended by what no batch contains (``_end_batch`` hands it here), or cancelled:
-            # no job will run any more. Later ones are refused and queued ones fail, whose
-            # callers (and ``settled``'s flush) would otherwise wait for them forever.
-            self._fail_queued()
-            if self._running:  # as a shielded commit would: the batch in flight ends first
-                self._quiet = asyncio.get_running_loop().create_future()
-                with anyio.CancelScope(shield=True):
-                    await self._quiet
+            # Cancelled: what was queued commits first, as after ``close`` (a caller that was
+            # told its job is queued must not be told it failed while it commits). Ended by
+            # what no batch contains (``_end_batch`` hands it here): queued jobs failed
+            # already. Either way later ones are refused.
+            self._closed = True
+            with anyio.CancelScope(shield=True):
+                await self.idle()
             raise
         finally:
             self._serving = False
@@ -364,8 +361,6 @@ class Writer:
             return
         finally:
             self._running = False
-            if self._quiet is not None and not self._quiet.done():
-                self._quiet.set_result(None)
         self._next()
 
     def _settle(self, batch: list[_Job[Any]], deferred: list[_Deferred], done: _Done | None,
