@@ -99,8 +99,7 @@ class Snapshots:
         """The snapshot ``view`` is shown: the entries it sees, its cells' usage as ``tx``
         leaves it, and the session's own pending proposals, fenced as the reference lists them."""
         config = self.service.config
-        visible = [(track, scope, text) for track, scope, wk, ak, text in store.layer_texts(tx.conn)
-                   if view.sees(scope, wk, ak)]
+        visible = store.visible_texts(tx.conn, view.agent_key, view.workspace_key)
         shown = [(x.id, x.track, x.scope, x.text)
                  for x in visible_proposals(store.proposals(tx.conn, "pending"), view, config.proposal_max_pending)]
         usage = {cell: (used, config.budgets[cell]) for cell, used in tx.usage.items()}

@@ -184,11 +184,13 @@ def list_entries(conn: sqlite3.Connection) -> list[Entry]:
     return [row_to_entry(r) for r in conn.execute(LIST_ENTRIES_SQL).fetchall()]
 
 
-def layer_texts(conn: sqlite3.Connection) -> list[tuple[str, str, str, str, str]]:
-    """``(track, scope, workspace_key, agent_key, text)`` of every entry in creation order:
-    what a snapshot renders from, without making an Entry of each row."""
-    return conn.execute("SELECT track, scope, workspace_key, agent_key, text FROM entries "
-                        "ORDER BY created_at, rowid").fetchall()
+def visible_texts(conn: sqlite3.Connection, agent_key: str, workspace_key: str) -> list[tuple[str, str, str]]:
+    """``(track, scope, text)`` of every entry a session of ``agent_key`` in ``workspace_key``
+    sees (``SessionView.sees``: its agent's or every agent's, user-global or its workspace's),
+    in creation order: what its snapshot renders from, without making an Entry of each row."""
+    return conn.execute("SELECT track, scope, text FROM entries WHERE agent_key IN ('', ?) "
+                        "AND (scope = 'user-global' OR workspace_key = ?) ORDER BY created_at, rowid",
+                        (agent_key, workspace_key)).fetchall()
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: str) -> Entry | None:
