@@ -27,6 +27,8 @@ Where each request's work runs, then:
   on the writer's thread; its reply and events on the loop, once COMMIT has returned;
 - a query: its read on a reader's thread (readers.py), its recall counts and ``recalled``
   row a job here (``durable=False``), its reply on the loop;
+- a session's snapshot (snapshots.py): the look for its frozen text on a reader's thread;
+  a new one's read of the entries, its rendering and its row one job here;
 - any other read (a list, an export, audit/verify): a reader's thread;
 - the ledger's approval rows (``defer``): at the head of the next batch, on this thread.
 
