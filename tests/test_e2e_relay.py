@@ -213,7 +213,7 @@ def test_the_relay_does_not_import_the_daemon_stack(daemon_factory: Any) -> None
     code = ("import sys, memoryd.cli as c\n"
             f"rc = c.main(['serve', '--stdio', '--socket', {str(d.socket_path)!r}])\n"
             "heavy = ('anyio', 'jsonrpcserver', 'msgspec', 'sqlite3', 'memoryd.app', 'memoryd.store',\n"
-            "         'subprocess', 'dataclasses', 'hashlib', 'secrets', 'tomllib', 'socket')\n"
+            "         'subprocess', 'dataclasses', 'hashlib', 'secrets', 'tomllib')\n"
             "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n")
     r = subprocess.run([sys.executable, "-c", code], input=LIST, capture_output=True, timeout=30)
     assert r.stderr.decode().strip().splitlines()[-1] == "0 []"

@@ -11,12 +11,12 @@ A harness spawns one per session.
 
 from __future__ import annotations
 
-import _socket
 import _thread
 import errno
 import json
 import os
 import select
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,11 +48,8 @@ class RelayError(DaemonError):
     """Why the relay cannot attach; one line, printed as ``memoryd: <message>``."""
 
 
-def _connect(path: str) -> _socket.socket | None:
-    # The C module's socket, not socket.py's wrapper, which builds its enums and imports
-    # selectors when imported, on every harness spawn; the relay only connects, sends,
-    # receives and shuts down (and, for the same reason, starts its thread with _thread).
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
     except OSError as exc:
@@ -63,7 +60,7 @@ def _connect(path: str) -> _socket.socket | None:
     return sock
 
 
-def _owner_socket(store: str) -> tuple[_socket.socket, str] | None:
+def _owner_socket(store: str) -> tuple[socket.socket, str] | None:
     """The daemon that already owns ``store``, by the socket its owner record names (next
     to the store), when that socket is in a private directory and answers."""
     record = read_owner_record(Path(store))
@@ -80,7 +77,7 @@ def _owner_socket(store: str) -> tuple[_socket.socket, str] | None:
 
 
 def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *,
-           follow_owner: bool = False) -> tuple[_socket.socket, str, str | None]:
+           follow_owner: bool = False) -> tuple[socket.socket, str, str | None]:
     """A connection to the daemon on ``socket_path``, started with ``serve_args`` when none
     answers; the socket it is on; and the store whose owner record found it, if one did.
     Never through a directory another user controls, who could have put their own socket there.
@@ -129,7 +126,7 @@ def attach(socket_path: str, serve_args: Sequence[str], db: str | None = None, *
     return sock, socket_path, None
 
 
-def _read_line(sock: _socket.socket) -> tuple[bytes, bytes]:
+def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
     """The first line the daemon sends, and whatever came after it in the same reads."""
     buf = b""
     while b"\n" not in buf:
@@ -141,7 +138,7 @@ def _read_line(sock: _socket.socket) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def _ask(sock: _socket.socket, socket_path: str, request: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
+def _ask(sock: socket.socket, socket_path: str, request: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
     """Send the relay's own request (after ``first``, notifications that get no answer, in
     the same write) and read the daemon's first line: the answer, and what came after it in
     the same reads."""
@@ -158,7 +155,7 @@ def _ask(sock: _socket.socket, socket_path: str, request: bytes, first: bytes = 
         sock.settimeout(None)
 
 
-def check_store(sock: _socket.socket, socket_path: str, db: str | None, write_policy: str | None, *,
+def check_store(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None, *,
                 first: bytes = b"") -> bytes:
     """Ask the daemon what it serves before relaying anything (the reply is ours, not the
     harness's), ``first`` sent before the question; returns any bytes read past the reply."""
@@ -219,7 +216,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def pump(sock: _socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
+def pump(sock: socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") -> str | None:
     """Relay until the daemon closes. Returns ``None`` after a clean end (the harness
     closed stdin first, or stopped reading stdout), else the reason the daemon went."""
     stdin_done: list[bool] = []  # made true when the harness ended its input (not: our send failed)
@@ -239,7 +236,7 @@ def pump(sock: _socket.socket, in_fd: int, out_fd: int, pending: bytes = b"") ->
             pass  # the daemon went away: the downstream half reports it
         finally:
             try:
-                sock.shutdown(_socket.SHUT_WR)
+                sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
@@ -295,7 +292,7 @@ def mcp_attach_line(cwd: str, agent: str | None) -> bytes:
                          "in UTF-8") from None
 
 
-def switch_to_mcp(sock: _socket.socket, socket_path: str, db: str | None, write_policy: str | None,
+def switch_to_mcp(sock: socket.socket, socket_path: str, db: str | None, write_policy: str | None,
                   attach_line: bytes, *, first: bytes = b"") -> bytes:
     """Send ``mcp/attach`` (after ``first``) and check its answer, which says what the daemon
     serves as ``daemon/status`` does, before a byte of the host's is relayed. Returns the
