@@ -65,16 +65,26 @@ class Readers:
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         thread = self._free.pop() if self._free else await self._wait()
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def then(result: T | None, error: BaseException | None) -> None:
+            # The thread comes back once the read has ended, not when a caller cancelled
+            # meanwhile goes: handed back while its read still ran, it would make the next
+            # read wait behind it. The cancelled caller's result is dropped.
+            self._hand_back(thread)
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
         try:
-            done = thread.hand(lambda c: _in_transaction(c, fn))
+            thread.post(lambda c: _in_transaction(c, fn), then)
         except BaseException:  # closed: the thread goes back as it came
             self._hand_back(thread)
             raise
-        # A connection handed back while its read still runs would make the next read wait
-        # behind it: a caller cancelled meanwhile goes, and the thread comes back once the
-        # read has ended.
-        done.add_done_callback(lambda _: self._hand_back(thread))
-        return await asyncio.shield(done)
+        return await done
 
     async def _wait(self) -> SqliteThread:
         waiter: asyncio.Future[SqliteThread] = asyncio.get_running_loop().create_future()
