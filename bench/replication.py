@@ -97,7 +97,7 @@ def _bare_litestream(db: Path, url: str, s3: S3 | None, work: Path) -> Iterator[
     keys = {"endpoint": s3.endpoint, "region": "us-east-1"} if s3 is not None else {}
     rep = replica.parse({"url": url, **keys})
     config = litestream.write_config(work, db, rep)
-    proc = subprocess.Popen(litestream.replicate_argv(config, rep), env=litestream.environment(rep),
+    proc = subprocess.Popen(litestream.argv("replicate", config, rep), env=litestream.environment(rep),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield

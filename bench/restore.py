@@ -46,7 +46,7 @@ def _ship(db: Path, url: str, work: Path) -> None:
     rep = replica.parse({"url": url})
     config = litestream.write_config(work, db, rep)
     env = {k: v for k, v in litestream.environment(rep).items() if k != "AWS_CA_BUNDLE"}
-    proc = subprocess.Popen(litestream.replicate_argv(config, rep), env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(litestream.argv("replicate", config, rep), env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     done = threading.Event()
 

@@ -49,7 +49,7 @@ class Shipper:
         workdir.mkdir(parents=True, exist_ok=True)
         config = litestream.write_config(workdir, db, self.replica)
         env = {k: v for k, v in litestream.environment(self.replica).items() if k != "AWS_CA_BUNDLE"}
-        self.proc = subprocess.Popen(litestream.replicate_argv(config, self.replica), env=env,
+        self.proc = subprocess.Popen(litestream.argv("replicate", config, self.replica), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.said: list[str] = []
         self._cond = threading.Condition()

@@ -117,14 +117,14 @@ def test_litestream_gets_no_secret_in_argv_or_its_config(tmp_path: Path, monkeyp
     assert json.loads(text)["dbs"][0]["replica"] == {
         "url": "sftp://me@nas/memory", "password": "${LITESTREAM_SFTP_PASSWORD}",
         "key-path": "/home/me/.ssh/id_ed25519", "sync-interval": "1s"}
-    argv = litestream.replicate_argv(conf, r)
+    argv = litestream.argv("replicate", conf, r)
     assert not any(SECRET in a or "from-the-environment" in a for a in argv)
     assert "-no-expand-env" not in argv  # the password is expanded from the environment, by Litestream
     env = litestream.environment(r)
     assert env["AWS_SECRET_ACCESS_KEY"] == SECRET and env["LITESTREAM_SFTP_PASSWORD"] == "from-the-environment"
     plain = replica.parse({"url": "file:///r"})
-    assert "-no-expand-env" in litestream.replicate_argv(litestream.write_config(tmp_path, tmp_path / "m.db", plain),
-                                                         plain)
+    assert "-no-expand-env" in litestream.argv("replicate", litestream.write_config(tmp_path, tmp_path / "m.db", plain),
+                                               plain)
 
 
 def test_the_section_without_the_extra_stops_the_start_naming_it(

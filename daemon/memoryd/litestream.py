@@ -122,11 +122,6 @@ def argv(command: str, config: Path, replica: Replica, *args: str) -> list[str]:
             *args]
 
 
-def replicate_argv(config: Path, replica: Replica) -> list[str]:
-    """The argv of ``litestream replicate`` for a config file written by :func:`write_config`."""
-    return argv("replicate", config, replica)
-
-
 async def restore(replica: Replica, out: Path, *, timeout_s: float = RESTORE_TIMEOUT_S) -> None:
     """Restore the replica's newest copy of the store into ``out``, which must not exist
     (nor its -wal/-shm). Raises NoBackup when the replica holds none yet, LitestreamError

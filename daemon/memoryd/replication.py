@@ -146,7 +146,7 @@ class Replication:
                 await replica_guard.read(self.replica, self.db)
                 replica = self.replica.reload_credentials()
                 config = self._config = litestream.write_config(Path(tmp), self.db, replica)
-                proc = await anyio.open_process(litestream.replicate_argv(config, replica),
+                proc = await anyio.open_process(litestream.argv("replicate", config, replica),
                                                 env=litestream.environment(replica), stdin=subprocess.DEVNULL,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                                 start_new_session=True)
@@ -266,7 +266,7 @@ class Replication:
     async def _once(self, config: Path) -> None:
         """``litestream replicate -once``: one sync of the store as the drain left it."""
         replica = self.replica.reload_credentials()
-        argv = [*litestream.replicate_argv(config, replica), "-once"]
+        argv = litestream.argv("replicate", config, replica, "-once")
         try:
             done = await anyio.run_process(argv, env=litestream.environment(replica), stdin=subprocess.DEVNULL,
                                            check=False)
