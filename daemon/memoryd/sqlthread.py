@@ -71,9 +71,6 @@ class SqliteThread:
             call()
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        return await self._hand(fn)
-
-    def _hand(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
         def settle(result: T | None, error: BaseException | None) -> None:
@@ -85,7 +82,7 @@ class SqliteThread:
                 done.set_result(result)  # type: ignore[arg-type]
 
         self._post(fn, settle)
-        return done
+        return await done
 
     def _post(self, fn: Callable[[], T], then: Callable[[T | None, BaseException | None], object]) -> None:
         if self._closed:
@@ -107,14 +104,10 @@ class SqliteThread:
         self._calls.put(call)
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self.hand(fn)
-
-    def hand(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """Hand ``fn(conn)`` over without waiting: the future of its result. Cancelling the
-        future does not stop the call; its result is then dropped."""
+        """``fn(conn)``'s result; a cancelled caller does not stop the call, whose result is then dropped."""
         conn = self._conn
         assert conn is not None
-        return self._hand(lambda: fn(conn))
+        return await self._call(lambda: fn(conn))
 
     def post(self, fn: Callable[[sqlite3.Connection], T],
              then: Callable[[T | None, BaseException | None], object]) -> None:
