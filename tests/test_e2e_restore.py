@@ -558,7 +558,7 @@ async def test_a_take_over_while_litestream_runs_is_found_by_the_lag_reader(daem
     async with socket_client(laptop.socket_path) as raw:
         await add(raw, "Prefers tabs")
     [(n, h)] = sql(laptop_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
-    log.wait(rf"replica read: ReplicaHead\(n={n}, hash='{h}'")  # the replica holds "Prefers tabs"
+    log.wait(rf"replica read: Head\(n={n}, hash='{h}'")  # the replica holds "Prefers tabs"
     # The laptop's Litestream is between two looks at the WAL: frozen there, so that the
     # reader's next look comes before it could ship the laptop's next write over the take-over.
     shipping = int(re.search(r"litestream started \(pid (\d+)\)", log.path.read_text())[1])  # type: ignore[index]
@@ -573,7 +573,7 @@ async def test_a_take_over_while_litestream_runs_is_found_by_the_lag_reader(daem
     [devbox_head] = sql(devbox_db, "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1")
     # the replica holds the dev box's history (its own lag reader read it there), whatever
     # its stop's last sync does on a loaded machine
-    devlog.wait(rf"replica read: ReplicaHead\(n={devbox_head[0]}, hash='{devbox_head[1]}'")
+    devlog.wait(rf"replica read: Head\(n={devbox_head[0]}, hash='{devbox_head[1]}'")
     devbox.stop()
 
     async with socket_client(laptop.socket_path) as raw:

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +42,6 @@ class LitestreamError(DaemonError):
 
 class NoBackup(LitestreamError):
     """The replica holds no copy of the store yet."""
-
-
-@dataclass(frozen=True)
-class ReplicaHead:
-    """The newest ledger row a replica holds: its number, hash and time (ms since the epoch)."""
-
-    n: int
-    hash: str
-    ts: int
 
 
 def binary() -> Path:

@@ -25,7 +25,7 @@ from . import litestream
 from .errors import DaemonError
 from .replica import Replica
 
-_NEWEST = "SELECT n, hash, ts FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
+_NEWEST = "SELECT n, hash FROM memoryd_ledger ORDER BY n DESC LIMIT 1"
 _AT = "SELECT hash FROM memoryd_ledger WHERE n = ?"
 
 
@@ -34,7 +34,7 @@ class ReplicaDiverged(DaemonError):
     another machine's history. The message names both heads and how to restore."""
 
 
-def ledger_head(path: Path, at: int | None = None) -> tuple[litestream.ReplicaHead | None, str | None]:
+def ledger_head(path: Path, at: int | None = None) -> tuple[Head | None, str | None]:
     """The newest row of the store at ``path`` and its hash of row ``at``, read only, in one
     read transaction."""
     with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True,
@@ -45,16 +45,12 @@ def ledger_head(path: Path, at: int | None = None) -> tuple[litestream.ReplicaHe
             return None, None
         row = conn.execute(_NEWEST).fetchone()
         found = conn.execute(_AT, (at,)).fetchone() if at is not None else None
-    newest = None if row is None else litestream.ReplicaHead(int(row[0]), str(row[1]), int(row[2]))
+    newest = None if row is None else Head(int(row[0]), str(row[1]))
     return newest, (None if found is None else str(found[0]))
 
 
-def _head(row: litestream.ReplicaHead | None) -> Head | None:
-    return None if row is None else Head(row.n, row.hash)
-
-
 async def read(replica: Replica, store: Path, *, timeout_s: float = litestream.RESTORE_TIMEOUT_S
-               ) -> tuple[Relation, litestream.ReplicaHead | None]:
+               ) -> tuple[Relation, Head | None]:
     """How ``store`` stands to a copy of ``replica`` (``empty`` or ``extends``), and the
     copy's newest ledger row (None: no backup yet, or an empty ledger). Raises
     :class:`ReplicaDiverged` when the store is behind the replica or diverged from it, and
@@ -68,12 +64,10 @@ async def read(replica: Replica, store: Path, *, timeout_s: float = litestream.R
         return await anyio.to_thread.run_sync(_judge, replica, copy, store)
 
 
-def _judge(replica: Replica, copy: Path, store: Path) -> tuple[Relation, litestream.ReplicaHead | None]:
+def _judge(replica: Replica, copy: Path, store: Path) -> tuple[Relation, Head | None]:
     try:
-        newest, _ = ledger_head(copy)
-        theirs = _head(newest)
-        local, ours_at = ledger_head(store, None if theirs is None else theirs.n)
-        ours = _head(local)
+        theirs, _ = ledger_head(copy)
+        ours, ours_at = ledger_head(store, None if theirs is None else theirs.n)
         _, theirs_at = ledger_head(copy, None if ours is None else ours.n)
     except sqlite3.Error as exc:
         raise litestream.LitestreamError(f"the copy restored from {replica.shown_url} cannot be read as a "
@@ -81,4 +75,4 @@ def _judge(replica: Replica, copy: Path, store: Path) -> tuple[Relation, litestr
     rel = relation(ours, ours_at, theirs, theirs_at)
     if rel in ("behind", "diverged"):
         raise ReplicaDiverged(refusal(rel, ours, theirs, replica.shown_url, str(store)))
-    return rel, newest
+    return rel, theirs

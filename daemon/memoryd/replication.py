@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import Process
+from memoryd_protocol import replica_chain
 from memoryd_protocol.replication_types import ReplicationState, ReplicationStatus
 
 from . import litestream, replica_guard
@@ -96,7 +97,7 @@ class Replication:
         self.state: ReplicationState = "starting"
         self.error: str | None = None
         self.restarts = 0
-        self.replica_head: litestream.ReplicaHead | None = None
+        self.replica_head: replica_chain.Head | None = None
         self.read_at: int | None = None
         self._head: Callable[[], Head] = lambda: None
         self._proc: Process | None = None
