@@ -2,20 +2,15 @@
 
 A process with the user's rights can truncate the ledger cleanly, or rewrite it whole with
 recomputed hashes, and the chain alone still checks out. So at start, at stop, and every
-``heads_every_rows`` rows or ``heads_every_s`` seconds of writing (config), the daemon appends its head ``{store, n,
-hash, ts, event}`` as one JSON line to the store's heads file and logs it (under systemd,
-the log is the journal, which a same-uid process cannot rewrite). The default store's heads
-file is ``$XDG_STATE_HOME/memoryd/heads``, any other store's ``<db>.memoryd-heads`` beside
-it (memoryd_protocol.paths.heads_path_for), so a scratch store never writes into the
-user's witness.
+``heads_every_rows`` rows or ``heads_every_s`` seconds of writing, the daemon appends its
+head as one JSON line to the store's heads file (memoryd_protocol.paths.heads_path_for) and
+logs it (under systemd, the log is the journal, which a same-uid process cannot rewrite).
 ``memoryctl audit verify --heads FILE`` checks that every head witnessed is still in the
 chain; ``memoryctl audit heads`` prints them, for a copy kept elsewhere.
 
 The file is read and written on a worker thread, never on the event loop, and only as
-memoryd_protocol.heads_file opens it: anything else found at its path (a FIFO, a link,
-another uid's file, one its group or others can write, or a directory that is a link or that
-others can write) is refused, said once in the log, and the heads go to the log alone. A
-start reads only the file's tail (HEADS_TAIL_BYTES).
+memoryd_protocol.heads_file opens it: anything else found at its path is refused, said once
+in the log, and the heads go to the log alone. A start reads only the file's tail.
 """
 
 from __future__ import annotations
