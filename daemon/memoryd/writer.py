@@ -363,7 +363,13 @@ class Writer:
             return
         finally:
             self._running = False
-        self._next()
+        if self._queue and not self._scheduled:
+            # as submit does, at the end of this turn of the loop: the requests read in it
+            # share the batch (begun at once, the next batch is smaller and commits more often)
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._next)
+        else:
+            self._next()
 
     def _settle(self, batch: list[_Job[Any]], deferred: list[_Deferred], done: _Done | None,
                 exc: BaseException | None) -> None:
