@@ -40,7 +40,7 @@ from memoryd_protocol import replica_chain
 from memoryd_protocol.replication_types import ReplicationState, ReplicationStatus
 
 from . import litestream, replica_guard
-from .replica import Replica
+from .replica import Replica, ReplicaError
 from .tx import Tx
 
 log = logging.getLogger("memoryd.replication")
@@ -108,6 +108,9 @@ class Replication:
         self._scope = anyio.CancelScope()
         #: the local head the replica last held in full (None: not read yet)
         self._held: Head = None
+        #: the credentials' values as last read: what Litestream's errors may still quote
+        #: after the file has changed into one memoryd refuses
+        self._secrets = [v for v in replica.credentials.values() if len(v) >= 4]
 
     def bind(self, head: Callable[[], Head], read: Read, submit: Submit) -> None:
         """Where the local head and the store's rows are read (the writer's anchor, Service.read),
@@ -122,9 +125,12 @@ class Replication:
 
     def _scrub(self, text: str) -> str:
         """``text`` without any credential's value (Litestream's errors may quote a request)."""
-        for value in self.replica.reload_credentials().credentials.values():
-            if len(value) >= 4:
-                text = text.replace(value, "***")
+        # The file may have changed since Litestream read it, into one memoryd refuses (a
+        # chmod, a rotation half done): the values last read then still count.
+        with contextlib.suppress(ReplicaError):
+            self._secrets = [v for v in self.replica.reload_credentials().credentials.values() if len(v) >= 4]
+        for value in self._secrets:
+            text = text.replace(value, "***")
         return text[:500]
 
     async def run(self) -> None:
@@ -222,7 +228,7 @@ class Replication:
             except replica_guard.ReplicaDiverged as exc:
                 self._diverged(exc)
                 return
-            except litestream.LitestreamError as exc:
+            except (litestream.LitestreamError, ReplicaError) as exc:
                 self.error = self._scrub(str(exc))
                 self._set("unreachable", self.error)
             else:
@@ -266,12 +272,12 @@ class Replication:
 
     async def _once(self, config: Path) -> None:
         """``litestream replicate -once``: one sync of the store as the drain left it."""
-        replica = self.replica.reload_credentials()
-        argv = litestream.argv("replicate", config, replica, "-once")
         try:
+            replica = self.replica.reload_credentials()
+            argv = litestream.argv("replicate", config, replica, "-once")
             done = await anyio.run_process(argv, env=litestream.environment(replica), stdin=subprocess.DEVNULL,
                                            check=False)
-        except OSError as exc:
+        except (OSError, ReplicaError) as exc:
             log.warning("replication to %s: the last sync could not run: %s", self.replica.shown_url,
                         self._scrub(str(exc)))
             return
