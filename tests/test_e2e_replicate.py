@@ -61,11 +61,20 @@ def s3() -> Iterator[S3Server]:
     server.close()
 
 
-def start(daemon_factory: Any, tmp_path: Path, config: str, name: str = "d", db: Path | None = None) -> tuple[Any, Log]:
+def start(daemon_factory: Any, tmp_path: Path, config: str, name: str = "d", db: Path | None = None,
+          *args: str) -> tuple[Any, Log]:
     cfg = tmp_path / f"{name}.toml"
     cfg.write_text(config)
-    d = daemon_factory("--config", str(cfg), name=name, db=db)
+    d = daemon_factory("--config", str(cfg), *args, name=name, db=db)
     return d, Log(d.stderr_path)
+
+
+def held(d: Any, log: Log) -> None:
+    """Wait until the lag reader (at debug level) has read the store's head in the replica.
+    Not a wait for "replicating": a replica that caught up before the reader looked never
+    left that state, and says nothing."""
+    n, h = head(d.db_path)
+    log.wait(rf"replica read: Head\(n={n}, hash='{h}'")
 
 
 async def restore(url: str, out: Path, **keys: Any) -> None:
@@ -133,13 +142,13 @@ async def test_many_writes_checkpoints_and_a_restart_restore_to_a_copy_that_veri
 async def test_s3_replica_credentials_from_a_0600_file_never_in_argv_or_log(
         daemon_factory: Any, tmp_path: Path, s3: S3Server) -> None:
     creds = credentials_file(tmp_path / "s3.env")
-    d, log = start(daemon_factory, tmp_path, s3_config(s3, creds, prefix="creds"))
+    d, log = start(daemon_factory, tmp_path, s3_config(s3, creds, prefix="creds"), "d", None, "--log-level", "debug")
     log.wait(REPLICATING)
     (child,) = litestream_children(d.proc.pid)
     assert not any(SECRET_KEY in a or ACCESS_KEY in a for a in child["argv"])
     async with socket_client(d.socket_path) as raw:
         await add(raw, "replicated to S3")
-    log.wait(REPLICATING)
+    held(d, log)
     st = await status(d)
     assert (st["url"], st["state"], st["lagRows"], st["lagS"], st["replicaN"]) == (
         "s3://memoryd-replica/creds", "replicating", 0, 0.0, st["headN"])
