@@ -1,4 +1,4 @@
-"""The single writer: one task owns the write connection; every mutation runs there.
+"""The single writer: one thread owns the write connection; every mutation runs there.
 
 A job is a synchronous function of the transaction, ``fn(tx) -> result`` (tx.py). The
 writer drains whatever is queued and runs it as one transaction (group commit), the whole
