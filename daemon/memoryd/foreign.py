@@ -132,15 +132,6 @@ class Watch:
             self._look = anyio.Event()
             with anyio.move_on_after(wait):
                 await self._look.wait()
-        return self.begins()
-
-    def holds(self) -> bool:
-        """Whether a batch may have to wait in :meth:`due` before it begins (a reconcile ran
-        lately); when not, it begins at once, and :meth:`begins` says what it checks."""
-        return self.not_before > time.monotonic() and not self.force
-
-    def begins(self) -> bool:
-        """A batch begins now: whether it reads the whole text index too (``look``)."""
         index, self.force, self.index = self.index, False, False
         return index
 

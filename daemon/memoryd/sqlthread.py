@@ -113,7 +113,7 @@ class SqliteThread:
              then: Callable[[T | None, BaseException | None], object]) -> None:
         """Hand ``fn(conn)`` over; once it has returned, ``then(result, None)`` (or ``then(None,
         error)``) runs on the event loop: no future and no task to wake, for a caller that
-        goes on in a callback (the writer's batches)."""
+        goes on in a callback (a read's end, readers.py)."""
         conn = self._conn
         assert conn is not None
         self._post(lambda: fn(conn), then)

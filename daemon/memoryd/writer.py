@@ -138,18 +138,11 @@ class Writer:
         self._usage: Usage = dict(usage)
         #: how many entries the committed store holds (as memoryd's own writes count them)
         self.entries = entries
-        #: queued jobs (plain asyncio: one append and one future per job, where anyio's
-        #: memory stream and Event cost several calls each)
+        #: queued jobs, and what wakes ``serve`` for them (plain asyncio: one append and one
+        #: future per job, where anyio's memory stream and Event cost several calls each)
         self._queue: deque[_Job[Any]] = deque()
+        self._wake = asyncio.Event()
         self._closed = False
-        #: ``serve`` runs: batches begin (``_next``); resolved once it is to return
-        self._serving = False
-        self._stop: asyncio.Future[None] | None = None
-        #: a batch is between ``_next`` and ``_end_batch``; ``_next`` is already scheduled
-        self._running = False
-        self._scheduled = False
-        #: the task of a batch the spaced reconcile holds (``_held``)
-        self._holding: asyncio.Task[None] | None = None
         self._full_sync = True
         self.depth = 0
         #: set while no job is queued or committing (depth 0): what a drain waits on
@@ -206,12 +199,9 @@ class Writer:
         loop = asyncio.get_running_loop()
         job: _Job[T] = _Job(fn, durable, loop.create_future(), on_error=on_error)
         self._queue.append(job)
+        self._wake.set()
         self.depth += 1
         self._idle.clear()
-        if self._serving and not self._running and not self._scheduled:
-            # at the end of this turn of the loop: the jobs queued in it share the batch
-            self._scheduled = True
-            loop.call_soon(self._next)
         # Once queued, the job runs whatever happens to the caller: a cancelled caller
         # waits for its end all the same, shielded, so it cannot mistake a committed write
         # for a failed one. (Its cancellation cancels ``done``, which the writer then
@@ -282,122 +272,79 @@ class Writer:
     def close(self) -> None:
         """Accept no more jobs; ``serve`` returns once the queued ones are committed."""
         self._closed = True
-        if self._serving and not self._running:
-            self._next()
+        self._wake.set()
 
     async def serve(self) -> None:
-        """The writer's task: commit batches until closed and drained. The batches begin
-        and end in callbacks on the loop (``_next``, ``_end_batch``), not in this task: a
-        job's path is then the caller's submit, the writer's thread, the caller's answer."""
-        self._stop = asyncio.get_running_loop().create_future()
-        self._serving = True
+        """The writer's task: commit batches until closed and drained."""
         try:
-            self._next()
-            await self._stop
+            await self._batches()
         except BaseException:
-            # Cancelled: what was queued commits first, as after ``close`` (a caller that was
-            # told its job is queued must not be told it failed while it commits). Ended by
-            # what no batch contains (``_end_batch`` hands it here): queued jobs failed
-            # already. Either way later ones are refused.
+            # Ended by what no batch contains (``_commit`` raises it again), or cancelled:
+            # no job will run any more. Later ones are refused and queued ones fail, whose
+            # callers (and ``settled``'s flush) would otherwise wait for them forever.
             self._closed = True
-            with anyio.CancelScope(shield=True):
-                await self.idle()
+            queued = list(self._queue)
+            self._queue.clear()
+            self.depth -= len(queued)
+            if not self.depth:
+                self._idle.set()
+            for j in queued:
+                j.error = RuntimeError("commit failed")
+                self._end(j)
             raise
-        finally:
-            self._serving = False
 
-    def _fail_queued(self) -> None:
-        self._closed = True
-        queued = list(self._queue)
-        self._queue.clear()
-        self.depth -= len(queued)
-        if not self.depth:
-            self._idle.set()
-        for j in queued:
-            j.error = RuntimeError("commit failed")
-            self._end(j)
-
-    def _next(self) -> None:
-        """Begin the next batch, if none runs: the next MAX_GROUP jobs, and the bookkeeping."""
-        self._scheduled = False
-        if self._running or not self._serving:
-            return
+    async def _batches(self) -> None:
         queue = self._queue
-        if not queue:
-            if self._closed and self._stop is not None and not self._stop.done():
-                self._stop.set_result(None)
-            return
-        self._running = True
-        batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
+        while True:
+            if not queue:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
+            await self._commit(batch)
+
+    def _sync(self, conn: sqlite3.Connection, durable: bool) -> None:
+        """Before a transaction: roll back one a failed ROLLBACK left open; ``synchronous`` FULL, or NORMAL for bookkeeping."""
+        rollback(conn, "left open by an earlier batch")
+        if durable != self._full_sync:
+            conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+            self._full_sync = durable
+
+    # --- a batch's transaction ----------------------------------------------------------
+
+    async def _commit(self, batch: list[_Job[Any]]) -> None:
+        durable = any(j.durable for j in batch)
         deferred, self._deferred = self._deferred, []
+        lost: list[_Deferred] = []
         if deferred:
             self._bookkeeping_idle = anyio.Event()
-        if self._watch.holds():
-            self._holding = asyncio.get_running_loop().create_task(self._held(batch, deferred))
-        else:
-            self._begin(batch, deferred, self._watch.begins())
-
-    async def _held(self, batch: list[_Job[Any]], deferred: list[_Deferred]) -> None:
-        """A batch the spaced reconcile holds (foreign.Watch.due) begins once it may."""
         try:
-            self._begin(batch, deferred, await self._watch.due(self._sql.call))
+            with anyio.CancelScope(shield=True):
+                index = await self._watch.due(self._sql.call)
+                tx, moved, added, lost = await self._sql.call(
+                    lambda conn: self._transaction(conn, batch, deferred, durable, index))
+            self.anchor.committed(tx)
+            self._watch.reconciled(moved)
+            self._usage = tx.usage
+            self.entries = (self.entries if tx.entries is None else tx.entries) + added
         except BaseException as exc:
-            self._end_batch(batch, deferred, None, exc)
-
-    def _begin(self, batch: list[_Job[Any]], deferred: list[_Deferred], index: bool) -> None:
-        durable = any(j.durable for j in batch)
-        self._sql.post(lambda conn: self._transaction(conn, batch, deferred, durable, index),
-                       lambda done, exc: self._end_batch(batch, deferred, done, exc))
-
-    def _end_batch(self, batch: list[_Job[Any]], deferred: list[_Deferred], done: _Done | None,
-                   exc: BaseException | None) -> None:
-        """On the loop, once the batch has committed (``done``) or failed (``exc``): every
-        caller answered, then the next batch begun; what ``except Exception`` lets through
-        ends ``serve`` instead."""
-        try:
-            self._settle(batch, deferred, done, exc)
-        except BaseException as escaped:
-            self._fail_queued()
-            if self._stop is not None and not self._stop.done():
-                self._stop.set_exception(escaped)
-            return
-        finally:
-            self._running = False
-        if self._queue and not self._scheduled:
-            # as submit does, at the end of this turn of the loop: the requests read in it
-            # share the batch (begun at once, the next batch is smaller and commits more often)
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._next)
-        else:
-            self._next()
-
-    def _settle(self, batch: list[_Job[Any]], deferred: list[_Deferred], done: _Done | None,
-                exc: BaseException | None) -> None:
-        lost: list[_Deferred] = []
-        try:
-            if done is None:
-                raise exc if exc is not None else RuntimeError("commit failed")
-            self.anchor.committed(done.tx)
-            self._watch.reconciled(done.moved)
-            self._usage = done.tx.usage
-            self.entries = (self.entries if done.tx.entries is None else done.tx.entries) + done.added
-            lost = done.lost
-        except BaseException as failed:
             # Nothing of this batch committed: every job fails, whatever it had computed
             # (a result, or an error judged against rows that are gone now). Also on what
             # ``except Exception`` lets through (a job's SystemExit, say), which then ends
             # ``serve``: answered with its result, a caller would think its write committed.
-            fault = store_fault(failed, self._path)
+            fault = store_fault(exc, self._path)
             if fault is None:
                 log.exception("group commit of %d job(s) failed", len(batch))
             else:
                 log.error("group commit of %d job(s) failed: %s (%s): %s", len(batch), fault.code,
-                          fault.details["reason"], failed)
+                          fault.details["reason"], exc)
             for j in batch:
                 j.result = None
                 j.error = fault if fault is not None else RuntimeError("commit failed")
             lost = [d for d in deferred if d.keep]
-            if not isinstance(failed, Exception):
+            if not isinstance(exc, Exception):
                 raise
         finally:
             self.depth -= len(batch)
@@ -411,15 +358,6 @@ class Writer:
                 self._bookkeeping_idle.set()
             for j in batch:
                 self._end(j)
-
-    def _sync(self, conn: sqlite3.Connection, durable: bool) -> None:
-        """Before a transaction: roll back one a failed ROLLBACK left open; ``synchronous`` FULL, or NORMAL for bookkeeping."""
-        rollback(conn, "left open by an earlier batch")
-        if durable != self._full_sync:
-            conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
-            self._full_sync = durable
-
-    # --- a batch's transaction ----------------------------------------------------------
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[_Job[Any]], deferred: list[_Deferred],
                      durable: bool, index: bool) -> _Done:
