@@ -82,9 +82,9 @@ def owner_record_path(db: Path) -> Path:
 
 
 #: The owner record: ``pid``; ``socket``, None when the holder serves no socket; ``stopping``,
-#: set by a holder that is letting go of the store, so a starter waits for it. Made of the
-#: types themselves, not a class body, whose annotations are strings here that typing would
-#: compile: a process's first compile sets up the compiler's types, dear to every relay start.
+#: set by a holder that is letting go of the store, so a starter waits for it. Made from the
+#: types themselves: a class body's annotations are strings in this module, which typing would
+#: compile at import, and the relay's start (which reads this record) compiles nothing else.
 OwnerRecord = NamedTuple("OwnerRecord", [("pid", int), ("socket", str | None), ("stopping", bool)])  # noqa: UP014
 
 
