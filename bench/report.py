@@ -36,11 +36,12 @@ WHY_NOT: dict[str, str] = {
     "query at 2,000 ≤ 1.0× the in-process instr scan": (
         "Each query waits for a commit of its own recalls (synchronous=NORMAL, shared only with the "
         "queries in flight beside it) and crosses two threads, a reader's and the writer's; a "
-        "sequential client shares nothing. Of its p50, about 0.2 ms is the recall UPDATE (each "
-        "recalled entry moves in the rank index) and 0.1 ms its COMMIT; each such commit empties the "
-        "readers' page caches, so the next read costs about twice its SQL; and the two hops are four "
-        "wake-ups of a sleeping thread, each of which waits for a core on a loaded 2-core machine "
-        "(bench/results/SIMPLICITY-2.md, step 3)."),
+        "sequential client shares nothing. The recall transaction is about 150 µs of CPU since its "
+        "savepoint journal stays in memory (it spilled to a temporary file, created and deleted per "
+        "query, before); each such commit empties the readers' page caches, so the next read costs "
+        "more than its SQL alone; and the two hops are four wake-ups of a sleeping thread, each of "
+        "which waits for a core on a loaded 2-core machine. The worst needle is at the line, 0.94-1.13× "
+        "over the third stop's runs (bench/results/SIMPLICITY-2.md, step 3 and the third stop)."),
     "query at 2,000 ≥ 3× faster than server-memory": (
         "What keeps the query at 2,000 over the instr scan keeps it here: each query waits for a "
         "commit of its own recalls and crosses a reader's thread and the writer's "
