@@ -321,6 +321,17 @@ async def test_bad_params_are_structured_errors(connect: Connect, method: str, p
         assert await state(raw) == before
 
 
+async def test_a_method_that_is_no_string_is_an_invalid_request_and_keeps_the_connection(connect: Connect) -> None:
+    async with connect() as raw:
+        await add(raw, "keep me")
+        before = await state(raw)
+        for k, method in enumerate((b"[1]", b'{"a": 1}', b"null", b"7")):
+            await raw.send_line(b'{"jsonrpc": "2.0", "id": %d, "method": %s}' % (k, method))
+            r = await raw.raw_reply()
+            assert (r["id"], r["error"]["code"], r["error"]["data"]["code"]) == (k, -32600, "INVALID_REQUEST")
+        assert await state(raw) == before
+
+
 async def test_framing_errors_keep_the_connection(connect: Connect) -> None:
     async with connect(config="max_message_bytes = 2048\n") as raw:
         await add(raw, "keep me")

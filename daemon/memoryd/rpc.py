@@ -160,7 +160,10 @@ _INLINE: Final = frozenset(name for name, m in METHODS.items() if not m.parks)
 
 
 def serves_inline(message: Message | Any) -> bool:
-    return message is UNPARSABLE or (isinstance(message, Call) and message.method in _INLINE)
+    # a method that is no string (an array, an object) is no name: served inline, as the
+    # INVALID_REQUEST it is, and never hashed
+    return message is UNPARSABLE or (isinstance(message, Call) and (
+        not isinstance(message.method, str) or message.method in _INLINE))
 
 
 def _shape_error(call: Call) -> str | None:
