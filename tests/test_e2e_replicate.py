@@ -160,24 +160,42 @@ async def test_s3_replica_credentials_from_a_0600_file_never_in_argv_or_log(
     assert SECRET_KEY not in d.stderr() and ACCESS_KEY not in d.stderr()
 
 
-async def test_a_credentials_file_opened_to_others_while_running_is_said_and_the_daemon_serves_on(
+async def test_a_credentials_file_refused_while_running_is_said_and_the_daemon_serves_on(
         daemon_factory: Any, tmp_path: Path, s3: S3Server) -> None:
     creds = credentials_file(tmp_path / "s3.env")
-    d, log = start(daemon_factory, tmp_path, s3_config(s3, creds, prefix="opened"))
+    good = creds.read_bytes()
+    d, log = start(daemon_factory, tmp_path, s3_config(s3, creds, prefix="refused"))
     log.wait(REPLICATING)
-    creds.chmod(0o644)
+
+    def opened() -> None:
+        creds.chmod(0o644)
+
+    def not_utf8() -> None:
+        creds.write_bytes(good + b"# \xff\n")
+
+    def a_fifo() -> None:
+        creds.unlink()
+        os.mkfifo(creds, 0o600)
+
+    refusals = [
+        (opened, f"[replicate] credentials_file {creds} has mode 0644: others may read it; run chmod 600 {creds}"),
+        (not_utf8, f"[replicate] credentials_file {creds}: cannot read it: it is not UTF-8 text"),
+        (a_fifo, f"[replicate] credentials_file {creds} is not a regular file"),
+    ]
     async with socket_client(d.socket_path) as raw:
-        await add(raw, "written while the credentials file is open to others")
-        log.wait(r"replication to s3://memoryd-replica/opened: unreachable \(")
-        st = await status(d)
-        assert (st["state"], st["error"]) == (
-            "unreachable", f"[replicate] credentials_file {creds} has mode 0644: others may read it; run chmod 600 {creds}")
-        await add(raw, "and served after it")
-        creds.chmod(0o600)
-        await add(raw, "written once it is private again")
-        log.wait(REPLICATING)
-        caught = await status(d)
-    assert (caught["state"], caught["error"], caught["lagRows"]) == ("replicating", None, 0)
+        for k, (refuse, said) in enumerate(refusals):
+            refuse()
+            await add(raw, f"written while the credentials file is refused {k}")
+            log.wait(r"replication to s3://memoryd-replica/refused: unreachable \(")
+            st = await status(d)
+            assert (st["state"], st["error"]) == ("unreachable", said)
+            await add(raw, f"and served after it {k}")
+            creds.unlink()
+            credentials_file(creds)
+            await add(raw, f"written once it is right again {k}")
+            log.wait(REPLICATING)
+            caught = await status(d)
+            assert (caught["state"], caught["error"], caught["lagRows"]) == ("replicating", None, 0)
     creds.chmod(0o644)  # the stop's last sync, if it runs, is refused and said; the stop is clean
     assert d.stop() == 0
     assert SECRET_KEY not in d.stderr()

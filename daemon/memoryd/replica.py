@@ -110,7 +110,9 @@ def shown(url: str) -> str:
 def read_credentials(path: Path) -> dict[str, str]:
     """``KEY=VALUE`` lines (``#`` comments, blank lines) from a file only its owner may read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO put there opens at once, and is refused as no regular file,
+        # instead of holding the daemon's loop until someone writes to it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise ReplicaError(f"[replicate] credentials_file {path}: cannot open it: {exc.strerror}") from None
     try:
@@ -126,6 +128,9 @@ def read_credentials(path: Path) -> dict[str, str]:
         with os.fdopen(fd, encoding="utf-8") as f:
             fd = -1
             text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:  # never its bytes: they may be a secret
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ReplicaError(f"[replicate] credentials_file {path}: cannot read it: {why}") from None
     finally:
         if fd >= 0:
             os.close(fd)

@@ -228,7 +228,7 @@ class Replication:
             except replica_guard.ReplicaDiverged as exc:
                 self._diverged(exc)
                 return
-            except (litestream.LitestreamError, ReplicaError) as exc:
+            except (litestream.LitestreamError, ReplicaError, OSError) as exc:
                 self.error = self._scrub(str(exc))
                 self._set("unreachable", self.error)
             else:
