@@ -302,6 +302,29 @@ def test_a_page_is_the_page_of_all_hits(tmp_path_factory: pytest.TempPathFactory
         assert page(conn, needle, limit, plan, track) == (every[:limit], len(every))
 
 
+#: what the texts and needles of the next test are made of: quotes and FTS5's operators,
+#: case pairs within ASCII and without (LIKE folds only ASCII), and more than one UTF-8 width
+_GRAMS = 'aAb"*( éÉİiß記😀'
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(_GRAMS, min_size=3, max_size=16), min_size=1, max_size=12),
+       st.text(_GRAMS, min_size=4, max_size=8) | st.sampled_from(["abcabcab", "aAaAaAa", '"a"*"(', "記😀記😀"]),
+       st.integers(0, 11), st.integers(0, 3))
+def test_the_index_plan_finds_what_the_scan_finds_for_needles_of_several_trigrams(
+        tmp_path_factory: pytest.TempPathFactory, texts: list[str], needle: str, pick: int, start: int) -> None:
+    """The index is asked for some of a needle's trigrams, ANDed: a superset, of which the
+    LIKE keeps exactly the scan's hits, whatever the needle holds."""
+    source = texts[pick % len(texts)]
+    if len(source) - start >= 4 and pick % 2:  # half the needles are cut from a text: hits
+        needle = source[start:start + 4 + pick % 5]
+    entries = [entry(n, text) for n, text in enumerate(texts)]
+    with opened(tmp_path_factory.mktemp("grams") / "m.db") as conn:
+        write(conn, lambda c: [store.insert_entry(c, e) for e in entries])
+        every = [e.id for e in sorted(entries, key=queries.rank) if e.id in reference(entries, needle)]
+        assert page(conn, needle, 100, "index") == page(conn, needle, 100, "scan") == (every, len(every))
+
+
 def test_the_statements_of_each_plan_read_the_entries_as_intended(tmp_path: Path) -> None:
     """The index plan looks its candidates up by rowid; a page without the index walks the
     rank index."""
