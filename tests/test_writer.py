@@ -326,7 +326,6 @@ async def test_close_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) ->
     assert rows(db) == [("t:a", "x"), ("t:b", "x")]
 
 
-
 async def test_serve_cancelled_while_a_batch_runs_commits_what_is_queued_then_refuses_jobs(tmp_path: Path) -> None:
     """The batch in flight commits and so does the job queued behind it, each caller with
     its result; ``serve`` takes its cancellation only once both have; later jobs are refused."""

@@ -343,7 +343,9 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
     try:
         # Every job runs in a savepoint, whose journal of the pages it changes goes to a
         # new temporary file (created, written and deleted) once it passes 64 KiB, as a
-        # page of recalls or an add does: kept in memory, it costs no system call.
+        # page of recalls does: kept in memory, it costs no system call. It holds one job's
+        # changed pages at a time, which the caps on a job bound (an import's line and
+        # entries, max_snapshot_bytes for a prune).
         conn.execute("PRAGMA temp_store = MEMORY")
         migrate(conn, version)
         with atomic(conn):
