@@ -328,3 +328,22 @@ async def test_an_approver_that_stops_reading_is_dropped_at_max_buffered_bytes(d
     finally:
         stalled.close()
     assert d.stderr().count("dropping a connection that stopped reading") == 1
+
+
+async def test_the_largest_import_holds_its_journal_in_bounded_memory(daemon_factory: Any, tmp_path: Path) -> None:
+    """The writer keeps a job's savepoint journal (the pages it changes) in memory: an import
+    of the most entries one call may carry, into a store that already holds as many, costs
+    the daemon a bounded peak, and the store serves on."""
+    d = limited(daemon_factory, tmp_path, "[budgets.user]\nuser_global = 10000000\n")
+    pid = d.proc.pid
+
+    def envelope(batch: int) -> dict[str, Any]:
+        return {"plugin": "dsh-memento", "schema": "memory-export-v1", "budgets": [],
+                "entries": [entry_input(f"batch {batch} fact {k} " + "lorem ipsum dolor " * 50) for k in range(1000)]}
+
+    async with socket_client(d.socket_path) as raw:
+        await raw.ok("memory/import", {"envelope": envelope(0), "write": write_ctx()})
+        before = rss_kib(pid, "VmHWM")
+        await raw.ok("memory/import", {"envelope": envelope(1), "write": write_ctx()})
+        assert rss_kib(pid, "VmHWM") - before < 32 * 1024, "one job's journal must stay bounded"
+        assert (await raw.ok("memory/query", {"filter": {"text": "batch 1 fact 999 "}}))["total"] == 1
