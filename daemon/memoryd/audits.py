@@ -16,6 +16,7 @@ import anyio
 from memoryd_protocol.audit_types import AuditAccepted, AuditAcceptParams, AuditVerifyParams
 from memoryd_protocol.constants import AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP
 from memoryd_protocol.errors import InvalidInput, StoreCorrupt
+from memoryd_protocol.ledger import audit_from
 from memoryd_protocol.ledger_check import heads_problems, read_life, read_report, with_problems
 from memoryd_protocol.types import AuditExplainParams, AuditListParams, AuditRow, EntryLife, LedgerReport
 
@@ -86,7 +87,7 @@ class Audits:
 
     async def audit_list(self, ctx: RequestContext, p: AuditListParams) -> list[AuditRow]:
         limit = min(p.limit or AUDIT_DEFAULT_LIMIT, AUDIT_HARD_CAP)
-        return await self.service.read(lambda c: [store.row_to_audit(r) for r in c.execute(store.AUDIT_LIST_SQL, (limit,))])
+        return await self.service.read(lambda c: audit_from(c.execute(store.AUDIT_LIST_SQL, (limit,))))
 
     async def audit_verify(self, ctx: RequestContext, p: AuditVerifyParams) -> LedgerReport:
         report = await self._verify()

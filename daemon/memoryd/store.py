@@ -23,7 +23,7 @@ from memoryd_protocol.constants import (
 )
 from memoryd_protocol.errors import StoreCorrupt, StoreUnavailable
 from memoryd_protocol.text import utf16_len
-from memoryd_protocol.types import AuditRow, Entry, Proposal
+from memoryd_protocol.types import Entry, Proposal
 
 from .tx import Tx
 
@@ -32,7 +32,6 @@ ENTRY_COLUMNS = (
     "agent_key, last_recalled, recall_count, tags, version"
 )
 PROPOSAL_COLUMNS = ledger_format.PROPOSAL_COLUMNS
-AUDIT_COLUMNS = "seq, ts, action, track, scope, entry_id, text, outcome, source, session_id"
 
 #: The ``meta`` row of the text index's mark, which memoryd_schema 5 to 8 stores of an
 #: earlier memoryd may hold: the entries above that rowid (its tail) were in no index yet.
@@ -157,27 +156,12 @@ def row_to_proposal(row: Sequence[Any]) -> Proposal:
     return proposal
 
 
-def row_to_audit(row: Sequence[Any]) -> AuditRow:
-    return AuditRow(
-        seq=row[0],
-        ts=row[1],
-        action=row[2],
-        track=row[3],
-        scope=row[4],
-        entry_id=row[5],
-        text=row[6],
-        outcome=row[7],
-        source=row[8],
-        session_id=row[9],
-    )
-
-
 # --- reads -------------------------------------------------------------------------------
 
 
 LIST_ENTRIES_SQL = f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY created_at, rowid"
-#: newest first; one parameter, the limit
-AUDIT_LIST_SQL = f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq DESC LIMIT ?"
+#: newest first, in ledger_format.SELECT_AUDIT's columns (for ``audit_from``); one parameter, the limit
+AUDIT_LIST_SQL = ledger_format.SELECT_AUDIT + " DESC LIMIT ?"
 
 
 def list_entries(conn: sqlite3.Connection) -> list[Entry]:
@@ -253,12 +237,8 @@ def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
 
 
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
-    if status is None:
-        rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals ORDER BY created_at, rowid").fetchall()
-    else:
-        rows = conn.execute(
-            f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE status = ? ORDER BY created_at, rowid", (status,)
-        ).fetchall()
+    rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE ?1 IS NULL OR status = ?1 "
+                        "ORDER BY created_at, rowid", (status,)).fetchall()
     return [row_to_proposal(r) for r in rows]
 
 
@@ -356,12 +336,7 @@ def flush(tx: Tx) -> None:
 
 
 def insert_entry(tx: Tx, e: Entry) -> None:
-    _index(tx, _insert_row(tx.conn, e), e)
-
-
-def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
-    """The entry's row; its rowid."""
-    cur = conn.execute(
+    cur = tx.conn.execute(
         f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             e.id,
@@ -381,7 +356,7 @@ def _insert_row(conn: sqlite3.Connection, e: Entry) -> int:
         ),
     )
     assert cur.lastrowid is not None
-    return cur.lastrowid
+    _index(tx, cur.lastrowid, e)
 
 
 def update_entry(tx: Tx, e: Entry) -> None:
