@@ -115,10 +115,6 @@ class Pipeline:
         """``peer`` as the ledger records it (ledger.connection): ``<run>/<connection id>``."""
         return ledger.connection(peer, self.approvals.run_id)
 
-    def stamp(self, peer: Peer, view: SessionView) -> ledger.Stamp:
-        """The stamp of a request that is not a gated write (a recall, a snapshot)."""
-        return ledger.Stamp(origin=self.who(peer), session_id=view.session_id)
-
     def config_file(self) -> str:
         """The config file that sets the budgets, for BUDGET_EXCEEDED to name: the one the
         daemon read, else the default one it would read at its next start."""

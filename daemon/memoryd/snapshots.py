@@ -129,7 +129,7 @@ class Snapshots:
     async def _freeze(self, ctx: RequestContext, p: SnapshotParams, view: SessionView, session_id: str,
                       undo: Callable[[], None]) -> SnapshotResult:
         language = p.language or self.service.config.language
-        stamp = self.service.pipeline.stamp(ctx.peer, view)
+        stamp = ledger.Stamp(origin=self.service.pipeline.who(ctx.peer), session_id=session_id)
 
         def job(tx: Tx) -> tuple[str, bool]:
             # Rendered in the transaction that stores it: the text is the store as of the

@@ -101,7 +101,9 @@ class McpSession:
         self.service = front.service
         self.conn = conn
         config = self.service.config
-        self.peer = McpPeer(conn, config.mcp_approvals == "elicitation", self._changed, self._asked, self._resolved)
+        #: set by every change to what the live resources show; ``_notify_changes`` sends them
+        self._dirty = asyncio.Event()
+        self.peer = McpPeer(conn, config.mcp_approvals == "elicitation", self._dirty.set, self._asked, self._resolved)
         self.calls = McpCalls(front.methods, self.peer, session_id, p.cwd, config.workspace_aliases)
         self._agent_arg = p.agent
         self._keys = itertools.count(1)
@@ -118,7 +120,6 @@ class McpSession:
         #: the snapshot was tried at the session's start (a failed one is tried again only
         #: when asked for: a handshake, the resource, the prompt)
         self._snapshot_tried = False
-        self._dirty = asyncio.Event()
         self._bus = InMemorySubscriptionBus()
         self.server: Server[Any] = Server(
             "memoryd", version=__version__, title="memoryd: bounded, approval-gated, audited memory",
@@ -378,9 +379,6 @@ class McpSession:
             raise MCPError(types.INTERNAL_ERROR, f"{exc.code}: {exc.message}") from None
         return types.GetPromptResult(description="memoryd's frozen memory snapshot for this session", messages=[
             types.PromptMessage(role="user", content=types.TextContent(text=text))])
-
-    def _changed(self) -> None:
-        self._dirty.set()
 
     async def _notify_changes(self) -> None:
         """One update per resource for each burst of changes: a writer never waits here."""
