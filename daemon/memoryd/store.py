@@ -237,8 +237,13 @@ def stored_usage(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
 
 
 def proposals(conn: sqlite3.Connection, status: str | None) -> list[Proposal]:
-    rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE ?1 IS NULL OR status = ?1 "
-                        "ORDER BY created_at, rowid", (status,)).fetchall()
+    if status is None:
+        rows = conn.execute(f"SELECT {PROPOSAL_COLUMNS} FROM proposals ORDER BY created_at, rowid").fetchall()
+    else:
+        # its own statement: ``?1 IS NULL OR status = ?1`` would scan past the status index
+        rows = conn.execute(
+            f"SELECT {PROPOSAL_COLUMNS} FROM proposals WHERE status = ? ORDER BY created_at, rowid", (status,)
+        ).fetchall()
     return [row_to_proposal(r) for r in rows]
 
 
