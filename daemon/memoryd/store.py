@@ -413,23 +413,10 @@ def audit(
 
 
 def insert_proposal(conn: sqlite3.Connection, p: Proposal) -> None:
-    conn.execute(
-        f"INSERT INTO proposals ({PROPOSAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            p.id,
-            p.kind,
-            p.track,
-            p.scope,
-            p.workspace_key,
-            p.text,
-            p.source,
-            p.session_id,
-            p.status,
-            p.created_at,
-            p.decided_at,
-            p.agent_key,
-        ),
-    )
+    # each of the columns is named as the Proposal's attribute it stores
+    names = PROPOSAL_COLUMNS.split(", ")
+    conn.execute(f"INSERT INTO proposals ({PROPOSAL_COLUMNS}) VALUES ({', '.join('?' * len(names))})",
+                 [getattr(p, name) for name in names])
 
 
 def decide_proposal(conn: sqlite3.Connection, proposal_id: str, status: str, ts: int) -> bool:
