@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from e2e_helpers import add
 from rawclient import socket_client
+from test_e2e_limits import rss_kib
 from test_snapshot_caps import everything, frozen
 from test_snapshot_shared import dump, offline_verify, rows, session
 
@@ -189,3 +190,25 @@ async def test_a_snapshot_deleted_without_a_prune_is_still_caught(daemon_factory
     assert d.stop() == 0
     code, report = offline_verify(d.db_path, tmp_path)
     assert (code, report["problems"]) == (1, want)
+
+
+async def test_a_full_prune_holds_its_journal_in_memory_no_larger_than_the_texts_cap(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """A prune is one job: the pages it frees are journaled in memory (temp_store) until it
+    commits. Its peak is bounded by what max_snapshot_bytes lets the store hold."""
+    cap = 8 * 1024 * 1024
+    d = configured(daemon_factory, tmp_path, f'max_snapshot_bytes = {cap}\napprovers = "any"\n'
+                                             "[budgets.user]\nuser_global = 10000000\n")
+    async with socket_client(d.socket_path) as ended:
+        k = held = 0
+        while held < cap * 3 // 4:  # each session its own text, each text larger than the last
+            await add(ended, f"fact {k}: " + "the quick brown fox jumps over the lazy dog " * 180)
+            held += len((await ended.ok("memory/snapshot", {"session": session(f"e-{k}")}))["text"].encode())
+            k += 1
+    before = rss_kib(d.proc.pid, "VmHWM")
+    async with socket_client(d.socket_path) as admin:
+        pruned = await admin.ok("snapshots/prune", {})
+        assert (pruned["sessions"], pruned["texts"], pruned["bytes"]) == (k, k, held)
+        assert (rss_kib(d.proc.pid, "VmHWM") - before) * 1024 < cap, "a prune's journal must stay within the texts' cap"
+        report = await admin.ok("audit/verify", {})
+        assert report["ok"] is True and report["problems"] == []

@@ -345,7 +345,8 @@ def open_store(path: Path, version: int, busy_timeout_ms: int = DEFAULT_BUSY_TIM
         # new temporary file (created, written and deleted) once it passes 64 KiB, as a
         # page of recalls does: kept in memory, it costs no system call. It holds one job's
         # changed pages at a time, which the caps on a job bound (an import's line and
-        # entries, max_snapshot_bytes for a prune).
+        # entries, max_snapshot_bytes for a prune), or the store's own size for a rebuild
+        # of the text index after another program's change.
         conn.execute("PRAGMA temp_store = MEMORY")
         migrate(conn, version)
         with atomic(conn):
