@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from . import storefile
 from .atomic import atomic
-from .sqlthread import SqliteThread
+from .sqlthread import SqliteThread, settle
 
 T = TypeVar("T")
 
@@ -72,12 +72,7 @@ class Readers:
             # meanwhile goes: handed back while its read still ran, it would make the next
             # read wait behind it. The cancelled caller's result is dropped.
             self._hand_back(thread)
-            if done.done():
-                return
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(result)  # type: ignore[arg-type]
+            settle(done, result, error)
 
         try:
             thread.post(lambda c: _in_transaction(c, fn), then)

@@ -27,6 +27,16 @@ log = logging.getLogger("memoryd.store")
 T = TypeVar("T")
 
 
+def settle(done: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    """A call's outcome into its future, unless its caller was cancelled: nobody waits then."""
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)  # type: ignore[arg-type]
+
+
 class SqliteThread:
     """``await thread.call(fn)`` runs ``fn(conn)`` on the owner thread and returns its result
     (or raises its error). ``aclose`` closes the connection on that thread and ends it.
@@ -72,16 +82,7 @@ class SqliteThread:
 
     async def _call(self, fn: Callable[[], T]) -> T:
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-
-        def settle(result: T | None, error: BaseException | None) -> None:
-            if done.done():  # the caller was cancelled: nobody waits for this result
-                return
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(result)  # type: ignore[arg-type]
-
-        self._post(fn, settle)
+        self._post(fn, lambda result, error: settle(done, result, error))
         return await done
 
     def _post(self, fn: Callable[[], T], then: Callable[[T | None, BaseException | None], object]) -> None:
