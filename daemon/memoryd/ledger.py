@@ -195,15 +195,14 @@ class Stamp:
 
     def audit(self, tx: Tx, action: str, *, track: str | None, scope: str | None,
               entry_id: str | None, text: str | None, source: str | None, entry: Entry | None = None,
-              ts: int | None = None, outcome: str | None = None) -> None:
+              ts: int | None = None) -> None:
         """One audit row and its ledger row. ``entry``: the entry as this row leaves it."""
         ts = ts if ts is not None else store.now_ms()
-        outcome = outcome if outcome is not None else self.label
-        seq = store.audit(tx.conn, action, track=track, scope=scope, entry_id=entry_id, text=text, outcome=outcome,
+        seq = store.audit(tx.conn, action, track=track, scope=scope, entry_id=entry_id, text=text, outcome=self.label,
                           source=source, session_id=self.session_id, ts=ts)
         ref = _ensure_connection(tx, self.origin)
         body = AuditBody(seq=seq, ts=ts, action=action, track=track, scope=scope, entry_id=entry_id, text=text,
-                         outcome=outcome, source=source, session_id=self.session_id, connection=ref,
+                         outcome=self.label, source=source, session_id=self.session_id, connection=ref,
                          approval=self.approval, entry=None if entry is None else ledger_entry(entry))
         append(tx, "audit", body, audit_seq=seq, ts=ts)
 
