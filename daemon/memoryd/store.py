@@ -39,8 +39,6 @@ PROPOSAL_COLUMNS = ledger_format.PROPOSAL_COLUMNS
 #: and deletes the row (``sync_text_index``); a store without it has every entry indexed,
 #: which is also how an earlier memoryd reads it.
 TEXT_MARK_KEY = text_index.MARK_KEY
-#: The mark in SQL (NULL in a store without one: there, every entry is indexed as written).
-TEXT_MARK_SQL = f"(SELECT CAST(value AS INTEGER) FROM meta WHERE key = '{TEXT_MARK_KEY}')"
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -280,8 +278,8 @@ def snapshot_totals(conn: sqlite3.Connection) -> tuple[int, int]:
 
 def text_mark(conn: sqlite3.Connection) -> int | None:
     """The text index's mark (TEXT_MARK_KEY); None in a store without one."""
-    row = conn.execute(f"SELECT {TEXT_MARK_SQL}").fetchone()
-    return None if row[0] is None else int(row[0])
+    row = conn.execute("SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?", (TEXT_MARK_KEY,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
