@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -103,10 +104,7 @@ class Call(msgspec.Struct):
     def reply_id(self) -> str | int | float | None:
         """The id a reply carries, also for a request that failed validation when its id
         can still be read: JSON-RPC 2.0 §5 wants ``null`` only when it cannot."""
-        id_ = self.id
-        if isinstance(id_, str | int | float) and not isinstance(id_, bool):
-            return id_
-        return None
+        return self.id if _is_id(self.id) else None
 
 
 #: A parsed line: one call, a batch of them, or ``UNPARSABLE``.
@@ -114,6 +112,14 @@ Message = Call | list[Call]
 UNPARSABLE: Final[Any] = object()
 _line_decoder = msgspec.json.Decoder(Call | list[msgspec.Raw])
 _item_decoder = msgspec.json.Decoder(Call)
+
+
+def _is_id(value: Any) -> bool:
+    """A string or a number JSON can carry. Not a float out of range: the lenient parser reads
+    ``1e400`` as infinity where msgspec refuses the line, and both must answer alike."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 def _lenient_call(obj: Any) -> Call:
@@ -182,7 +188,7 @@ def _shape_error(call: Call) -> str | None:
     elif params is not msgspec.UNSET and not isinstance(params, dict | list):
         return "params must be an object or array"
     id_ = call.id
-    if id_ is not msgspec.UNSET and (isinstance(id_, bool) or not (id_ is None or isinstance(id_, str | int | float))):
+    if id_ is not msgspec.UNSET and id_ is not None and not _is_id(id_):
         return "id must be a string, number or null"
     return None
 

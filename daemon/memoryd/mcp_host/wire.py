@@ -130,11 +130,12 @@ class Wire:
 
             await send.send(SessionMessage(message, metadata=ServerMessageMetadata(on_request_unanswered=unanswered)))
             return
-        if isinstance(message, types.JSONRPCNotification) and b'"id"' in line:
+        if isinstance(message, types.JSONRPCNotification):
             call = parse(line)
-            if isinstance(call, Call) and call.id is not msgspec.UNSET:
-                # an id the SDK cannot take (null, a number with a fraction, true): a request
-                # all the same, so it gets the error a request gets, not a notification's silence
+            if isinstance(call, Call) and (call.id is not msgspec.UNSET or call.method is msgspec.UNSET):
+                # an id the SDK cannot take (null, a number with a fraction or out of range,
+                # true, a key spelt with an escape): a request all the same, so it gets the
+                # error a request gets, not a notification's silence
                 self.conn.post_line(refuse(line))
                 return
         await send.send(SessionMessage(message))
