@@ -80,6 +80,11 @@ Read = Callable[[Callable[[Any], Any]], Awaitable[Any]]
 Submit = Callable[[Callable[[Tx], None]], Awaitable[None]]
 
 
+def _secret_values(replica: Replica) -> list[str]:
+    """The credentials' values long enough to scrub from what Litestream says."""
+    return [v for v in replica.credentials.values() if len(v) >= 4]
+
+
 class Replication:
     """Litestream for one store: ``bind``, then ``run`` in the daemon's task group, ``stop``
     after the drain."""
@@ -110,7 +115,7 @@ class Replication:
         self._held: Head = None
         #: the credentials' values as last read: what Litestream's errors may still quote
         #: after the file has changed into one memoryd refuses
-        self._secrets = [v for v in replica.credentials.values() if len(v) >= 4]
+        self._secrets = _secret_values(replica)
 
     def bind(self, head: Callable[[], Head], read: Read, submit: Submit) -> None:
         """Where the local head and the store's rows are read (the writer's anchor, Service.read),
@@ -128,7 +133,7 @@ class Replication:
         # The file may have changed since Litestream read it, into one memoryd refuses (a
         # chmod, a rotation half done): the values last read then still count.
         with contextlib.suppress(ReplicaError):
-            self._secrets = [v for v in self.replica.reload_credentials().credentials.values() if len(v) >= 4]
+            self._secrets = _secret_values(self.replica.reload_credentials())
         for value in self._secrets:
             text = text.replace(value, "***")
         return text[:500]

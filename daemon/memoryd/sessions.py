@@ -31,6 +31,7 @@ NEW_SNAPSHOT_WINDOW_S = 60.0
 #: processes whose window is kept before the idle ones are forgotten
 _PROCESSES_KEPT = 1024
 
+
 def shown(session_id: str) -> str:
     """A session id as an error message names it (a long one cut)."""
     return session_id if len(session_id) <= 128 else session_id[:128] + "…"
